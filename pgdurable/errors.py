@@ -1,0 +1,176 @@
+"""The pgdurable error tree: one base class, a shallow hierarchy.
+
+Every error pgdurable raises derives from :class:`PgDurableError`. Errors raised
+inside SQL functions carry a custom SQLSTATE (``PD001`` ...); :func:`translate`
+maps a psycopg error to its pgdurable class by ``sqlstate``, in one place.
+
+Bad input is reported with the builtin :class:`TypeError` / :class:`ValueError`
+*before* any SQL runs, as Python users expect; :class:`InvalidInput` is the
+pgdurable flavour of ``ValueError`` for input rejected by the database itself.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import psycopg
+
+__all__ = [
+    "BudgetExceeded",
+    "CorruptCheckpoint",
+    "DatabaseUnavailable",
+    "DeadlineExceeded",
+    "EffectFailed",
+    "IncompatibleCheckpoint",
+    "InvalidInput",
+    "LeaseLost",
+    "MigrationError",
+    "PgDurableError",
+    "ProviderClosed",
+    "ReconcileFailed",
+    "RunCancelled",
+    "RunNotFound",
+    "SchemaVersionMismatch",
+    "SignalConflict",
+    "UnknownTask",
+    "translate",
+]
+
+
+class PgDurableError(Exception):
+    """Base class of every error pgdurable raises.
+
+    ``sqlstate`` is the custom SQLSTATE a SQL function raises for this error
+    (``None`` when the error only originates in Python).
+    """
+
+    sqlstate: ClassVar[str | None] = None
+    _by_sqlstate: ClassVar[dict[str, type[PgDurableError]]] = {}
+
+    def __init_subclass__(cls, **kwargs: object) -> None:
+        super().__init_subclass__(**kwargs)
+        code = cls.__dict__.get("sqlstate")
+        if code is not None:
+            if code in PgDurableError._by_sqlstate:
+                raise RuntimeError(f"duplicate pgdurable SQLSTATE {code}")
+            PgDurableError._by_sqlstate[code] = cls
+
+
+class MigrationError(PgDurableError):
+    """A migration could not be applied, or an applied migration was edited."""
+
+
+class SchemaVersionMismatch(PgDurableError):
+    """The database schema is older than this library needs: run ``pgdurable migrate``."""
+
+
+class DatabaseUnavailable(PgDurableError):
+    """The database could not be reached (wrong host, port, database, or it went away)."""
+
+
+class ProviderClosed(PgDurableError):
+    """The provider, client or pool was closed; no operation was attempted."""
+
+
+class InvalidInput(PgDurableError, ValueError):
+    """Input rejected by the database (checked again there, after Python's checks)."""
+
+    sqlstate = "PD000"
+
+
+class LeaseLost(PgDurableError):
+    """The lease (or run claim) is no longer held by this owner/token: stop writing."""
+
+    sqlstate = "PD001"
+
+
+class RunNotFound(PgDurableError, LookupError):
+    """No run has this id."""
+
+    sqlstate = "PD002"
+
+
+class UnknownTask(PgDurableError, LookupError):
+    """No task of this name is registered."""
+
+    sqlstate = "PD003"
+
+
+class IncompatibleCheckpoint(PgDurableError):
+    """A checkpoint belongs to another definition id or revision; it is not repaired."""
+
+    sqlstate = "PD004"
+
+
+class CorruptCheckpoint(PgDurableError):
+    """A checkpoint's state fails the task's validator; it is not repaired."""
+
+    sqlstate = "PD005"
+
+
+class DeadlineExceeded(PgDurableError):
+    """The run's or task's deadline has passed."""
+
+    sqlstate = "PD006"
+
+
+class BudgetExceeded(PgDurableError):
+    """The run spent more than its budget."""
+
+    sqlstate = "PD007"
+
+
+class SignalConflict(PgDurableError):
+    """The same signal or message id was sent again with a different payload."""
+
+    sqlstate = "PD008"
+
+
+class RunCancelled(PgDurableError):
+    """The run was cancelled."""
+
+    sqlstate = "PD009"
+
+
+class EffectFailed(PgDurableError):
+    """A recorded side effect failed; its stored error is re-raised to later callers."""
+
+    sqlstate = "PD010"
+
+
+class ReconcileFailed(PgDurableError):
+    """A ``reconcile`` step could not establish the real outcome; the application decides."""
+
+    sqlstate = "PD011"
+
+
+def translate(exc: BaseException) -> BaseException:
+    """Map a psycopg error to its pgdurable error; return other errors unchanged.
+
+    Custom SQLSTATEs (``PDnnn``) map to their class with the server's message;
+    connection failures become :class:`DatabaseUnavailable`.
+    """
+    if isinstance(exc, PgDurableError):
+        return exc
+    if isinstance(exc, psycopg.Error):
+        code = exc.sqlstate
+        if code is not None and code in PgDurableError._by_sqlstate:
+            diag = exc.diag.message_primary or str(exc)
+            err = PgDurableError._by_sqlstate[code](diag)
+            err.__cause__ = exc
+            return err
+        if isinstance(exc, psycopg.OperationalError) and (
+            code is None or code.startswith(("08", "57P"))
+        ):
+            err2 = DatabaseUnavailable(first_line(str(exc)) or type(exc).__name__)
+            err2.__cause__ = exc
+            return err2
+    return exc
+
+
+def first_line(text: str) -> str:
+    """The first non-empty line of ``text`` (server messages can span lines)."""
+    for line in text.splitlines():
+        if line.strip():
+            return line.strip()
+    return ""

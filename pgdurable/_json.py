@@ -1,0 +1,82 @@
+"""JSON values crossing into JSONB: validated in Python before any SQL runs.
+
+PostgreSQL ``jsonb`` cannot hold NaN/Infinity or ``\\u0000`` in strings, and
+Python's ``json`` silently turns tuples into lists and int keys into strings.
+pgdurable refuses all of that with a ``TypeError``/``ValueError`` that names the
+path of the offending value (``state['messages'][3]['text']``), so bad input
+changes nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+__all__ = ["DEFAULT_MAX_BYTES", "dumps", "loads", "validate"]
+
+DEFAULT_MAX_BYTES = 64 * 1024 * 1024  # jsonb's own limit is 255 MiB; be saner.
+
+
+def _path(root: str, parts: list[str]) -> str:
+    return root + "".join(parts)
+
+
+def validate(value: Any, what: str = "value") -> None:
+    """Raise ``TypeError``/``ValueError`` naming the path if ``value`` is not plain JSON.
+
+    Plain JSON: ``None``, ``bool``, ``int``, finite ``float``, ``str`` without
+    NUL, ``list``, and ``dict`` with ``str`` keys (without NUL).
+    """
+    stack: list[tuple[Any, list[str]]] = [(value, [])]
+    seen: set[int] = set()
+    while stack:
+        v, parts = stack.pop()
+        if v is None or isinstance(v, bool | int):
+            continue
+        if isinstance(v, float):
+            if not math.isfinite(v):
+                raise ValueError(f"{_path(what, parts)} is {v!r}: JSON has no NaN or Infinity")
+            continue
+        if isinstance(v, str):
+            if "\x00" in v:
+                raise ValueError(
+                    f"{_path(what, parts)} contains a NUL character (\\x00), which "
+                    "PostgreSQL jsonb cannot store"
+                )
+            continue
+        if isinstance(v, list | dict):
+            if id(v) in seen:
+                raise ValueError(f"{_path(what, parts)} is a circular reference")
+            seen.add(id(v))
+            if isinstance(v, list):
+                stack.extend((item, [*parts, f"[{i}]"]) for i, item in enumerate(v))
+            else:
+                for k, item in v.items():
+                    if not isinstance(k, str):
+                        raise TypeError(
+                            f"{_path(what, parts)} has a key {k!r} of type "
+                            f"{type(k).__name__}: JSON object keys must be str"
+                        )
+                    if "\x00" in k:
+                        raise ValueError(f"{_path(what, parts)} has a key containing NUL (\\x00)")
+                    stack.append((item, [*parts, f"[{k!r}]"]))
+            continue
+        raise TypeError(
+            f"{_path(what, parts)} is a {type(v).__name__}, which is not JSON "
+            "(use dict, list, str, int, float, bool or None)"
+        )
+
+
+def dumps(value: Any, what: str = "value", *, max_bytes: int | None = DEFAULT_MAX_BYTES) -> str:
+    """Validate ``value`` and serialise it compactly; enforce ``max_bytes`` if given."""
+    validate(value, what)
+    text = json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    if max_bytes is not None and len(text) > max_bytes and len(text.encode()) > max_bytes:
+        raise ValueError(f"{what} is {len(text.encode())} bytes of JSON; the limit is {max_bytes}")
+    return text
+
+
+def loads(text: str | bytes | None) -> Any:
+    """Parse JSON text from the database (``None`` stays ``None``)."""
+    return None if text is None else json.loads(text)

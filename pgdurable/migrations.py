@@ -69,14 +69,8 @@ SELECT version, name, sha256, applied_at FROM pgdurable.schema_migrations ORDER 
 """
 # -- does the migrations table exist?
 _HAS_TABLE = "SELECT to_regclass('pgdurable.schema_migrations') IS NOT NULL"
-# -- the highest applied version, NULL when the table is missing (one round trip:
-# -- query_to_xml runs the inner query only when the table exists)
-_VERSION = """
-SELECT CASE WHEN to_regclass('pgdurable.schema_migrations') IS NULL THEN NULL
-  ELSE (xpath('/row/v/text()', query_to_xml(
-         'SELECT coalesce(max(version), 0) AS v FROM pgdurable.schema_migrations',
-         false, true, '')))[1]::text::integer END
-"""
+# -- the highest applied version (run only after _HAS_TABLE said the table exists)
+_VERSION = "SELECT coalesce(max(version), 0) FROM pgdurable.schema_migrations"
 
 
 @dataclass(frozen=True)
@@ -284,15 +278,22 @@ def _judge(version: int | None, dbname: str) -> None:
 
 def check_schema(conn: psycopg.Connection[Any]) -> None:
     """Raise :class:`SchemaVersionMismatch` unless the schema is new enough."""
-    row = conn.execute(_VERSION).fetchone()
-    _judge(row[0] if row else None, conn.info.dbname)
+    version: int | None = None
+    row = conn.execute(_HAS_TABLE).fetchone()
+    if row and row[0]:
+        row = conn.execute(_VERSION).fetchone()
+        version = row[0] if row else 0
+    _judge(version, conn.info.dbname)
 
 
 async def acheck_schema(conn: psycopg.AsyncConnection[Any]) -> None:
-    """Async twin of :func:`check_schema` (same query, same judgement)."""
-    cur = await conn.execute(_VERSION)
-    row = await cur.fetchone()
-    _judge(row[0] if row else None, conn.info.dbname)
+    """Async twin of :func:`check_schema` (same queries, same judgement)."""
+    version: int | None = None
+    row = await (await conn.execute(_HAS_TABLE)).fetchone()
+    if row and row[0]:
+        row = await (await conn.execute(_VERSION)).fetchone()
+        version = row[0] if row else 0
+    _judge(version, conn.info.dbname)
 
 
 def pending_sql(migrations: Sequence[Migration]) -> str:

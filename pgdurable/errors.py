@@ -16,6 +16,7 @@ from typing import ClassVar
 import psycopg
 
 __all__ = [
+    "AttemptsExhausted",
     "BudgetExceeded",
     "CorruptCheckpoint",
     "DatabaseUnavailable",
@@ -142,6 +143,12 @@ class ReconcileFailed(PgDurableError):
     """A ``reconcile`` step could not establish the real outcome; the application decides."""
 
     sqlstate = "PD011"
+
+
+class AttemptsExhausted(PgDurableError):
+    """A task or run was attempted more than its ``max_attempts``; it is failed, not retried."""
+
+    sqlstate = "PD012"
 
 
 def translate(exc: BaseException) -> BaseException:

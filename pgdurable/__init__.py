@@ -25,11 +25,39 @@ from .errors import (
     SignalConflict,
     UnknownTask,
 )
+from .leases import (
+    AsyncLeaseProvider,
+    AsyncNoopLeaseProvider,
+    AsyncPostgresLeaseProvider,
+    LeaseGrant,
+    LeaseKeeper,
+    LeaseProvider,
+    NoopLeaseProvider,
+    PostgresLeaseProvider,
+    is_lease_provider,
+    is_noop_lease_provider,
+    keep_lease,
+    resolve_async_lease_provider,
+    resolve_lease_provider,
+)
 from .migrations import check_schema, migrate, migration_status, required_version
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "AsyncLeaseProvider",
+    "AsyncNoopLeaseProvider",
+    "AsyncPostgresLeaseProvider",
+    "LeaseGrant",
+    "LeaseKeeper",
+    "LeaseProvider",
+    "NoopLeaseProvider",
+    "PostgresLeaseProvider",
+    "is_lease_provider",
+    "is_noop_lease_provider",
+    "keep_lease",
+    "resolve_async_lease_provider",
+    "resolve_lease_provider",
     "BudgetExceeded",
     "CorruptCheckpoint",
     "DatabaseUnavailable",

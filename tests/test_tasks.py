@@ -1,0 +1,618 @@
+"""define_durable_task: the seed's examples, rejections, replay policies, stores.
+
+Every behaviour runs on MemoryDurableStore and PostgresDurableStore (real
+database); the crash and exclusivity tests use real processes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Callable
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+import pgdurable
+from pgdurable import (
+    AttemptsExhausted,
+    CorruptCheckpoint,
+    DeadlineExceeded,
+    DurableCheckpoint,
+    DurableContext,
+    DurableStep,
+    DurableStore,
+    IncompatibleCheckpoint,
+    InvalidInput,
+    MemoryDurableStore,
+    PostgresDurableStore,
+    ReconcileFailed,
+    RunCancelled,
+    define_durable_task,
+)
+from pgdurable.tasks import CHECKPOINT_VERSION
+
+ROOT = Path(__file__).resolve().parent.parent
+HELPER = str(ROOT / "tests" / "_effect_procs.py")
+
+
+def is_count(value: Any) -> bool:
+    return isinstance(value, dict) and isinstance(value.get("count"), int)
+
+
+def seed_record(*, definition_id: str = "count", revision: str = "1", count: int = 0,
+                **over: Any) -> dict[str, Any]:
+    rec = {
+        "version": CHECKPOINT_VERSION, "definition_id": definition_id, "revision": revision,
+        "next_step_index": 0, "attempt_count": 0, "max_attempts": 3,
+        "deadline_at_ms": int(time.time() * 1000) + 60_000, "status": "ready",
+        "state": {"count": count}, "in_flight_step": None, "error": None,
+    }
+    rec.update(over)
+    return rec
+
+
+@pytest.fixture(params=["memory", "postgres"])
+async def store(request: pytest.FixtureRequest) -> AsyncIterator[DurableStore]:
+    if request.param == "memory":
+        yield MemoryDurableStore()
+        return
+    dsn = request.getfixturevalue("dsn")
+    async with PostgresDurableStore(dsn) as s:
+        yield s
+
+
+async def stored(store: DurableStore, task_id: str) -> dict[str, Any] | None:
+    rec = await store.load(task_id)
+    return None if rec is None else dict(rec)
+
+
+def wait_until(predicate: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
+    """Poll ``predicate`` (a liveness guard, not a timing assertion)."""
+    end = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > end:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.02)
+
+
+def spawn(*args: str) -> subprocess.Popen[str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.Popen([sys.executable, HELPER, *args], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+# ------------------------------------------------------------------ seed examples
+async def test_seed_count_example(store: DurableStore) -> None:
+    await store.save("demo-task", seed_record())
+    task = define_durable_task(
+        id="count", revision="1", is_state=is_count,
+        steps=[DurableStep(id="increment", replay="safe",
+                           run=lambda state, _ctx: {"count": state["count"] + 1})],
+    )
+    context = DurableContext(app=None, signal=asyncio.Event())
+    assert await task.run(task_id="demo-task", store=store, context=context) == {"count": 1}
+    rec = await stored(store, "demo-task")
+    assert rec is not None
+    assert rec["attempt_count"] == 1
+    assert rec["status"] == "completed" and rec["next_step_index"] == 1
+
+
+async def test_seed_reconcile_example(store: DurableStore) -> None:
+    await store.save("demo-task", seed_record())
+    committed: dict[str, int] = {}
+    runs: list[str] = []
+
+    async def run(state: Any, ctx: DurableContext[dict[str, str]]) -> Any:
+        runs.append("run")
+        value = committed.get(ctx.app["key"], state["count"] + 1)
+        committed[ctx.app["key"]] = value
+        return {"count": value}
+
+    async def reconcile(state: Any, ctx: DurableContext[dict[str, str]]) -> Any:
+        if ctx.app["key"] not in committed:
+            raise RuntimeError("no verifiable commit; the app must decide")
+        return {"count": committed[ctx.app["key"]]}
+
+    task = define_durable_task(
+        id="count", revision="1", is_state=is_count,
+        steps=[DurableStep(id="commit", replay="reconcile", run=run, reconcile=reconcile)],
+    )
+    context = DurableContext(app={"key": "demo-task"})
+    assert await task.run(task_id="demo-task", store=store, context=context) == {"count": 1}
+    assert await task.run(task_id="demo-task", store=store, context=context) == {"count": 1}
+    assert len(committed) == 1
+    assert runs == ["run"]  # the completed record runs no step again
+    rec = await stored(store, "demo-task")
+    assert rec is not None and rec["attempt_count"] == 1 and rec["in_flight_step"] is None
+
+
+async def test_fresh_task_id_starts_from_initial_state(store: DurableStore) -> None:
+    task = define_durable_task(
+        id="count", revision="1", is_state=is_count, initial_state={"count": 10},
+        steps=[DurableStep(id=f"s{i}", run=lambda s, _c: {"count": s["count"] + 1})
+               for i in range(3)],
+    )
+    assert await task.run(task_id="fresh", store=store) == {"count": 13}
+    assert await task.run(task_id="other", store=store, state={"count": 0}) == {"count": 3}
+    with pytest.raises(ValueError, match="no record and no valid initial state"):
+        await define_durable_task(
+            id="count", revision="1", is_state=is_count,
+            steps=[DurableStep(id="s", run=lambda s, _c: s)],
+        ).run(task_id="none", store=store)
+    assert await stored(store, "none") is None
+
+
+# ------------------------------------------------------------------ rejections
+def _never(*_a: Any) -> Any:
+    raise AssertionError("no step may run")
+
+
+@pytest.mark.parametrize("field, value", [("revision", "0"), ("definition_id", "other")])
+async def test_checkpoint_of_another_definition_is_rejected(
+    store: DurableStore, field: str, value: str
+) -> None:
+    seeded = seed_record(**{field: value})
+    await store.save("t", seeded)
+    task = define_durable_task(id="count", revision="1", is_state=is_count,
+                               steps=[DurableStep(id="s", run=_never)])
+    with pytest.raises(IncompatibleCheckpoint, match=repr(value)):
+        await task.run(task_id="t", store=store)
+    assert await stored(store, "t") == seeded  # untouched
+
+
+@pytest.mark.parametrize("mutate", [
+    lambda r: r.update(state={"count": "one"}),        # fails is_state
+    lambda r: r.pop("attempt_count"),                  # malformed record
+    lambda r: r.update(status="exploded"),             # unknown status
+    lambda r: r.update(next_step_index=5),             # past the end
+    lambda r: r.update(in_flight_step="s"),            # a safe step marked in flight
+])
+async def test_corrupt_checkpoint_is_rejected(
+    store: DurableStore, mutate: Callable[[dict[str, Any]], Any]
+) -> None:
+    seeded = seed_record()
+    mutate(seeded)
+    await store.save("t", seeded)
+    task = define_durable_task(id="count", revision="1", is_state=is_count,
+                               steps=[DurableStep(id="s", run=_never)])
+    with pytest.raises(CorruptCheckpoint):
+        await task.run(task_id="t", store=store)
+    assert await stored(store, "t") == seeded
+
+
+async def test_authorize_denial_stops_before_any_step(store: DurableStore) -> None:
+    await store.save("t", seed_record())
+    seen: list[DurableCheckpoint] = []
+
+    class Denied(Exception):
+        pass
+
+    async def authorize(checkpoint: DurableCheckpoint, ctx: Any) -> None:
+        seen.append(checkpoint)
+        if ctx.app != "alice":
+            raise Denied("bob may not resume")
+
+    task = define_durable_task(id="count", revision="1", is_state=is_count, authorize=authorize,
+                               steps=[DurableStep(id="s", run=lambda s, _c: {"count": 7})])
+    before = await stored(store, "t")
+    with pytest.raises(Denied):
+        await task.run(task_id="t", store=store, context=DurableContext(app="bob"))
+    assert await stored(store, "t") == before  # nothing counted, nothing saved
+    deny_false = define_durable_task(id="count", revision="1", is_state=is_count,
+                                     authorize=lambda _c, _x: False,
+                                     steps=[DurableStep(id="s", run=_never)])
+    with pytest.raises(PermissionError):
+        await deny_false.run(task_id="t", store=store)
+    assert await stored(store, "t") == before
+    assert await task.run(task_id="t", store=store, context=DurableContext(app="alice")) == {
+        "count": 7}
+    assert [c.attempt_count for c in seen] == [0, 0]
+    assert isinstance(seen[0], DurableCheckpoint) and seen[0].state == {"count": 0}
+
+
+async def test_authorize_is_rechecked_on_every_resume(store: DurableStore) -> None:
+    calls: list[int] = []
+    fail = {"s2": True}
+
+    def s2(state: Any, _c: Any) -> Any:
+        if fail["s2"]:
+            raise RuntimeError("transient")
+        return {"count": state["count"] + 1}
+
+    task = define_durable_task(
+        id="count", revision="1", is_state=is_count, initial_state={"count": 0},
+        authorize=lambda cp, _c: calls.append(cp.next_step_index),
+        steps=[DurableStep(id="s1", run=lambda s, _c: {"count": s["count"] + 1}),
+               DurableStep(id="s2", run=s2)],
+    )
+    with pytest.raises(RuntimeError, match="transient"):
+        await task.run(task_id="t", store=store)
+    rec = await stored(store, "t")
+    assert rec is not None and rec["next_step_index"] == 1
+    assert rec["error"] == {"type": "RuntimeError", "message": "transient", "step": "s2"}
+    fail["s2"] = False
+    assert await task.run(task_id="t", store=store) == {"count": 2}
+    assert calls == [0, 1]
+    assert await task.run(task_id="t", store=store) == {"count": 2}  # completed: no authorize
+    assert calls == [0, 1]
+
+
+async def test_max_attempts_exceeded_fails_the_record(store: DurableStore) -> None:
+    runs: list[int] = []
+
+    def boom(_s: Any, _c: Any) -> Any:
+        runs.append(1)
+        raise ValueError("always")
+
+    task = define_durable_task(id="count", revision="1", is_state=is_count, max_attempts=2,
+                               initial_state={"count": 0}, steps=[DurableStep(id="s", run=boom)])
+    for _ in range(2):
+        with pytest.raises(ValueError, match="always"):
+            await task.run(task_id="t", store=store)
+    with pytest.raises(AttemptsExhausted, match="attempt 3 exceeds max_attempts 2"):
+        await task.run(task_id="t", store=store)
+    rec = await stored(store, "t")
+    assert rec is not None
+    assert (rec["status"], rec["attempt_count"]) == ("failed", 3)
+    assert rec["error"]["type"] == "AttemptsExhausted"
+    with pytest.raises(AttemptsExhausted):  # terminal: raised again, nothing counted
+        await task.run(task_id="t", store=store)
+    assert await stored(store, "t") == rec
+    assert len(runs) == 2
+
+
+async def test_deadline_exceeded_is_recorded(store: DurableStore) -> None:
+    clock = {"ms": 1_000_000.0}
+    fail = {"s2": True}
+
+    def s2(state: Any, _c: Any) -> Any:
+        if fail["s2"]:
+            raise RuntimeError("not yet")
+        raise AssertionError("must not run after the deadline")
+
+    task = define_durable_task(
+        id="count", revision="1", is_state=is_count, initial_state={"count": 0},
+        deadline=timedelta(seconds=5), now=lambda: clock["ms"], max_attempts=10,
+        steps=[DurableStep(id="s1", run=lambda s, _c: {"count": 1}), DurableStep(id="s2", run=s2)],
+    )
+    with pytest.raises(RuntimeError):
+        await task.run(task_id="t", store=store)
+    rec = await stored(store, "t")
+    assert rec is not None and rec["deadline_at_ms"] == 1_005_000
+    clock["ms"] = 1_004_999.0
+    with pytest.raises(RuntimeError):
+        await task.run(task_id="t", store=store)  # one ms before: still runs
+    clock["ms"] = 1_005_000.0
+    fail["s2"] = False
+    with pytest.raises(DeadlineExceeded):
+        await task.run(task_id="t", store=store)
+    rec = await stored(store, "t")
+    assert rec is not None
+    assert rec["status"] == "failed" and rec["error"]["type"] == "DeadlineExceeded"
+    assert rec["next_step_index"] == 1 and rec["state"] == {"count": 1}
+    with pytest.raises(DeadlineExceeded):
+        await task.run(task_id="t", store=store)
+
+
+async def test_deadline_in_ms_and_postgres_clock(dsn: str) -> None:
+    """Without ``now``, PostgresDurableStore judges deadlines by pgdurable.now()."""
+    async with PostgresDurableStore(dsn) as store:
+        task = define_durable_task(id="count", revision="1", is_state=is_count,
+                                   initial_state={"count": 0}, deadline=60_000,
+                                   steps=[DurableStep(id="s", run=lambda s, _c: {"count": 1})])
+        assert await task.run(task_id="t", store=store) == {"count": 1}
+        rec = await stored(store, "t")
+        with psycopg.connect(dsn) as c:
+            row = c.execute("SELECT (extract(epoch FROM now()) * 1000)::bigint").fetchone()
+        assert rec is not None and row is not None
+        assert 0 < rec["deadline_at_ms"] - row[0] <= 60_000
+
+
+# ------------------------------------------------------------------ reconcile
+def _reconcile_task(runs: list[str], reconcile: Callable[[Any, Any], Any]) -> Any:
+    def run(state: Any, _c: Any) -> Any:
+        runs.append("run")
+        return {"count": state["count"] + 1}
+
+    return define_durable_task(
+        id="count", revision="1", is_state=is_count,
+        steps=[DurableStep(id="prep", run=lambda s, _c: s),
+               DurableStep(id="commit", run=run, replay="reconcile", reconcile=reconcile)],
+    )
+
+
+async def test_reconcile_step_is_marked_in_flight_before_it_runs(store: DurableStore) -> None:
+    seen: list[Any] = []
+
+    async def run(state: Any, _c: Any) -> Any:
+        seen.append(await stored(store, "t"))
+        return {"count": 1}
+
+    task = define_durable_task(
+        id="count", revision="1", is_state=is_count, initial_state={"count": 0},
+        steps=[DurableStep(id="commit", run=run, replay="reconcile",
+                           reconcile=lambda s, _c: s)],
+    )
+    assert await task.run(task_id="t", store=store) == {"count": 1}
+    assert seen[0]["in_flight_step"] == "commit" and seen[0]["next_step_index"] == 0
+    rec = await stored(store, "t")
+    assert rec is not None and rec["in_flight_step"] is None
+
+
+async def test_in_flight_step_is_reconciled_not_rerun(store: DurableStore) -> None:
+    await store.save("t", seed_record(next_step_index=1, in_flight_step="commit",
+                                      status="running", attempt_count=1))
+    runs: list[str] = []
+    task = _reconcile_task(runs, lambda _s, _c: {"count": 41})
+    assert await task.run(task_id="t", store=store) == {"count": 41}
+    assert runs == []
+    rec = await stored(store, "t")
+    assert rec is not None
+    assert (rec["status"], rec["in_flight_step"], rec["attempt_count"]) == ("completed", None, 2)
+
+
+async def test_reconcile_failure_stops_and_stays_in_flight(store: DurableStore) -> None:
+    await store.save("t", seed_record(next_step_index=1, in_flight_step="commit",
+                                      status="running", attempt_count=1))
+    runs: list[str] = []
+
+    def reconcile(_s: Any, _c: Any) -> Any:
+        raise LookupError("the ledger has no entry")
+
+    task = _reconcile_task(runs, reconcile)
+    for attempt in (2, 3):
+        with pytest.raises(ReconcileFailed, match="ledger") as info:
+            await task.run(task_id="t", store=store)
+        assert isinstance(info.value.__cause__, LookupError)
+        rec = await stored(store, "t")
+        assert rec is not None
+        assert rec["in_flight_step"] == "commit" and rec["next_step_index"] == 1
+        assert rec["status"] == "running" and rec["attempt_count"] == attempt
+    assert runs == []  # never re-run blindly
+
+
+async def test_reconcile_step_whose_run_raised_is_reconciled(store: DurableStore) -> None:
+    """run() raising after an unknown amount of work leaves the step in flight."""
+    effects: list[int] = []
+    runs: list[str] = []
+
+    def run(state: Any, _c: Any) -> Any:
+        runs.append("run")
+        effects.append(1)
+        raise ConnectionError("response lost after the effect")
+
+    task = define_durable_task(
+        id="count", revision="1", is_state=is_count, initial_state={"count": 0},
+        steps=[DurableStep(id="commit", run=run, replay="reconcile",
+                           reconcile=lambda _s, _c: {"count": len(effects)})],
+    )
+    with pytest.raises(ConnectionError):
+        await task.run(task_id="t", store=store)
+    assert await task.run(task_id="t", store=store) == {"count": 1}
+    assert runs == ["run"] and len(effects) == 1
+
+
+@pytest.mark.crash
+async def test_sigkill_mid_reconcile_step_then_reconcile_on_resume(dsn: str) -> None:
+    """A real process commits the effect and is SIGKILLed before its checkpoint."""
+    with psycopg.connect(dsn, autocommit=True) as c:
+        c.execute("CREATE TABLE committed (key text PRIMARY KEY, value int NOT NULL)")
+    proc = spawn("reconcile-crash", dsn, "crash-task")
+    try:
+        def committed() -> bool:
+            with psycopg.connect(dsn) as c:
+                return c.execute("SELECT count(*) FROM committed").fetchone() == (1,)
+
+        wait_until(lambda: committed() or proc.poll() is not None, "the effect")
+        assert proc.poll() is None, proc.communicate()
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.communicate()
+    runs: list[str] = []
+
+    def reconcile(_state: Any, _c: Any) -> Any:
+        with psycopg.connect(dsn) as c:
+            row = c.execute("SELECT value FROM committed WHERE key = 'crash-task'").fetchone()
+        if row is None:
+            raise LookupError("not committed")
+        return {"count": row[0]}
+
+    def run(_s: Any, _c: Any) -> Any:
+        runs.append("run")
+        raise AssertionError("run must not be re-run")
+
+    task = define_durable_task(
+        id="count", revision="1", is_state=is_count, initial_state={"count": 0},
+        steps=[DurableStep(id="commit", run=run, replay="reconcile", reconcile=reconcile)],
+    )
+    async with PostgresDurableStore(dsn) as store:
+        before = await stored(store, "crash-task")
+        assert before is not None and before["in_flight_step"] == "commit"
+        # the dead process's advisory lock went with its connection
+        assert await task.run(task_id="crash-task", store=store) == {"count": 1}
+        rec = await stored(store, "crash-task")
+    assert runs == []
+    assert rec is not None and rec["status"] == "completed" and rec["attempt_count"] == 2
+    with psycopg.connect(dsn) as c:
+        assert c.execute("SELECT count(*) FROM committed").fetchone() == (1,)
+
+
+# ------------------------------------------------------------------ other behaviour
+async def test_cancellation_stops_before_the_next_step(store: DurableStore) -> None:
+    cancel = asyncio.Event()
+
+    def s1(state: Any, _c: Any) -> Any:
+        cancel.set()
+        return {"count": 1}
+
+    task = define_durable_task(
+        id="count", revision="1", is_state=is_count, initial_state={"count": 0},
+        steps=[DurableStep(id="s1", run=s1), DurableStep(id="s2", run=_never)],
+    )
+    with pytest.raises(RunCancelled, match="s2"):
+        await task.run(task_id="t", store=store, context=DurableContext(app=None, signal=cancel))
+    rec = await stored(store, "t")
+    assert rec is not None and rec["next_step_index"] == 1 and rec["state"] == {"count": 1}
+
+
+@pytest.mark.parametrize("bad_state, exc", [
+    ({"count": "x"}, TypeError),          # fails is_state
+    ({"count": 1, "s": {1, 2}}, TypeError),  # not JSON
+    ({"count": 1, "f": float("nan")}, ValueError),
+])
+async def test_step_returning_a_bad_state_does_not_advance(
+    store: DurableStore, bad_state: Any, exc: type[Exception]
+) -> None:
+    task = define_durable_task(
+        id="count", revision="1", is_state=is_count, initial_state={"count": 0},
+        steps=[DurableStep(id="s", run=lambda _s, _c: bad_state)],
+    )
+    with pytest.raises(exc):
+        await task.run(task_id="t", store=store)
+    rec = await stored(store, "t")
+    assert rec is not None and rec["next_step_index"] == 0 and rec["state"] == {"count": 0}
+
+
+async def test_memory_store_serialises_one_task_id() -> None:
+    store = MemoryDurableStore()
+    log: list[str] = []
+
+    async def step(state: Any, _c: Any) -> Any:
+        log.append("start")
+        await asyncio.sleep(0)
+        log.append("end")
+        return {"count": state["count"] + 1}
+
+    task = define_durable_task(id="count", revision="1", is_state=is_count,
+                               initial_state={"count": 0},
+                               steps=[DurableStep(id=f"s{i}", run=step) for i in range(3)])
+    results = await asyncio.gather(*(task.run(task_id="t", store=store) for _ in range(5)))
+    assert results == [{"count": 3}] * 5
+    assert log == ["start", "end"] * 3
+
+
+@pytest.mark.crash
+def test_postgres_store_is_exclusive_across_processes(dsn: str) -> None:
+    """A's s1 waits on a gate while B waits on the task lock; B resumes where A failed."""
+    with psycopg.connect(dsn, autocommit=True) as c:
+        c.execute("CREATE TABLE step_log (seq bigserial PRIMARY KEY, who text, step text, "
+                  "phase text)")
+        c.execute("SELECT pg_advisory_lock(777)")
+
+        def waiting() -> int:
+            row = c.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' "
+                            "AND NOT granted").fetchone()
+            return int(row[0]) if row else 0
+
+        a = spawn("exclusive", dsn, "t", "A", "s2", "gate")
+        wait_until(lambda: waiting() == 1 or a.poll() is not None, "A at the gate")
+        b = spawn("exclusive", dsn, "t", "B", "none", "nogate")
+        wait_until(lambda: waiting() == 2 or b.poll() is not None, "B at the task lock")
+        c.execute("SELECT pg_advisory_unlock(777)")
+        _out_a, err_a = a.communicate(timeout=120)
+        out_b, err_b = b.communicate(timeout=120)
+        assert a.returncode == 3, err_a
+        assert b.returncode == 0, err_b
+        log = c.execute("SELECT who, step, phase FROM step_log ORDER BY seq").fetchall()
+    assert log == [
+        ("A", "s1", "start"), ("A", "s1", "end"), ("A", "s2", "start"),
+        ("B", "s2", "start"), ("B", "s2", "end"), ("B", "s3", "start"), ("B", "s3", "end"),
+    ]
+    assert json.loads(out_b) == {"count": 3, "by": ["A", "B", "B"]}
+
+
+# ------------------------------------------------------------------ bad input
+def _step() -> DurableStep:
+    return DurableStep(id="s", run=lambda s, _c: s)
+
+
+@pytest.mark.parametrize("kwargs, exc", [
+    ({"id": ""}, ValueError),
+    ({"id": 3}, TypeError),
+    ({"id": "a\x00b"}, ValueError),
+    ({"revision": ""}, ValueError),
+    ({"steps": []}, ValueError),
+    ({"steps": "abc"}, TypeError),
+    ({"steps": [object()]}, TypeError),
+    ({"steps": [_step(), _step()]}, ValueError),
+    ({"is_state": None}, TypeError),
+    ({"authorize": 5}, TypeError),
+    ({"max_attempts": 0}, ValueError),
+    ({"max_attempts": 2.5}, TypeError),
+    ({"max_attempts": True}, TypeError),
+    ({"deadline": timedelta(0)}, ValueError),
+    ({"deadline": -5}, ValueError),
+    ({"deadline": "soon"}, TypeError),
+    ({"now": 5}, TypeError),
+    ({"store": object()}, TypeError),
+    ({"initial_state": {"count": "x"}}, ValueError),
+])
+def test_define_rejects_bad_input(kwargs: dict[str, Any], exc: type[Exception]) -> None:
+    args: dict[str, Any] = {"id": "count", "revision": "1", "is_state": is_count,
+                            "steps": [_step()]}
+    args.update(kwargs)
+    with pytest.raises(exc):
+        define_durable_task(**args)
+
+
+@pytest.mark.parametrize("kwargs, exc", [
+    ({"id": ""}, ValueError),
+    ({"run": None}, TypeError),
+    ({"replay": "maybe"}, ValueError),
+    ({"replay": "reconcile"}, TypeError),  # no reconcile function
+    ({"reconcile": lambda s, _c: s}, ValueError),  # reconcile on a safe step
+])
+def test_step_rejects_bad_input(kwargs: dict[str, Any], exc: type[Exception]) -> None:
+    args: dict[str, Any] = {"id": "s", "run": lambda s, _c: s}
+    args.update(kwargs)
+    with pytest.raises(exc):
+        DurableStep(**args)
+
+
+async def test_run_rejects_bad_input(store: DurableStore) -> None:
+    task = define_durable_task(id="count", revision="1", is_state=is_count,
+                               initial_state={"count": 0}, steps=[_step()])
+    for bad, exc in (("", ValueError), (5, TypeError), ("a\x00", ValueError)):
+        with pytest.raises(exc):
+            await task.run(task_id=bad, store=store)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="no store"):
+        await task.run(task_id="t")
+    with pytest.raises(ValueError, match="fails is_state"):
+        await task.run(task_id="t", store=store, state={"count": None})
+    assert await stored(store, "t") is None
+
+
+def test_postgres_store_rejects_bad_targets() -> None:
+    with pytest.raises(TypeError):
+        PostgresDurableStore(42)  # type: ignore[arg-type]
+    with pytest.raises(InvalidInput):
+        PostgresDurableStore("mysql://x/y")
+
+
+def test_sql_save_rejects_bad_records(conn: psycopg.Connection[Any]) -> None:
+    for args in (("", "{}"), ("t", "[1]"), ("t", None)):
+        with pytest.raises(InvalidInput), pgdurable._db.translated():
+            conn.execute("SELECT pgdurable.task_checkpoint_save(%s, %s::jsonb)", args)
+    assert conn.execute("SELECT count(*) FROM pgdurable.task_checkpoints").fetchone() == (0,)
+
+
+async def test_store_default_and_definition_exposed(dsn: str) -> None:
+    """What the run engine needs to drive a DurableTask is on the object."""
+    store = MemoryDurableStore()
+    task = define_durable_task(id="count", revision="7", is_state=is_count, max_attempts=4,
+                               initial_state={"count": 0}, store=store,
+                               steps=[DurableStep(id="s", run=lambda s, _c: {"count": 2})])
+    assert (task.id, task.revision, task.max_attempts, [s.id for s in task.steps]) == (
+        "count", "7", 4, ["s"])
+    assert task.authorize is None and task.is_state({"count": 1})
+    assert await task.run(task_id="t") == {"count": 2}
+    assert store.get("t") is not None

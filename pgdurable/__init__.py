@@ -6,7 +6,9 @@ checkpoint after each one, and let go. See the README for the concepts.
 
 from __future__ import annotations
 
+from .effects import with_idempotency, with_idempotency_sync
 from .errors import (
+    AttemptsExhausted,
     BudgetExceeded,
     CorruptCheckpoint,
     DatabaseUnavailable,
@@ -41,6 +43,16 @@ from .leases import (
     resolve_lease_provider,
 )
 from .migrations import check_schema, migrate, migration_status, required_version
+from .tasks import (
+    DurableCheckpoint,
+    DurableContext,
+    DurableStep,
+    DurableStore,
+    DurableTask,
+    MemoryDurableStore,
+    PostgresDurableStore,
+    define_durable_task,
+)
 
 __version__ = "0.1.0"
 
@@ -58,6 +70,7 @@ __all__ = [
     "keep_lease",
     "resolve_async_lease_provider",
     "resolve_lease_provider",
+    "AttemptsExhausted",
     "BudgetExceeded",
     "CorruptCheckpoint",
     "DatabaseUnavailable",
@@ -79,4 +92,14 @@ __all__ = [
     "migrate",
     "migration_status",
     "required_version",
+    "DurableCheckpoint",
+    "DurableContext",
+    "DurableStep",
+    "DurableStore",
+    "DurableTask",
+    "MemoryDurableStore",
+    "PostgresDurableStore",
+    "define_durable_task",
+    "with_idempotency",
+    "with_idempotency_sync",
 ]

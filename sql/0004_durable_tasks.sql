@@ -183,3 +183,10 @@ LANGUAGE sql AS $$
 $$;
 COMMENT ON FUNCTION pgdurable.idempotency_release(text, text) IS
   'Give up a running idempotency claim without an outcome (owner only).';
+
+-- The record gained two fields since 0001 described it.
+COMMENT ON COLUMN pgdurable.task_checkpoints.record IS
+  'The checkpoint record (JSON object): version, definition_id, revision, next_step_index, '
+  'attempt_count, max_attempts, deadline_at_ms (epoch ms or null), status '
+  '(ready|running|completed|failed), state, in_flight_step (id of a reconcile step started '
+  'but not confirmed, else null), error (last failure {type, message, step?}, else null).';

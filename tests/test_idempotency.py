@@ -1,0 +1,362 @@
+"""with_idempotency / with_idempotency_sync against a real database.
+
+Executions are counted durably (rows in a scratch table), races use real
+processes released together by an advisory-lock gate.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg_pool import AsyncConnectionPool, ConnectionPool
+
+from pgdurable import (
+    DeadlineExceeded,
+    EffectFailed,
+    InvalidInput,
+    LeaseLost,
+    with_idempotency,
+    with_idempotency_sync,
+)
+from pgdurable._db import translated
+
+ROOT = Path(__file__).resolve().parent.parent
+HELPER = str(ROOT / "tests" / "_effect_procs.py")
+
+
+@pytest.fixture
+def scratch(dsn: str) -> Iterator[psycopg.Connection[Any]]:
+    with psycopg.connect(dsn, autocommit=True) as c:
+        c.execute("CREATE TABLE executions (seq bigserial PRIMARY KEY, key text, pid int)")
+        yield c
+
+
+def executions(c: psycopg.Connection[Any], key: str) -> int:
+    row = c.execute("SELECT count(*) FROM executions WHERE key = %s", (key,)).fetchone()
+    return int(row[0]) if row else 0
+
+
+def key_row(c: psycopg.Connection[Any], key: str) -> tuple[Any, ...] | None:
+    return c.execute("SELECT status, owner, result, error FROM pgdurable.idempotency_keys "
+                     "WHERE key = %s", (key,)).fetchone()
+
+
+def wait_until(predicate: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
+    """Poll ``predicate`` (a liveness guard, not a timing assertion)."""
+    end = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > end:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.02)
+
+
+def spawn(*args: str) -> subprocess.Popen[str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.Popen([sys.executable, HELPER, *args], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+# ------------------------------------------------------------------ basics
+async def test_executes_once_and_returns_the_stored_result(
+    dsn: str, scratch: psycopg.Connection[Any]
+) -> None:
+    calls: list[int] = []
+
+    async def effect() -> Any:
+        calls.append(1)
+        return {"charge": "ch_1", "amount": 12.5, "items": [1, "two", None, True]}
+
+    first = await with_idempotency(dsn, "charge:42", effect)
+    second = await with_idempotency(dsn, "charge:42", effect)
+    third = with_idempotency_sync(dsn, "charge:42", lambda: calls.append(1))
+    assert first == second == third == {"charge": "ch_1", "amount": 12.5,
+                                        "items": [1, "two", None, True]}
+    assert calls == [1]
+    row = key_row(scratch, "charge:42")
+    assert row is not None and row[0] == "succeeded"
+
+
+async def test_with_pools(dsn: str, scratch: psycopg.Connection[Any]) -> None:
+    async with AsyncConnectionPool(dsn, open=False, kwargs={"autocommit": True}) as apool:
+        await apool.open()
+        assert await with_idempotency(apool, "k", lambda: 1) == 1
+        assert await with_idempotency(apool, "k", lambda: 2) == 1
+    with ConnectionPool(dsn, open=False, kwargs={"autocommit": True}) as pool:
+        pool.open()
+        assert with_idempotency_sync(pool, "k", lambda: 3) == 1
+        assert with_idempotency_sync(pool, "k2", lambda: None) is None
+        assert with_idempotency_sync(pool, "k2", lambda: 4) is None
+
+
+async def test_concurrent_callers_in_one_process(dsn: str, scratch: psycopg.Connection[Any]
+                                                 ) -> None:
+    started = asyncio.Event()
+    release = asyncio.Event()
+    calls: list[int] = []
+
+    async def effect() -> Any:
+        calls.append(1)
+        started.set()
+        await release.wait()
+        return "done"
+
+    first = asyncio.create_task(with_idempotency(dsn, "k", effect))
+    await started.wait()
+    others = [asyncio.create_task(with_idempotency(dsn, "k", effect)) for _ in range(5)]
+    await asyncio.sleep(0.1)  # let them poll at least once (not needed for correctness)
+    release.set()
+    assert await asyncio.gather(first, *others) == ["done"] * 6
+    assert calls == [1]
+
+
+# ------------------------------------------------------------------ failures
+async def test_failure_is_stored_and_propagated_as_effect_failed(
+    dsn: str, scratch: psycopg.Connection[Any]
+) -> None:
+    async def effect() -> Any:
+        raise ConnectionRefusedError("payment gateway said no")
+
+    with pytest.raises(ConnectionRefusedError):  # the executing caller gets its own error
+        await with_idempotency(dsn, "pay", effect)
+    for _ in range(2):
+        with pytest.raises(EffectFailed, match="ConnectionRefusedError: payment gateway") as info:
+            await with_idempotency(dsn, "pay", lambda: "never")
+        assert info.value.error == {  # type: ignore[attr-defined]
+            "type": "ConnectionRefusedError", "message": "payment gateway said no"}
+    with pytest.raises(EffectFailed):
+        with_idempotency_sync(dsn, "pay", lambda: "never")
+    row = key_row(scratch, "pay")
+    assert row is not None and row[0] == "failed"
+
+
+@pytest.mark.parametrize("bad, exc", [
+    ({1, 2}, TypeError), (float("nan"), ValueError), (object(), TypeError),
+    ({"a": (1, 2)}, TypeError), ("a\x00b", ValueError),
+])
+async def test_non_json_result_is_refused_and_leaves_no_stuck_key(
+    dsn: str, scratch: psycopg.Connection[Any], bad: Any, exc: type[Exception]
+) -> None:
+    with pytest.raises(exc):
+        await with_idempotency(dsn, "k", lambda: bad)
+    row = key_row(scratch, "k")
+    assert row is not None and row[0] == "failed"  # recorded: the effect did happen
+    assert row[3]["type"] == exc.__name__
+    with pytest.raises(EffectFailed):  # a later caller is answered at once, not blocked
+        await with_idempotency(dsn, "k", lambda: "x", wait_timeout=5)
+    with pytest.raises(exc):
+        with_idempotency_sync(dsn, "k-sync", lambda: bad)
+    row = key_row(scratch, "k-sync")
+    assert row is not None and row[0] == "failed"
+
+
+async def test_cancelled_owner_releases_its_claim(dsn: str, scratch: psycopg.Connection[Any]
+                                                  ) -> None:
+    started = asyncio.Event()
+
+    async def slow() -> Any:
+        started.set()
+        await asyncio.sleep(3600)
+
+    task = asyncio.create_task(with_idempotency(dsn, "k", slow))
+    await started.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert key_row(scratch, "k") is None
+    assert await with_idempotency(dsn, "k", lambda: 7, wait_timeout=5) == 7
+
+
+async def test_wait_timeout_raises_deadline_exceeded(dsn: str, scratch: psycopg.Connection[Any]
+                                                     ) -> None:
+    with translated():
+        scratch.execute("SELECT * FROM pgdurable.idempotency_claim('k', 'someone', '1 hour')")
+    with pytest.raises(DeadlineExceeded, match="held by another caller"):
+        await with_idempotency(dsn, "k", lambda: 1, wait_timeout=0.2)
+    with pytest.raises(DeadlineExceeded):
+        with_idempotency_sync(dsn, "k", lambda: 1, wait_timeout=timedelta(milliseconds=200))
+
+
+# ------------------------------------------------------------------ leases
+async def test_heartbeat_keeps_a_long_effect_claimed(dsn: str, scratch: psycopg.Connection[Any]
+                                                      ) -> None:
+    """An effect longer than its lease stays claimed: renewals move expires_at."""
+    seen: list[Any] = []
+    release = threading.Event()
+
+    def expires() -> Any:
+        row = scratch.execute("SELECT expires_at FROM pgdurable.idempotency_keys "
+                              "WHERE key = 'long'").fetchone()
+        return row[0] if row else None
+
+    async def effect() -> Any:
+        def watch() -> None:
+            wait_until(lambda: expires() is not None, "the claim")
+            seen.append(expires())
+            for _ in range(3):  # three renewals observed
+                wait_until(lambda: expires() > seen[-1], "a renewal")
+                seen.append(expires())
+            release.set()
+
+        await asyncio.to_thread(watch)
+        return "long done"
+
+    result = await with_idempotency(dsn, "long", effect, lease=0.6)
+    assert result == "long done" and release.is_set()
+    assert seen == sorted(seen) and len(set(seen)) == 4
+
+
+def test_expired_claim_boundary_in_sql(conn: psycopg.Connection[Any]) -> None:
+    """expires_at = now - 1 s is taken over; now + 1 s is not (database clock)."""
+    claim = "SELECT claimed, owner FROM pgdurable.idempotency_claim(%s, %s, '30 s')"
+    for key, offset, taken in (("past", "-1 second", True), ("future", "1 second", False)):
+        conn.execute("INSERT INTO pgdurable.idempotency_keys (key, status, owner, expires_at) "
+                     "VALUES (%s, 'running', 'dead', pgdurable.now() + %s::interval)",
+                     (key, offset))
+        assert conn.execute(claim, (key, "waiter")).fetchone() == (
+            (True, "waiter") if taken else (False, "dead"))
+    with conn.transaction():  # a fake clock sees an expired result as free again
+        conn.execute("SELECT pgdurable.idempotency_finish('future', 'dead', '1', '1 hour')")
+        conn.execute("SET LOCAL pgdurable.now = '2999-01-01'")
+        assert conn.execute(claim, ("future", "later")).fetchone() == (True, "later")
+
+
+def test_sql_owner_fencing(conn: psycopg.Connection[Any]) -> None:
+    conn.execute("SELECT * FROM pgdurable.idempotency_claim('k', 'a', '30 s')")
+    for fn in ("finish", "fail"):
+        assert conn.execute(f"SELECT pgdurable.idempotency_{fn}('k', 'b', '1', '1 day')"
+                            ).fetchone() == (False,)
+    assert conn.execute("SELECT pgdurable.idempotency_renew('k', 'b', '30 s')").fetchone() == (
+        False,)
+    assert conn.execute("SELECT pgdurable.idempotency_release('k', 'b')").fetchone() == (False,)
+    assert conn.execute("SELECT status, owner FROM pgdurable.idempotency_keys").fetchone() == (
+        "running", "a")
+    for bad in (("", "a", "1 s"), ("k", "", "1 s"), ("k", "a", "0 s")):
+        with pytest.raises(InvalidInput), translated():
+            conn.execute("SELECT * FROM pgdurable.idempotency_claim(%s, %s, %s::interval)", bad)
+
+
+async def test_owner_that_lost_its_claim_gets_lease_lost(
+    dsn: str, scratch: psycopg.Connection[Any]
+) -> None:
+    async def effect() -> Any:
+        # another caller takes the key over (as after a lapsed lease)
+        scratch.execute("UPDATE pgdurable.idempotency_keys SET owner = 'thief' WHERE key = 'k'")
+        return 1
+
+    with pytest.raises(LeaseLost, match="taken over"):
+        await with_idempotency(dsn, "k", effect)
+    assert key_row(scratch, "k") == ("running", "thief", None, None)
+
+
+@pytest.mark.crash
+async def test_sigkilled_owner_is_taken_over_after_its_lease(
+    dsn: str, scratch: psycopg.Connection[Any]
+) -> None:
+    proc = spawn("idem-hang", dsn, "k")
+    try:
+        wait_until(lambda: executions(scratch, "k") == 1 or proc.poll() is not None,
+                   "the owner's execution")
+        assert proc.poll() is None, proc.communicate()
+        row = key_row(scratch, "k")
+        assert row is not None and row[0] == "running"
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.communicate()
+    calls: list[int] = []
+
+    def effect() -> Any:
+        calls.append(1)
+        scratch.execute("INSERT INTO executions (key, pid) VALUES ('k', %s)", (os.getpid(),))
+        return {"taken_over": True}
+
+    # the waiter polls until the dead owner's 1 s lease lapses, then executes
+    assert await with_idempotency(dsn, "k", effect, lease=1.0, wait_timeout=120) == {
+        "taken_over": True}
+    assert calls == [1] and executions(scratch, "k") == 2
+    row = key_row(scratch, "k")
+    assert row is not None and row[0] == "succeeded"
+
+
+# ------------------------------------------------------------------ the race
+@pytest.mark.crash
+def test_twenty_processes_race_on_one_key(dsn: str, scratch: psycopg.Connection[Any]) -> None:
+    n = 20
+    scratch.execute("SELECT pg_advisory_lock(4242)")  # the gate
+    procs = [spawn("idem", dsn, "race", "sync" if i % 2 else "async") for i in range(n)]
+    try:
+        def at_gate() -> int:
+            row = scratch.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' "
+                                  "AND objid = 4242 AND NOT granted").fetchone()
+            return int(row[0]) if row else 0
+
+        wait_until(lambda: at_gate() == n or any(p.poll() is not None for p in procs),
+                   "all processes at the gate", timeout=180)
+        scratch.execute("SELECT pg_advisory_unlock(4242)")
+        outs = [p.communicate(timeout=180) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.communicate()
+    for p, (_out, err) in zip(procs, outs, strict=True):
+        assert p.returncode == 0, err
+    results = [json.loads(out) for out, _err in outs]
+    assert executions(scratch, "race") == 1
+    (pid,) = scratch.execute("SELECT pid FROM executions").fetchone() or (None,)
+    assert results == [{"executed_by": pid}] * n
+
+
+# ------------------------------------------------------------------ bad input
+@pytest.mark.parametrize("kwargs, exc", [
+    ({"key": ""}, ValueError),
+    ({"key": 5}, TypeError),
+    ({"key": None}, TypeError),
+    ({"key": "a\x00b"}, ValueError),
+    ({"key": "x" * 2001}, ValueError),
+    ({"fn": "not callable"}, TypeError),
+    ({"ttl": timedelta(0)}, ValueError),
+    ({"ttl": -1}, ValueError),
+    ({"ttl": "1 day"}, TypeError),
+    ({"lease": 0}, ValueError),
+    ({"wait_timeout": timedelta(seconds=-1)}, ValueError),
+    ({"wait_timeout": True}, TypeError),
+])
+async def test_bad_input_is_rejected_before_sql(
+    dsn: str, scratch: psycopg.Connection[Any], kwargs: dict[str, Any], exc: type[Exception]
+) -> None:
+    args: dict[str, Any] = {"key": "k", "fn": lambda: 1}
+    args.update(kwargs)
+    key, fn = args.pop("key"), args.pop("fn")
+    with pytest.raises(exc):
+        await with_idempotency(dsn, key, fn, **args)
+    with pytest.raises(exc):
+        with_idempotency_sync(dsn, key, fn, **args)
+    assert scratch.execute("SELECT count(*) FROM pgdurable.idempotency_keys").fetchone() == (0,)
+
+
+async def test_bad_targets(dsn: str) -> None:
+    with pytest.raises(TypeError):
+        await with_idempotency(42, "k", lambda: 1)  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        with_idempotency_sync(42, "k", lambda: 1)  # type: ignore[arg-type]
+    with pytest.raises(InvalidInput):
+        await with_idempotency("mysql://x/y", "k", lambda: 1)
+
+    async def coro() -> int:
+        return 1
+
+    with pytest.raises(TypeError, match="sync fn"):
+        with_idempotency_sync(dsn, "k", coro)  # type: ignore[arg-type]

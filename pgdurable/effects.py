@@ -60,7 +60,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, TypeVar
+from typing import Any, TypeVar, overload
 
 import psycopg
 from psycopg.types.json import Jsonb
@@ -165,7 +165,7 @@ def _outcome(key: str, row: tuple[Any, ...] | None) -> tuple[str, Any]:
         exc = EffectFailed(
             f"effect {key!r} failed: {err.get('type', 'Error')}: {err.get('message', '')}"
         )
-        exc.error = err  # type: ignore[attr-defined]
+        exc.error = err
         raise exc
     return "wait", None
 
@@ -242,15 +242,39 @@ async def _aone(conns: Callable[[], Any], sql: str, args: tuple[Any, ...]) -> An
             return await cur.fetchone()
 
 
+@overload
 async def with_idempotency(
     pool_or_conninfo: AsyncConnectionPool[Any] | str,
     key: str,
-    fn: Callable[[], Awaitable[T]] | Callable[[], T],
+    fn: Callable[[], Awaitable[T]],
+    *,
+    ttl: timedelta | float = ...,
+    lease: timedelta | float = ...,
+    wait_timeout: timedelta | float | None = ...,
+) -> T: ...
+
+
+@overload
+async def with_idempotency(
+    pool_or_conninfo: AsyncConnectionPool[Any] | str,
+    key: str,
+    fn: Callable[[], T],
+    *,
+    ttl: timedelta | float = ...,
+    lease: timedelta | float = ...,
+    wait_timeout: timedelta | float | None = ...,
+) -> T: ...
+
+
+async def with_idempotency(
+    pool_or_conninfo: AsyncConnectionPool[Any] | str,
+    key: str,
+    fn: Callable[[], Any],
     *,
     ttl: timedelta | float = DEFAULT_TTL,
     lease: timedelta | float = DEFAULT_LEASE,
     wait_timeout: timedelta | float | None = None,
-) -> T:
+) -> Any:
     """Run ``fn`` at most once per ``key`` across processes; return its (stored) result.
 
     ``fn`` takes no arguments and may be sync or async. See the module
@@ -270,9 +294,9 @@ async def with_idempotency(
             row = await _aone(conns, _CLAIM, (p.key, owner, p.lease))
             verdict, result = _outcome(p.key, row)
             if verdict == "done":
-                return result  # type: ignore[no-any-return]
+                return result
             if verdict == "execute":
-                return await _aexecute(conns, p, owner, fn)  # type: ignore[no-any-return]
+                return await _aexecute(conns, p, owner, fn)
             _check_deadline(p, started)
             await asyncio.sleep(next(delays))
 

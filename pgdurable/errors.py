@@ -11,7 +11,7 @@ pgdurable flavour of ``ValueError`` for input rejected by the database itself.
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import psycopg
 
@@ -137,6 +137,8 @@ class EffectFailed(PgDurableError):
     """A recorded side effect failed; its stored error is re-raised to later callers."""
 
     sqlstate = "PD010"
+    #: The stored error, ``{"type": ..., "message": ...}``, when known.
+    error: dict[str, Any] | None = None
 
 
 class ReconcileFailed(PgDurableError):

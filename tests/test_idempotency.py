@@ -134,7 +134,7 @@ async def test_failure_is_stored_and_propagated_as_effect_failed(
     for _ in range(2):
         with pytest.raises(EffectFailed, match="ConnectionRefusedError: payment gateway") as info:
             await with_idempotency(dsn, "pay", lambda: "never")
-        assert info.value.error == {  # type: ignore[attr-defined]
+        assert info.value.error == {
             "type": "ConnectionRefusedError", "message": "payment gateway said no"}
     with pytest.raises(EffectFailed):
         with_idempotency_sync(dsn, "pay", lambda: "never")
@@ -349,7 +349,7 @@ async def test_bad_input_is_rejected_before_sql(
 
 async def test_bad_targets(dsn: str) -> None:
     with pytest.raises(TypeError):
-        await with_idempotency(42, "k", lambda: 1)  # type: ignore[arg-type]
+        await with_idempotency(42, "k", lambda: 1)  # type: ignore[call-overload]
     with pytest.raises(TypeError):
         with_idempotency_sync(42, "k", lambda: 1)  # type: ignore[arg-type]
     with pytest.raises(InvalidInput):
@@ -359,4 +359,4 @@ async def test_bad_targets(dsn: str) -> None:
         return 1
 
     with pytest.raises(TypeError, match="sync fn"):
-        with_idempotency_sync(dsn, "k", coro)  # type: ignore[arg-type]
+        with_idempotency_sync(dsn, "k", coro)  # type: ignore[unused-coroutine]

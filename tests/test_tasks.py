@@ -48,7 +48,7 @@ def is_count(value: Any) -> bool:
     return isinstance(value, dict) and isinstance(value.get("count"), int)
 
 
-def seed_record(*, definition_id: str = "count", revision: str = "1", count: int = 0,
+def seed_record(*, definition_id: str = "count", revision: str = "1", count: Any = 0,
                 **over: Any) -> dict[str, Any]:
     rec = {
         "version": CHECKPOINT_VERSION, "definition_id": definition_id, "revision": revision,

@@ -54,6 +54,7 @@ lease is lost.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import threading
 from collections.abc import Awaitable, Callable
@@ -242,6 +243,7 @@ class _Base:
                 f"not {type(conninfo_or_pool).__name__}"
             )
         self._prepare = prepare
+        self._timeout = timeout
         self._opened = False
         self._closed = False
 
@@ -281,7 +283,7 @@ class AsyncPostgresLeaseProvider(_Base):
             return
         try:
             if self._owned:
-                await self._pool.open(wait=True)
+                await self._pool.open(wait=True, timeout=self._timeout)
             async with self._pool.connection() as conn:
                 await acheck_schema(conn)
         except BaseException as exc:
@@ -316,8 +318,10 @@ class AsyncPostgresLeaseProvider(_Base):
                 return call.parse(row)
             except Exception as exc:
                 err = core.failure(exc, call, attempt, self._closed)
+                if core.connection_broke(exc):
+                    with contextlib.suppress(Exception):
+                        await pool.check()  # drop the pool's other dead connections
                 if err is None:
-                    await pool.check()
                     continue
                 if err is exc:
                     raise
@@ -374,7 +378,7 @@ class PostgresLeaseProvider(_Base):
                 return
             try:
                 if self._owned:
-                    self._pool.open(wait=True)
+                    self._pool.open(wait=True, timeout=self._timeout)
                 with self._pool.connection() as conn:
                     check_schema(conn)
             except BaseException as exc:
@@ -408,8 +412,10 @@ class PostgresLeaseProvider(_Base):
                 return call.parse(row)
             except Exception as exc:
                 err = core.failure(exc, call, attempt, self._closed)
+                if core.connection_broke(exc):
+                    with contextlib.suppress(Exception):
+                        pool.check()  # drop the pool's other dead connections
                 if err is None:
-                    pool.check()
                     continue
                 if err is exc:
                     raise

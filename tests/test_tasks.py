@@ -616,3 +616,35 @@ async def test_store_default_and_definition_exposed(dsn: str) -> None:
     assert task.authorize is None and task.is_state({"count": 1})
     assert await task.run(task_id="t") == {"count": 2}
     assert store.get("t") is not None
+
+
+async def test_cancelled_while_waiting_for_the_lock_leaves_no_lock(dsn: str) -> None:
+    """A caller cancelled while blocked in pg_advisory_lock must not hold it later."""
+    task = define_durable_task(id="count", revision="1", is_state=is_count,
+                               initial_state={"count": 0},
+                               steps=[DurableStep(id="s", run=lambda s, _c: {"count": 1})])
+    with psycopg.connect(dsn, autocommit=True) as c:
+        c.execute("SELECT pg_advisory_lock(pgdurable.task_lock_key('t'))")
+        async with PostgresDurableStore(dsn) as store:
+            waiter = asyncio.create_task(task.run(task_id="t", store=store))
+
+            def blocked() -> bool:
+                row = c.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' "
+                                "AND NOT granted").fetchone()
+                return row == (1,)
+
+            await asyncio.to_thread(wait_until, blocked, "the waiter at the task lock")
+            waiter.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await waiter
+            c.execute("SELECT pg_advisory_unlock(pgdurable.task_lock_key('t'))")
+            # nobody may hold or wait for the task lock now
+            for _ in range(500):
+                row = c.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'"
+                                ).fetchone()
+                if row == (0,):
+                    break
+                await asyncio.sleep(0.02)
+            assert row == (0,)
+            assert await task.run(task_id="t", store=store) == {"count": 1}
+            assert await stored(store, "t") is not None

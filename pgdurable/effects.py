@@ -56,7 +56,7 @@ import threading
 import time
 import uuid
 import weakref
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
@@ -194,6 +194,61 @@ def _lost(key: str) -> LeaseLost:
 
 
 # --------------------------------------------------------------------------
+# the protocol, once: a generator yielding I/O requests that a shell performs
+# --------------------------------------------------------------------------
+@dataclass(frozen=True)
+class _Query:
+    """Run one statement; send back its first row."""
+
+    sql: str
+    args: tuple[Any, ...]
+
+
+@dataclass(frozen=True)
+class _Sleep:
+    """Sleep this many seconds; send back None."""
+
+    seconds: float
+
+
+@dataclass(frozen=True)
+class _Execute:
+    """Run fn under the heartbeat; send back ``(value, json)`` or the exception raised."""
+
+
+_Op = _Query | _Sleep | _Execute
+_Ran = tuple[Any, str] | BaseException
+
+
+def _protocol(p: _Params, owner: str) -> Generator[_Op, Any, Any]:
+    """with_idempotency's whole logic; returns the result or raises the outcome."""
+    started = time.monotonic()
+    delays = _delays(p.lease)
+    while True:
+        verdict, result = _outcome(p.key, (yield _Query(_CLAIM, (p.key, owner, p.lease))))
+        if verdict == "done":
+            return result
+        if verdict == "execute":
+            break
+        _check_deadline(p, started)
+        yield _Sleep(next(delays))
+    ran: _Ran = yield _Execute()
+    if isinstance(ran, BaseException):
+        if not isinstance(ran, Exception):  # cancelled or interrupted: no outcome to store
+            yield _Query(_RELEASE, (p.key, owner))
+            raise ran
+        row = yield _Query(_FAIL, (p.key, owner, _encode_error(ran), p.ttl))
+        if row is not None and not row[0]:
+            raise _lost(p.key) from ran
+        raise ran
+    value, payload = ran
+    row = yield _Query(_FINISH, (p.key, owner, payload, p.ttl))
+    if row is not None and not row[0]:
+        raise _lost(p.key)
+    return value
+
+
+# --------------------------------------------------------------------------
 # async shell
 # --------------------------------------------------------------------------
 @asynccontextmanager
@@ -277,8 +332,10 @@ async def with_idempotency(
 ) -> Any:
     """Run ``fn`` at most once per ``key`` across processes; return its (stored) result.
 
-    ``fn`` takes no arguments and may be sync or async. See the module
-    docstring for the full contract (waiting, failures, leases of dead owners).
+    ``fn`` takes no arguments and may be sync or async (a sync ``fn`` blocks the
+    event loop, and with it the heartbeat: keep it short or use an async one).
+    See the module docstring for the full contract (waiting, failures, leases
+    of dead owners).
     """
     p = _params(key, fn, ttl, lease, wait_timeout)
     if not isinstance(pool_or_conninfo, AsyncConnectionPool | str):
@@ -287,60 +344,51 @@ async def with_idempotency(
             f"{type(pool_or_conninfo).__name__}"
         )
     owner = uuid.uuid4().hex
-    started = time.monotonic()
-    delays = _delays(p.lease)
+    proto = _protocol(p, owner)
     async with _aconnection(pool_or_conninfo) as conns:
+        reply: Any = None
         while True:
-            row = await _aone(conns, _CLAIM, (p.key, owner, p.lease))
-            verdict, result = _outcome(p.key, row)
-            if verdict == "done":
-                return result
-            if verdict == "execute":
-                return await _aexecute(conns, p, owner, fn)
-            _check_deadline(p, started)
-            await asyncio.sleep(next(delays))
+            try:
+                op = proto.send(reply)
+            except StopIteration as done:
+                return done.value
+            if isinstance(op, _Query):
+                reply = await _aone(conns, op.sql, op.args)
+            elif isinstance(op, _Sleep):
+                await asyncio.sleep(op.seconds)
+                reply = None
+            else:
+                reply = await _arun(conns, p, owner, fn)
 
 
-async def _aexecute(conns: Callable[[], Any], p: _Params, owner: str, fn: Callable[[], Any]) -> Any:
+async def _arun(conns: Callable[[], Any], p: _Params, owner: str, fn: Callable[[], Any]) -> _Ran:
     stop = asyncio.Event()
 
     async def heartbeat() -> None:
-        interval = p.lease.total_seconds() / 3
         while True:
             try:
-                await asyncio.wait_for(stop.wait(), interval)
+                await asyncio.wait_for(stop.wait(), p.lease.total_seconds() / 3)
                 return
             except TimeoutError:
                 pass
             try:
                 row = await _aone(conns, _RENEW, (p.key, owner, p.lease))
             except Exception:
-                continue
+                continue  # a transient failure; the next beat retries
             if row is not None and not row[0]:
-                return  # lost; the final write will say so
+                return  # lost: the final write will say so
 
     beat = asyncio.create_task(heartbeat())
     try:
-        try:
-            value = fn()
-            if inspect.isawaitable(value):
-                value = await value
-            payload = _json.dumps(value, "result")
-        finally:
-            stop.set()
-            await beat
-    except Exception as exc:
-        row = await _aone(conns, _FAIL, (p.key, owner, _encode_error(exc), p.ttl))
-        if row is not None and not row[0]:
-            raise _lost(p.key) from exc
-        raise
-    except BaseException:
-        await asyncio.shield(_aone(conns, _RELEASE, (p.key, owner)))
-        raise
-    row = await _aone(conns, _FINISH, (p.key, owner, payload, p.ttl))
-    if row is not None and not row[0]:
-        raise _lost(p.key)
-    return value
+        value = fn()
+        if inspect.isawaitable(value):
+            value = await value
+        return value, _json.dumps(value, "result")
+    except BaseException as exc:
+        return exc
+    finally:
+        stop.set()
+        await beat
 
 
 # --------------------------------------------------------------------------
@@ -389,7 +437,10 @@ def with_idempotency_sync(
     lease: timedelta | float = DEFAULT_LEASE,
     wait_timeout: timedelta | float | None = None,
 ) -> T:
-    """Sync twin of :func:`with_idempotency` (same SQL, same contract); ``fn`` is sync."""
+    """Sync twin of :func:`with_idempotency` (same protocol, same SQL); ``fn`` is sync.
+
+    The heartbeat runs in a thread while ``fn`` runs.
+    """
     p = _params(key, fn, ttl, lease, wait_timeout)
     if not isinstance(pool_or_conninfo, ConnectionPool | str):
         raise TypeError(
@@ -397,20 +448,24 @@ def with_idempotency_sync(
             f"{type(pool_or_conninfo).__name__}"
         )
     owner = uuid.uuid4().hex
-    started = time.monotonic()
-    delays = _delays(p.lease)
+    proto = _protocol(p, owner)
     with _connection(pool_or_conninfo) as conns:
+        reply: Any = None
         while True:
-            verdict, result = _outcome(p.key, _one(conns, _CLAIM, (p.key, owner, p.lease)))
-            if verdict == "done":
-                return result  # type: ignore[no-any-return]
-            if verdict == "execute":
-                return _execute(conns, p, owner, fn)  # type: ignore[no-any-return]
-            _check_deadline(p, started)
-            time.sleep(next(delays))
+            try:
+                op = proto.send(reply)
+            except StopIteration as done:
+                return done.value  # type: ignore[no-any-return]
+            if isinstance(op, _Query):
+                reply = _one(conns, op.sql, op.args)
+            elif isinstance(op, _Sleep):
+                time.sleep(op.seconds)
+                reply = None
+            else:
+                reply = _run(conns, p, owner, fn)
 
 
-def _execute(conns: Callable[[], Any], p: _Params, owner: str, fn: Callable[[], Any]) -> Any:
+def _run(conns: Callable[[], Any], p: _Params, owner: str, fn: Callable[[], Any]) -> _Ran:
     stop = threading.Event()
 
     def heartbeat() -> None:
@@ -418,32 +473,21 @@ def _execute(conns: Callable[[], Any], p: _Params, owner: str, fn: Callable[[], 
             try:
                 row = _one(conns, _RENEW, (p.key, owner, p.lease))
             except Exception:
-                continue
+                continue  # a transient failure; the next beat retries
             if row is not None and not row[0]:
                 return
 
     beat = threading.Thread(target=heartbeat, name="pgdurable-idempotency-heartbeat", daemon=True)
     beat.start()
     try:
-        try:
-            value = fn()
-            if inspect.isawaitable(value):
-                if inspect.iscoroutine(value):
-                    value.close()
-                raise TypeError("with_idempotency_sync needs a sync fn; use with_idempotency")
-            payload = _json.dumps(value, "result")
-        finally:
-            stop.set()
-            beat.join()
-    except Exception as exc:
-        row = _one(conns, _FAIL, (p.key, owner, _encode_error(exc), p.ttl))
-        if row is not None and not row[0]:
-            raise _lost(p.key) from exc
-        raise
-    except BaseException:
-        _one(conns, _RELEASE, (p.key, owner))
-        raise
-    row = _one(conns, _FINISH, (p.key, owner, payload, p.ttl))
-    if row is not None and not row[0]:
-        raise _lost(p.key)
-    return value
+        value = fn()
+        if inspect.isawaitable(value):
+            if inspect.iscoroutine(value):
+                value.close()
+            raise TypeError("with_idempotency_sync needs a sync fn; use with_idempotency")
+        return value, _json.dumps(value, "result")
+    except BaseException as exc:
+        return exc
+    finally:
+        stop.set()
+        beat.join()

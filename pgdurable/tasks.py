@@ -632,6 +632,21 @@ _SAVE = "SELECT pgdurable.task_checkpoint_save(%s, %s::jsonb)"
 _NOW_MS = "SELECT (extract(epoch FROM pgdurable.now()) * 1000)::bigint"
 
 
+async def _unlock(conn: psycopg.AsyncConnection[Any], task_id: str) -> None:
+    """Release the task lock; if that fails, close the session (which releases it).
+
+    A failed unlock never masks the operation's own outcome: the lock is gone
+    either way, and the pool discards a closed connection.
+    """
+    try:
+        await conn.execute(_UNLOCK, (task_id,))
+    except Exception:
+        await conn.close()
+    except BaseException:
+        await conn.close()
+        raise
+
+
 class PostgresDurableStore:
     """Records in ``pgdurable.task_checkpoints``, exclusive across processes.
 
@@ -717,11 +732,7 @@ class PostgresDurableStore:
                 return await operation()
             finally:
                 _HELD.reset(token)
-                try:
-                    await conn.execute(_UNLOCK, (task_id,))
-                except BaseException:
-                    await conn.close()  # closing the session releases the lock
-                    raise
+                await _unlock(conn, task_id)
 
     def _held(self, task_id: str) -> psycopg.AsyncConnection[Any] | None:
         held = _HELD.get()

@@ -648,3 +648,31 @@ async def test_cancelled_while_waiting_for_the_lock_leaves_no_lock(dsn: str) -> 
             assert row == (0,)
             assert await task.run(task_id="t", store=store) == {"count": 1}
             assert await stored(store, "t") is not None
+
+
+async def test_save_needs_the_lock_connection(dsn: str) -> None:
+    """Saves go through the lock's session: once it dies, no step result is written."""
+
+    def kill_lock_session(state: Any, _c: Any) -> Any:
+        with psycopg.connect(dsn, autocommit=True) as c:
+            c.execute("SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = "
+                      "'advisory' AND granted AND pid <> pg_backend_pid()")
+        return {"count": state["count"] + 1}
+
+    task = define_durable_task(
+        id="count", revision="1", is_state=is_count, initial_state={"count": 0},
+        steps=[DurableStep(id="s1", run=lambda s, _c: {"count": 1}),
+               DurableStep(id="s2", run=kill_lock_session)],
+    )
+    async with PostgresDurableStore(dsn) as store:
+        with pytest.raises(pgdurable.DatabaseUnavailable):
+            await task.run(task_id="t", store=store)
+        rec = await stored(store, "t")
+        assert rec is not None and rec["next_step_index"] == 1 and rec["state"] == {"count": 1}
+        # the lock died with its session: the next call resumes at s2
+        ok = define_durable_task(
+            id="count", revision="1", is_state=is_count,
+            steps=[DurableStep(id="s1", run=_never),
+                   DurableStep(id="s2", run=lambda s, _c: {"count": s["count"] + 1})],
+        )
+        assert await ok.run(task_id="t", store=store) == {"count": 2}

@@ -190,3 +190,33 @@ COMMENT ON COLUMN pgdurable.task_checkpoints.record IS
   'attempt_count, max_attempts, deadline_at_ms (epoch ms or null), status '
   '(ready|running|completed|failed), state, in_flight_step (id of a reconcile step started '
   'but not confirmed, else null), error (last failure {type, message, step?}, else null).';
+
+-- Expired keys are found by expires_at (pruning; pitfall 18: no unbounded growth).
+CREATE INDEX idempotency_keys_expires_at_idx ON pgdurable.idempotency_keys (expires_at);
+
+-- pgdurable.idempotency_prune(batch) -> integer
+-- Delete up to p_batch keys whose expires_at has passed (any status: an
+-- expired running row is a dead owner's lapsed claim, which any caller could
+-- take over anyway). Returns how many were deleted; call it until it returns
+-- less than p_batch. Rows locked by a concurrent claim are skipped.
+CREATE FUNCTION pgdurable.idempotency_prune(p_batch integer DEFAULT 10000) RETURNS integer
+LANGUAGE plpgsql AS $$
+DECLARE
+  n integer;
+BEGIN
+  IF p_batch IS NULL OR p_batch < 1 THEN
+    RAISE EXCEPTION 'batch must be at least 1' USING ERRCODE = 'PD000';
+  END IF;
+  WITH doomed AS MATERIALIZED (
+    SELECT key FROM pgdurable.idempotency_keys
+     WHERE expires_at <= pgdurable.now()
+     ORDER BY expires_at
+     LIMIT p_batch
+       FOR UPDATE SKIP LOCKED)
+  DELETE FROM pgdurable.idempotency_keys k USING doomed WHERE k.key = doomed.key;
+  GET DIAGNOSTICS n = ROW_COUNT;
+  RETURN n;
+END
+$$;
+COMMENT ON FUNCTION pgdurable.idempotency_prune(integer) IS
+  'Delete up to p_batch expired idempotency keys; returns the number deleted.';

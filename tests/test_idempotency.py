@@ -360,3 +360,18 @@ async def test_bad_targets(dsn: str) -> None:
 
     with pytest.raises(TypeError, match="sync fn"):
         with_idempotency_sync(dsn, "k", coro)  # type: ignore[unused-coroutine]
+
+
+def test_prune_deletes_expired_keys_in_batches(conn: psycopg.Connection[Any]) -> None:
+    conn.execute(
+        "INSERT INTO pgdurable.idempotency_keys (key, status, expires_at) "
+        "SELECT 'old' || i, 'succeeded', pgdurable.now() - interval '1 second' "
+        "FROM generate_series(1, 5) i")
+    conn.execute("INSERT INTO pgdurable.idempotency_keys (key, status, expires_at) "
+                 "VALUES ('fresh', 'succeeded', pgdurable.now() + interval '1 second')")
+    assert conn.execute("SELECT pgdurable.idempotency_prune(3)").fetchone() == (3,)
+    assert conn.execute("SELECT pgdurable.idempotency_prune(3)").fetchone() == (2,)
+    assert conn.execute("SELECT pgdurable.idempotency_prune()").fetchone() == (0,)
+    assert conn.execute("SELECT key FROM pgdurable.idempotency_keys").fetchall() == [("fresh",)]
+    with pytest.raises(InvalidInput), translated():
+        conn.execute("SELECT pgdurable.idempotency_prune(0)")

@@ -753,6 +753,7 @@ class PostgresDurableStore:
 
     async def load(self, task_id: str) -> dict[str, Any] | None:
         """The stored record of ``task_id`` or ``None`` (``task_checkpoint_load``)."""
+        _check_name(task_id, "task_id")
         row = await self._one(task_id, _LOAD, (task_id,))
         return None if row is None else row[0]
 

@@ -676,3 +676,20 @@ async def test_save_needs_the_lock_connection(dsn: str) -> None:
                    DurableStep(id="s2", run=lambda s, _c: {"count": s["count"] + 1})],
         )
         assert await ok.run(task_id="t", store=store) == {"count": 2}
+
+
+async def test_closed_store_and_bad_ids(dsn: str) -> None:
+    store = PostgresDurableStore(dsn)
+    for bad, exc in (("", ValueError), ("a\x00", ValueError), (1, TypeError)):
+        with pytest.raises(exc):
+            await store.load(bad)  # type: ignore[arg-type]
+        with pytest.raises(exc):
+            await store.save(bad, seed_record())  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        await store.save("t", seed_record(state={"count": {1}}))
+    await store.open()
+    await store.close()
+    with pytest.raises(pgdurable.ProviderClosed):
+        await store.load("t")
+    with psycopg.connect(dsn) as c:
+        assert c.execute("SELECT count(*) FROM pgdurable.task_checkpoints").fetchone() == (0,)

@@ -309,12 +309,15 @@ class AsyncPostgresLeaseProvider(_Base):
         pool = self._live_pool()
         for attempt in (0, 1):
             try:
-                async with pool.connection() as conn:
+                conn = await pool.getconn()
+                try:
                     cur = await conn.execute(call.sql, call.params, prepare=self._prepare,
                                              binary=True)
                     row = await cur.fetchone()
                     if not conn.autocommit:
                         await conn.commit()
+                finally:
+                    await pool.putconn(conn)
                 return call.parse(row)
             except Exception as exc:
                 err = core.failure(exc, call, attempt, self._closed)
@@ -404,11 +407,14 @@ class PostgresLeaseProvider(_Base):
         pool = self._live_pool()
         for attempt in (0, 1):
             try:
-                with pool.connection() as conn:
+                conn = pool.getconn()
+                try:
                     row = conn.execute(call.sql, call.params, prepare=self._prepare,
                                        binary=True).fetchone()
                     if not conn.autocommit:
                         conn.commit()
+                finally:
+                    pool.putconn(conn)
                 return call.parse(row)
             except Exception as exc:
                 err = core.failure(exc, call, attempt, self._closed)

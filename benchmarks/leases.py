@@ -1,0 +1,254 @@
+"""Lease throughput from Python vs pgbench running the same SQL functions.
+
+One command::
+
+    .venv/bin/python benchmarks/leases.py [--dsn postgresql://postgres@127.0.0.1:5432/postgres]
+
+``--dsn`` names a maintenance database; the benchmark creates (and afterwards
+drops) its own scratch database ``pgdurable_bench_leases`` and migrates it.
+For each operation (acquire, renew, release) and each client count (1 and 8)
+it measures ops/s for
+
+* ``async``: :class:`pgdurable.AsyncPostgresLeaseProvider`, one coroutine per
+  client, one pooled connection per client, prepared statements, binary params;
+* ``sync``: :class:`pgdurable.PostgresLeaseProvider`, one thread per client;
+* ``pgbench``: ``pgbench -M prepared -c N -j 1 -T s -f <script>`` calling the
+  same SQL functions;
+
+and prints the ratio Python / pgbench. Every client works on its own 100 keys
+(``bench-<client>-<n>``, n random), so the numbers measure the call path, not
+lock contention. "release" is an acquire + release cycle (two calls; a release
+of a free key would be a no-op that writes nothing), counted as cycles/s on
+both sides. Timings on a shared machine are noisy: compare the ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import random
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import psycopg
+from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+import pgdurable
+from pgdurable import AsyncPostgresLeaseProvider, PostgresLeaseProvider
+
+DB = "pgdurable_bench_leases"
+TTL = 30_000
+KEYS = 100
+
+# pgbench scripts: the same SQL functions the providers call (bytea keys via convert_to).
+_KEY = "convert_to('bench-' || :client_id || '-' || :n, 'UTF8')"
+_OWNER = "convert_to('client-' || :client_id, 'UTF8')"
+SCRIPTS = {
+    "acquire": f"\\set n random(0, {KEYS - 1})\n"
+               f"SELECT * FROM pgdurable.acquire_lease({_KEY}, {_OWNER}, {TTL});\n",
+    "renew": f"\\set n random(0, {KEYS - 1})\n"
+             f"SELECT pgdurable.renew_lease({_KEY}, {_OWNER}, {TTL}, NULL);\n",
+    "release": f"\\set n random(0, {KEYS - 1})\n"
+               f"SELECT * FROM pgdurable.acquire_lease({_KEY}, {_OWNER}, {TTL});\n"
+               f"SELECT pgdurable.release_lease({_KEY}, {_OWNER}, NULL);\n",
+}
+OPS = ("acquire", "renew", "release")
+
+
+def scratch_dsn(admin_dsn: str) -> str:
+    with psycopg.connect(admin_dsn, autocommit=True) as c:
+        c.execute(sql.SQL("DROP DATABASE IF EXISTS {}").format(sql.Identifier(DB)))
+        c.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(DB)))
+    dsn = make_conninfo(admin_dsn, dbname=DB)
+    pgdurable.migrate(dsn)
+    return dsn
+
+
+def drop_scratch(admin_dsn: str) -> None:
+    with psycopg.connect(admin_dsn, autocommit=True) as c:
+        c.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(DB)))
+
+
+def key(client: int) -> str:
+    return f"bench-{client}-{random.randrange(KEYS)}"
+
+
+# ---------------------------------------------------------------- async
+
+
+def async_op(p: AsyncPostgresLeaseProvider, op: str, c: int) -> Callable[[], Awaitable[Any]]:
+    owner = f"client-{c}"
+    if op == "acquire":
+        return lambda: p.acquire_lease(key(c), owner, TTL)
+    if op == "renew":
+        return lambda: p.renew_lease(key(c), owner, TTL)
+
+    async def cycle() -> None:
+        k = key(c)
+        await p.acquire_lease(k, owner, TTL)
+        await p.release_lease(k, owner)
+
+    return cycle
+
+
+async def run_async(dsn: str, op: str, clients: int, seconds: float) -> float:
+    async with AsyncPostgresLeaseProvider(dsn, min_size=clients, max_size=clients) as p:
+        counts = [0] * clients
+        stop = asyncio.Event()
+
+        async def client(c: int) -> None:
+            fn = async_op(p, op, c)
+            for _ in range(10):  # warm-up: connections open, statements prepared
+                await fn()
+            await start.wait()
+            n = 0
+            while not stop.is_set():
+                await fn()
+                n += 1
+            counts[c] = n
+
+        start = asyncio.Event()
+        tasks = [asyncio.create_task(client(c)) for c in range(clients)]
+        await asyncio.sleep(0.5)
+        t0 = time.perf_counter()
+        start.set()
+        await asyncio.sleep(seconds)
+        stop.set()
+        await asyncio.gather(*tasks)
+        return sum(counts) / (time.perf_counter() - t0)
+
+
+# ---------------------------------------------------------------- sync (threads)
+
+
+def sync_op(p: PostgresLeaseProvider, op: str, c: int) -> Callable[[], Any]:
+    owner = f"client-{c}"
+    if op == "acquire":
+        return lambda: p.acquire_lease(key(c), owner, TTL)
+    if op == "renew":
+        return lambda: p.renew_lease(key(c), owner, TTL)
+
+    def cycle() -> None:
+        k = key(c)
+        p.acquire_lease(k, owner, TTL)
+        p.release_lease(k, owner)
+
+    return cycle
+
+
+def run_sync(dsn: str, op: str, clients: int, seconds: float) -> float:
+    with PostgresLeaseProvider(dsn, min_size=clients, max_size=clients) as p:
+        counts = [0] * clients
+        ready = threading.Barrier(clients + 1)
+        stop = threading.Event()
+
+        def client(c: int) -> None:
+            fn = sync_op(p, op, c)
+            for _ in range(10):
+                fn()
+            ready.wait()
+            n = 0
+            while not stop.is_set():
+                fn()
+                n += 1
+            counts[c] = n
+
+        threads = [threading.Thread(target=client, args=(c,)) for c in range(clients)]
+        for t in threads:
+            t.start()
+        ready.wait()
+        t0 = time.perf_counter()
+        time.sleep(seconds)
+        stop.set()
+        for t in threads:
+            t.join()
+        return sum(counts) / (time.perf_counter() - t0)
+
+
+# ---------------------------------------------------------------- pgbench
+
+
+def run_pgbench(pgbench: str, dsn: str, op: str, clients: int, seconds: float) -> float:
+    info = conninfo_to_dict(dsn)
+    env = dict(os.environ)
+    for k, var in (("host", "PGHOST"), ("port", "PGPORT"), ("user", "PGUSER"),
+                   ("password", "PGPASSWORD")):
+        if info.get(k):
+            env[var] = str(info[k])
+    with tempfile.NamedTemporaryFile("w", suffix=".sql", delete=False) as f:
+        f.write(SCRIPTS[op])
+        script = f.name
+    try:
+        out = subprocess.run(
+            [pgbench, "-n", "-M", "prepared", "-c", str(clients), "-j", "1",
+             "-T", str(max(1, round(seconds))), "-f", script, str(info["dbname"])],
+            capture_output=True, text=True, env=env, check=True,
+        ).stdout
+    finally:
+        os.unlink(script)
+    m = re.search(r"tps = ([0-9.]+) \(without initial connection time\)", out)
+    if not m:
+        raise RuntimeError(f"cannot parse pgbench output:\n{out}")
+    return float(m.group(1))
+
+
+# ---------------------------------------------------------------- main
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--dsn", default=os.environ.get(
+        "PGDURABLE_BENCH_DSN", "postgresql://postgres@127.0.0.1:5432/postgres"),
+        help="maintenance database; a scratch database is created next to it")
+    ap.add_argument("--seconds", type=float, default=3.0, help="duration of each measurement")
+    ap.add_argument("--rounds", type=int, default=2,
+                    help="interleaved rounds per cell; the best of each contender counts")
+    ap.add_argument("--clients", default="1,8", help="comma-separated client counts")
+    ap.add_argument("--ops", default=",".join(OPS), help="comma-separated: acquire,renew,release")
+    ap.add_argument("--no-sync", action="store_true", help="skip the sync (threads) provider")
+    ap.add_argument("--pgbench", default=shutil.which("pgbench") or "/usr/bin/pgbench")
+    args = ap.parse_args()
+    clients = [int(x) for x in args.clients.split(",")]
+    ops = [o for o in args.ops.split(",") if o]
+    dsn = scratch_dsn(args.dsn)
+    print(f"pgdurable lease benchmark: best of {args.rounds} x {args.seconds:g} s per cell, "
+          f"database {DB}, "
+          f"pgbench -M prepared -j 1; ratio = Python / pgbench (target >= 0.70)")
+    header = f"{'op':<8} {'clients':>7} {'pgbench':>10} {'async':>10} {'ratio':>6}"
+    if not args.no_sync:
+        header += f" {'sync':>10} {'ratio':>6}"
+    print(header)
+    worst = float("inf")
+    try:
+        for op in ops:
+            for n in clients:
+                # Interleave the contenders and keep each one's best round: the
+                # machine is shared, so a slow round says more about neighbours.
+                base = a = s = 0.0
+                for _ in range(args.rounds):
+                    base = max(base, run_pgbench(args.pgbench, dsn, op, n, args.seconds))
+                    a = max(a, asyncio.run(run_async(dsn, op, n, args.seconds)))
+                    if not args.no_sync:
+                        s = max(s, run_sync(dsn, op, n, args.seconds))
+                line = f"{op:<8} {n:>7} {base:>10.0f} {a:>10.0f} {a / base:>6.2f}"
+                worst = min(worst, a / base)
+                if not args.no_sync:
+                    line += f" {s:>10.0f} {s / base:>6.2f}"
+                print(line, flush=True)
+    finally:
+        drop_scratch(args.dsn)
+    print(f"worst async ratio: {worst:.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -43,6 +43,8 @@ from .leases import (
     resolve_lease_provider,
 )
 from .migrations import check_schema, migrate, migration_status, required_version
+from .runs import Durable, DurableClient, RunInfo, Task
+from .steps import Continue, Done, RunContext, Sleep, StepResult, Wait
 from .tasks import (
     DurableCheckpoint,
     DurableContext,
@@ -53,10 +55,22 @@ from .tasks import (
     PostgresDurableStore,
     define_durable_task,
 )
+from .worker import Worker
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "Continue",
+    "Done",
+    "Durable",
+    "DurableClient",
+    "RunContext",
+    "RunInfo",
+    "Sleep",
+    "StepResult",
+    "Task",
+    "Wait",
+    "Worker",
     "AsyncLeaseProvider",
     "AsyncNoopLeaseProvider",
     "AsyncPostgresLeaseProvider",

@@ -1,0 +1,46 @@
+"""Quickstart: a three-step durable run, a wait for approval, and a worker.
+
+Run with a migrated database:  PGDURABLE_DSN=postgresql://... python examples/quickstart.py
+"""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+from typing import Any
+
+import pgdurable
+from pgdurable import Continue, Done, RunContext, Wait
+
+app = pgdurable.Durable()  # DSN from PGDURABLE_DSN / DATABASE_URL
+
+
+@app.task("research", revision="1", max_attempts=5)
+async def research(ctx: RunContext, state: dict[str, Any]) -> Any:
+    """One call = one step; the state is checkpointed after each."""
+    if ctx.step < 2:
+        notes = [*state.get("notes", []), f"finding {ctx.step}"]
+        return Continue({**state, "notes": notes})
+    if ctx.wake is None:
+        return Wait.approval(state["topic"], timeout=timedelta(hours=1))
+    approved = ctx.wake.get("type") == "signal" and (ctx.wake.get("payload") or {}).get("ok")
+    return Done({"topic": state["topic"], "notes": state["notes"], "approved": bool(approved)})
+
+
+async def main() -> None:
+    async with app:
+        worker = app.worker(queues=["default"], concurrency=4)
+        worker_task = asyncio.create_task(worker.run())
+        run_id = await app.start("research", {"topic": "pg"}, deadline=timedelta(hours=2))
+        while (await app.get_run(run_id)).status != "waiting":
+            await asyncio.sleep(0.05)
+        await app.signal("approval", "pg", {"ok": True})
+        while not (info := await app.get_run(run_id)).terminal:
+            await asyncio.sleep(0.05)
+        print(info.status, info.result)
+        await worker.stop(grace=5)
+        await worker_task
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

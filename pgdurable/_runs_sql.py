@@ -1,0 +1,199 @@
+"""Private: every query the run engine issues, its argument validation and row
+parsing, shared by the async app, the sync client and the worker (one copy)."""
+
+from __future__ import annotations
+
+import math
+import traceback as _tb
+import uuid
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from decimal import Decimal
+from typing import Any
+
+from . import _json
+from .errors import RunNotFound
+
+# -- start a run; returns (run_id, created)
+START = (
+    "SELECT run_id, created FROM pgdurable.start_run(%s::text, %s::text, %s::jsonb, %s::text, "
+    "%s::integer, %s::integer, %s::text, %s::interval, %s::timestamptz, %s::numeric)"
+)
+# -- one run by id (RunInfo columns)
+GET_RUN = """
+SELECT id, task, revision, queue, priority, status, state, step, attempts, max_attempts,
+       claims, idempotency_key, available_at, deadline_at, budget, spent, lease_owner,
+       lease_token, lease_expires_at, wait_kind, wait_ref, wait_since, wake_at, wake,
+       result, error, cancel_requested_at, created_at, updated_at, finished_at
+  FROM pgdurable.runs WHERE id = %s::uuid
+"""
+# -- cancel; returns the resulting status (PD002 if unknown)
+CANCEL = "SELECT pgdurable.cancel_run(%s::uuid)"
+# -- send a signal; returns the woken run ids
+SIGNAL = "SELECT pgdurable.send_signal(%s::text, %s::text, %s::jsonb, %s::text, %s::interval)"
+# -- claim up to n runs (see the SQL header)
+CLAIM = (
+    "SELECT id, task, revision, queue, status, state, step, attempts, max_attempts, "
+    "lease_token, lease_expires_at, wake, deadline_at, budget, spent, db_now "
+    "FROM pgdurable.claim_runs(%s::text, %s::text[], %s::text[], %s::text[], %s::integer, %s::interval)"
+)
+# -- heartbeat: renew every lease of this worker; returns (id, expires, cancel_requested)
+RENEW = (
+    "SELECT id, lease_expires_at, cancel_requested "
+    "FROM pgdurable.renew_runs(%s::text, %s::uuid[], %s::bigint[], %s::interval)"
+)
+# -- seconds until work may appear (NULL: none)
+NEXT_WAKEUP = "SELECT pgdurable.next_wakeup(%s::text[], %s::text[], %s::text[])"
+# -- fenced transitions; each returns the resulting status
+CHECKPOINT = "SELECT pgdurable.checkpoint_run(%s::uuid, %s::bigint, %s::text, %s::jsonb, %s::numeric)"
+COMPLETE = "SELECT pgdurable.complete_run(%s::uuid, %s::bigint, %s::text, %s::jsonb, %s::jsonb, %s::numeric)"
+PARK = (
+    "SELECT status, wake_at FROM pgdurable.park_run(%s::uuid, %s::bigint, %s::text, %s::jsonb, %s::numeric, "
+    "%s::text, %s::text, %s::timestamptz, %s::interval)"
+)
+RELEASE = "SELECT pgdurable.release_run(%s::uuid, %s::bigint, %s::text)"
+FAIL = "SELECT pgdurable.fail_run(%s::uuid, %s::bigint, %s::text, %s::jsonb, %s::numeric, %s::interval, %s::boolean)"
+ACK_CANCEL = "SELECT pgdurable.ack_cancel(%s::uuid, %s::bigint, %s::text, %s::numeric)"
+EFFECT_BEGIN = "SELECT status, result, error FROM pgdurable.effect_begin(%s::uuid, %s::bigint, %s::text, %s::text)"
+EFFECT_FINISH = (
+    "SELECT pgdurable.effect_finish(%s::uuid, %s::bigint, %s::text, %s::text, %s::boolean, %s::jsonb, %s::jsonb)"
+)
+
+TERMINAL = frozenset({"completed", "failed", "cancelled", "incompatible"})
+
+
+def check_name(value: object, what: str) -> str:
+    """A non-empty str without NUL, else TypeError/ValueError naming ``what``."""
+    if not isinstance(value, str):
+        raise TypeError(f"{what} must be a str, not {type(value).__name__}")
+    if not value or "\x00" in value:
+        raise ValueError(f"{what} must be non-empty and without NUL characters")
+    return value
+
+
+def check_run_id(run_id: object) -> uuid.UUID:
+    """A run id (UUID or its string), else TypeError/ValueError."""
+    if isinstance(run_id, uuid.UUID):
+        return run_id
+    if not isinstance(run_id, str):
+        raise TypeError(f"run_id must be a str or UUID, not {type(run_id).__name__}")
+    try:
+        return uuid.UUID(run_id)
+    except ValueError:
+        raise ValueError(f"run_id {run_id!r} is not a UUID") from None
+
+
+def start_params(
+    task: object,
+    revision: str,
+    state: object,
+    queue: object,
+    priority: object,
+    max_attempts: int,
+    idempotency_key: object,
+    deadline: object,
+    budget: object,
+) -> tuple[Any, ...]:
+    """Validate start arguments (before any SQL) and return the START parameters."""
+    check_name(task, "task")
+    check_name(queue, "queue")
+    if isinstance(priority, bool) or not isinstance(priority, int):
+        raise TypeError("priority must be an int")
+    if not -(2**31) <= priority < 2**31:
+        raise ValueError("priority must fit in a 32-bit integer")
+    if idempotency_key is not None:
+        check_name(idempotency_key, "idempotency_key")
+    deadline_in: timedelta | None = None
+    deadline_at: datetime | None = None
+    if deadline is None:
+        pass
+    elif isinstance(deadline, timedelta):
+        if deadline.total_seconds() <= 0:
+            raise ValueError("deadline must be a positive timedelta")
+        deadline_in = deadline
+    elif isinstance(deadline, datetime):
+        if deadline.tzinfo is None:
+            raise ValueError("deadline datetime must be timezone-aware")
+        deadline_at = deadline
+    else:
+        raise TypeError("deadline must be a timedelta, an aware datetime or None")
+    if budget is not None:
+        if isinstance(budget, bool) or not isinstance(budget, int | float | Decimal):
+            raise TypeError("budget must be a number or None")
+        if not math.isfinite(float(budget)) or budget < 0:
+            raise ValueError("budget must be finite and >= 0")
+    state_json = _json.dumps({} if state is None else state, "state")
+    return (
+        task, revision, state_json, queue, priority, max_attempts, idempotency_key,
+        deadline_in, deadline_at, budget,
+    )
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    """A snapshot of one run (``get_run``)."""
+
+    id: str
+    task: str
+    revision: str
+    queue: str
+    priority: int
+    status: str
+    state: Any
+    step: int
+    attempts: int
+    max_attempts: int
+    claims: int
+    idempotency_key: str | None
+    available_at: datetime
+    deadline_at: datetime | None
+    budget: float | None
+    spent: float
+    lease_owner: str | None
+    lease_token: int
+    lease_expires_at: datetime | None
+    wait_kind: str | None
+    wait_ref: str | None
+    wait_since: datetime | None
+    wake_at: datetime | None
+    wake: dict[str, Any] | None
+    result: Any
+    error: dict[str, Any] | None
+    cancel_requested_at: datetime | None
+    created_at: datetime
+    updated_at: datetime
+    finished_at: datetime | None
+
+    @property
+    def terminal(self) -> bool:
+        """True when the run is completed, failed, cancelled or incompatible."""
+        return self.status in TERMINAL
+
+
+def _num(v: Any) -> float | None:
+    return None if v is None else float(v)
+
+
+def parse_run(row: tuple[Any, ...] | None, run_id: uuid.UUID) -> RunInfo:
+    """A GET_RUN row as RunInfo; RunNotFound for no row."""
+    if row is None:
+        raise RunNotFound(f"no run {run_id}")
+    v = list(row)
+    v[0] = str(v[0])
+    v[14] = _num(v[14])
+    v[15] = float(v[15])
+    return RunInfo(*v)
+
+
+def error_record(exc: BaseException) -> dict[str, Any]:
+    """``{type, message, traceback}`` of an exception, for runs.error."""
+    return {
+        "type": type(exc).__name__,
+        "message": str(exc),
+        "traceback": "".join(_tb.format_exception(exc))[-16000:],
+    }
+
+
+def jsonb_text(value: Any, what: str) -> str:
+    """Validated JSON text for a jsonb parameter."""
+    return _json.dumps(value, what)

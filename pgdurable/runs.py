@@ -1,0 +1,463 @@
+"""Durable runs: the async app (:class:`Durable`), the sync client
+(:class:`DurableClient`) and :class:`RunInfo`.
+
+A run lives in ``pgdurable.runs``; workers (:mod:`pgdurable.worker`) lease it,
+run steps and checkpoint after each one. Every state transition is one SQL
+function of ``sql/0003_runs.sql``; this module validates arguments in Python
+first (bad input changes nothing) and then makes one round trip.
+
+Connections: the app owns an ``AsyncConnectionPool`` of autocommit
+connections with library settings. A pool passed in with ``pool=`` must hand
+out autocommit connections (the app does not open or close it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import psycopg
+from psycopg_pool import AsyncConnectionPool, ConnectionPool
+
+from . import _runs_sql as q
+from ._db import LIBRARY_OPTIONS, resolve_dsn, translated, validate_dsn
+from ._json import dumps
+from .errors import InvalidInput, ProviderClosed, UnknownTask
+from .migrations import acheck_schema, check_schema
+
+if TYPE_CHECKING:
+    from .worker import Worker
+
+__all__ = ["Durable", "DurableClient", "RunInfo", "Task"]
+
+RunInfo = q.RunInfo
+F = TypeVar("F", bound=Callable[..., Any])
+DEFAULT_SIGNAL_TTL = timedelta(days=1)
+
+
+@dataclass(frozen=True)
+class Task:
+    """A registered task: its step function and policies.
+
+    ``retry_base``/``retry_cap`` (seconds) shape the exponential backoff with
+    jitter between failed attempts: ``min(cap, base * 2**(attempt-1))`` times a
+    random factor in [0.5, 1.5).
+    """
+
+    name: str
+    revision: str
+    fn: Callable[..., Any]
+    max_attempts: int = 3
+    retry_base: float = 1.0
+    retry_cap: float = 300.0
+
+    @property
+    def is_async(self) -> bool:
+        """True for ``async def`` step functions (sync ones run in a thread)."""
+        return inspect.iscoroutinefunction(self.fn)
+
+
+class _Registry:
+    """Task registry shared by the app, its client and its workers."""
+
+    def __init__(self) -> None:
+        self.tasks: dict[str, Task] = {}
+
+    def register(self, task: Task) -> None:
+        if task.name in self.tasks:
+            raise ValueError(f"task {task.name!r} is already registered")
+        self.tasks[task.name] = task
+
+    def revision_for(self, name: object, revision: str | None) -> str:
+        q.check_name(name, "task")
+        assert isinstance(name, str)
+        if revision is not None:
+            q.check_name(revision, "revision")
+            return revision
+        task = self.tasks.get(name)
+        if task is None:
+            raise UnknownTask(
+                f"no task {name!r} is registered (known: {sorted(self.tasks)}); "
+                "register it with @app.task or pass revision="
+            )
+        return task.revision
+
+    def max_attempts_for(self, name: str) -> int:
+        task = self.tasks.get(name)
+        return task.max_attempts if task is not None else 3
+
+
+def _task_decorator(
+    registry: _Registry,
+    name: str,
+    revision: str,
+    max_attempts: int,
+    retry_base: float,
+    retry_cap: float,
+) -> Callable[[F], F]:
+    q.check_name(name, "task name")
+    q.check_name(revision, "revision")
+    if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1:
+        raise ValueError("max_attempts must be an int >= 1")
+    if retry_base < 0 or retry_cap < 0:
+        raise ValueError("retry_base and retry_cap must be >= 0")
+
+    def deco(fn: F) -> F:
+        if not callable(fn):
+            raise TypeError("@task decorates a callable (ctx, state) -> step result")
+        registry.register(Task(name, revision, fn, max_attempts, float(retry_base), float(retry_cap)))
+        return fn
+
+    return deco
+
+
+def _start_params(
+    registry: _Registry,
+    task: object,
+    state: object,
+    queue: object,
+    priority: object,
+    idempotency_key: object,
+    deadline: object,
+    budget: object,
+    revision: str | None,
+    max_attempts: int | None,
+) -> tuple[Any, ...]:
+    rev = registry.revision_for(task, revision)
+    assert isinstance(task, str)
+    attempts = registry.max_attempts_for(task) if max_attempts is None else max_attempts
+    if isinstance(attempts, bool) or not isinstance(attempts, int) or attempts < 1:
+        raise ValueError("max_attempts must be an int >= 1")
+    return q.start_params(
+        task, rev, state, queue, priority, attempts, idempotency_key, deadline, budget
+    )
+
+
+def _signal_params(
+    kind: object, ref: object, payload: object, signal_id: object, ttl: object
+) -> tuple[Any, ...]:
+    q.check_name(kind, "signal kind")
+    q.check_name(ref, "signal ref")
+    if signal_id is not None:
+        q.check_name(signal_id, "signal_id")
+    if ttl is not None and not isinstance(ttl, timedelta):
+        raise TypeError("ttl must be a timedelta or None")
+    return (kind, ref, dumps(payload, "payload"), signal_id, ttl)
+
+
+def _conn_kwargs() -> dict[str, Any]:
+    return {"autocommit": True, "options": LIBRARY_OPTIONS}
+
+
+class Durable:
+    """The async pgdurable app: task registry, run API and worker factory.
+
+    ``Durable(conninfo)`` owns an ``AsyncConnectionPool`` (opened by
+    ``await app.open()`` or ``async with app:``, and lazily by the first
+    call); ``Durable(pool=...)`` uses yours. After :meth:`close` every call
+    raises :class:`ProviderClosed`.
+    """
+
+    def __init__(
+        self,
+        conninfo: str | None = None,
+        *,
+        pool: AsyncConnectionPool[Any] | None = None,
+        pool_size: int = 10,
+    ) -> None:
+        self._registry = _Registry()
+        self._own_pool = pool is None
+        self._closed = False
+        self._opened = False
+        self._open_lock = asyncio.Lock()
+        if pool is None:
+            dsn = resolve_dsn(conninfo)
+            if dsn is None:
+                raise InvalidInput("no DSN: pass conninfo or set PGDURABLE_DSN / DATABASE_URL")
+            self.conninfo: str | None = validate_dsn(dsn)
+            self._pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
+                dsn, min_size=1, max_size=max(2, pool_size), kwargs=_conn_kwargs(),
+                open=False, name="pgdurable",
+            )
+        else:
+            self.conninfo = conninfo
+            self._pool = pool
+
+    @property
+    def tasks(self) -> dict[str, Task]:
+        """Registered tasks by name."""
+        return self._registry.tasks
+
+    def task(
+        self,
+        name: str,
+        *,
+        revision: str = "1",
+        max_attempts: int = 3,
+        retry_base: float = 1.0,
+        retry_cap: float = 300.0,
+    ) -> Callable[[F], F]:
+        """Register a step function ``(ctx, state) -> Continue | Done | Wait | Sleep``."""
+        return _task_decorator(self._registry, name, revision, max_attempts, retry_base, retry_cap)
+
+    async def open(self) -> None:
+        """Open the pool (if owned) and check the schema version once."""
+        if self._closed:
+            raise ProviderClosed("this Durable app is closed")
+        async with self._open_lock:
+            if self._opened:
+                return
+            with translated():
+                if self._own_pool:
+                    await self._pool.open(wait=True, timeout=30)
+                async with self._pool.connection() as conn:
+                    await acheck_schema(conn)
+            self._opened = True
+
+    async def close(self) -> None:
+        """Close the owned pool; later calls raise ProviderClosed."""
+        self._closed = True
+        if self._own_pool:
+            await self._pool.close()
+
+    async def __aenter__(self) -> Durable:
+        await self.open()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    @property
+    def pool(self) -> AsyncConnectionPool[Any]:
+        """The connection pool (for workers and extensions)."""
+        if self._closed:
+            raise ProviderClosed("this Durable app is closed")
+        return self._pool
+
+    async def _ready(self) -> AsyncConnectionPool[Any]:
+        pool = self.pool
+        if not self._opened:
+            await self.open()
+        return pool
+
+    async def fetchone(
+        self, sql: str, params: tuple[Any, ...], *, prepare: bool | None = True
+    ) -> tuple[Any, ...] | None:
+        """Run one statement on a pooled connection; one row or None (errors translated)."""
+        pool = await self._ready()
+        with translated():
+            async with pool.connection() as conn:
+                cur = await conn.execute(sql, params, prepare=prepare)
+                row: tuple[Any, ...] | None = await cur.fetchone()
+                return row
+
+    async def fetchall(
+        self, sql: str, params: tuple[Any, ...], *, prepare: bool | None = True
+    ) -> list[tuple[Any, ...]]:
+        """Run one statement on a pooled connection; all rows (errors translated)."""
+        pool = await self._ready()
+        with translated():
+            async with pool.connection() as conn:
+                cur = await conn.execute(sql, params, prepare=prepare)
+                rows: list[tuple[Any, ...]] = await cur.fetchall()
+                return rows
+
+    async def start(
+        self,
+        task: str,
+        state: Any = None,
+        *,
+        queue: str = "default",
+        priority: int = 0,
+        idempotency_key: str | None = None,
+        deadline: Any = None,
+        budget: float | None = None,
+        revision: str | None = None,
+        max_attempts: int | None = None,
+        conn: psycopg.AsyncConnection[Any] | None = None,
+    ) -> str:
+        """Start a run of ``task`` and return its id.
+
+        ``deadline`` is a timedelta (from now, database clock) or an aware
+        datetime. The same ``idempotency_key`` returns the existing run's id.
+        With ``conn=`` the run is inserted inside the caller's transaction
+        (workers are notified on commit only). An unregistered ``task`` needs
+        ``revision=`` (else :class:`UnknownTask`).
+        """
+        if self._closed:
+            raise ProviderClosed("this Durable app is closed")
+        params = _start_params(
+            self._registry, task, state, queue, priority, idempotency_key, deadline, budget,
+            revision, max_attempts,
+        )
+        if conn is not None:
+            with translated():
+                cur = await conn.execute(q.START, params)
+                row = await cur.fetchone()
+        else:
+            row = await self.fetchone(q.START, params)
+        assert row is not None
+        return str(row[0])
+
+    async def get_run(self, run_id: Any) -> RunInfo:
+        """The run's current row as :class:`RunInfo` (:class:`RunNotFound` if none)."""
+        rid = q.check_run_id(run_id)
+        return q.parse_run(await self.fetchone(q.GET_RUN, (rid,)), rid)
+
+    async def cancel(self, run_id: Any) -> str:
+        """Cancel a run; return the resulting status.
+
+        ``runnable``/``waiting`` runs become ``cancelled`` at once. A ``leased``
+        run gets a cancel request (NOTIFY to its worker, which stops the step
+        and records ``cancelled``); ``"leased"`` is returned. The first commit
+        wins: if the worker completes first, the final status is ``completed``.
+        Terminal runs are left alone and their status is returned.
+        """
+        rid = q.check_run_id(run_id)
+        row = await self.fetchone(q.CANCEL, (rid,))
+        assert row is not None
+        return str(row[0])
+
+    async def signal(
+        self,
+        kind: str,
+        ref: str,
+        payload: Any = None,
+        *,
+        signal_id: str | None = None,
+        ttl: timedelta | None = DEFAULT_SIGNAL_TTL,
+    ) -> list[str]:
+        """Send a signal: wake the runs waiting on ``(kind, ref)``; return their ids.
+
+        If none waits, the signal is kept (until ``ttl``) for the next run that
+        parks on ``(kind, ref)``. A ``signal_id`` already sent is ignored.
+        """
+        params = _signal_params(kind, ref, payload, signal_id, ttl)
+        rows = await self.fetchall(q.SIGNAL, params)
+        return [str(r[0]) for r in rows]
+
+    def worker(
+        self,
+        *,
+        queues: list[str] | tuple[str, ...] = ("default",),
+        concurrency: int = 16,
+        lease_ttl: timedelta = timedelta(seconds=60),
+        **options: Any,
+    ) -> Worker:
+        """A :class:`~pgdurable.worker.Worker` for this app (see its options)."""
+        from .worker import Worker
+
+        return Worker(self, queues=queues, concurrency=concurrency, lease_ttl=lease_ttl, **options)
+
+
+class DurableClient:
+    """Sync twin of the run API: start, get_run, cancel, signal.
+
+    Shares SQL, validation and parsing with :class:`Durable`. Pass ``app=`` to
+    use its task registry (revisions, max_attempts); otherwise ``start`` needs
+    ``revision=``.
+    """
+
+    def __init__(
+        self, conninfo: str | None = None, *, app: Durable | None = None, pool_size: int = 4
+    ) -> None:
+        dsn = resolve_dsn(conninfo or (app.conninfo if app is not None else None))
+        if dsn is None:
+            raise InvalidInput("no DSN: pass conninfo or set PGDURABLE_DSN / DATABASE_URL")
+        validate_dsn(dsn)
+        self._registry = app._registry if app is not None else _Registry()
+        self._pool: ConnectionPool[Any] = ConnectionPool(
+            dsn, min_size=1, max_size=max(1, pool_size), kwargs=_conn_kwargs(), open=False,
+            name="pgdurable-client",
+        )
+        self._opened = False
+        self._closed = False
+
+    def open(self) -> None:
+        """Open the pool and check the schema (done lazily by the first call)."""
+        if self._closed:
+            raise ProviderClosed("this DurableClient is closed")
+        if self._opened:
+            return
+        with translated():
+            self._pool.open(wait=True, timeout=30)
+            with self._pool.connection() as conn:
+                check_schema(conn)
+        self._opened = True
+
+    def close(self) -> None:
+        """Close the pool; later calls raise ProviderClosed."""
+        self._closed = True
+        self._pool.close()
+
+    def __enter__(self) -> DurableClient:
+        self.open()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _fetchall(self, sql: str, params: tuple[Any, ...]) -> list[tuple[Any, ...]]:
+        if self._closed:
+            raise ProviderClosed("this DurableClient is closed")
+        self.open()
+        with translated(), self._pool.connection() as conn:
+            rows: list[tuple[Any, ...]] = conn.execute(sql, params, prepare=True).fetchall()
+            return rows
+
+    def start(
+        self,
+        task: str,
+        state: Any = None,
+        *,
+        queue: str = "default",
+        priority: int = 0,
+        idempotency_key: str | None = None,
+        deadline: Any = None,
+        budget: float | None = None,
+        revision: str | None = None,
+        max_attempts: int | None = None,
+        conn: psycopg.Connection[Any] | None = None,
+    ) -> str:
+        """Start a run (see :meth:`Durable.start`); ``conn=`` for a transactional start."""
+        if self._closed:
+            raise ProviderClosed("this DurableClient is closed")
+        params = _start_params(
+            self._registry, task, state, queue, priority, idempotency_key, deadline, budget,
+            revision, max_attempts,
+        )
+        if conn is not None:
+            with translated():
+                row = conn.execute(q.START, params).fetchone()
+        else:
+            row = self._fetchall(q.START, params)[0]
+        assert row is not None
+        return str(row[0])
+
+    def get_run(self, run_id: Any) -> RunInfo:
+        """The run as :class:`RunInfo` (:class:`RunNotFound` if none)."""
+        rid = q.check_run_id(run_id)
+        rows = self._fetchall(q.GET_RUN, (rid,))
+        return q.parse_run(rows[0] if rows else None, rid)
+
+    def cancel(self, run_id: Any) -> str:
+        """Cancel a run; returns the resulting status (see :meth:`Durable.cancel`)."""
+        rid = q.check_run_id(run_id)
+        return str(self._fetchall(q.CANCEL, (rid,))[0][0])
+
+    def signal(
+        self,
+        kind: str,
+        ref: str,
+        payload: Any = None,
+        *,
+        signal_id: str | None = None,
+        ttl: timedelta | None = DEFAULT_SIGNAL_TTL,
+    ) -> list[str]:
+        """Send a signal (see :meth:`Durable.signal`); returns the woken run ids."""
+        params = _signal_params(kind, ref, payload, signal_id, ttl)
+        return [str(r[0]) for r in self._fetchall(q.SIGNAL, params)]

@@ -1,0 +1,182 @@
+"""Step results and the step context.
+
+A task's step function is called once per step with ``(ctx, state)`` and
+returns one of:
+
+* :class:`Continue` ``(state)`` -- checkpoint ``state`` and run the next step
+  (in the same lease while its window lasts, else another worker continues);
+* :class:`Done` ``(result, state=None)`` -- the final checkpoint and completion,
+  in one statement;
+* :class:`Wait` ``(signal=(kind, ref), timeout=None, state=None)`` -- checkpoint
+  and park until a signal on ``(kind, ref)`` (or the timeout);
+* :class:`Sleep` ``(seconds=... | until=..., state=None)`` -- checkpoint and
+  park until a time.
+
+A parked run holds nothing: no worker slot, task, thread or connection. On the
+next step ``ctx.wake`` says what woke it: ``{"type": "signal", "kind", "ref",
+"payload", "at", "signal"}`` or ``{"type": "timeout", "kind", "ref", "at"}``
+(``kind``/``ref`` are ``None`` after a :class:`Sleep`). The outcome is stored
+on the run before the step runs, so a replay after a crash sees the same one.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from decimal import Decimal
+from typing import Any
+
+from .errors import BudgetExceeded
+
+__all__ = ["Continue", "Done", "RunContext", "Sleep", "StepResult", "Wait"]
+
+_UNSET: Any = object()
+
+
+@dataclass(frozen=True)
+class Continue:
+    """Checkpoint ``state`` and go on with the next step."""
+
+    state: Any
+
+
+@dataclass(frozen=True)
+class Done:
+    """Complete the run with ``result``; ``state`` (default: unchanged) is the final checkpoint."""
+
+    result: Any = None
+    state: Any = _UNSET
+
+
+@dataclass(frozen=True)
+class Wait:
+    """Park until a signal ``(kind, ref)`` arrives, or ``timeout`` passes.
+
+    ``state`` (default: unchanged) is checkpointed before parking.
+    """
+
+    signal: tuple[str, str]
+    timeout: timedelta | float | None = None
+    state: Any = _UNSET
+
+    def __post_init__(self) -> None:
+        sig = self.signal
+        if (
+            not isinstance(sig, tuple)
+            or len(sig) != 2
+            or not all(isinstance(p, str) and p and "\x00" not in p for p in sig)
+        ):
+            raise ValueError("Wait(signal=...) must be a (kind, ref) tuple of non-empty str")
+        if self.timeout is not None:
+            _seconds(self.timeout, "Wait(timeout=...)")
+
+    @classmethod
+    def approval(
+        cls, ref: str, *, timeout: timedelta | float | None = None, state: Any = _UNSET
+    ) -> Wait:
+        """Wait for a human approval: the signal ``("approval", ref)``."""
+        return cls(signal=("approval", ref), timeout=timeout, state=state)
+
+
+@dataclass(frozen=True)
+class Sleep:
+    """Park for ``seconds`` (or until the datetime ``until``, timezone-aware)."""
+
+    seconds: timedelta | float | None = None
+    until: datetime | None = None
+    state: Any = _UNSET
+
+    def __post_init__(self) -> None:
+        if (self.seconds is None) == (self.until is None):
+            raise ValueError("Sleep needs exactly one of seconds= or until=")
+        if self.seconds is not None:
+            _seconds(self.seconds, "Sleep(seconds=...)")
+        if self.until is not None and (
+            not isinstance(self.until, datetime) or self.until.tzinfo is None
+        ):
+            raise TypeError("Sleep(until=...) must be a timezone-aware datetime")
+
+
+StepResult = Continue | Done | Wait | Sleep
+
+
+def _seconds(value: timedelta | float, what: str) -> float:
+    """``value`` as non-negative finite seconds, else TypeError/ValueError naming ``what``."""
+    if isinstance(value, timedelta):
+        secs = value.total_seconds()
+    elif isinstance(value, int | float) and not isinstance(value, bool):
+        secs = float(value)
+    else:
+        raise TypeError(f"{what} must be a timedelta or a number of seconds")
+    if not math.isfinite(secs) or secs < 0:
+        raise ValueError(f"{what} must be finite and >= 0, not {value!r}")
+    return secs
+
+
+EffectFn = Callable[[], Any] | Callable[[], Awaitable[Any]]
+
+
+@dataclass
+class RunContext:
+    """What a step knows about its run. Created by the worker for each step.
+
+    Attributes: ``run_id``, ``task``, ``step`` (0-based index of this step),
+    ``attempt`` (1-based), ``token`` (the lease's fencing token), ``wake``
+    (what woke the run, or ``None``), ``deadline`` (aware datetime or
+    ``None``), ``budget`` and ``spent`` (``float`` or ``None``/``0``).
+    """
+
+    run_id: str
+    task: str
+    step: int
+    attempt: int
+    token: int
+    wake: dict[str, Any] | None
+    deadline: datetime | None
+    budget: float | None
+    spent: float
+    _pending_spend: float = 0.0
+    _effect: Callable[[str, EffectFn], Awaitable[Any]] | None = field(default=None, repr=False)
+
+    def spend(self, amount: float | int | Decimal) -> None:
+        """Add ``amount`` to the run's spend (saved with the next checkpoint).
+
+        Raises :class:`BudgetExceeded` when the total passes the run's budget;
+        the worker then fails the run (recorded in ``runs.error``).
+        """
+        if isinstance(amount, bool) or not isinstance(amount, int | float | Decimal):
+            raise TypeError("spend(amount) needs a number")
+        value = float(amount)
+        if not math.isfinite(value) or value < 0:
+            raise ValueError(f"spend(amount) must be finite and >= 0, not {amount!r}")
+        self._pending_spend += value
+        if self.budget is not None and self.spent + self._pending_spend > self.budget:
+            raise BudgetExceeded(
+                f"run {self.run_id} spent {self.spent + self._pending_spend:g} "
+                f"of budget {self.budget:g}"
+            )
+
+    @property
+    def total_spent(self) -> float:
+        """Spend so far including this step's unsaved spend."""
+        return self.spent + self._pending_spend
+
+    async def effect(self, key: str, fn: EffectFn) -> Any:
+        """Run the side effect ``fn`` at most once per run and ``key``.
+
+        A recorded success returns its stored result without calling ``fn``; a
+        recorded failure raises :class:`~pgdurable.EffectFailed`. Otherwise the
+        effect is recorded ``started`` (fenced), ``fn`` (sync, in a thread, or
+        async) is called and its JSON result or its error is recorded (fenced).
+        An effect ``started`` by a crashed attempt is performed again (policy
+        "safe"): make ``fn`` idempotent on the remote side where you can.
+        """
+        if not isinstance(key, str) or not key or "\x00" in key:
+            raise ValueError("effect key must be a non-empty str without NUL")
+        if not callable(fn):
+            raise TypeError("effect fn must be callable")
+        if self._effect is None:
+            raise RuntimeError("this RunContext is not attached to a worker")
+        return await self._effect(key, fn)

@@ -1,0 +1,666 @@
+"""The worker: claims runs, executes their steps, checkpoints, lets go.
+
+Structure (one asyncio event loop, three long-lived tasks plus one task per
+run):
+
+* **claim loop** (:meth:`Worker._claim_loop`): claims up to the number of free
+  slots with ONE ``pgdurable.claim_runs`` call, when woken by a NOTIFY on
+  ``pgdurable_wake`` for one of its queues, a freed slot while work may remain,
+  a known due time (timer, retry, lease expiry) or a slow jittered poll. When
+  nothing is known to be due, the poll first asks ``pgdurable.next_wakeup``
+  (one query) and sleeps until the earliest of: next poll, earliest timer,
+  retry or lease expiry in its queues. Idle = one query per poll interval.
+* **listener** (:meth:`Worker._listen`): a dedicated autocommit connection
+  (not from the pool) LISTENing on ``pgdurable_wake`` and ``pgdurable_cancel``;
+  reconnects with backoff and claims after every (re)connect.
+* **heartbeat** (:meth:`Worker._heartbeat`): every ``heartbeat`` (<= TTL/3)
+  ONE ``pgdurable.renew_runs`` UPDATE renews all of this worker's leases. A
+  run missing from the answer has lost its lease and is stopped locally; a
+  run whose lease could not be renewed is no longer trusted after
+  ``attempt start + ttl - safety_margin`` (monotonic) and is stopped too.
+* **run tasks** (:meth:`Worker._execute`): one per claimed run; step after
+  step within the lease window, then give the run back.
+
+Step code: sync step functions run in a thread (``asyncio.to_thread``) and so
+cannot block heartbeats; **async step functions must not block the event
+loop** with CPU-bound work (offload it with ``asyncio.to_thread``), or
+heartbeats starve. A cancelled thread step keeps running to its end, but its
+results are never written (every write is fenced).
+
+Cancel: ``pgdurable_cancel`` NOTIFY (and, as a backup, the heartbeat's
+``cancel_requested`` flag) cancels the step task if a step is running; the run
+is recorded ``cancelled`` by ``ack_cancel``. Between steps nothing needs to be
+done: the next fenced write sees the request and ends the run ``cancelled``.
+
+Shutdown: SIGTERM/SIGINT (when :meth:`run` runs in the main thread) or
+:meth:`stop`: stop claiming, let running steps finish within ``grace``
+seconds, checkpoint them, give their leases back (runnable + NOTIFY); steps
+still running after the grace period are cancelled and their runs given back
+at their last checkpoint.
+
+Command line (used by crash tests and ``pgdurable worker``)::
+
+    python -m pgdurable.worker module:app [--queues a,b] [--concurrency N]
+        [--lease-ttl SECONDS] [--poll SECONDS] [--grace SECONDS]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import importlib
+import inspect
+import json
+import logging
+import os
+import random
+import signal
+import socket
+import sys
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+import psycopg
+
+from . import _runs_sql as q
+from ._db import LIBRARY_OPTIONS
+from ._json import dumps
+from .errors import (
+    BudgetExceeded,
+    DeadlineExceeded,
+    EffectFailed,
+    LeaseLost,
+    PgDurableError,
+)
+from .steps import _UNSET, Continue, Done, EffectFn, RunContext, Sleep, Wait
+
+if TYPE_CHECKING:
+    from .runs import Durable, Task
+
+__all__ = ["Worker", "main"]
+
+log = logging.getLogger("pgdurable.worker")
+
+_DB_ERRORS = (PgDurableError, psycopg.Error, OSError)
+
+
+@dataclass
+class _Active:
+    """Book-keeping of one claimed run."""
+
+    run_id: uuid.UUID
+    token: int
+    queue: str
+    trust_until: float
+    task: asyncio.Task[None] | None = None
+    in_step: bool = False
+    stop_reason: str | None = None  # "cancel" | "lease_lost" | "shutdown"
+
+
+def _seconds(value: timedelta | float | int, what: str) -> float:
+    secs = value.total_seconds() if isinstance(value, timedelta) else float(value)
+    if not secs > 0:
+        raise ValueError(f"{what} must be > 0")
+    return secs
+
+
+class Worker:
+    """Executes runs of an app's tasks from some queues.
+
+    Options: ``queues``, ``concurrency`` (runs at once), ``lease_ttl``,
+    ``heartbeat`` (default TTL/3, at most TTL/3), ``poll_interval`` (default
+    5 s, jittered ±20%), ``lease_window`` (how long a run may continue in one
+    lease before it is given back; default ``lease_ttl``), ``safety_margin``
+    (default TTL/6), ``worker_id``, ``listen`` (False = poll only, e.g.
+    behind PgBouncer in transaction mode).
+    """
+
+    def __init__(
+        self,
+        app: Durable,
+        *,
+        queues: Sequence[str] = ("default",),
+        concurrency: int = 16,
+        lease_ttl: timedelta | float = timedelta(seconds=60),
+        heartbeat: timedelta | float | None = None,
+        poll_interval: timedelta | float = 5.0,
+        lease_window: timedelta | float | None = None,
+        safety_margin: timedelta | float | None = None,
+        worker_id: str | None = None,
+        listen: bool = True,
+    ) -> None:
+        if isinstance(queues, str) or not isinstance(queues, Sequence) or not queues:
+            raise TypeError("queues must be a non-empty list of queue names")
+        for name in queues:
+            q.check_name(name, "queue")
+        if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
+            raise ValueError("concurrency must be an int >= 1")
+        self.app = app
+        self.queues = list(dict.fromkeys(queues))
+        self.concurrency = concurrency
+        self.ttl = _seconds(lease_ttl, "lease_ttl")
+        hb = self.ttl / 3 if heartbeat is None else _seconds(heartbeat, "heartbeat")
+        self.heartbeat_interval = min(hb, self.ttl / 3)
+        self.poll_interval = _seconds(poll_interval, "poll_interval")
+        self.lease_window = self.ttl if lease_window is None else _seconds(lease_window, "lease_window")
+        margin = self.ttl / 6 if safety_margin is None else _seconds(safety_margin, "safety_margin")
+        self.safety_margin = min(margin, self.ttl / 2)
+        self.worker_id = worker_id or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self.listen = listen
+        self._active: dict[uuid.UUID, _Active] = {}
+        self._wake = asyncio.Event()
+        self._pending = True
+        self._due_at: float | None = None
+        self._stopping = False
+        self._grace = 30.0
+        self._running = False
+        self._done = asyncio.Event()
+        self._tasks: list[Task] = []
+        self.claim_count = 0  # claim statements issued (tests, metrics)
+        self.heartbeat_count = 0  # renew statements issued
+
+    # -- public --------------------------------------------------------------
+
+    @property
+    def active_runs(self) -> list[str]:
+        """Ids of the runs this worker holds right now."""
+        return [str(k) for k in self._active]
+
+    async def run(self) -> None:
+        """Run until :meth:`stop` (or SIGTERM/SIGINT in the main thread)."""
+        if self._running:
+            raise RuntimeError("worker is already running")
+        await self.app.open()
+        self._tasks = list(self.app.tasks.values())
+        if not self._tasks:
+            raise ValueError("the app has no registered tasks")
+        self._running = True
+        self._done.clear()
+        loop = asyncio.get_running_loop()
+        handled: list[signal.Signals] = []
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            try:
+                loop.add_signal_handler(sig, self._request_stop, None)
+                handled.append(sig)
+            except (NotImplementedError, RuntimeError, ValueError):
+                pass
+        helpers = [asyncio.create_task(self._heartbeat(), name="pgdurable-heartbeat")]
+        if self.listen:
+            helpers.append(asyncio.create_task(self._listen(), name="pgdurable-listener"))
+        try:
+            await self._claim_loop()
+            await self._drain()
+        finally:
+            for t in helpers:
+                t.cancel()
+            for t in helpers:
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await t
+            for sig in handled:
+                loop.remove_signal_handler(sig)
+            self._running = False
+            self._done.set()
+
+    async def stop(self, grace: timedelta | float = 30.0) -> None:
+        """Stop gracefully: no more claims, steps get ``grace`` seconds, leases go back."""
+        self._request_stop(grace)
+        if self._running:
+            await self._done.wait()
+
+    # -- claim loop ----------------------------------------------------------
+
+    def _request_stop(self, grace: timedelta | float | None) -> None:
+        if grace is not None:
+            self._grace = grace.total_seconds() if isinstance(grace, timedelta) else float(grace)
+        self._stopping = True
+        self._wake.set()
+
+    def _poke(self) -> None:
+        self._pending = True
+        self._wake.set()
+
+    def _task_arrays(self) -> tuple[list[str], list[str]]:
+        return [t.name for t in self._tasks], [t.revision for t in self._tasks]
+
+    async def _next_wakeup(self) -> None:
+        names, revs = self._task_arrays()
+        try:
+            row = await self.app.fetchone(q.NEXT_WAKEUP, (self.queues, names, revs))
+        except _DB_ERRORS as exc:
+            log.warning("next_wakeup failed: %s", exc)
+            self._due_at = None
+            return
+        secs = None if row is None else row[0]
+        self._due_at = None if secs is None else time.monotonic() + float(secs) + 0.005
+
+    async def _claim_loop(self) -> None:
+        self._wake.set()
+        while not self._stopping:
+            timeout = self.poll_interval * random.uniform(0.8, 1.2)
+            if self._due_at is not None:
+                timeout = min(timeout, max(0.0, self._due_at - time.monotonic()))
+            woke = True
+            if not self._wake.is_set():
+                try:
+                    await asyncio.wait_for(self._wake.wait(), timeout)
+                except TimeoutError:
+                    woke = False
+            if self._stopping:
+                break
+            self._wake.clear()
+            free = self.concurrency - len(self._active)
+            if free <= 0:
+                continue
+            if not woke:
+                due = self._due_at is not None and time.monotonic() >= self._due_at
+                if not due:
+                    # plain poll: one query tells whether anything is due
+                    await self._next_wakeup()
+                    if self._due_at is None or time.monotonic() < self._due_at:
+                        continue
+            claimed = await self._claim(free)
+            self._pending = claimed == free
+            if claimed < free:
+                await self._next_wakeup()
+
+    async def _claim(self, n: int) -> int:
+        names, revs = self._task_arrays()
+        params = (self.worker_id, self.queues, names, revs, n, timedelta(seconds=self.ttl))
+        start = time.monotonic()
+        try:
+            self.claim_count += 1
+            rows = await self.app.fetchall(q.CLAIM, params)
+        except _DB_ERRORS as exc:
+            log.warning("claim failed: %s", exc)
+            await asyncio.sleep(min(1.0, self.poll_interval))
+            return 0
+        for row in rows:
+            if row[4] != "leased":
+                continue  # a poison or cancelled reclaim, settled by the claim itself
+            rid: uuid.UUID = row[0]
+            active = _Active(rid, row[9], row[3], start + self.ttl - self.safety_margin)
+            self._active[rid] = active
+            active.task = asyncio.create_task(self._execute(active, row, start))
+            active.task.add_done_callback(self._make_done_callback(active))
+        return len(rows)
+
+    def _make_done_callback(self, a: _Active) -> Any:
+        def done(_t: asyncio.Task[None]) -> None:
+            self._finished(a)
+
+        return done
+
+    def _finished(self, a: _Active) -> None:
+        if self._active.get(a.run_id) is a:
+            del self._active[a.run_id]
+        if self._pending or self._stopping:
+            self._wake.set()
+
+    async def _drain(self) -> None:
+        tasks = [a.task for a in self._active.values() if a.task is not None]
+        if tasks:
+            await asyncio.wait(tasks, timeout=max(0.0, self._grace))
+        for a in list(self._active.values()):
+            self._stop_run(a, "shutdown")
+        tasks = [a.task for a in self._active.values() if a.task is not None]
+        if tasks:
+            await asyncio.wait(tasks)
+
+    # -- listener ------------------------------------------------------------
+
+    async def _listen(self) -> None:
+        backoff = 0.2
+        conninfo = self.app.pool.conninfo
+        if not isinstance(conninfo, str):
+            conninfo = self.app.conninfo or ""
+        while not self._stopping:
+            conn: psycopg.AsyncConnection[Any] | None = None
+            try:
+                conn = await psycopg.AsyncConnection.connect(
+                    conninfo, autocommit=True, options=LIBRARY_OPTIONS, connect_timeout=10
+                )
+                await conn.execute("LISTEN pgdurable_wake")
+                await conn.execute("LISTEN pgdurable_cancel")
+                backoff = 0.2
+                self._poke()  # claim after every (re)connect: wake-ups may be lost
+                while not self._stopping:
+                    got = False
+                    async for n in conn.notifies(timeout=60.0):
+                        got = True
+                        if n.channel == "pgdurable_wake":
+                            if n.payload in self.queues:
+                                self._poke()
+                        elif n.channel == "pgdurable_cancel":
+                            self._cancel_notified(n.payload)
+                    if not got:
+                        await conn.execute("SELECT 1")  # health check of a quiet socket
+            except asyncio.CancelledError:
+                raise
+            except (psycopg.Error, OSError) as exc:
+                log.warning("listener connection lost: %s; reconnecting", exc)
+                await asyncio.sleep(backoff * random.uniform(0.5, 1.5))
+                backoff = min(backoff * 2, 5.0)
+            finally:
+                if conn is not None:
+                    with contextlib.suppress(Exception):
+                        await conn.close()
+
+    def _cancel_notified(self, payload: str) -> None:
+        try:
+            rid = uuid.UUID(payload)
+        except ValueError:
+            return
+        a = self._active.get(rid)
+        if a is not None:
+            self._stop_run(a, "cancel")
+
+    def _stop_run(self, a: _Active, reason: str) -> None:
+        """Stop a run's step (if one is running) for ``reason``."""
+        if a.stop_reason is None or reason == "lease_lost":
+            a.stop_reason = reason
+        if a.in_step and a.task is not None:
+            a.task.cancel()
+
+    # -- heartbeat -----------------------------------------------------------
+
+    async def _heartbeat(self) -> None:
+        ttl = timedelta(seconds=self.ttl)
+        while True:
+            await asyncio.sleep(self.heartbeat_interval)
+            now = time.monotonic()
+            for a in list(self._active.values()):
+                if now >= a.trust_until and a.stop_reason != "lease_lost":
+                    log.warning("run %s: lease no longer trusted (renewals failed)", a.run_id)
+                    self._stop_run(a, "lease_lost")
+            live = [a for a in self._active.values() if a.stop_reason != "lease_lost"]
+            if not live:
+                continue
+            sent = time.monotonic()
+            try:
+                self.heartbeat_count += 1
+                rows = await asyncio.wait_for(
+                    self.app.fetchall(
+                        q.RENEW,
+                        (self.worker_id, [a.run_id for a in live], [a.token for a in live], ttl),
+                    ),
+                    timeout=max(self.heartbeat_interval, 1.0),
+                )
+            except (TimeoutError, *_DB_ERRORS) as exc:
+                log.warning("heartbeat failed: %s", exc)
+                continue
+            renewed = {r[0]: bool(r[2]) for r in rows}
+            for a in live:
+                if self._active.get(a.run_id) is not a:
+                    continue
+                if a.run_id in renewed:
+                    a.trust_until = sent + self.ttl - self.safety_margin
+                    if renewed[a.run_id]:
+                        self._stop_run(a, "cancel")
+                else:
+                    self._stop_run(a, "lease_lost")
+
+    # -- executing a run -----------------------------------------------------
+
+    async def _execute(self, a: _Active, row: tuple[Any, ...], claimed_at: float) -> None:
+        task = self.app.tasks[row[1]]
+        state: Any = row[5]
+        step: int = row[6]
+        attempts: int = row[7]
+        wake: dict[str, Any] | None = row[11]
+        deadline_at: datetime | None = row[12]
+        budget = None if row[13] is None else float(row[13])
+        spent = float(row[14])
+        db_now: datetime = row[15]
+        window_end = claimed_at + self.lease_window
+
+        def db_clock() -> datetime:
+            return db_now + timedelta(seconds=time.monotonic() - claimed_at)
+
+        async def effect(key: str, fn: EffectFn) -> Any:
+            return await self._effect(a, key, fn)
+
+        try:
+            while True:
+                if deadline_at is not None and db_clock() >= deadline_at:
+                    await self._fail(a, task, attempts, DeadlineExceeded(
+                        f"deadline {deadline_at.isoformat()} passed"), 0.0, terminal=True)
+                    return
+                ctx = RunContext(
+                    run_id=str(a.run_id), task=task.name, step=step, attempt=attempts + 1,
+                    token=a.token, wake=wake, deadline=deadline_at, budget=budget, spent=spent,
+                    _effect=effect,
+                )
+                outcome = await self._run_step(a, task, ctx, state, deadline_at, db_clock)
+                if outcome is None:
+                    return  # settled (failed, cancelled, lost)
+                if isinstance(outcome, BaseException):
+                    terminal = isinstance(
+                        outcome, BudgetExceeded | DeadlineExceeded | EffectFailed | _StepTypeError
+                    )
+                    await self._fail(a, task, attempts, outcome, ctx._pending_spend, terminal)
+                    return
+                result, new_state, state_json = outcome
+                spend = ctx._pending_spend
+                ident = (a.run_id, a.token, self.worker_id)
+                if isinstance(result, Continue):
+                    r = await self.app.fetchone(q.CHECKPOINT, (*ident, state_json, spend))
+                    if r is None or r[0] != "leased":
+                        return
+                    state, step, wake, spent = new_state, step + 1, None, spent + spend
+                    if a.stop_reason == "cancel":
+                        await self.app.fetchone(q.ACK_CANCEL, (*ident, 0))
+                        return
+                    if self._stopping or a.stop_reason or time.monotonic() >= window_end:
+                        await self.app.fetchone(q.RELEASE, ident)
+                        return
+                    continue
+                if isinstance(result, Done):
+                    result_json = dumps(result.result, "result")
+                    await self.app.fetchone(q.COMPLETE, (*ident, state_json, result_json, spend))
+                    return
+                if isinstance(result, Wait):
+                    kind, ref = result.signal
+                    wake_in = _as_timedelta(result.timeout)
+                    await self._park(a, ident, state_json, spend, kind, ref, None, wake_in)
+                    return
+                assert isinstance(result, Sleep)
+                if result.until is not None:
+                    await self._park(a, ident, state_json, spend, None, None, result.until, None)
+                else:
+                    wake_in = _as_timedelta(result.seconds)
+                    await self._park(a, ident, state_json, spend, None, None, None, wake_in)
+                return
+        except LeaseLost:
+            log.info("run %s: lease lost; dropped", a.run_id)
+        except _DB_ERRORS as exc:
+            log.warning("run %s: database error %s; the lease will lapse", a.run_id, exc)
+
+    async def _run_step(
+        self,
+        a: _Active,
+        task: Task,
+        ctx: RunContext,
+        state: Any,
+        deadline_at: datetime | None,
+        db_clock: Any,
+    ) -> tuple[Any, Any, str] | BaseException | None:
+        """Run one step. Returns (result, new_state, state_json), an error to
+        record, or None when the run was settled here (cancel/lost/shutdown)."""
+        a.in_step = True
+        timeout_cm: asyncio.Timeout | None = None
+        try:
+            if a.stop_reason is not None:
+                raise asyncio.CancelledError
+            if deadline_at is not None:
+                remaining = (deadline_at - db_clock()).total_seconds()
+                timeout_cm = asyncio.timeout(max(0.0, remaining))
+            async with timeout_cm if timeout_cm is not None else contextlib.nullcontext():
+                if task.is_async:
+                    result = await task.fn(ctx, state)
+                else:
+                    result = await asyncio.to_thread(task.fn, ctx, state)
+                    if inspect.isawaitable(result):
+                        result = await result
+        except asyncio.CancelledError:
+            if a.stop_reason is None:
+                raise
+            current = asyncio.current_task()
+            if current is not None:
+                current.uncancel()
+            a.in_step = False
+            await self._settle_stopped(a, ctx._pending_spend)
+            return None
+        except TimeoutError as exc:
+            if timeout_cm is not None and timeout_cm.expired():
+                return DeadlineExceeded(f"deadline {deadline_at} passed during step {ctx.step}")
+            return exc
+        except Exception as exc:
+            return exc
+        finally:
+            a.in_step = False
+        if a.stop_reason is not None:
+            await self._settle_stopped(a, ctx._pending_spend)
+            return None
+        if not isinstance(result, Continue | Done | Wait | Sleep):
+            return _StepTypeError(
+                f"step of task {task.name!r} returned {type(result).__name__}; "
+                "expected Continue, Done, Wait or Sleep"
+            )
+        new_state = state if result.state is _UNSET else result.state
+        try:
+            state_json = dumps(new_state, "state")
+        except (TypeError, ValueError) as exc:
+            return _StepTypeError(str(exc))
+        return result, new_state, state_json
+
+    async def _settle_stopped(self, a: _Active, spend: float) -> None:
+        ident = (a.run_id, a.token, self.worker_id)
+        if a.stop_reason == "cancel":
+            await self.app.fetchone(q.ACK_CANCEL, (*ident, spend))
+        elif a.stop_reason == "shutdown":
+            await self.app.fetchone(q.RELEASE, ident)
+        # lease_lost: drop, no further writes
+
+    async def _park(
+        self,
+        a: _Active,
+        ident: tuple[Any, ...],
+        state_json: str,
+        spend: float,
+        kind: str | None,
+        ref: str | None,
+        until: datetime | None,
+        wake_in: timedelta | None,
+    ) -> None:
+        row = await self.app.fetchone(
+            q.PARK, (*ident, state_json, spend, kind, ref, until, wake_in)
+        )
+        if row is not None and row[0] == "waiting" and row[1] is not None:
+            # our own timer: wake for it without waiting for the poll
+            secs = (row[1] - datetime.now(row[1].tzinfo)).total_seconds()
+            due = time.monotonic() + max(0.0, secs) + 0.005
+            if self._due_at is None or due < self._due_at:
+                self._due_at = due
+                self._wake.set()
+
+    async def _fail(
+        self, a: _Active, task: Task, attempts: int, exc: BaseException, spend: float,
+        terminal: bool,
+    ) -> None:
+        delay = min(task.retry_cap, task.retry_base * (2 ** min(attempts, 30)))
+        delay *= random.uniform(0.5, 1.5)
+        err = dumps(q.error_record(exc), "error")
+        await self.app.fetchone(
+            q.FAIL,
+            (a.run_id, a.token, self.worker_id, err, spend, timedelta(seconds=delay), terminal),
+        )
+
+    async def _effect(self, a: _Active, key: str, fn: EffectFn) -> Any:
+        ident = (a.run_id, a.token, self.worker_id)
+        row = await self.app.fetchone(q.EFFECT_BEGIN, (*ident, key))
+        assert row is not None
+        status, result, error = row
+        if status == "succeeded":
+            return result
+        if status == "failed":
+            msg = (error or {}).get("message", "")
+            raise EffectFailed(f"effect {key!r} failed earlier: {(error or {}).get('type')}: {msg}")
+        try:
+            if inspect.iscoroutinefunction(fn):
+                value = await fn()
+            else:
+                value = await asyncio.to_thread(fn)
+                if inspect.isawaitable(value):
+                    value = await value
+            text = dumps(value, f"effect {key!r} result")
+        except Exception as exc:
+            err = json.dumps({"type": type(exc).__name__, "message": str(exc)})
+            await self.app.fetchone(q.EFFECT_FINISH, (*ident, key, False, None, err))
+            raise
+        await self.app.fetchone(q.EFFECT_FINISH, (*ident, key, True, text, None))
+        return json.loads(text)
+
+
+class _StepTypeError(TypeError):
+    """A step returned something that cannot be checkpointed (not retried)."""
+
+
+def _as_timedelta(value: timedelta | float | None) -> timedelta | None:
+    if value is None or isinstance(value, timedelta):
+        return value
+    return timedelta(seconds=float(value))
+
+
+def _load_app(spec: str) -> Durable:
+    from .runs import Durable
+
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        raise SystemExit(f"expected module:app, got {spec!r}")
+    module = importlib.import_module(module_name)
+    app = getattr(module, attr, None)
+    if not isinstance(app, Durable):
+        raise SystemExit(f"{spec} is not a pgdurable.Durable app")
+    return app
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """``python -m pgdurable.worker module:app [options]``: run one worker until SIGTERM."""
+    parser = argparse.ArgumentParser(prog="python -m pgdurable.worker")
+    parser.add_argument("app", help="module:attribute of a pgdurable.Durable app")
+    parser.add_argument("--queues", default="default", help="comma-separated queue names")
+    parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--lease-ttl", type=float, default=60.0, help="seconds")
+    parser.add_argument("--poll", type=float, default=5.0, help="poll interval, seconds")
+    parser.add_argument("--grace", type=float, default=30.0, help="shutdown grace, seconds")
+    parser.add_argument("--worker-id", default=None)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=os.environ.get("PGDURABLE_LOG", "WARNING"))
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    app = _load_app(args.app)
+
+    async def _main() -> None:
+        worker = app.worker(
+            queues=[s for s in args.queues.split(",") if s],
+            concurrency=args.concurrency,
+            lease_ttl=timedelta(seconds=args.lease_ttl),
+            poll_interval=args.poll,
+            worker_id=args.worker_id,
+        )
+        worker._grace = args.grace
+        try:
+            await worker.run()
+        finally:
+            await app.close()
+
+    asyncio.run(_main())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,680 @@
+-- 0003_runs: the run state machine (start, claim, heartbeat, checkpoint,
+-- complete, fail/retry, park, give back, cancel), signals and effects.
+--
+-- Conventions shared by every function here:
+--  * Time is pgdurable.now() only.
+--  * FENCE: a worker's write applies only while
+--      id = p_id AND lease_token = p_token AND lease_owner = p_owner
+--      AND status = 'leased' AND lease_expires_at > pgdurable.now();
+--    otherwise SQLSTATE PD001 (LeaseLost) is raised and nothing changes.
+--  * NOTIFY pgdurable_wake (payload = queue) only when a run becomes runnable,
+--    at most once per queue per transaction (identical notifications merge);
+--    NOTIFY pgdurable_cancel (payload = run id) when a leased run is asked to
+--    cancel. Never a notification per checkpoint.
+--  * error jsonb is {type, message, traceback}.
+
+------------------------------------------------------------------------------
+-- Schema additions
+------------------------------------------------------------------------------
+ALTER TABLE pgdurable.checkpoints ADD COLUMN wake jsonb;
+COMMENT ON COLUMN pgdurable.checkpoints.wake IS
+  'The wake outcome (signal or timeout) the step saw in ctx.wake, NULL if none.';
+
+-- Claim branch (a): runnable runs by queue, priority, age.
+CREATE INDEX runs_runnable_idx ON pgdurable.runs (queue, priority DESC, available_at)
+  WHERE status = 'runnable';
+-- Claim branch (b): leased runs by queue. lease_expires_at is deliberately NOT
+-- indexed so that heartbeats (which change only it) stay HOT updates; the
+-- leased set is small (at most the sum of all workers' concurrency).
+CREATE INDEX runs_leased_idx ON pgdurable.runs (queue) WHERE status = 'leased';
+-- Claim branch (c): parked runs with a timer.
+CREATE INDEX runs_timer_idx ON pgdurable.runs (queue, wake_at)
+  WHERE status = 'waiting' AND wake_at IS NOT NULL;
+-- send_signal: parked runs by what they wait for.
+CREATE INDEX runs_waiting_signal_idx ON pgdurable.runs (wait_kind, wait_ref)
+  WHERE status = 'waiting' AND wait_kind IS NOT NULL;
+-- park_run: pending (unconsumed) signals by (kind, ref), oldest first.
+CREATE INDEX signals_pending_idx ON pgdurable.signals (kind, ref, id)
+  WHERE consumed_at IS NULL;
+
+------------------------------------------------------------------------------
+-- pgdurable.wait_lock_key(kind, ref) -> bigint
+-- The transaction advisory-lock key that serialises parking on (kind, ref)
+-- with signals sent to (kind, ref). Everyone who parks, signals or consumes
+-- signals of (kind, ref) takes pg_advisory_xact_lock(wait_lock_key(kind, ref))
+-- first: this is what makes "signal before park" safe (no lost wake-up).
+------------------------------------------------------------------------------
+CREATE FUNCTION pgdurable.wait_lock_key(p_kind text, p_ref text) RETURNS bigint
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+  SELECT hashtextextended(p_kind || E'\x1f' || p_ref, 0)
+$$;
+COMMENT ON FUNCTION pgdurable.wait_lock_key(text, text) IS
+  'Advisory lock key serialising park_run and send_signal on one (kind, ref).';
+
+------------------------------------------------------------------------------
+-- pgdurable._error(type, message) -> jsonb: an error record made in SQL.
+------------------------------------------------------------------------------
+CREATE FUNCTION pgdurable._error(p_type text, p_message text) RETURNS jsonb
+LANGUAGE sql IMMUTABLE AS $$
+  SELECT jsonb_build_object('type', p_type, 'message', p_message, 'traceback', NULL)
+$$;
+COMMENT ON FUNCTION pgdurable._error(text, text) IS
+  'Internal: the {type, message, traceback} record for errors decided in SQL.';
+
+------------------------------------------------------------------------------
+-- pgdurable.start_run(task, revision, state, queue, priority, max_attempts,
+--                     idempotency_key, deadline_in, deadline_at, budget)
+--   -> TABLE(run_id uuid, created boolean)
+-- Inserts a runnable run and NOTIFYs pgdurable_wake(queue) (delivered on
+-- commit: inside a caller's transaction, workers wake only if it commits).
+-- With an idempotency_key that already exists, nothing is written and the
+-- existing run's id is returned with created = false (race-safe: INSERT ...
+-- ON CONFLICT DO NOTHING waits for a concurrent inserter, then we read its row).
+-- The deadline is deadline_at, else now() + deadline_in, else none.
+------------------------------------------------------------------------------
+CREATE FUNCTION pgdurable.start_run(
+  p_task text, p_revision text, p_state jsonb, p_queue text, p_priority integer,
+  p_max_attempts integer, p_idempotency_key text, p_deadline_in interval,
+  p_deadline_at timestamptz, p_budget numeric)
+RETURNS TABLE (run_id uuid, created boolean)
+LANGUAGE plpgsql AS $$
+DECLARE
+  v_id uuid;
+BEGIN
+  INSERT INTO pgdurable.runs AS r (task, revision, state, queue, priority, max_attempts,
+                                   idempotency_key, deadline_at, budget)
+  VALUES (p_task, p_revision, coalesce(p_state, '{}'), p_queue, p_priority, p_max_attempts,
+          p_idempotency_key,
+          coalesce(p_deadline_at, pgdurable.now() + p_deadline_in), p_budget)
+  ON CONFLICT (idempotency_key) DO NOTHING
+  RETURNING r.id INTO v_id;
+  IF v_id IS NOT NULL THEN
+    PERFORM pg_notify('pgdurable_wake', p_queue);
+    RETURN QUERY SELECT v_id, true;
+    RETURN;
+  END IF;
+  SELECT r.id INTO v_id FROM pgdurable.runs r WHERE r.idempotency_key = p_idempotency_key;
+  RETURN QUERY SELECT v_id, false;
+END
+$$;
+COMMENT ON FUNCTION pgdurable.start_run(text, text, jsonb, text, integer, integer, text,
+                                        interval, timestamptz, numeric) IS
+  'Start a run (idempotent by idempotency_key); NOTIFY pgdurable_wake on creation.';
+
+------------------------------------------------------------------------------
+-- pgdurable.claim_runs(owner, queues, tasks, revisions, limit, ttl)
+--   -> rows of claimed runs
+-- ONE statement: a MATERIALIZED CTE picks at most p_limit runs with
+-- FOR UPDATE SKIP LOCKED from three LIMITed branches, each on its own partial
+-- index: (a) runnable and available_at <= now (priority DESC, oldest first),
+-- (b) leased with an expired lease (crash recovery), (c) waiting with
+-- wake_at <= now (timers; wake = {type: 'timeout', at}). Only runs whose
+-- (task, revision) pair is in (p_tasks[i], p_revisions[i]) are taken.
+-- Each claimed run gets lease_token + 1, lease_owner = p_owner,
+-- lease_expires_at = now + p_ttl, claims + 1.
+-- Branch (b) counts as a failed attempt (error LeaseExpired): a run past
+-- max_attempts becomes failed (poison run), and a run whose cancel was
+-- requested becomes cancelled; such rows are returned with that status and
+-- must not be executed. Rows with status 'leased' are the caller's to run.
+------------------------------------------------------------------------------
+CREATE FUNCTION pgdurable.claim_runs(
+  p_owner text, p_queues text[], p_tasks text[], p_revisions text[],
+  p_limit integer, p_ttl interval)
+RETURNS TABLE (id uuid, task text, revision text, queue text, status text, state jsonb,
+               step integer, attempts integer, max_attempts integer, lease_token bigint,
+               lease_expires_at timestamptz, wake jsonb, deadline_at timestamptz,
+               budget numeric, spent numeric, db_now timestamptz)
+LANGUAGE plpgsql AS $$
+DECLARE
+  v_now  timestamptz := pgdurable.now();
+  v_keys text[] := ARRAY(SELECT t || E'\x1f' || v FROM unnest(p_tasks, p_revisions) AS u(t, v));
+BEGIN
+  IF p_limit IS NULL OR p_limit < 1 THEN
+    RETURN;
+  END IF;
+  RETURN QUERY
+  WITH a AS MATERIALIZED (
+    SELECT r.id, 'runnable'::text AS branch FROM pgdurable.runs r
+     WHERE r.status = 'runnable' AND r.queue = ANY (p_queues) AND r.available_at <= v_now
+       AND r.task || E'\x1f' || r.revision = ANY (v_keys)
+     ORDER BY r.queue, r.priority DESC, r.available_at
+     LIMIT p_limit FOR UPDATE SKIP LOCKED
+  ), b AS MATERIALIZED (
+    SELECT r.id, 'expired'::text AS branch FROM pgdurable.runs r
+     WHERE r.status = 'leased' AND r.queue = ANY (p_queues) AND r.lease_expires_at <= v_now
+       AND r.task || E'\x1f' || r.revision = ANY (v_keys)
+     LIMIT p_limit FOR UPDATE SKIP LOCKED
+  ), c AS MATERIALIZED (
+    SELECT r.id, 'timer'::text AS branch FROM pgdurable.runs r
+     WHERE r.status = 'waiting' AND r.wake_at IS NOT NULL AND r.queue = ANY (p_queues)
+       AND r.wake_at <= v_now AND r.task || E'\x1f' || r.revision = ANY (v_keys)
+     ORDER BY r.queue, r.wake_at
+     LIMIT p_limit FOR UPDATE SKIP LOCKED
+  ), cand AS MATERIALIZED (
+    SELECT * FROM a UNION ALL SELECT * FROM b UNION ALL SELECT * FROM c
+    LIMIT p_limit
+  ), upd AS (
+    UPDATE pgdurable.runs r SET
+      status = CASE
+        WHEN k.branch = 'expired' AND r.cancel_requested_at IS NOT NULL THEN 'cancelled'
+        WHEN k.branch = 'expired' AND r.attempts + 1 >= r.max_attempts THEN 'failed'
+        ELSE 'leased' END,
+      attempts = r.attempts + (k.branch = 'expired')::integer,
+      error = CASE WHEN k.branch = 'expired' THEN pgdurable._error('LeaseExpired',
+                'lease of worker ' || coalesce(r.lease_owner, '?') || ' expired (crashed or stalled worker)')
+              ELSE r.error END,
+      claims = r.claims + 1,
+      lease_token = r.lease_token + 1,
+      lease_owner = CASE WHEN k.branch = 'expired' AND (r.cancel_requested_at IS NOT NULL
+                          OR r.attempts + 1 >= r.max_attempts) THEN NULL ELSE p_owner END,
+      lease_expires_at = CASE WHEN k.branch = 'expired' AND (r.cancel_requested_at IS NOT NULL
+                          OR r.attempts + 1 >= r.max_attempts) THEN NULL ELSE v_now + p_ttl END,
+      finished_at = CASE WHEN k.branch = 'expired' AND (r.cancel_requested_at IS NOT NULL
+                          OR r.attempts + 1 >= r.max_attempts) THEN v_now END,
+      leased_at = v_now,
+      wake = CASE WHEN k.branch = 'timer'
+                  THEN jsonb_build_object('type', 'timeout', 'kind', r.wait_kind,
+                                          'ref', r.wait_ref, 'at', r.wake_at)
+                  ELSE r.wake END,
+      wait_kind = NULL, wait_ref = NULL, wait_since = NULL, wake_at = NULL,
+      updated_at = v_now
+    FROM cand k
+    WHERE r.id = k.id
+    RETURNING r.id, r.task, r.revision, r.queue, r.status, r.state, r.step, r.attempts,
+              r.max_attempts, r.lease_token, r.lease_expires_at, r.wake, r.deadline_at,
+              r.budget, r.spent
+  )
+  SELECT u.*, v_now FROM upd u;
+END
+$$;
+COMMENT ON FUNCTION pgdurable.claim_runs(text, text[], text[], text[], integer, interval) IS
+  'Claim up to p_limit runs (runnable, expired lease, due timer) for p_owner in one statement.';
+
+------------------------------------------------------------------------------
+-- pgdurable.renew_runs(owner, ids, tokens, ttl)
+--   -> TABLE(id uuid, lease_expires_at timestamptz, cancel_requested boolean)
+-- The heartbeat: ONE UPDATE renewing every listed run the owner still holds
+-- under the same token and whose lease has not expired (a lapsed lease is
+-- never resurrected). Only lease_expires_at changes (not indexed: HOT).
+-- Runs missing from the result are lost: stop them. cancel_requested tells
+-- the worker a cancel is pending (backup for a missed NOTIFY).
+------------------------------------------------------------------------------
+CREATE FUNCTION pgdurable.renew_runs(p_owner text, p_ids uuid[], p_tokens bigint[],
+                                     p_ttl interval)
+RETURNS TABLE (id uuid, lease_expires_at timestamptz, cancel_requested boolean)
+LANGUAGE sql AS $$
+  UPDATE pgdurable.runs r SET lease_expires_at = pgdurable.now() + p_ttl
+  FROM unnest(p_ids, p_tokens) AS u(id, token)
+  WHERE r.id = u.id AND r.lease_token = u.token AND r.lease_owner = p_owner
+    AND r.status = 'leased' AND r.lease_expires_at > pgdurable.now()
+  RETURNING r.id, r.lease_expires_at, r.cancel_requested_at IS NOT NULL
+$$;
+COMMENT ON FUNCTION pgdurable.renew_runs(text, uuid[], bigint[], interval) IS
+  'Heartbeat: renew all of a worker''s live leases in one UPDATE; returns the renewed ones.';
+
+------------------------------------------------------------------------------
+-- pgdurable.next_wakeup(queues, tasks, revisions) -> double precision
+-- Seconds (>= 0) until the earliest moment a claim in these queues could find
+-- work for these tasks: a runnable run's available_at, a parked run's wake_at
+-- or a leased run's lease_expires_at; NULL when there is none. Idle workers
+-- sleep until min(this, their poll interval): one query per idle interval.
+------------------------------------------------------------------------------
+CREATE FUNCTION pgdurable.next_wakeup(p_queues text[], p_tasks text[], p_revisions text[])
+RETURNS double precision
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+  v_now  timestamptz := pgdurable.now();
+  v_keys text[] := ARRAY(SELECT t || E'\x1f' || v FROM unnest(p_tasks, p_revisions) AS u(t, v));
+  v_at   timestamptz;
+BEGIN
+  SELECT least(
+    (SELECT min(r.available_at) FROM pgdurable.runs r
+      WHERE r.status = 'runnable' AND r.queue = ANY (p_queues)
+        AND r.task || E'\x1f' || r.revision = ANY (v_keys)),
+    (SELECT min(r.wake_at) FROM pgdurable.runs r
+      WHERE r.status = 'waiting' AND r.wake_at IS NOT NULL AND r.queue = ANY (p_queues)
+        AND r.task || E'\x1f' || r.revision = ANY (v_keys)),
+    (SELECT min(r.lease_expires_at) FROM pgdurable.runs r
+      WHERE r.status = 'leased' AND r.queue = ANY (p_queues)
+        AND r.task || E'\x1f' || r.revision = ANY (v_keys)))
+  INTO v_at;
+  RETURN CASE WHEN v_at IS NULL THEN NULL ELSE greatest(0, extract(epoch FROM v_at - v_now)) END;
+END
+$$;
+COMMENT ON FUNCTION pgdurable.next_wakeup(text[], text[], text[]) IS
+  'Seconds until claimable work may appear in these queues for these tasks (NULL: none).';
+
+------------------------------------------------------------------------------
+-- pgdurable._fenced(id, token, owner) -> pgdurable.runs
+-- Internal: lock and return the run if the FENCE holds, else raise PD001.
+------------------------------------------------------------------------------
+CREATE FUNCTION pgdurable._fenced(p_id uuid, p_token bigint, p_owner text)
+RETURNS pgdurable.runs
+LANGUAGE plpgsql AS $$
+DECLARE
+  r pgdurable.runs;
+BEGIN
+  SELECT * INTO r FROM pgdurable.runs
+   WHERE id = p_id AND lease_token = p_token AND lease_owner = p_owner
+     AND status = 'leased' AND lease_expires_at > pgdurable.now()
+   FOR UPDATE;
+  IF NOT FOUND THEN
+    RAISE EXCEPTION 'lease lost on run % (token %, owner %)', p_id, p_token, p_owner
+      USING ERRCODE = 'PD001';
+  END IF;
+  RETURN r;
+END
+$$;
+COMMENT ON FUNCTION pgdurable._fenced(uuid, bigint, text) IS
+  'Internal: lock the run under the lease fence or raise PD001 (LeaseLost).';
+
+------------------------------------------------------------------------------
+-- pgdurable._verdict(run, spend, check_deadline) -> jsonb error or NULL
+-- Internal: the error that ends a fenced run at a step boundary, in this
+-- order: a pending cancel (RunCancelled), spent + spend > budget
+-- (BudgetExceeded), the deadline passed (DeadlineExceeded).
+------------------------------------------------------------------------------
+CREATE FUNCTION pgdurable._verdict(r pgdurable.runs, p_spend numeric, p_check_deadline boolean)
+RETURNS jsonb
+LANGUAGE sql STABLE AS $$
+  SELECT CASE
+    WHEN r.cancel_requested_at IS NOT NULL THEN pgdurable._error('RunCancelled', 'run was cancelled')
+    WHEN r.budget IS NOT NULL AND r.spent + coalesce(p_spend, 0) > r.budget THEN
+      pgdurable._error('BudgetExceeded', format('spent %s of budget %s',
+                       r.spent + coalesce(p_spend, 0), r.budget))
+    WHEN p_check_deadline AND r.deadline_at IS NOT NULL AND r.deadline_at <= pgdurable.now() THEN
+      pgdurable._error('DeadlineExceeded', format('deadline %s passed', r.deadline_at))
+  END
+$$;
+COMMENT ON FUNCTION pgdurable._verdict(pgdurable.runs, numeric, boolean) IS
+  'Internal: cancel/budget/deadline verdict at a step boundary (NULL = go on).';
+
+------------------------------------------------------------------------------
+-- pgdurable._end(id, status, error, spend): internal, finish a locked run
+-- (failed or cancelled): lease cleared, wait cleared, finished_at set.
+------------------------------------------------------------------------------
+CREATE FUNCTION pgdurable._end(p_id uuid, p_status text, p_error jsonb, p_spend numeric)
+RETURNS text
+LANGUAGE sql AS $$
+  UPDATE pgdurable.runs SET status = p_status, error = p_error,
+         spent = spent + coalesce(p_spend, 0),
+         lease_owner = NULL, lease_expires_at = NULL,
+         wait_kind = NULL, wait_ref = NULL, wait_since = NULL, wake_at = NULL,
+         finished_at = pgdurable.now(), updated_at = pgdurable.now()
+   WHERE id = p_id
+  RETURNING status
+$$;
+COMMENT ON FUNCTION pgdurable._end(uuid, text, jsonb, numeric) IS
+  'Internal: put a locked run in a terminal status (failed/cancelled) with its error.';
+
+------------------------------------------------------------------------------
+-- pgdurable._checkpoint(run, token, state): internal, write the step's state:
+-- runs.state/step + 1/wake := NULL and the checkpoints history row (with the
+-- wake the step saw). Returns the new step number.
+------------------------------------------------------------------------------
+CREATE FUNCTION pgdurable._checkpoint(r pgdurable.runs, p_token bigint, p_state jsonb,
+                                      p_spend numeric)
+RETURNS integer
+LANGUAGE sql AS $$
+  WITH u AS (
+    UPDATE pgdurable.runs SET state = p_state, step = r.step + 1, wake = NULL,
+           spent = spent + coalesce(p_spend, 0), updated_at = pgdurable.now()
+     WHERE id = r.id
+    RETURNING id, step)
+  INSERT INTO pgdurable.checkpoints (run_id, step, token, state, wake)
+  SELECT u.id, u.step, p_token, p_state, r.wake FROM u
+  RETURNING step
+$$;
+COMMENT ON FUNCTION pgdurable._checkpoint(pgdurable.runs, bigint, jsonb, numeric) IS
+  'Internal: write runs.state/step and the checkpoints history row for a locked run.';
+
+------------------------------------------------------------------------------
+-- pgdurable.checkpoint_run(id, token, owner, state, spend) -> text
+-- FENCED (PD001). Checkpoint a Continue step: state, step + 1, spent + spend,
+-- history row; then the boundary verdict: a pending cancel -> 'cancelled',
+-- over budget -> 'failed' (BudgetExceeded), past the deadline -> 'failed'
+-- (DeadlineExceeded); otherwise 'leased' (the worker may run the next step).
+-- The state is always saved, even when the verdict ends the run.
+------------------------------------------------------------------------------
+CREATE FUNCTION pgdurable.checkpoint_run(p_id uuid, p_token bigint, p_owner text,
+                                         p_state jsonb, p_spend numeric DEFAULT 0)
+RETURNS text
+LANGUAGE plpgsql AS $$
+DECLARE
+  r pgdurable.runs := pgdurable._fenced(p_id, p_token, p_owner);
+  v_err jsonb := pgdurable._verdict(r, p_spend, true);
+BEGIN
+  PERFORM pgdurable._checkpoint(r, p_token, p_state, p_spend);
+  IF v_err IS NOT NULL THEN
+    RETURN pgdurable._end(p_id, CASE WHEN v_err->>'type' = 'RunCancelled' THEN 'cancelled'
+                                     ELSE 'failed' END, v_err, 0);
+  END IF;
+  RETURN 'leased';
+END
+$$;
+COMMENT ON FUNCTION pgdurable.checkpoint_run(uuid, bigint, text, jsonb, numeric) IS
+  'Fenced: checkpoint a step (state + history row); returns leased | cancelled | failed.';
+
+------------------------------------------------------------------------------
+-- pgdurable.complete_run(id, token, owner, state, result, spend) -> text
+-- FENCED (PD001). The final checkpoint and the completion in one transaction:
+-- 'completed' with result. CANCEL RULE: whichever commits first wins. If a
+-- cancel was requested (committed) before this call, the state is still
+-- checkpointed but the run ends 'cancelled' (result not stored); if this call
+-- commits first, the run is 'completed' and a later cancel is a no-op that
+-- returns 'completed'. Over budget -> 'failed' (BudgetExceeded). The deadline
+-- is not checked at completion (the work is done).
+------------------------------------------------------------------------------
+CREATE FUNCTION pgdurable.complete_run(p_id uuid, p_token bigint, p_owner text,
+                                       p_state jsonb, p_result jsonb, p_spend numeric DEFAULT 0)
+RETURNS text
+LANGUAGE plpgsql AS $$
+DECLARE
+  r pgdurable.runs := pgdurable._fenced(p_id, p_token, p_owner);
+  v_err jsonb := pgdurable._verdict(r, p_spend, false);
+BEGIN
+  PERFORM pgdurable._checkpoint(r, p_token, p_state, p_spend);
+  IF v_err IS NOT NULL THEN
+    RETURN pgdurable._end(p_id, CASE WHEN v_err->>'type' = 'RunCancelled' THEN 'cancelled'
+                                     ELSE 'failed' END, v_err, 0);
+  END IF;
+  UPDATE pgdurable.runs SET status = 'completed', result = p_result,
+         lease_owner = NULL, lease_expires_at = NULL,
+         finished_at = pgdurable.now(), updated_at = pgdurable.now()
+   WHERE id = p_id;
+  RETURN 'completed';
+END
+$$;
+COMMENT ON FUNCTION pgdurable.complete_run(uuid, bigint, text, jsonb, jsonb, numeric) IS
+  'Fenced: final checkpoint + completion in one transaction; returns completed | cancelled | failed.';
+
+------------------------------------------------------------------------------
+-- pgdurable.park_run(id, token, owner, state, spend, kind, ref, wake_at, wake_in)
+--   -> TABLE(status text, wake_at timestamptz)
+-- FENCED (PD001). Checkpoint the state, then park the run: status 'waiting',
+-- lease released, wait_kind/wait_ref/wait_since/wake_at set. kind/ref NULL =
+-- a plain timer (Sleep); wake_at NULL = no timeout. wake_at is capped at the
+-- run's deadline (so a parked run wakes to fail on time). wake_in (an
+-- interval from now, database clock) is used when wake_at is NULL.
+-- With kind/ref: takes pg_advisory_xact_lock(wait_lock_key(kind, ref)) and,
+-- if an unconsumed, unexpired signal for (kind, ref) exists (oldest first,
+-- run_id NULL or this run), consumes it and leaves the run 'runnable' with
+-- wake = {type: 'signal', kind, ref, payload, at, signal} (NOTIFY queue)
+-- instead of parking: a signal sent before the park is never lost.
+-- Verdicts first: a pending cancel -> 'cancelled', over budget/deadline -> 'failed'.
+------------------------------------------------------------------------------
+CREATE FUNCTION pgdurable.park_run(p_id uuid, p_token bigint, p_owner text, p_state jsonb,
+                                   p_spend numeric, p_kind text, p_ref text,
+                                   p_wake_at timestamptz, p_wake_in interval DEFAULT NULL)
+RETURNS TABLE (status text, wake_at timestamptz)
+LANGUAGE plpgsql AS $$
+DECLARE
+  r pgdurable.runs := pgdurable._fenced(p_id, p_token, p_owner);
+  v_err jsonb := pgdurable._verdict(r, p_spend, true);
+  v_sig pgdurable.signals;
+  v_wake_at timestamptz := least(coalesce(p_wake_at, pgdurable.now() + p_wake_in), r.deadline_at);
+BEGIN
+  IF (p_kind IS NULL) <> (p_ref IS NULL) OR p_kind = '' OR p_ref = '' THEN
+    RAISE EXCEPTION 'park_run: kind and ref must both be non-empty or both NULL'
+      USING ERRCODE = 'PD000';
+  END IF;
+  PERFORM pgdurable._checkpoint(r, p_token, p_state, p_spend);
+  IF v_err IS NOT NULL THEN
+    RETURN QUERY SELECT pgdurable._end(p_id, CASE WHEN v_err->>'type' = 'RunCancelled'
+                                   THEN 'cancelled' ELSE 'failed' END, v_err, 0), NULL::timestamptz;
+    RETURN;
+  END IF;
+  IF p_kind IS NOT NULL THEN
+    PERFORM pg_advisory_xact_lock(pgdurable.wait_lock_key(p_kind, p_ref));
+    SELECT * INTO v_sig FROM pgdurable.signals s
+     WHERE s.kind = p_kind AND s.ref = p_ref AND s.consumed_at IS NULL
+       AND (s.expires_at IS NULL OR s.expires_at > pgdurable.now())
+       AND (s.run_id IS NULL OR s.run_id = p_id)
+     ORDER BY s.id LIMIT 1 FOR UPDATE;
+    IF FOUND THEN
+      UPDATE pgdurable.signals SET consumed_by = p_id, consumed_at = pgdurable.now()
+       WHERE id = v_sig.id;
+      UPDATE pgdurable.runs SET status = 'runnable', available_at = pgdurable.now(),
+             lease_owner = NULL, lease_expires_at = NULL,
+             wake = jsonb_build_object('type', 'signal', 'kind', v_sig.kind, 'ref', v_sig.ref,
+                                       'payload', v_sig.payload, 'at', v_sig.created_at,
+                                       'signal', v_sig.id),
+             updated_at = pgdurable.now()
+       WHERE id = p_id;
+      PERFORM pg_notify('pgdurable_wake', r.queue);
+      RETURN QUERY SELECT 'runnable'::text, NULL::timestamptz;
+      RETURN;
+    END IF;
+  END IF;
+  UPDATE pgdurable.runs SET status = 'waiting', lease_owner = NULL, lease_expires_at = NULL,
+         wait_kind = p_kind, wait_ref = p_ref, wait_since = pgdurable.now(),
+         wake_at = v_wake_at, updated_at = pgdurable.now()
+   WHERE id = p_id;
+  RETURN QUERY SELECT 'waiting'::text, v_wake_at;
+END
+$$;
+COMMENT ON FUNCTION pgdurable.park_run(uuid, bigint, text, jsonb, numeric, text, text, timestamptz, interval) IS
+  'Fenced: checkpoint and park (Wait/Sleep), consuming a pending signal instead if one exists.';
+
+------------------------------------------------------------------------------
+-- pgdurable.release_run(id, token, owner) -> text
+-- FENCED (PD001). Give the run back without a checkpoint (lease window used
+-- up, or graceful shutdown): 'runnable', available now, lease cleared,
+-- NOTIFY pgdurable_wake(queue) so another worker claims it at once. A pending
+-- cancel makes it 'cancelled' instead.
+------------------------------------------------------------------------------
+CREATE FUNCTION pgdurable.release_run(p_id uuid, p_token bigint, p_owner text)
+RETURNS text
+LANGUAGE plpgsql AS $$
+DECLARE
+  r pgdurable.runs := pgdurable._fenced(p_id, p_token, p_owner);
+BEGIN
+  IF r.cancel_requested_at IS NOT NULL THEN
+    RETURN pgdurable._end(p_id, 'cancelled', pgdurable._error('RunCancelled', 'run was cancelled'), 0);
+  END IF;
+  UPDATE pgdurable.runs SET status = 'runnable', available_at = pgdurable.now(),
+         lease_owner = NULL, lease_expires_at = NULL, updated_at = pgdurable.now()
+   WHERE id = p_id;
+  PERFORM pg_notify('pgdurable_wake', r.queue);
+  RETURN 'runnable';
+END
+$$;
+COMMENT ON FUNCTION pgdurable.release_run(uuid, bigint, text) IS
+  'Fenced: give a leased run back (runnable + NOTIFY), e.g. at the end of a lease window.';
+
+------------------------------------------------------------------------------
+-- pgdurable.fail_run(id, token, owner, error, spend, retry_in, terminal) -> text
+-- FENCED (PD001). A step failed with error {type, message, traceback}:
+-- attempts + 1 and error recorded. If terminal, or attempts reach
+-- max_attempts -> 'failed'. Otherwise 'runnable' with available_at =
+-- now + retry_in (backoff chosen by the caller); NOTIFY only when retry_in
+-- is zero (a future retry is found by the workers' next_wakeup).
+-- A pending cancel -> 'cancelled'. No checkpoint: state stays at the last one.
+------------------------------------------------------------------------------
+CREATE FUNCTION pgdurable.fail_run(p_id uuid, p_token bigint, p_owner text, p_error jsonb,
+                                   p_spend numeric, p_retry_in interval, p_terminal boolean)
+RETURNS text
+LANGUAGE plpgsql AS $$
+DECLARE
+  r pgdurable.runs := pgdurable._fenced(p_id, p_token, p_owner);
+  v_delay interval := greatest(coalesce(p_retry_in, '0'), '0');
+BEGIN
+  IF r.cancel_requested_at IS NOT NULL THEN
+    RETURN pgdurable._end(p_id, 'cancelled', pgdurable._error('RunCancelled', 'run was cancelled'), p_spend);
+  END IF;
+  UPDATE pgdurable.runs SET attempts = attempts + 1 WHERE id = p_id;
+  IF p_terminal OR r.attempts + 1 >= r.max_attempts THEN
+    RETURN pgdurable._end(p_id, 'failed', p_error, p_spend);
+  END IF;
+  UPDATE pgdurable.runs SET status = 'runnable', error = p_error,
+         spent = spent + coalesce(p_spend, 0),
+         available_at = pgdurable.now() + v_delay,
+         lease_owner = NULL, lease_expires_at = NULL, updated_at = pgdurable.now()
+   WHERE id = p_id;
+  IF v_delay = '0' THEN
+    PERFORM pg_notify('pgdurable_wake', r.queue);
+  END IF;
+  RETURN 'runnable';
+END
+$$;
+COMMENT ON FUNCTION pgdurable.fail_run(uuid, bigint, text, jsonb, numeric, interval, boolean) IS
+  'Fenced: record a step failure; retry later (runnable) or fail for good; returns the status.';
+
+------------------------------------------------------------------------------
+-- pgdurable.ack_cancel(id, token, owner, spend) -> text
+-- FENCED (PD001). The owning worker stopped the step of a run whose cancel
+-- was requested: 'cancelled' (error RunCancelled), lease cleared.
+------------------------------------------------------------------------------
+CREATE FUNCTION pgdurable.ack_cancel(p_id uuid, p_token bigint, p_owner text,
+                                     p_spend numeric DEFAULT 0)
+RETURNS text
+LANGUAGE plpgsql AS $$
+DECLARE
+  r pgdurable.runs := pgdurable._fenced(p_id, p_token, p_owner);
+BEGIN
+  RETURN pgdurable._end(r.id, 'cancelled', pgdurable._error('RunCancelled', 'run was cancelled'), p_spend);
+END
+$$;
+COMMENT ON FUNCTION pgdurable.ack_cancel(uuid, bigint, text, numeric) IS
+  'Fenced: the worker stopped a cancelled run''s step; record cancelled.';
+
+------------------------------------------------------------------------------
+-- pgdurable.cancel_run(id) -> text (the resulting status)
+-- runnable / waiting -> 'cancelled' at once. leased -> cancel_requested_at set,
+-- NOTIFY pgdurable_cancel(id), returns 'leased': the owner stops the step and
+-- records 'cancelled'; if the owner commits a completion first, the final
+-- status is 'completed' (first commit wins; see complete_run). An expired
+-- lease with a cancel request becomes 'cancelled' at the next claim.
+-- Terminal runs: no-op, returns their status. Unknown id: PD002.
+------------------------------------------------------------------------------
+CREATE FUNCTION pgdurable.cancel_run(p_id uuid) RETURNS text
+LANGUAGE plpgsql AS $$
+DECLARE
+  r pgdurable.runs;
+BEGIN
+  SELECT * INTO r FROM pgdurable.runs WHERE id = p_id FOR UPDATE;
+  IF NOT FOUND THEN
+    RAISE EXCEPTION 'no run %', p_id USING ERRCODE = 'PD002';
+  END IF;
+  IF r.status IN ('runnable', 'waiting') THEN
+    RETURN pgdurable._end(p_id, 'cancelled', pgdurable._error('RunCancelled', 'run was cancelled'), 0);
+  ELSIF r.status = 'leased' THEN
+    IF r.cancel_requested_at IS NULL THEN
+      UPDATE pgdurable.runs SET cancel_requested_at = pgdurable.now() WHERE id = p_id;
+      PERFORM pg_notify('pgdurable_cancel', p_id::text);
+    END IF;
+    RETURN 'leased';
+  END IF;
+  RETURN r.status;
+END
+$$;
+COMMENT ON FUNCTION pgdurable.cancel_run(uuid) IS
+  'Cancel a run: at once if runnable/waiting, by request + NOTIFY if leased; returns the status.';
+
+------------------------------------------------------------------------------
+-- pgdurable.send_signal(kind, ref, payload, signal_id, ttl) -> SETOF uuid
+-- Under pg_advisory_xact_lock(wait_lock_key(kind, ref)): every run waiting on
+-- (kind, ref) becomes 'runnable' with wake = {type: 'signal', kind, ref,
+-- payload, at, signal} and its wait cleared (NOTIFY pgdurable_wake once per
+-- queue); returns the woken run ids. The signal row is stored: consumed (by
+-- the first woken run) if any run woke, else pending until now() + ttl
+-- (ttl NULL = no expiry) for the next park_run on (kind, ref) to consume.
+-- A signal_id already stored -> nothing happens, empty result (basic dedup;
+-- issue 5 refines conflicts).
+------------------------------------------------------------------------------
+CREATE FUNCTION pgdurable.send_signal(p_kind text, p_ref text, p_payload jsonb,
+                                      p_signal_id text DEFAULT NULL,
+                                      p_ttl interval DEFAULT NULL)
+RETURNS SETOF uuid
+LANGUAGE plpgsql AS $$
+DECLARE
+  v_sig pgdurable.signals;
+  v_ids uuid[];
+  v_queues text[];
+  v_q text;
+BEGIN
+  IF p_kind IS NULL OR p_kind = '' OR p_ref IS NULL OR p_ref = '' THEN
+    RAISE EXCEPTION 'send_signal: kind and ref must be non-empty' USING ERRCODE = 'PD000';
+  END IF;
+  PERFORM pg_advisory_xact_lock(pgdurable.wait_lock_key(p_kind, p_ref));
+  INSERT INTO pgdurable.signals AS s (kind, ref, payload, signal_id, expires_at)
+  VALUES (p_kind, p_ref, p_payload, p_signal_id, pgdurable.now() + p_ttl)
+  ON CONFLICT (signal_id) DO NOTHING
+  RETURNING * INTO v_sig;
+  IF v_sig.id IS NULL THEN
+    RETURN;
+  END IF;
+  WITH w AS (
+    UPDATE pgdurable.runs r SET status = 'runnable', available_at = pgdurable.now(),
+           wake = jsonb_build_object('type', 'signal', 'kind', p_kind, 'ref', p_ref,
+                                     'payload', p_payload, 'at', v_sig.created_at,
+                                     'signal', v_sig.id),
+           wait_kind = NULL, wait_ref = NULL, wait_since = NULL, wake_at = NULL,
+           updated_at = pgdurable.now()
+     WHERE r.status = 'waiting' AND r.wait_kind = p_kind AND r.wait_ref = p_ref
+    RETURNING r.id, r.queue)
+  SELECT array_agg(w.id), array_agg(DISTINCT w.queue) INTO v_ids, v_queues FROM w;
+  IF v_ids IS NOT NULL THEN
+    UPDATE pgdurable.signals SET consumed_by = v_ids[1], consumed_at = pgdurable.now()
+     WHERE id = v_sig.id;
+    FOREACH v_q IN ARRAY v_queues LOOP
+      PERFORM pg_notify('pgdurable_wake', v_q);
+    END LOOP;
+    RETURN QUERY SELECT unnest(v_ids);
+  END IF;
+END
+$$;
+COMMENT ON FUNCTION pgdurable.send_signal(text, text, jsonb, text, interval) IS
+  'Send a signal: wake runs waiting on (kind, ref), else keep it pending until its TTL.';
+
+------------------------------------------------------------------------------
+-- pgdurable.effect_begin(id, token, owner, key)
+--   -> TABLE(status text, result jsonb, error jsonb)
+-- FENCED (PD001). Look up effect (run, key): 'succeeded' / 'failed' are
+-- returned as stored (the caller returns the result / raises EffectFailed
+-- without acting). Otherwise the effect is recorded 'started' under this
+-- token (a 'started' left by a crashed attempt is taken over: replay policy
+-- "safe") and 'started' is returned: the caller performs it, then calls
+-- effect_finish.
+------------------------------------------------------------------------------
+CREATE FUNCTION pgdurable.effect_begin(p_id uuid, p_token bigint, p_owner text, p_key text)
+RETURNS TABLE (status text, result jsonb, error jsonb)
+LANGUAGE plpgsql AS $$
+DECLARE
+  r pgdurable.runs := pgdurable._fenced(p_id, p_token, p_owner);
+  e pgdurable.effects;
+BEGIN
+  INSERT INTO pgdurable.effects AS x (run_id, key, status, token)
+  VALUES (r.id, p_key, 'started', p_token)
+  ON CONFLICT (run_id, key) DO UPDATE SET token = p_token, updated_at = pgdurable.now()
+    WHERE x.status = 'started'
+  RETURNING * INTO e;
+  IF e.run_id IS NULL THEN
+    SELECT * INTO e FROM pgdurable.effects x WHERE x.run_id = p_id AND x.key = p_key;
+  END IF;
+  RETURN QUERY SELECT e.status, e.result, e.error;
+END
+$$;
+COMMENT ON FUNCTION pgdurable.effect_begin(uuid, bigint, text, text) IS
+  'Fenced: return a recorded effect outcome, or record the effect as started.';
+
+------------------------------------------------------------------------------
+-- pgdurable.effect_finish(id, token, owner, key, succeeded, result, error) -> void
+-- FENCED (PD001). Record the outcome of a started effect: 'succeeded' with
+-- result, or 'failed' with error {type, message}.
+------------------------------------------------------------------------------
+CREATE FUNCTION pgdurable.effect_finish(p_id uuid, p_token bigint, p_owner text, p_key text,
+                                        p_succeeded boolean, p_result jsonb, p_error jsonb)
+RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+  r pgdurable.runs := pgdurable._fenced(p_id, p_token, p_owner);
+BEGIN
+  UPDATE pgdurable.effects SET
+         status = CASE WHEN p_succeeded THEN 'succeeded' ELSE 'failed' END,
+         result = p_result, error = p_error, token = p_token, updated_at = pgdurable.now()
+   WHERE run_id = r.id AND key = p_key;
+END
+$$;
+COMMENT ON FUNCTION pgdurable.effect_finish(uuid, bigint, text, text, boolean, jsonb, jsonb) IS
+  'Fenced: record a started effect as succeeded (result) or failed (error).';

@@ -1,0 +1,402 @@
+"""Runs API and the SQL state machine of 0003_runs (no worker loop here)."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import uuid
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import psycopg
+import pytest
+
+import pgdurable
+from pgdurable import Durable, DurableClient, LeaseLost, RunNotFound, UnknownTask
+from pgdurable.errors import ProviderClosed, translate
+
+
+@pytest.fixture
+async def app(dsn: str) -> AsyncIterator[Durable]:
+    a = Durable(dsn)
+
+    @a.task("t", revision="1")
+    async def t(ctx: pgdurable.RunContext, state: Any) -> Any:
+        return pgdurable.Done(state)
+
+    yield a
+    await a.close()
+
+
+def sql(conn: psycopg.Connection[Any], query: str, *params: Any) -> list[tuple[Any, ...]]:
+    try:
+        return conn.execute(query, params).fetchall()
+    except psycopg.Error as exc:
+        raise translate(exc) from exc
+
+
+def claim(conn: psycopg.Connection[Any], owner: str = "w1", n: int = 10,
+          tasks: tuple[str, ...] = ("t",), revs: tuple[str, ...] = ("1",),
+          ttl: str = "60 s") -> list[tuple[Any, ...]]:
+    return sql(conn, "SELECT id, status, lease_token, wake, state FROM pgdurable.claim_runs("
+               "%s, %s, %s, %s, %s, %s::interval)", owner, ["default"], list(tasks), list(revs),
+               n, ttl)
+
+
+def count(conn: psycopg.Connection[Any], where: str = "true") -> int:
+    return int(conn.execute(f"SELECT count(*) FROM pgdurable.runs WHERE {where}").fetchone()[0])  # type: ignore[index]
+
+
+async def test_start_get_and_defaults(app: Durable) -> None:
+    rid = await app.start("t", {"a": [1, "x"]}, priority=3, deadline=timedelta(hours=1), budget=10)
+    info = await app.get_run(rid)
+    assert info.id == rid and info.status == "runnable" and info.state == {"a": [1, "x"]}
+    assert info.task == "t" and info.revision == "1" and info.priority == 3 and info.step == 0
+    assert info.deadline_at is not None and info.budget == 10.0 and info.spent == 0.0
+    assert not info.terminal
+
+
+async def test_bad_input_changes_nothing(app: Durable, conn: psycopg.Connection[Any]) -> None:
+    bad_states: list[Any] = [{"s": {1, 2}}, {"n": math.nan}, {"o": object()}, {"x": "a\x00b"},
+                             {1: "int key"}]
+    for state in bad_states:
+        with pytest.raises((TypeError, ValueError), match="state"):
+            await app.start("t", state)
+    with pytest.raises(UnknownTask):
+        await app.start("nope", {})
+    with pytest.raises(TypeError):
+        await app.start("t", {}, queue=3)  # type: ignore[arg-type]
+    with pytest.raises(ValueError):
+        await app.start("t", {}, queue="")
+    with pytest.raises(TypeError):
+        await app.start("t", {}, priority="1")  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        await app.start("t", {}, deadline="soon")
+    with pytest.raises(ValueError):
+        await app.start("t", {}, deadline=timedelta(seconds=-1))
+    with pytest.raises(ValueError):
+        await app.start("t", {}, deadline=datetime(2030, 1, 1))  # naive
+    with pytest.raises(ValueError):
+        await app.start("t", {}, budget=-1)
+    with pytest.raises(TypeError):
+        await app.start("t", {}, idempotency_key=5)  # type: ignore[arg-type]
+    assert count(conn) == 0
+    with pytest.raises(RunNotFound):
+        await app.get_run(uuid.uuid4())
+    with pytest.raises(RunNotFound):
+        await app.cancel(str(uuid.uuid4()))
+    with pytest.raises(ValueError):
+        await app.get_run("not-a-uuid")
+    with pytest.raises(TypeError):
+        await app.get_run(42)
+    with pytest.raises(ValueError):
+        await app.signal("", "r")
+    with pytest.raises(ValueError):
+        await app.signal("k", "r", {"bad": math.inf})
+    assert conn.execute("SELECT count(*) FROM pgdurable.signals").fetchone() == (0,)
+    await app.close()
+    with pytest.raises(ProviderClosed):
+        await app.start("t", {})
+    with pytest.raises(ProviderClosed):
+        await app.get_run(uuid.uuid4())
+
+
+async def test_idempotent_start_also_concurrent(app: Durable, conn: psycopg.Connection[Any]) -> None:
+    a = await app.start("t", {"n": 1}, idempotency_key="k1")
+    b = await app.start("t", {"n": 2}, idempotency_key="k1")
+    assert a == b and (await app.get_run(a)).state == {"n": 1}
+    ids = await asyncio.gather(*(app.start("t", {"i": i}, idempotency_key="k2") for i in range(12)))
+    assert len(set(ids)) == 1
+    assert count(conn, "idempotency_key = 'k2'") == 1
+
+
+async def test_transactional_start(app: Durable, dsn: str, conn: psycopg.Connection[Any]) -> None:
+    listener = psycopg.connect(dsn, autocommit=True)
+    listener.execute("LISTEN pgdurable_wake")
+    async with await psycopg.AsyncConnection.connect(dsn) as c:
+        rid = await app.start("t", {"tx": 1}, conn=c)
+        assert count(conn) == 0  # not visible before commit
+        assert list(listener.notifies(timeout=0.2)) == []
+        await c.rollback()
+        assert count(conn) == 0
+        rid = await app.start("t", {"tx": 2}, conn=c)
+        assert list(listener.notifies(timeout=0.2)) == []  # NOTIFY waits for commit
+        await c.commit()
+    assert (await app.get_run(rid)).state == {"tx": 2}
+    notes = list(listener.notifies(timeout=2, stop_after=1))
+    assert [(n.channel, n.payload) for n in notes] == [("pgdurable_wake", "default")]
+    listener.close()
+
+
+def test_fencing_stale_token_is_refused(conn: psycopg.Connection[Any]) -> None:
+    rid = sql(conn, "SELECT run_id FROM pgdurable.start_run('t','1','{\"v\":0}','default',0,3,"
+              "NULL,NULL,NULL,NULL)")[0][0]
+    (row,) = claim(conn)
+    token = row[2]
+    assert sql(conn, "SELECT pgdurable.checkpoint_run(%s, %s, 'w1', '{\"v\":1}', 0)",
+               rid, token) == [("leased",)]
+    # lease expires; another worker claims it with a higher token
+    conn.execute("UPDATE pgdurable.runs SET lease_expires_at = pgdurable.now() - interval '1 s'")
+    (row2,) = claim(conn, owner="w2")
+    assert row2[2] == token + 1 and row2[4] == {"v": 1}
+    for q in ("SELECT pgdurable.checkpoint_run(%s, %s, 'w1', '{\"v\":9}', 0)",
+              "SELECT pgdurable.complete_run(%s, %s, 'w1', '{\"v\":9}', '1', 0)",
+              "SELECT pgdurable.release_run(%s, %s, 'w1')",
+              "SELECT pgdurable.ack_cancel(%s, %s, 'w1', 0)",
+              "SELECT pgdurable.fail_run(%s, %s, 'w1', '{}', 0, '0 s', false)",
+              "SELECT * FROM pgdurable.park_run(%s, %s, 'w1', '{}', 0, NULL, NULL, NULL, '1 s')",
+              "SELECT * FROM pgdurable.effect_begin(%s, %s, 'w1', 'k')"):
+        with pytest.raises(LeaseLost):
+            sql(conn, q, rid, token)
+    # right token, wrong owner: refused too
+    with pytest.raises(LeaseLost):
+        sql(conn, "SELECT pgdurable.checkpoint_run(%s, %s, 'w1', '{}', 0)", rid, token + 1)
+    st = sql(conn, "SELECT state, step, status, lease_owner FROM pgdurable.runs")
+    assert st == [({"v": 1}, 1, "leased", "w2")]
+    assert sql(conn, "SELECT step, token FROM pgdurable.checkpoints") == [(1, token)]
+
+
+def _seed(conn: psycopg.Connection[Any], n: int = 1, **cols: Any) -> list[uuid.UUID]:
+    ids = []
+    for _ in range(n):
+        rid = sql(conn, "SELECT run_id FROM pgdurable.start_run('t','1','{}','default',0,3,"
+                  "NULL,NULL,NULL,NULL)")[0][0]
+        for k, v in cols.items():
+            conn.execute(f"UPDATE pgdurable.runs SET {k} = {v} WHERE id = %s", (rid,))
+        ids.append(rid)
+    return ids
+
+
+def test_claim_boundary_pair_expired_leases(conn: psycopg.Connection[Any]) -> None:
+    (old,) = _seed(conn, status="'leased'", lease_owner="'dead'", lease_token="5",
+                   lease_expires_at="pgdurable.now() - interval '1 s'")
+    (live,) = _seed(conn, status="'leased'", lease_owner="'alive'", lease_token="7",
+                    lease_expires_at="pgdurable.now() + interval '1 s'")
+    rows = claim(conn)
+    assert [(r[0], r[1], r[2]) for r in rows] == [(old, "leased", 6)]
+    info = sql(conn, "SELECT attempts, claims, error->>'type' FROM pgdurable.runs WHERE id = %s", old)
+    assert info == [(1, 1, "LeaseExpired")]
+    assert sql(conn, "SELECT lease_owner, lease_token FROM pgdurable.runs WHERE id = %s", live) == [
+        ("alive", 7)]
+
+
+def test_poison_run_fails_after_bound(conn: psycopg.Connection[Any]) -> None:
+    (_rid,) = _seed(conn, status="'leased'", lease_owner="'dead'", attempts="2",
+                   lease_expires_at="pgdurable.now() - interval '1 s'")
+    rows = claim(conn)
+    assert rows[0][1] == "failed"
+    assert sql(conn, "SELECT status, error->>'type', lease_owner FROM pgdurable.runs") == [
+        ("failed", "LeaseExpired", None)]
+    (_rid2,) = _seed(conn, status="'leased'", lease_owner="'dead'",
+                    cancel_requested_at="pgdurable.now()",
+                    lease_expires_at="pgdurable.now() - interval '1 s'")
+    assert claim(conn)[0][1] == "cancelled"
+
+
+def test_timers_never_claimed_early(conn: psycopg.Connection[Any]) -> None:
+    (_rid,) = _seed(conn, status="'waiting'", wait_kind="'ci'", wait_ref="'b1'",
+                   wake_at="pgdurable.now() + interval '10 s'")
+    assert claim(conn) == []
+    with conn.transaction():
+        conn.execute("SELECT set_config('pgdurable.now', %s, true)",
+                     ((datetime.now(UTC) + timedelta(seconds=9)).isoformat(),))
+        assert claim(conn) == []
+    with conn.transaction():
+        conn.execute("SELECT set_config('pgdurable.now', %s, true)",
+                     ((datetime.now(UTC) + timedelta(seconds=11)).isoformat(),))
+        rows = claim(conn)
+    assert len(rows) == 1 and rows[0][3]["type"] == "timeout" and rows[0][3]["kind"] == "ci"
+    assert sql(conn, "SELECT wait_kind, wake_at, wake->>'type' FROM pgdurable.runs") == [
+        (None, None, "timeout")]
+    # a retry backoff (available_at in the future) is not claimed early either
+    _seed(conn, available_at="pgdurable.now() + interval '5 s'")
+    assert claim(conn) == []
+
+
+def test_claim_only_known_task_revisions(conn: psycopg.Connection[Any]) -> None:
+    rid = sql(conn, "SELECT run_id FROM pgdurable.start_run('t','2','{}','default',0,3,"
+              "NULL,NULL,NULL,NULL)")[0][0]
+    assert claim(conn, tasks=("t",), revs=("1",)) == []
+    assert claim(conn, tasks=("u", "t"), revs=("2", "1")) == []
+    assert sql(conn, "SELECT status FROM pgdurable.runs WHERE id = %s", rid) == [("runnable",)]
+    assert [r[0] for r in claim(conn, tasks=("t",), revs=("2",))] == [rid]
+
+
+def test_claim_batch_size_honoured(conn: psycopg.Connection[Any]) -> None:
+    _seed(conn, 10)
+    _seed(conn, 2, status="'leased'", lease_owner="'x'",
+          lease_expires_at="pgdurable.now() - interval '1 s'")
+    _seed(conn, 2, status="'waiting'", wake_at="pgdurable.now() - interval '1 s'")
+    assert len(claim(conn, n=3)) == 3
+    assert count(conn, "status = 'leased' AND lease_owner = 'w1'") == 3
+    assert len(claim(conn, n=100)) == 11
+    assert claim(conn, n=0) == []
+
+
+def test_claim_order_priority_then_age(conn: psycopg.Connection[Any]) -> None:
+    (low,) = _seed(conn)
+    (high,) = _seed(conn, priority="5")
+    assert [r[0] for r in claim(conn, n=1)] == [high]
+    assert [r[0] for r in claim(conn, n=1)] == [low]
+
+
+def test_renew_runs_one_statement(conn: psycopg.Connection[Any]) -> None:
+    ids = _seed(conn, 3)
+    rows = claim(conn, ttl="5 s")
+    tokens = {r[0]: r[2] for r in rows}
+    ids_l, toks = list(tokens), [tokens[i] for i in tokens]
+    toks[0] += 100  # stale
+    renewed = sql(conn, "SELECT id, cancel_requested FROM pgdurable.renew_runs('w1', %s, %s, "
+                  "'60 s'::interval)", ids_l, toks)
+    assert {r[0] for r in renewed} == set(ids_l[1:]) and len(ids) == 3
+    left = sql(conn, "SELECT id FROM pgdurable.runs WHERE lease_expires_at > pgdurable.now() + "
+               "interval '30 s'")
+    assert {r[0] for r in left} == set(ids_l[1:])
+    # an expired lease is never resurrected
+    conn.execute("UPDATE pgdurable.runs SET lease_expires_at = pgdurable.now() - interval '1 s'")
+    assert sql(conn, "SELECT id FROM pgdurable.renew_runs('w1', %s, %s, '60 s'::interval)",
+               ids_l, [tokens[i] for i in ids_l]) == []
+
+
+def test_cancel_states_and_race_with_complete(conn: psycopg.Connection[Any]) -> None:
+    (a,) = _seed(conn)
+    assert sql(conn, "SELECT pgdurable.cancel_run(%s)", a) == [("cancelled",)]
+    assert sql(conn, "SELECT pgdurable.cancel_run(%s)", a) == [("cancelled",)]  # no-op
+    (w,) = _seed(conn, status="'waiting'", wait_kind="'k'", wait_ref="'r'")
+    assert sql(conn, "SELECT pgdurable.cancel_run(%s)", w) == [("cancelled",)]
+    assert sql(conn, "SELECT wait_kind FROM pgdurable.runs WHERE id = %s", w) == [(None,)]
+    # leased: cancel first, then the worker completes -> cancel wins
+    (c1,) = _seed(conn)
+    (row,) = claim(conn)
+    assert sql(conn, "SELECT pgdurable.cancel_run(%s)", c1) == [("leased",)]
+    assert sql(conn, "SELECT pgdurable.complete_run(%s, %s, 'w1', '{\"s\":1}', '\"r\"', 0)",
+               c1, row[2]) == [("cancelled",)]
+    assert sql(conn, "SELECT status, result, state FROM pgdurable.runs WHERE id = %s", c1) == [
+        ("cancelled", None, {"s": 1})]
+    # complete first, then cancel -> completed, cancel is a no-op
+    (c2,) = _seed(conn)
+    (row,) = claim(conn)
+    assert sql(conn, "SELECT pgdurable.complete_run(%s, %s, 'w1', '{}', '\"r\"', 0)",
+               c2, row[2]) == [("completed",)]
+    assert sql(conn, "SELECT pgdurable.cancel_run(%s)", c2) == [("completed",)]
+    # a cancel request is seen at the next checkpoint boundary
+    (c3,) = _seed(conn)
+    (row,) = claim(conn)
+    sql(conn, "SELECT pgdurable.cancel_run(%s)", c3)
+    assert sql(conn, "SELECT pgdurable.checkpoint_run(%s, %s, 'w1', '{}', 0)", c3, row[2]) == [
+        ("cancelled",)]
+
+
+def test_cancel_leased_notifies(conn: psycopg.Connection[Any], dsn: str) -> None:
+    (rid,) = _seed(conn)
+    claim(conn)
+    with psycopg.connect(dsn, autocommit=True) as listener:
+        listener.execute("LISTEN pgdurable_cancel")
+        sql(conn, "SELECT pgdurable.cancel_run(%s)", rid)
+        notes = list(listener.notifies(timeout=2, stop_after=1))
+    assert [n.payload for n in notes] == [str(rid)]
+
+
+def test_signal_before_park_is_delivered(conn: psycopg.Connection[Any]) -> None:
+    (rid,) = _seed(conn)
+    (row,) = claim(conn)
+    assert sql(conn, "SELECT pgdurable.send_signal('ci', 'b1', '{\"ok\":true}', NULL, NULL)") == []
+    assert sql(conn, "SELECT count(*) FROM pgdurable.signals WHERE consumed_at IS NULL") == [(1,)]
+    got = sql(conn, "SELECT status FROM pgdurable.park_run(%s, %s, 'w1', '{\"p\":1}', 0, 'ci', "
+              "'b1', NULL, '1 hour')", rid, row[2])
+    assert got == [("runnable",)]
+    st = sql(conn, "SELECT status, wait_kind, wake->>'type', wake->'payload', state, lease_owner "
+             "FROM pgdurable.runs")
+    assert st == [("runnable", None, "signal", {"ok": True}, {"p": 1}, None)]
+    assert sql(conn, "SELECT consumed_by FROM pgdurable.signals") == [(rid,)]
+    (row,) = claim(conn)
+    assert row[3]["payload"] == {"ok": True}
+    # checkpoint records the wake the step saw, then clears it
+    sql(conn, "SELECT pgdurable.checkpoint_run(%s, %s, 'w1', '{}', 0)", rid, row[2])
+    assert sql(conn, "SELECT wake->>'type' FROM pgdurable.checkpoints WHERE step = 2") == [
+        ("signal",)]
+    assert sql(conn, "SELECT wake FROM pgdurable.runs") == [(None,)]
+
+
+def test_signal_wakes_parked_runs_and_dedups(conn: psycopg.Connection[Any]) -> None:
+    ids = _seed(conn, 2)
+    rows = claim(conn)
+    for r in rows:
+        sql(conn, "SELECT * FROM pgdurable.park_run(%s, %s, 'w1', '{}', 0, 'ci', 'b2', NULL, NULL)",
+            r[0], r[2])
+    assert count(conn, "status = 'waiting'") == 2
+    woke = sql(conn, "SELECT pgdurable.send_signal('ci', 'b2', '1', 'sig-1', NULL)")
+    assert {r[0] for r in woke} == set(ids)
+    assert count(conn, "status = 'runnable' AND wake->>'type' = 'signal'") == 2
+    assert sql(conn, "SELECT pgdurable.send_signal('ci', 'b2', '1', 'sig-1', NULL)") == []
+    # an expired pending signal is not consumed
+    conn.execute("INSERT INTO pgdurable.signals (kind, ref, payload, expires_at) "
+                 "VALUES ('ci', 'b3', '1', pgdurable.now() - interval '1 s')")
+    (r,) = claim(conn, n=1)
+    assert sql(conn, "SELECT status FROM pgdurable.park_run(%s, %s, 'w1', '{}', 0, 'ci', 'b3', "
+               "NULL, NULL)", r[0], r[2]) == [("waiting",)]
+
+
+def test_effect_functions(conn: psycopg.Connection[Any]) -> None:
+    (rid,) = _seed(conn)
+    (row,) = claim(conn)
+    tok = row[2]
+    assert sql(conn, "SELECT status FROM pgdurable.effect_begin(%s, %s, 'w1', 'e')", rid, tok) == [
+        ("started",)]
+    sql(conn, "SELECT pgdurable.effect_finish(%s, %s, 'w1', 'e', true, '{\"x\":1}', NULL)", rid, tok)
+    assert sql(conn, "SELECT status, result FROM pgdurable.effect_begin(%s, %s, 'w1', 'e')",
+               rid, tok) == [("succeeded", {"x": 1})]
+
+
+def test_claim_uses_partial_indexes(conn: psycopg.Connection[Any]) -> None:
+    """EXPLAIN of the claim statement inside claim_runs (auto_explain, nested)."""
+    conn.execute("""
+      INSERT INTO pgdurable.runs (task, revision, status, finished_at)
+      SELECT 't', '1', 'completed', now() FROM generate_series(1, 20000);
+      INSERT INTO pgdurable.runs (task, revision, status, wait_kind, wait_ref, wake_at)
+      SELECT 't', '1', 'waiting', 'ci', g::text, now() + interval '1 day'
+        FROM generate_series(1, 5000) g;
+      INSERT INTO pgdurable.runs (task, revision) SELECT 't', '1' FROM generate_series(1, 50);
+      ANALYZE pgdurable.runs;
+    """)
+    conn.execute("LOAD 'auto_explain'")
+    conn.execute("SET auto_explain.log_min_duration = 0")
+    conn.execute("SET auto_explain.log_nested_statements = on")
+    conn.execute("SET auto_explain.log_format = 'json'")
+    conn.execute("SET client_min_messages = log")
+    plans: list[str] = []
+    conn.add_notice_handler(lambda d: plans.append(d.message_primary or ""))
+    rows = claim(conn, n=5)
+    assert len(rows) == 5
+    claim_plans = [p for p in plans if "FOR UPDATE SKIP LOCKED" in p or "LockRows" in p]
+    assert claim_plans, plans
+    text = "\n".join(claim_plans)
+    assert "Seq Scan" not in text
+    for idx in ("runs_runnable_idx", "runs_leased_idx", "runs_timer_idx"):
+        assert idx in text, idx
+
+
+def test_sync_client(dsn: str, app: Durable) -> None:
+    with DurableClient(dsn, app=app) as client:
+        rid = client.start("t", {"s": 1}, idempotency_key="c1")
+        assert client.start("t", {"s": 2}, idempotency_key="c1") == rid
+        assert client.get_run(rid).state == {"s": 1}
+        assert client.cancel(rid) == "cancelled"
+        with pytest.raises(RunNotFound):
+            client.get_run(uuid.uuid4())
+        with pytest.raises(ValueError):
+            client.start("t", {"bad": math.nan})
+        assert client.signal("k", "r", {"x": 1}) == []
+        with psycopg.connect(dsn) as c:
+            rid2 = client.start("t", {}, conn=c)
+            c.rollback()
+        with pytest.raises(RunNotFound):
+            client.get_run(rid2)
+    with pytest.raises(ProviderClosed):
+        client.get_run(rid)
+    # without an app: revision= is required for a task it does not know
+    with DurableClient(dsn) as bare:
+        with pytest.raises(UnknownTask):
+            bare.start("t", {})
+        assert bare.get_run(bare.start("t", {}, revision="1")).revision == "1"

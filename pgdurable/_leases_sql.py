@@ -52,18 +52,19 @@ class Call(Generic[T]):
 
 
 # -- one line each: the five operations, one SQL function call (one round trip) each.
+# -- Server-side placeholders ($n): executed with a raw cursor, prepared, binary.
 # -- acquire: grant or the live holder -> (acquired, owner, token, expires_at)
-ACQUIRE: LiteralString = "SELECT * FROM pgdurable.acquire_lease(%b, %b, %b)"
+ACQUIRE: LiteralString = "SELECT * FROM pgdurable.acquire_lease($1, $2, $3)"
 # -- owner: the live holder or NULL
-GET_OWNER: LiteralString = "SELECT pgdurable.get_lease_owner(%b)"
+GET_OWNER: LiteralString = "SELECT pgdurable.get_lease_owner($1)"
 # -- the live grant (owner, token, expires_at), no row when free
-GET_LEASE: LiteralString = "SELECT * FROM pgdurable.get_lease(%b)"
+GET_LEASE: LiteralString = "SELECT * FROM pgdurable.get_lease($1)"
 # -- release if held (by token when given) -> released?
-RELEASE: LiteralString = "SELECT pgdurable.release_lease(%b, %b, %b)"
+RELEASE: LiteralString = "SELECT pgdurable.release_lease($1, $2, $3)"
 # -- renew if held (by token when given) -> renewed?
-RENEW: LiteralString = "SELECT pgdurable.renew_lease(%b, %b, %b, %b)"
+RENEW: LiteralString = "SELECT pgdurable.renew_lease($1, $2, $3, $4)"
 # -- transfer if held (by token when given) -> new token or NULL
-TRANSFER: LiteralString = "SELECT pgdurable.transfer_lease(%b, %b, %b, %b, %b)"
+TRANSFER: LiteralString = "SELECT pgdurable.transfer_lease($1, $2, $3, $4, $5)"
 
 
 def encode_name(value: object, what: str) -> bytes:

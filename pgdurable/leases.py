@@ -216,6 +216,18 @@ def resolve_async_lease_provider(obj: object) -> AsyncLeaseProvider:
 # --------------------------------------------------------------------------- Postgres
 
 
+class _LeaseConnection(psycopg.Connection[Any]):
+    """Connection of an owned pool: keeps one raw cursor for the lease calls."""
+
+    lease_cursor: psycopg.RawCursor[Any] | None = None
+
+
+class _AsyncLeaseConnection(psycopg.AsyncConnection[Any]):
+    """Async twin of :class:`_LeaseConnection`."""
+
+    lease_cursor: psycopg.AsyncRawCursor[Any] | None = None
+
+
 def _pool_kwargs() -> dict[str, Any]:
     return {"autocommit": True, "options": LIBRARY_OPTIONS, "connect_timeout": 10}
 
@@ -226,13 +238,13 @@ class _Base:
     _pool: Any
     _owned: bool
 
-    def __init__(self, conninfo_or_pool: object, pool_cls: type[Any], *, min_size: int,
-                 max_size: int, prepare: bool, timeout: float) -> None:
+    def __init__(self, conninfo_or_pool: object, pool_cls: type[Any], conn_cls: type[Any], *,
+                 min_size: int, max_size: int, prepare: bool, timeout: float) -> None:
         if isinstance(conninfo_or_pool, str):
             conninfo = validate_dsn(conninfo_or_pool)
             self._pool = pool_cls(conninfo, kwargs=_pool_kwargs(), min_size=min_size,
                                   max_size=max_size, open=False, timeout=timeout,
-                                  name="pgdurable-leases")
+                                  connection_class=conn_cls, name="pgdurable-leases")
             self._owned = True
         elif isinstance(conninfo_or_pool, pool_cls):
             self._pool = conninfo_or_pool
@@ -272,11 +284,16 @@ class AsyncPostgresLeaseProvider(_Base):
 
     def __init__(self, conninfo_or_pool: str | AsyncConnectionPool[Any], *, min_size: int = 1,
                  max_size: int = 4, prepare: bool = True, timeout: float = 30.0) -> None:
-        super().__init__(conninfo_or_pool, AsyncConnectionPool, min_size=min_size,
+        super().__init__(conninfo_or_pool, AsyncConnectionPool, _AsyncLeaseConnection,
+                         min_size=min_size,
                          max_size=max_size, prepare=prepare, timeout=timeout)
 
     async def open(self) -> None:
-        """Open the pool (when owned) and check the schema once."""
+        """Open the pool (when owned) and check the schema once.
+
+        Raises :class:`SchemaVersionMismatch` or :class:`DatabaseUnavailable`; a
+        provider whose open failed is closed.
+        """
         if self._closed:
             raise ProviderClosed("the lease provider is closed")
         if self._opened:
@@ -287,8 +304,11 @@ class AsyncPostgresLeaseProvider(_Base):
             async with self._pool.connection() as conn:
                 await acheck_schema(conn)
         except BaseException as exc:
+            self._closed = True  # a failed open closes the provider: build a new one
             if self._owned:
                 await self._pool.close()
+            if not isinstance(exc, Exception):
+                raise
             raise _opening_error(exc) from exc
         self._opened = True
 
@@ -311,8 +331,12 @@ class AsyncPostgresLeaseProvider(_Base):
             try:
                 conn = await pool.getconn()
                 try:
-                    cur = await conn.execute(call.sql, call.params, prepare=self._prepare,
-                                             binary=True)
+                    cur = getattr(conn, "lease_cursor", None)
+                    if cur is None:
+                        cur = psycopg.AsyncRawCursor(conn)
+                        if isinstance(conn, _AsyncLeaseConnection):
+                            conn.lease_cursor = cur
+                    await cur.execute(call.sql, call.params, prepare=self._prepare, binary=True)
                     row = await cur.fetchone()
                     if not conn.autocommit:
                         await conn.commit()
@@ -368,12 +392,16 @@ class PostgresLeaseProvider(_Base):
 
     def __init__(self, conninfo_or_pool: str | ConnectionPool[Any], *, min_size: int = 1,
                  max_size: int = 4, prepare: bool = True, timeout: float = 30.0) -> None:
-        super().__init__(conninfo_or_pool, ConnectionPool, min_size=min_size,
+        super().__init__(conninfo_or_pool, ConnectionPool, _LeaseConnection, min_size=min_size,
                          max_size=max_size, prepare=prepare, timeout=timeout)
         self._lock = threading.Lock()
 
     def open(self) -> None:
-        """Open the pool (when owned) and check the schema once."""
+        """Open the pool (when owned) and check the schema once.
+
+        Raises :class:`SchemaVersionMismatch` or :class:`DatabaseUnavailable`; a
+        provider whose open failed is closed.
+        """
         with self._lock:
             if self._closed:
                 raise ProviderClosed("the lease provider is closed")
@@ -385,8 +413,11 @@ class PostgresLeaseProvider(_Base):
                 with self._pool.connection() as conn:
                     check_schema(conn)
             except BaseException as exc:
+                self._closed = True  # a failed open closes the provider: build a new one
                 if self._owned:
                     self._pool.close()
+                if not isinstance(exc, Exception):
+                    raise
                 raise _opening_error(exc) from exc
             self._opened = True
 
@@ -409,8 +440,13 @@ class PostgresLeaseProvider(_Base):
             try:
                 conn = pool.getconn()
                 try:
-                    row = conn.execute(call.sql, call.params, prepare=self._prepare,
-                                       binary=True).fetchone()
+                    cur = getattr(conn, "lease_cursor", None)
+                    if cur is None:
+                        cur = psycopg.RawCursor(conn)
+                        if isinstance(conn, _LeaseConnection):
+                            conn.lease_cursor = cur
+                    row = cur.execute(call.sql, call.params, prepare=self._prepare,
+                                      binary=True).fetchone()
                     if not conn.autocommit:
                         conn.commit()
                 finally:

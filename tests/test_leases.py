@@ -787,6 +787,25 @@ async def test_keep_lease_third_transient_error_loses_and_cancels(
     await asyncio.sleep(0)  # the task is usable afterwards
 
 
+async def test_keep_lease_counts_a_hanging_renewal_as_transient(
+    alp: AsyncPostgresLeaseProvider,
+) -> None:
+    """A renewal that never answers times out (ttl/3) and counts as a transient error."""
+    await alp.acquire_lease("k", "a", 600)
+
+    class Hangs(Flaky):
+        async def renew_lease(self, key: str, owner: str, ttl_ms: int) -> bool:
+            self.renew_calls += 1
+            await asyncio.Event().wait()
+            return True
+
+    hangs = Hangs(alp, [])
+    with pytest.raises(LeaseLost):
+        async with keep_lease(hangs, "k", "a", 600) as k:
+            await asyncio.sleep(60)
+    assert k.lost and isinstance(k.error, TimeoutError) and 2 <= hangs.renew_calls <= 3
+
+
 async def test_keep_lease_loss_by_takeover_cancels_body(
     alp: AsyncPostgresLeaseProvider, conn: psycopg.Connection[Any]
 ) -> None:

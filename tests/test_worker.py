@@ -1,0 +1,415 @@
+"""The worker loop, in process, against a real Postgres."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from datetime import timedelta
+from typing import Any
+
+import psycopg
+import pytest
+
+from pgdurable import (
+    Continue,
+    Done,
+    Durable,
+    RunContext,
+    RunInfo,
+    Sleep,
+    Wait,
+    Worker,
+)
+from pgdurable import _runs_sql as q
+
+WAIT_LIMIT = 30.0  # generous bound for "eventually"; not a timing assertion
+
+
+async def until(pred: Callable[[], Awaitable[bool]], what: str = "condition") -> None:
+    loop = asyncio.get_running_loop()
+    end = loop.time() + WAIT_LIMIT
+    while not await pred():
+        if loop.time() > end:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.02)
+
+
+async def finished(app: Durable, rid: str) -> RunInfo:
+    info: RunInfo | None = None
+
+    async def done() -> bool:
+        nonlocal info
+        info = await app.get_run(rid)
+        return info.terminal
+
+    await until(done, f"run {rid} to finish")
+    assert info is not None
+    return info
+
+
+async def status_is(app: Durable, rid: str, status: str) -> None:
+    async def check() -> bool:
+        return (await app.get_run(rid)).status == status
+
+    await until(check, f"run {rid} status {status}")
+
+
+@asynccontextmanager
+async def running(worker: Worker) -> AsyncIterator[Worker]:
+    task = asyncio.create_task(worker.run())
+    try:
+        yield worker
+    finally:
+        await worker.stop(grace=2)
+        await task
+
+
+@pytest.fixture
+async def app(dsn: str) -> AsyncIterator[Durable]:
+    a = Durable(dsn)
+    yield a
+    await a.close()
+
+
+async def test_continue_steps_and_history(app: Durable, conn: psycopg.Connection[Any]) -> None:
+    @app.task("count", revision="1")
+    async def count(ctx: RunContext, state: dict[str, Any]) -> Any:
+        if state["n"] < 3:
+            return Continue({"n": state["n"] + 1})
+        return Done({"final": state["n"]})
+
+    rid = await app.start("count", {"n": 0})
+    async with running(app.worker(concurrency=2, poll_interval=0.5)):
+        info = await finished(app, rid)
+    assert info.status == "completed" and info.result == {"final": 3} and info.step == 4
+    hist = conn.execute("SELECT step, state, token FROM pgdurable.checkpoints ORDER BY step").fetchall()
+    assert [(h[0], h[1]) for h in hist] == [(1, {"n": 1}), (2, {"n": 2}), (3, {"n": 3}), (4, {"n": 3})]
+    assert {h[2] for h in hist} == {1}  # one lease did it all
+
+
+async def test_sync_step_runs_in_thread(app: Durable) -> None:
+    seen: list[str] = []
+
+    @app.task("sync", revision="1")
+    def sync_step(ctx: RunContext, state: dict[str, Any]) -> Any:
+        seen.append(threading.current_thread().name)
+        return Done(threading.current_thread() is threading.main_thread())
+
+    rid = await app.start("sync", {})
+    async with running(app.worker(poll_interval=0.5)):
+        info = await finished(app, rid)
+    assert info.result is False and seen and seen[0] != threading.main_thread().name
+
+
+async def test_many_runs_complete(app: Durable, conn: psycopg.Connection[Any]) -> None:
+    @app.task("three", revision="1")
+    async def three(ctx: RunContext, state: dict[str, Any]) -> Any:
+        return Continue(state) if ctx.step < 2 else Done(ctx.step)
+
+    ids = [await app.start("three", {"i": i}) for i in range(60)]
+    async with running(app.worker(concurrency=8, poll_interval=0.5)):
+        for rid in ids:
+            assert (await finished(app, rid)).status == "completed"
+    assert conn.execute("SELECT count(*) FROM pgdurable.checkpoints").fetchone() == (180,)
+    # no step was checkpointed under two tokens
+    assert conn.execute(
+        "SELECT count(*) FROM (SELECT run_id, step FROM pgdurable.checkpoints "
+        "GROUP BY 1, 2 HAVING count(*) > 1) x").fetchone() == (0,)
+
+
+async def test_retries_then_failed(app: Durable) -> None:
+    calls: list[int] = []
+
+    @app.task("flaky", revision="1", max_attempts=3, retry_base=0.01, retry_cap=0.05)
+    async def flaky(ctx: RunContext, state: Any) -> Any:
+        calls.append(ctx.attempt)
+        raise RuntimeError(f"boom {ctx.attempt}")
+
+    rid = await app.start("flaky", {})
+    async with running(app.worker(poll_interval=0.2)):
+        info = await finished(app, rid)
+    assert info.status == "failed" and info.attempts == 3 and calls == [1, 2, 3]
+    assert info.error is not None and info.error["type"] == "RuntimeError"
+    assert info.error["message"] == "boom 3" and "Traceback" in info.error["traceback"]
+
+
+async def test_retry_is_scheduled_with_backoff(app: Durable) -> None:
+    @app.task("slowretry", revision="1", max_attempts=5, retry_base=60)
+    async def slowretry(ctx: RunContext, state: Any) -> Any:
+        raise ValueError("nope")
+
+    rid = await app.start("slowretry", {})
+    async with running(app.worker(poll_interval=0.2)):
+        async def retried() -> bool:
+            return (await app.get_run(rid)).attempts == 1
+
+        await until(retried, "first failure")
+    info = await app.get_run(rid)
+    assert info.status == "runnable" and info.error is not None
+    assert info.error["type"] == "ValueError"
+    delay = (info.available_at - info.updated_at).total_seconds()
+    assert 25 <= delay <= 95  # 60 s * jitter [0.5, 1.5)
+
+
+async def test_deadline_and_budget(app: Durable) -> None:
+    @app.task("hang", revision="1")
+    async def hang(ctx: RunContext, state: Any) -> Any:
+        await asyncio.Event().wait()
+        return Done()
+
+    @app.task("spender", revision="1")
+    async def spender(ctx: RunContext, state: Any) -> Any:
+        ctx.spend(2)
+        if ctx.step < 5:
+            return Continue(state)
+        return Done()
+
+    r1 = await app.start("hang", {}, deadline=timedelta(milliseconds=300))
+    r2 = await app.start("spender", {}, budget=5)
+    async with running(app.worker(poll_interval=0.2)):
+        i1 = await finished(app, r1)
+        i2 = await finished(app, r2)
+    assert i1.status == "failed" and i1.error is not None
+    assert i1.error["type"] == "DeadlineExceeded"
+    assert i2.status == "failed" and i2.error is not None
+    assert i2.error["type"] == "BudgetExceeded" and i2.spent == 6.0 and i2.step == 2
+
+
+async def test_cancel_leased_run_promptly(app: Durable) -> None:
+    started = asyncio.Event()
+    cancelled = asyncio.Event()
+
+    @app.task("long", revision="1")
+    async def long(ctx: RunContext, state: Any) -> Any:
+        started.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+        return Done()
+
+    rid = await app.start("long", {})
+    # heartbeat every 20 s: the cancel can only arrive through NOTIFY
+    async with running(app.worker(poll_interval=5, lease_ttl=timedelta(seconds=60))):
+        await asyncio.wait_for(started.wait(), WAIT_LIMIT)
+        assert await app.cancel(rid) == "leased"
+        info = await finished(app, rid)
+        assert cancelled.is_set()
+    assert info.status == "cancelled" and info.lease_owner is None
+    assert await app.cancel(rid) == "cancelled"
+
+
+async def test_cancel_runnable_and_waiting(app: Durable) -> None:
+    @app.task("waiter", revision="1")
+    async def waiter(ctx: RunContext, state: Any) -> Any:
+        return Wait(signal=("never", "x"))
+
+    r1 = await app.start("waiter", {})
+    assert await app.cancel(r1) == "cancelled"
+    r2 = await app.start("waiter", {})
+    async with running(app.worker(poll_interval=0.2)):
+        await status_is(app, r2, "waiting")
+    assert await app.cancel(r2) == "cancelled"
+    assert (await app.get_run(r2)).wait_kind is None
+
+
+async def test_wait_signal_and_sleep_resume_with_wake(app: Durable, conn: psycopg.Connection[Any]) -> None:
+    wakes: dict[str, Any] = {}
+
+    @app.task("approve", revision="1")
+    async def approve(ctx: RunContext, state: dict[str, Any]) -> Any:
+        if ctx.step == 0:
+            return Wait.approval(state["ref"], state={"ref": state["ref"], "parked": True})
+        wakes["approve"] = ctx.wake
+        return Done(ctx.wake["payload"] if ctx.wake else None)
+
+    @app.task("nap", revision="1")
+    async def nap(ctx: RunContext, state: Any) -> Any:
+        if ctx.step == 0:
+            return Sleep(seconds=0.2)
+        wakes["nap"] = ctx.wake
+        return Done()
+
+    @app.task("patience", revision="1")
+    async def patience(ctx: RunContext, state: Any) -> Any:
+        if ctx.step == 0:
+            return Wait(signal=("ci", "slow"), timeout=timedelta(milliseconds=200))
+        wakes["patience"] = ctx.wake
+        return Done()
+
+    ra = await app.start("approve", {"ref": "pr-1"})
+    rn = await app.start("nap", {})
+    rp = await app.start("patience", {})
+    async with running(app.worker(concurrency=4, poll_interval=5)):
+        await status_is(app, ra, "waiting")
+        info = await app.get_run(ra)
+        assert info.wait_kind == "approval" and info.wait_ref == "pr-1" and info.state["parked"]
+        assert info.lease_owner is None and info.wait_since is not None
+        assert await app.signal("approval", "pr-1", {"ok": True}) == [ra]
+        assert (await finished(app, ra)).result == {"ok": True}
+        await finished(app, rn)
+        await finished(app, rp)
+    assert wakes["approve"]["type"] == "signal" and wakes["approve"]["kind"] == "approval"
+    assert wakes["nap"]["type"] == "timeout" and wakes["nap"]["kind"] is None
+    assert wakes["patience"]["type"] == "timeout" and wakes["patience"]["ref"] == "slow"
+    saw = conn.execute("SELECT wake->>'type' FROM pgdurable.checkpoints WHERE run_id = %s "
+                       "AND step = 2", (ra,)).fetchone()
+    assert saw == ("signal",)
+
+
+async def test_signal_sent_before_park_is_delivered(app: Durable) -> None:
+    @app.task("late", revision="1")
+    async def late(ctx: RunContext, state: Any) -> Any:
+        if ctx.step == 0:
+            return Wait(signal=("ci", "b9"))
+        return Done(ctx.wake)
+
+    assert await app.signal("ci", "b9", {"green": True}) == []
+    rid = await app.start("late", {})
+    async with running(app.worker(poll_interval=0.5)):
+        info = await finished(app, rid)
+    assert info.result["type"] == "signal" and info.result["payload"] == {"green": True}
+
+
+async def test_effect_replay_returns_stored_result(app: Durable) -> None:
+    performed: list[int] = []
+
+    def charge() -> dict[str, Any]:
+        performed.append(1)
+        return {"charge": "ch_1"}
+
+    @app.task("pay", revision="1", max_attempts=3, retry_base=0.01)
+    async def pay(ctx: RunContext, state: Any) -> Any:
+        got = await ctx.effect("charge", charge)
+        if ctx.attempt == 1:
+            raise RuntimeError("crash after the effect")
+        return Done(got)
+
+    rid = await app.start("pay", {})
+    async with running(app.worker(poll_interval=0.2)):
+        info = await finished(app, rid)
+    assert info.status == "completed" and info.result == {"charge": "ch_1"}
+    assert performed == [1]
+
+
+async def test_heartbeat_one_update_renews_all(app: Durable, conn: psycopg.Connection[Any]) -> None:
+    gate = asyncio.Event()
+
+    @app.task("hold", revision="1")
+    async def hold(ctx: RunContext, state: Any) -> Any:
+        await gate.wait()
+        return Done()
+
+    ids = [await app.start("hold", {}) for _ in range(3)]
+    worker = app.worker(concurrency=3, lease_ttl=timedelta(seconds=1.5), poll_interval=5)
+    renews: list[list[Any]] = []
+    orig = app.fetchall
+
+    async def spy(sql: str, params: tuple[Any, ...], **kw: Any) -> list[tuple[Any, ...]]:
+        if sql == q.RENEW:
+            renews.append(list(params[1]))
+        return await orig(sql, params, **kw)
+
+    app.fetchall = spy  # type: ignore[method-assign]
+    async with running(worker):
+        async def all_leased() -> bool:
+            return len(worker.active_runs) == 3
+
+        await until(all_leased, "3 runs leased")
+
+        async def renewed_thrice() -> bool:
+            return sum(len(r) == 3 for r in renews) >= 3
+
+        await until(renewed_thrice, "three heartbeats")
+        gate.set()
+        for rid in ids:
+            assert (await finished(app, rid)).status == "completed"
+    full = [r for r in renews if len(r) == 3]
+    assert all(set(map(str, r)) == set(ids) for r in full)
+    # leases outlived their 1.5 s TTL only through heartbeats: one token each
+    assert conn.execute("SELECT DISTINCT token FROM pgdurable.checkpoints").fetchall() == [(1,)]
+    assert worker.heartbeat_count == len(renews)
+
+
+async def test_lost_lease_stops_step_without_writes(app: Durable, conn: psycopg.Connection[Any]) -> None:
+    started = asyncio.Event()
+    stopped = asyncio.Event()
+
+    @app.task("victim", revision="1")
+    async def victim(ctx: RunContext, state: Any) -> Any:
+        started.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            stopped.set()
+            raise
+        return Done()
+
+    await app.start("victim", {"v": 0})
+    async with running(app.worker(lease_ttl=timedelta(seconds=1.5), poll_interval=5)):
+        await asyncio.wait_for(started.wait(), WAIT_LIMIT)
+        # another worker took over (token bumped)
+        conn.execute("UPDATE pgdurable.runs SET lease_token = lease_token + 1, "
+                     "lease_owner = 'thief', lease_expires_at = pgdurable.now() + interval '1 h'")
+        await asyncio.wait_for(stopped.wait(), WAIT_LIMIT)
+    row = conn.execute("SELECT status, lease_owner, state, step FROM pgdurable.runs").fetchone()
+    assert row == ("leased", "thief", {"v": 0}, 0)
+
+
+async def test_graceful_stop_gives_leases_back(app: Durable) -> None:
+    started = asyncio.Event()
+
+    @app.task("stuck", revision="1")
+    async def stuck(ctx: RunContext, state: Any) -> Any:
+        if ctx.step == 0:
+            return Continue({"first": True})
+        started.set()
+        await asyncio.Event().wait()
+        return Done()
+
+    rid = await app.start("stuck", {})
+    worker = app.worker(poll_interval=5)
+    task = asyncio.create_task(worker.run())
+    await asyncio.wait_for(started.wait(), WAIT_LIMIT)
+    await worker.stop(grace=0.1)
+    await task
+    info = await app.get_run(rid)
+    assert info.status == "runnable" and info.lease_owner is None and info.step == 1
+    assert info.state == {"first": True}
+
+
+def test_worker_module_entry_point_sigterm(dsn: str, tmp_path: Any) -> None:
+    mod = tmp_path / "wapp.py"
+    mod.write_text(
+        "import pgdurable\n"
+        f"app = pgdurable.Durable({dsn!r})\n"
+        "@app.task('x', revision='1')\n"
+        "async def x(ctx, state):\n"
+        "    return pgdurable.Done(state)\n"
+    )
+    with psycopg.connect(dsn, autocommit=True) as c:
+        c.execute("LISTEN pgdurable_wake")
+        env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{os.getcwd()}"}
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "pgdurable.worker", "wapp:app", "--concurrency", "2",
+             "--poll", "0.2"], env=env, cwd=tmp_path)
+        try:
+            rid = c.execute("SELECT run_id FROM pgdurable.start_run('x','1','{\"a\":1}','default',"
+                            "0,3,NULL,NULL,NULL,NULL)").fetchone()[0]  # type: ignore[index]
+            for _ in range(int(WAIT_LIMIT / 0.05)):
+                st = c.execute("SELECT status, result FROM pgdurable.runs WHERE id = %s",
+                               (rid,)).fetchone()
+                if st and st[0] == "completed":
+                    break
+                c.execute("SELECT pg_sleep(0.05)")
+            assert st == ("completed", {"a": 1})
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(timeout=WAIT_LIMIT) == 0

@@ -6,6 +6,7 @@ Run with a migrated database:  PGDURABLE_DSN=postgresql://... python examples/qu
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -27,16 +28,24 @@ async def research(ctx: RunContext, state: dict[str, Any]) -> Any:
     return Done({"topic": state["topic"], "notes": state["notes"], "approved": bool(approved)})
 
 
+async def poll_until(pred: Callable[[pgdurable.RunInfo], bool], run_id: str) -> pgdurable.RunInfo:
+    """Poll the run until ``pred`` holds (a demo; real code reacts to events)."""
+    for _ in range(600):
+        info = await app.get_run(run_id)
+        if pred(info):
+            return info
+        await asyncio.sleep(0.05)
+    raise TimeoutError(run_id)
+
+
 async def main() -> None:
     async with app:
         worker = app.worker(queues=["default"], concurrency=4)
         worker_task = asyncio.create_task(worker.run())
         run_id = await app.start("research", {"topic": "pg"}, deadline=timedelta(hours=2))
-        while (await app.get_run(run_id)).status != "waiting":
-            await asyncio.sleep(0.05)
+        await poll_until(lambda i: i.status == "waiting", run_id)
         await app.signal("approval", "pg", {"ok": True})
-        while not (info := await app.get_run(run_id)).terminal:
-            await asyncio.sleep(0.05)
+        info = await poll_until(lambda i: i.terminal, run_id)
         print(info.status, info.result)
         await worker.stop(grace=5)
         await worker_task

@@ -227,7 +227,11 @@ class Worker:
     def _task_arrays(self) -> tuple[list[str], list[str]]:
         return [t.name for t in self._tasks], [t.revision for t in self._tasks]
 
-    async def _next_wakeup(self) -> None:
+    async def _next_wakeup(self, min_delay: float = 0.0) -> None:
+        """Ask the database when work may appear next (sets ``_due_at``).
+
+        ``min_delay`` keeps a just-finished claim from spinning on rows that
+        other workers hold locked (they show as due but are skipped)."""
         names, revs = self._task_arrays()
         try:
             row = await self.app.fetchone(q.NEXT_WAKEUP, (self.queues, names, revs))
@@ -236,13 +240,16 @@ class Worker:
             self._due_at = None
             return
         secs = None if row is None else row[0]
-        self._due_at = None if secs is None else time.monotonic() + float(secs) + 0.005
+        self._due_at = (
+            None if secs is None else time.monotonic() + max(float(secs) + 0.005, min_delay)
+        )
 
     async def _claim_loop(self) -> None:
         self._wake.set()
         while not self._stopping:
             timeout = self.poll_interval * random.uniform(0.8, 1.2)
-            if self._due_at is not None:
+            if self._due_at is not None and len(self._active) < self.concurrency:
+                # with no free slot, a finishing run sets the event instead
                 timeout = min(timeout, max(0.0, self._due_at - time.monotonic()))
             woke = True
             if not self._wake.is_set():
@@ -266,7 +273,7 @@ class Worker:
             claimed = await self._claim(free)
             self._pending = claimed == free
             if claimed < free:
-                await self._next_wakeup()
+                await self._next_wakeup(min_delay=0.05)
 
     async def _claim(self, n: int) -> int:
         names, revs = self._task_arrays()
@@ -298,7 +305,8 @@ class Worker:
     def _finished(self, a: _Active) -> None:
         if self._active.get(a.run_id) is a:
             del self._active[a.run_id]
-        if self._pending or self._stopping:
+        due = self._due_at is not None and time.monotonic() >= self._due_at
+        if self._pending or self._stopping or due:
             self._wake.set()
 
     async def _drain(self) -> None:

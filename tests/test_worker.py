@@ -413,3 +413,58 @@ def test_worker_module_entry_point_sigterm(dsn: str, tmp_path: Any) -> None:
         finally:
             proc.send_signal(signal.SIGTERM)
             assert proc.wait(timeout=WAIT_LIMIT) == 0
+
+
+async def test_idle_worker_wakes_for_expired_leases_and_timers(
+    app: Durable, conn: psycopg.Connection[Any]
+) -> None:
+    """With a 60 s poll, the worker still runs a dead worker's run right after its
+    lease expires and a timer right when it is due (next_wakeup)."""
+
+    @app.task("resume", revision="1")
+    async def resume(ctx: RunContext, state: Any) -> Any:
+        return Done(ctx.wake)
+
+    crashed = await app.start("resume", {})
+    timer = await app.start("resume", {})
+    conn.execute("UPDATE pgdurable.runs SET status = 'leased', lease_owner = 'dead', "
+                 "lease_token = 1, lease_expires_at = pgdurable.now() + interval '1 s' "
+                 "WHERE id = %s", (crashed,))
+    conn.execute("UPDATE pgdurable.runs SET status = 'waiting', "
+                 "wake_at = pgdurable.now() + interval '1.5 s' WHERE id = %s", (timer,))
+    async with running(app.worker(poll_interval=60)):
+        a = await finished(app, crashed)
+        b = await finished(app, timer)
+    assert a.status == "completed" and a.lease_token == 2 and a.attempts == 1
+    assert b.status == "completed" and b.result["type"] == "timeout"
+
+
+async def test_idle_worker_issues_one_query_per_poll(app: Durable) -> None:
+    @app.task("noop", revision="1")
+    async def noop(ctx: RunContext, state: Any) -> Any:
+        return Done()
+
+    seen: list[str] = []
+    orig_one, orig_all = app.fetchone, app.fetchall
+
+    async def one(sql: str, params: tuple[Any, ...], **kw: Any) -> Any:
+        seen.append(sql)
+        return await orig_one(sql, params, **kw)
+
+    async def many(sql: str, params: tuple[Any, ...], **kw: Any) -> Any:
+        seen.append(sql)
+        return await orig_all(sql, params, **kw)
+
+    app.fetchone = one  # type: ignore[method-assign]
+    app.fetchall = many  # type: ignore[method-assign]
+    worker = app.worker(poll_interval=0.2, listen=False)
+    async with running(worker):
+        async def polled() -> bool:
+            return seen.count(q.NEXT_WAKEUP) >= 6
+
+        await until(polled, "six idle polls")
+    # startup claims once (and asks next_wakeup); afterwards each poll is ONE
+    # next_wakeup query and no claim, since nothing is due
+    assert seen[0] == q.CLAIM and seen[1] == q.NEXT_WAKEUP
+    assert set(seen[2:]) == {q.NEXT_WAKEUP}
+    assert worker.claim_count == 1 and worker.heartbeat_count == 0

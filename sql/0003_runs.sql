@@ -137,7 +137,7 @@ BEGIN
     SELECT r.id, 'runnable'::text AS branch FROM pgdurable.runs r
      WHERE r.status = 'runnable' AND r.queue = ANY (p_queues) AND r.available_at <= v_now
        AND r.task || E'\x1f' || r.revision = ANY (v_keys)
-     ORDER BY r.queue, r.priority DESC, r.available_at
+     ORDER BY r.priority DESC, r.available_at
      LIMIT p_limit FOR UPDATE SKIP LOCKED
   ), b AS MATERIALIZED (
     SELECT r.id, 'expired'::text AS branch FROM pgdurable.runs r
@@ -148,7 +148,7 @@ BEGIN
     SELECT r.id, 'timer'::text AS branch FROM pgdurable.runs r
      WHERE r.status = 'waiting' AND r.wake_at IS NOT NULL AND r.queue = ANY (p_queues)
        AND r.wake_at <= v_now AND r.task || E'\x1f' || r.revision = ANY (v_keys)
-     ORDER BY r.queue, r.wake_at
+     ORDER BY r.wake_at
      LIMIT p_limit FOR UPDATE SKIP LOCKED
   ), cand AS MATERIALIZED (
     SELECT * FROM a UNION ALL SELECT * FROM b UNION ALL SELECT * FROM c

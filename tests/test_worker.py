@@ -468,3 +468,40 @@ async def test_idle_worker_issues_one_query_per_poll(app: Durable) -> None:
     assert seen[0] == q.CLAIM and seen[1] == q.NEXT_WAKEUP
     assert set(seen[2:]) == {q.NEXT_WAKEUP}
     assert worker.claim_count == 1 and worker.heartbeat_count == 0
+
+
+async def test_lease_window_gives_run_back(app: Durable, conn: psycopg.Connection[Any]) -> None:
+    @app.task("longrun", revision="1")
+    async def longrun(ctx: RunContext, state: Any) -> Any:
+        await asyncio.sleep(0.02)
+        return Continue(state) if ctx.step < 4 else Done(ctx.token)
+
+    rid = await app.start("longrun", {})
+    async with running(app.worker(poll_interval=5, lease_window=0.01)):
+        info = await finished(app, rid)
+    assert info.status == "completed" and info.claims == 5
+    tokens = [r[0] for r in conn.execute(
+        "SELECT token FROM pgdurable.checkpoints WHERE run_id = %s ORDER BY step", (rid,))]
+    assert tokens == [1, 2, 3, 4, 5]  # each window: one step, then given back and reclaimed
+
+
+async def test_app_with_external_pool(dsn: str) -> None:
+    from psycopg_pool import AsyncConnectionPool
+
+    pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
+        dsn, min_size=1, max_size=4, kwargs={"autocommit": True}, open=False)
+    await pool.open()
+    try:
+        app = Durable(pool=pool)
+
+        @app.task("p", revision="1")
+        async def p(ctx: RunContext, state: Any) -> Any:
+            return Done(state)
+
+        rid = await app.start("p", {"x": 1})
+        async with running(app.worker(poll_interval=1)):
+            assert (await finished(app, rid)).result == {"x": 1}
+        await app.close()
+        assert not pool.closed  # not ours to close
+    finally:
+        await pool.close()

@@ -551,9 +551,10 @@ class LeaseKeeper:
         if self._task is not None:
             self._task.cancel()
             try:
-                await self._task
+                await asyncio.wait([self._task])
             except asyncio.CancelledError:
-                pass
+                if not self._cancelled_body:
+                    raise  # cancelled from outside while stopping the renewals
         if not (self.lost and self.cancel_on_loss):
             return False
         if self._cancelled_body and self._body is not None and self._body.uncancel() > 0:

@@ -134,11 +134,18 @@ BEGIN
   END IF;
   RETURN QUERY
   WITH a AS MATERIALIZED (
-    SELECT r.id, 'runnable'::text AS branch FROM pgdurable.runs r
-     WHERE r.status = 'runnable' AND r.queue = ANY (p_queues) AND r.available_at <= v_now
-       AND r.task || E'\x1f' || r.revision = ANY (v_keys)
-     ORDER BY r.priority DESC, r.available_at
-     LIMIT p_limit FOR UPDATE SKIP LOCKED
+    -- per queue an index-ordered, LIMITed scan (no sort of the backlog), then
+    -- the best p_limit of those across queues
+    SELECT x.id, 'runnable'::text AS branch
+      FROM unnest(p_queues) AS qn(name)
+     CROSS JOIN LATERAL (
+       SELECT r.id, r.priority, r.available_at FROM pgdurable.runs r
+        WHERE r.status = 'runnable' AND r.queue = qn.name AND r.available_at <= v_now
+          AND r.task || E'\x1f' || r.revision = ANY (v_keys)
+        ORDER BY r.priority DESC, r.available_at
+        LIMIT p_limit FOR UPDATE SKIP LOCKED) x
+     ORDER BY x.priority DESC, x.available_at
+     LIMIT p_limit
   ), b AS MATERIALIZED (
     SELECT r.id, 'expired'::text AS branch FROM pgdurable.runs r
      WHERE r.status = 'leased' AND r.queue = ANY (p_queues) AND r.lease_expires_at <= v_now

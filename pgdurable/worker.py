@@ -378,13 +378,22 @@ class Worker:
 
     async def _heartbeat(self) -> None:
         ttl = timedelta(seconds=self.ttl)
+        next_renew = time.monotonic() + self.heartbeat_interval
         while True:
-            await asyncio.sleep(self.heartbeat_interval)
+            # wake for the next renewal, or earlier when a lease stops being trusted
+            wake_at = next_renew
+            for a in self._active.values():
+                if a.stop_reason != "lease_lost":
+                    wake_at = min(wake_at, a.trust_until)
+            await asyncio.sleep(max(0.0, wake_at - time.monotonic()) + 0.001)
             now = time.monotonic()
             for a in list(self._active.values()):
                 if now >= a.trust_until and a.stop_reason != "lease_lost":
                     log.warning("run %s: lease no longer trusted (renewals failed)", a.run_id)
                     self._stop_run(a, "lease_lost")
+            if now < next_renew:
+                continue
+            next_renew = now + self.heartbeat_interval
             live = [a for a in self._active.values() if a.stop_reason != "lease_lost"]
             if not live:
                 continue

@@ -505,3 +505,41 @@ async def test_app_with_external_pool(dsn: str) -> None:
         assert not pool.closed  # not ours to close
     finally:
         await pool.close()
+
+
+async def test_untrusted_lease_stops_step_when_renewals_fail(
+    app: Durable, conn: psycopg.Connection[Any]
+) -> None:
+    from pgdurable.errors import DatabaseUnavailable
+
+    started = asyncio.Event()
+    stopped = asyncio.Event()
+
+    @app.task("cut", revision="1")
+    async def cut(ctx: RunContext, state: Any) -> Any:
+        started.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            stopped.set()
+            raise
+        return Done()
+
+    orig = app.fetchall
+
+    async def no_renewals(sql: str, params: tuple[Any, ...], **kw: Any) -> Any:
+        if sql == q.RENEW:
+            raise DatabaseUnavailable("network cut (test)")
+        return await orig(sql, params, **kw)
+
+    app.fetchall = no_renewals  # type: ignore[method-assign]
+    rid = await app.start("cut", {"v": 0})
+    worker = app.worker(lease_ttl=timedelta(seconds=1.2), poll_interval=30)
+    async with running(worker):
+        await asyncio.wait_for(started.wait(), WAIT_LIMIT)
+        await asyncio.wait_for(stopped.wait(), WAIT_LIMIT)
+        # the step was stopped by the local trust deadline (no renewal ever got
+        # through, no NOTIFY, no write): nothing was checkpointed
+        row = conn.execute("SELECT status, step FROM pgdurable.runs WHERE id = %s",
+                           (rid,)).fetchone()
+        assert row == ("leased", 0)

@@ -540,9 +540,10 @@ class Worker:
             return exc
         finally:
             a.in_step = False
-        if a.stop_reason is not None:
-            await self._settle_stopped(a, ctx._pending_spend)
-            return None
+        if a.stop_reason == "lease_lost":
+            return None  # not ours any more: no writes
+        # a cancel or shutdown that arrived as the step returned: write its
+        # outcome normally; the fenced write sees a pending cancel itself
         if not isinstance(result, Continue | Done | Wait | Sleep):
             return _StepTypeError(
                 f"step of task {task.name!r} returned {type(result).__name__}; "

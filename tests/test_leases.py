@@ -13,6 +13,8 @@ from typing import Any
 
 import psycopg
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 import pgdurable
@@ -433,6 +435,25 @@ async def test_l19_keys_and_owners_round_trip(lp: Any, s: str) -> None:
     assert await lp.get_lease_owner(s) == s + "\x00"
     await lp.release_lease(s, s + "\x00")
     assert await lp.get_lease_owner(s) is None
+
+
+def test_l19_any_text_round_trips(dsn: str) -> None:
+    """Property: every non-empty str without lone surrogates round-trips as key and owner."""
+    text = st.text(min_size=1, max_size=200)
+
+    with PostgresLeaseProvider(dsn) as p:
+
+        @settings(max_examples=60, deadline=None,
+                  suppress_health_check=[HealthCheck.function_scoped_fixture])
+        @given(key=text, owner=text)
+        def check(key: str, owner: str) -> None:
+            g = p.acquire_lease(key, owner, TTL)
+            assert g.acquired and g.owner == owner
+            assert p.get_lease_owner(key) == owner
+            p.release_lease(key, owner)
+            assert p.get_lease_owner(key) is None
+
+        check()
 
 
 async def test_l19_operations_on_one_key_never_touch_another(lp: Any) -> None:

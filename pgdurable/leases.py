@@ -57,7 +57,7 @@ import asyncio
 import contextlib
 import inspect
 import threading
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from types import TracebackType
 from typing import Any, Protocol, TypeGuard, TypeVar, runtime_checkable
 
@@ -564,12 +564,17 @@ class LeaseKeeper:
             + (f": {self.error}" if self.error else "")
         ) from self.error
 
-    def _renew(self) -> Awaitable[Any]:
+    async def _renew(self) -> bool:
+        """One renewal: a coroutine method is awaited, a blocking one runs in a thread."""
         kwargs: dict[str, Any] = {} if self.token is None else {"token": self.token}
         fn: Callable[..., Any] = self.provider.renew_lease
         if inspect.iscoroutinefunction(fn):
-            return fn(self.key, self.owner, self.ttl_ms, **kwargs)  # type: ignore[no-any-return]
-        return asyncio.to_thread(fn, self.key, self.owner, self.ttl_ms, **kwargs)
+            result = fn(self.key, self.owner, self.ttl_ms, **kwargs)
+        else:
+            result = await asyncio.to_thread(fn, self.key, self.owner, self.ttl_ms, **kwargs)
+        if inspect.isawaitable(result):  # a plain function returning an awaitable
+            result = await result
+        return bool(result)
 
     async def _keep(self) -> None:
         loop = asyncio.get_running_loop()
@@ -582,8 +587,7 @@ class LeaseKeeper:
             started = loop.time()
             try:
                 async with asyncio.timeout(interval):
-                    result = self._renew()
-                    ok = await result if inspect.isawaitable(result) else result
+                    ok = await self._renew()
             except TRANSIENT_ERRORS as exc:
                 failures += 1
                 self.error = exc

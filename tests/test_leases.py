@@ -892,6 +892,22 @@ async def test_keep_lease_short_circuits_on_noop() -> None:
     assert not k2.lost
 
 
+async def test_keep_lease_with_a_plain_function_returning_an_awaitable(
+    alp: AsyncPostgresLeaseProvider,
+) -> None:
+    await alp.acquire_lease("k", "a", 1_500)
+
+    class Wrapped(Flaky):
+        def renew_lease(self, key: str, owner: str, ttl_ms: int) -> Any:  # type: ignore[override]
+            self.renew_calls += 1
+            return self.inner.renew_lease(key, owner, ttl_ms)
+
+    w = Wrapped(alp, [])
+    async with keep_lease(w, "k", "a", 1_500) as k:
+        await until(lambda: k.renewals >= 2)
+    assert not k.lost and w.renew_calls >= 2
+
+
 def test_keep_lease_with_a_sync_provider(dsn: str) -> None:
     with PostgresLeaseProvider(dsn) as p:
         p.acquire_lease("k", "a", 1_500)

@@ -184,6 +184,23 @@ async def test_l7_loser_waiting_on_a_releasing_holder_gets_the_key(
     assert (g.acquired, g.owner, g.token) == (True, "b", 2)
 
 
+def test_l7_a_losing_acquire_holds_the_holder_row_locked(
+    dsn: str, conn: psycopg.Connection[Any]
+) -> None:
+    """Why a loser reads a live holder: its failed ON CONFLICT DO UPDATE locks the row,
+    so the holder cannot release between the upsert and the read (same transaction)."""
+    conn.execute("SELECT pgdurable.acquire_lease('k'::bytea, 'a'::bytea, 60000)")
+    with psycopg.connect(dsn) as loser:
+        r = loser.execute(
+            "SELECT acquired, owner FROM pgdurable.acquire_lease('k'::bytea, 'b'::bytea, 60000)"
+        ).fetchone()
+        assert r == (False, b"a")
+        with pytest.raises(psycopg.errors.LockNotAvailable):
+            conn.execute("SELECT 1 FROM pgdurable.leases WHERE key = 'k'::bytea FOR UPDATE NOWAIT")
+        loser.rollback()
+    conn.execute("SELECT 1 FROM pgdurable.leases WHERE key = 'k'::bytea FOR UPDATE NOWAIT")
+
+
 # ----------------------------------------------------------------- L8-L12 release / renew
 
 

@@ -177,10 +177,7 @@ def transfer(key: str, from_owner: str, to_owner: str, ttl_ms: int,
 
 def connection_broke(exc: BaseException) -> bool:
     """True when ``exc`` means the connection itself failed (server gone, killed backend)."""
-    if not isinstance(exc, psycopg.OperationalError):
-        return False
-    code = exc.sqlstate
-    return code is None or code.startswith(("08", "57P"))
+    return isinstance(exc, psycopg.Error) and isinstance(translate(exc), DatabaseUnavailable)
 
 
 def failure(exc: BaseException, call: Call[Any], attempt: int, closed: bool) -> BaseException | None:

@@ -316,8 +316,10 @@ async def test_l15_transfer_from_non_holder_fails_holder_keeps(
 async def test_l16_transfer_to_self_refreshes_ttl_keeps_token(lp: Any) -> None:
     a = await lp.acquire_lease("k", "a", 1_000)
     assert await lp.transfer_lease("k", "a", "a", TTL) is True
-    again = await lp.acquire_lease("k", "a", 1)  # read back token (same-owner keeps it)
-    assert again.token == a.token
+    lease = await lp.get_lease("k")
+    assert lease is not None and lease.owner == "a"
+    assert lease.token == a.token  # documented choice: a -> a keeps the token
+    assert lease.expires_at >= a.expires_at + dt.timedelta(seconds=59)  # TTL refreshed
 
 
 async def test_transfer_token_fence(lp: Any) -> None:

@@ -400,3 +400,27 @@ def test_sync_client(dsn: str, app: Durable) -> None:
         with pytest.raises(UnknownTask):
             bare.start("t", {})
         assert bare.get_run(bare.start("t", {}, revision="1")).revision == "1"
+
+
+def test_concurrent_claimers_never_share_a_run(dsn: str, conn: psycopg.Connection[Any]) -> None:
+    import threading
+
+    _seed(conn, 200)
+    got: list[list[uuid.UUID]] = [[] for _ in range(4)]
+    barrier = threading.Barrier(4)
+
+    def claimer(i: int) -> None:
+        with psycopg.connect(dsn, autocommit=True) as c:
+            barrier.wait()
+            while rows := claim(c, owner=f"w{i}", n=7):
+                assert len(rows) <= 7
+                got[i].extend(r[0] for r in rows)
+
+    threads = [threading.Thread(target=claimer, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    every = [rid for g in got for rid in g]
+    assert len(every) == len(set(every)) == 200
+    assert count(conn, "status = 'leased' AND lease_token = 1 AND claims = 1") == 200

@@ -6,6 +6,8 @@ checkpoint after each one, and let go. See the README for the concepts.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from .effects import with_idempotency, with_idempotency_sync
 from .errors import (
     AttemptsExhausted,
@@ -55,7 +57,19 @@ from .tasks import (
     PostgresDurableStore,
     define_durable_task,
 )
-from .worker import Worker
+
+if TYPE_CHECKING:
+    from .worker import Worker
+
+
+def __getattr__(name: str) -> Any:
+    # pgdurable.worker is imported lazily so that `python -m pgdurable.worker`
+    # runs it without a second, already-imported copy (runpy warning).
+    if name == "Worker":
+        from .worker import Worker
+
+        return Worker
+    raise AttributeError(f"module 'pgdurable' has no attribute {name!r}")
 
 __version__ = "0.1.0"
 

@@ -44,11 +44,13 @@ RENEW = (
 )
 # -- seconds until work may appear (NULL: none)
 NEXT_WAKEUP = "SELECT pgdurable.next_wakeup(%s::text[], %s::text[], %s::text[])"
-# -- fenced transitions; each returns the resulting status
+# -- fenced transitions; each returns the resulting status (PARK also the
+# -- wake time and the seconds until it, on the database clock)
 CHECKPOINT = "SELECT pgdurable.checkpoint_run(%s::uuid, %s::bigint, %s::text, %s::jsonb, %s::numeric)"
 COMPLETE = "SELECT pgdurable.complete_run(%s::uuid, %s::bigint, %s::text, %s::jsonb, %s::jsonb, %s::numeric)"
 PARK = (
-    "SELECT status, wake_at FROM pgdurable.park_run(%s::uuid, %s::bigint, %s::text, %s::jsonb, %s::numeric, "
+    "SELECT status, wake_at, extract(epoch FROM wake_at - pgdurable.now())::float8 "
+    "FROM pgdurable.park_run(%s::uuid, %s::bigint, %s::text, %s::jsonb, %s::numeric, "
     "%s::text, %s::text, %s::timestamptz, %s::interval)"
 )
 RELEASE = "SELECT pgdurable.release_run(%s::uuid, %s::bigint, %s::text)"

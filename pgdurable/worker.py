@@ -580,8 +580,7 @@ class Worker:
         )
         if row is not None and row[0] == "waiting" and row[1] is not None:
             # our own timer: wake for it without waiting for the poll
-            secs = (row[1] - datetime.now(row[1].tzinfo)).total_seconds()
-            due = time.monotonic() + max(0.0, secs) + 0.005
+            due = time.monotonic() + max(0.0, float(row[2])) + 0.005
             if self._due_at is None or due < self._due_at:
                 self._due_at = due
                 self._wake.set()

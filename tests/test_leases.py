@@ -621,9 +621,9 @@ def _kill_library_backends(conn: psycopg.Connection[Any]) -> int:
         " WHERE datname = current_database() AND application_name = 'pgdurable'"
         " AND pid <> pg_backend_pid()"
     ).fetchall()]
+    # Wait for the killed backends only: the pool may already be reconnecting.
     while conn.execute(
-        "SELECT 1 FROM pg_stat_activity WHERE datname = current_database()"
-        " AND application_name = 'pgdurable'"
+        "SELECT 1 FROM pg_stat_activity WHERE pid = ANY(%s)", (pids,)
     ).fetchone():
         time.sleep(0.01)
     return len(pids)

@@ -616,7 +616,7 @@ def test_opening_without_schema_or_server(empty_dsn: str) -> None:
 
 
 def _kill_library_backends(conn: psycopg.Connection[Any]) -> int:
-    pids = [r[0] for r in conn.execute(
+    pids = [r[1] for r in conn.execute(
         "SELECT pg_terminate_backend(pid), pid FROM pg_stat_activity"
         " WHERE datname = current_database() AND application_name = 'pgdurable'"
         " AND pid <> pg_backend_pid()"

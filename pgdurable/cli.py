@@ -1,22 +1,41 @@
 """The ``pgdurable`` command line.
 
-Exit codes: 0 success; 1 the command ran but found a problem (e.g. a drifted
-migration in ``--status``); 2 bad input or an unusable database (one-line error
-on stderr, no traceback, nothing half-applied).
+Commands: ``migrate``, ``runs``, ``run ID``, ``leases``, ``cancel ID``,
+``retry ID``, ``prune``, ``worker``, ``stats``, ``demo``. Every listing takes
+``--json`` (one JSON document on stdout). The database comes from ``--dsn``,
+else ``$PGDURABLE_DSN``, else ``$DATABASE_URL``.
+
+Exit codes:
+
+* ``0`` success;
+* ``1`` the command ran but found a problem: a drifted migration under
+  ``migrate --status``, a demo whose checks failed;
+* ``2`` bad input or an unusable database (a one-line error on stderr, no
+  traceback, nothing half-applied), e.g. a bad DSN, a bad ``--older-than``,
+  ``retry`` of a run that is not failed or cancelled;
+* ``3`` no such run (``run``, ``cancel``, ``retry`` with an unknown id).
 """
 
 from __future__ import annotations
 
+import json
 import sys
-from typing import Annotated, NoReturn
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import datetime, timedelta
+from decimal import Decimal
+from typing import Annotated, Any, NoReturn
 
+import psycopg
 import typer
 from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from . import migrations
-from ._db import resolve_dsn, validate_dsn
-from .errors import PgDurableError
+from ._db import connect, resolve_dsn, translated, validate_dsn
+from .errors import PgDurableError, RunNotFound
 
 app = typer.Typer(
     name="pgdurable",
@@ -28,6 +47,12 @@ app = typer.Typer(
 out = Console()
 err = Console(stderr=True)
 
+EXIT_PROBLEM = 1
+EXIT_BAD_INPUT = 2
+EXIT_NOT_FOUND = 3
+
+STATUSES = ("runnable", "leased", "waiting", "completed", "failed", "cancelled", "incompatible")
+
 DsnOption = Annotated[
     str | None,
     typer.Option(
@@ -36,11 +61,60 @@ DsnOption = Annotated[
         show_default=False,
     ),
 ]
+JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
+
+# -- Queries the CLI issues (read-only unless noted). ----------------------------------
+# -- runs, newest first, filtered by status/task/queue (NULL = any)
+Q_RUNS = """
+SELECT id, task, queue, status, step, attempts, max_attempts, worker, lease_expired,
+       wait_kind, wait_ref, wake_at, error_type, error_message, created_at, updated_at, age
+  FROM pgdurable.run_overview
+ WHERE (%(status)s::text IS NULL OR status = %(status)s::text)
+   AND (%(task)s::text IS NULL OR task = %(task)s::text)
+   AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
+ ORDER BY created_at DESC, id
+ LIMIT %(limit)s
+"""
+# -- one run, every column
+Q_RUN = "SELECT to_jsonb(r) FROM pgdurable.runs r WHERE r.id = %s::uuid"
+# -- a run's checkpoint history
+Q_CHECKPOINTS = """
+SELECT step, token, created_at, wake, state FROM pgdurable.checkpoints
+ WHERE run_id = %s::uuid ORDER BY step
+"""
+# -- a run's output events (the last %s)
+Q_EVENTS = """
+SELECT seq, created_at, event FROM (
+  SELECT seq, created_at, event FROM pgdurable.run_events
+   WHERE run_id = %s::uuid ORDER BY seq DESC LIMIT %s) e
+ ORDER BY seq
+"""
+# -- a run's recorded effects
+Q_EFFECTS = """
+SELECT key, status, token, result, error, created_at, updated_at FROM pgdurable.effects
+ WHERE run_id = %s::uuid ORDER BY created_at, key
+"""
+# -- live leases (lease providers) and leased runs
+Q_LEASES = """
+SELECT key, owner, token, acquired_at, expires_at, ttl_remaining
+  FROM pgdurable.active_leases ORDER BY expires_at
+"""
+Q_RUN_LEASES = """
+SELECT id, task, queue, worker, lease_expires_at, lease_expired,
+       lease_expires_at - pgdurable.now() AS ttl_remaining
+  FROM pgdurable.run_overview WHERE status = 'leased' ORDER BY lease_expires_at
+"""
+# -- per-queue counts
+Q_STATS = "SELECT * FROM pgdurable.queue_stats ORDER BY queue"
+# -- writes: one SQL function each
+Q_CANCEL = "SELECT pgdurable.cancel_run(%s::uuid)"
+Q_RETRY = "SELECT pgdurable.retry_run(%s::uuid)"
 
 
-def fail(message: str, code: int = 2) -> NoReturn:
+def fail(message: str, code: int = EXIT_BAD_INPUT) -> NoReturn:
     """Print a one-line error and exit (2 = bad input or unusable database)."""
-    err.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    line = " ".join(str(message).split())
+    err.print(f"[bold red]error:[/] {line}", highlight=False, soft_wrap=True, markup=True)
     raise typer.Exit(code)
 
 
@@ -55,6 +129,90 @@ def need_dsn(dsn: str | None) -> str:
         fail(str(exc))
 
 
+@contextmanager
+def database(dsn: str | None) -> Iterator[psycopg.Connection[Any]]:
+    """An autocommit library connection with a checked schema; errors exit 2 (3 for no run)."""
+    target = need_dsn(dsn)
+    try:
+        with connect(target) as conn:
+            with translated():
+                migrations.check_schema(conn)
+            with translated():
+                yield conn
+    except RunNotFound as exc:
+        fail(str(exc), EXIT_NOT_FOUND)
+    except PgDurableError as exc:
+        fail(str(exc))
+    except psycopg.Error as exc:
+        fail(f"database error: {exc}")
+
+
+def _run_id(value: str) -> str:
+    try:
+        return str(uuid.UUID(value))
+    except ValueError:
+        fail(f"{value!r} is not a run id (a UUID)")
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, timedelta):
+        return value.total_seconds()
+    if isinstance(value, Decimal):
+        return float(value)
+    if isinstance(value, uuid.UUID):
+        return str(value)
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    return value
+
+
+def print_json(value: Any) -> None:
+    """One JSON document on stdout (datetimes ISO 8601, intervals in seconds)."""
+    sys.stdout.write(json.dumps(_jsonable(value), indent=2, ensure_ascii=False) + "\n")
+
+
+def _rows(cur: psycopg.Cursor[Any]) -> list[dict[str, Any]]:
+    names = [d.name for d in cur.description or ()]
+    return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
+
+
+def human_age(value: timedelta | None) -> str:
+    """``3d4h``, ``12m05s``, ``850ms`` -- short durations for tables."""
+    if value is None:
+        return ""
+    secs = value.total_seconds()
+    sign = "-" if secs < 0 else ""
+    secs = abs(secs)
+    if secs < 1:
+        return f"{sign}{secs * 1000:.0f}ms"
+    if secs < 60:
+        return f"{sign}{secs:.1f}s"
+    if secs < 3600:
+        return f"{sign}{int(secs // 60)}m{int(secs % 60):02d}s"
+    if secs < 86400:
+        return f"{sign}{int(secs // 3600)}h{int(secs % 3600 // 60):02d}m"
+    return f"{sign}{int(secs // 86400)}d{int(secs % 86400 // 3600)}h"
+
+
+def _short(text: Any, width: int = 60) -> str:
+    s = "" if text is None else str(text)
+    s = " ".join(s.split())
+    return s if len(s) <= width else s[: width - 1] + "…"
+
+
+def _progress() -> Progress:
+    """A progress bar on stderr, shown only on a terminal and erased when done."""
+    return Progress(
+        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+        console=err, transient=True, disable=not err.is_terminal,
+    )
+
+
+# ---------------------------------------------------------------------------------------
 @app.command()
 def migrate(
     dsn: DsnOption = None,
@@ -76,17 +234,22 @@ def migrate(
                 )
             out.print(table)
             if any(s.drifted for s in states):
-                raise typer.Exit(1)
+                raise typer.Exit(EXIT_PROBLEM)
             return
+        pending = migrations.migrate(target, dry_run=True)
         if dry_run:
-            pending = migrations.migrate(target, dry_run=True)
             if not pending:
                 out.print("-- nothing to apply", highlight=False)
             sys.stdout.write(migrations.pending_sql(pending))
             return
-        applied = migrations.migrate(
-            target, on_apply=lambda m: out.print(f"applied {m.name}", highlight=False)
-        )
+        with _progress() as progress:
+            bar = progress.add_task("migrating", total=len(pending))
+
+            def applied_one(m: migrations.Migration) -> None:
+                progress.advance(bar)
+                out.print(f"applied {m.name}", highlight=False)
+
+            applied = migrations.migrate(target, on_apply=applied_one)
         if not applied:
             out.print(f"schema is up to date (version {migrations.required_version()})")
     except PgDurableError as exc:
@@ -94,26 +257,234 @@ def migrate(
 
 
 @app.command()
-def demo(
+def runs(
     dsn: DsnOption = None,
-    data_dir: Annotated[str | None, typer.Option("--data-dir", help="Embedded server data directory.")] = None,
+    status: Annotated[str | None, typer.Option("--status", help=f"One of: {', '.join(STATUSES)}.")] = None,
+    task: Annotated[str | None, typer.Option("--task", help="Only runs of this task.")] = None,
+    queue: Annotated[str | None, typer.Option("--queue", help="Only runs in this queue.")] = None,
+    limit: Annotated[int, typer.Option("--limit", min=1, max=10000, help="At most this many (newest first).")] = 50,
+    as_json: JsonOption = False,
 ) -> None:
-    """Start an embedded PostgreSQL (or use --dsn), migrate it and show its status."""
-    from .embedded import start_embedded
+    """List runs, newest first: where each runs, what it waits on, why it failed."""
+    if status is not None and status not in STATUSES:
+        fail(f"unknown status {status!r}: use one of {', '.join(STATUSES)}")
+    with database(dsn) as conn:
+        cur = conn.execute(Q_RUNS, {"status": status, "task": task, "queue": queue, "limit": limit})
+        rows = _rows(cur)
+    if as_json:
+        print_json(rows)
+        return
+    table = Table("id", "task", "queue", "status", "step", "attempts", "where / waits on",
+                  "age", "error", title=f"{len(rows)} run(s)")
+    for r in rows:
+        where = ""
+        if r["status"] == "leased":
+            where = f"{r['worker']}" + (" [red](lease expired)[/]" if r["lease_expired"] else "")
+        elif r["status"] == "waiting":
+            where = f"{r['wait_kind']}:{r['wait_ref']}" if r["wait_kind"] else "timer"
+            if r["wake_at"]:
+                where += f" until {r['wake_at']:%H:%M:%S}"
+        error = f"{r['error_type']}: {_short(r['error_message'], 40)}" if r["error_type"] else ""
+        table.add_row(str(r["id"]), r["task"], r["queue"], r["status"], str(r["step"]),
+                      f"{r['attempts']}/{r['max_attempts']}", where, human_age(r["age"]), error)
+    out.print(table)
+
+
+@app.command()
+def run(
+    run_id: Annotated[str, typer.Argument(help="The run's id.")],
+    dsn: DsnOption = None,
+    events: Annotated[int, typer.Option("--events", min=0, help="Show the last N events.")] = 20,
+    as_json: JsonOption = False,
+) -> None:
+    """Show one run: state, steps, events, effects, lease, wait, error."""
+    rid = _run_id(run_id)
+    with database(dsn) as conn:
+        row = conn.execute(Q_RUN, (rid,)).fetchone()
+        if row is None:
+            fail(f"no run {rid}", EXIT_NOT_FOUND)
+        info: dict[str, Any] = row[0]
+        steps = _rows(conn.execute(Q_CHECKPOINTS, (rid,)))
+        evs = _rows(conn.execute(Q_EVENTS, (rid, events)))
+        effects = _rows(conn.execute(Q_EFFECTS, (rid,)))
+    if as_json:
+        print_json({"run": info, "steps": steps, "events": evs, "effects": effects})
+        return
+    head = Table(show_header=False, box=None, title=f"run {rid}", title_justify="left")
+    head.add_column(style="bold")
+    head.add_column()
+    for key in ("task", "revision", "queue", "status", "step", "attempts", "max_attempts",
+                "created_at", "updated_at", "finished_at"):
+        head.add_row(key, _short(info.get(key), 80))
+    if info.get("status") == "leased":
+        head.add_row("lease", f"{info['lease_owner']} token {info['lease_token']} "
+                              f"until {info['lease_expires_at']}")
+    if info.get("status") == "waiting":
+        what = f"{info['wait_kind']}:{info['wait_ref']}" if info.get("wait_kind") else "timer"
+        head.add_row("waits on", f"{what} since {info['wait_since']}"
+                                 + (f" until {info['wake_at']}" if info.get("wake_at") else ""))
+    if info.get("error"):
+        e = info["error"]
+        head.add_row("error", f"{e.get('type')}: {_short(e.get('message'), 100)}")
+    if info.get("result") is not None:
+        head.add_row("result", _short(json.dumps(info["result"]), 100))
+    head.add_row("state", _short(json.dumps(info.get("state")), 100))
+    out.print(head)
+    steps_t = Table("step", "token", "at", "woken by", "state", title="steps")
+    for s in steps:
+        wake = s["wake"] or {}
+        woke = f"{wake.get('type')} {wake.get('kind') or ''}:{wake.get('ref') or ''}" if wake else ""
+        steps_t.add_row(str(s["step"]), str(s["token"]), f"{s['created_at']:%H:%M:%S.%f}"[:-3],
+                        woke, _short(json.dumps(s["state"]), 60))
+    out.print(steps_t)
+    if effects:
+        eff_t = Table("effect", "status", "token", "result / error", title="effects")
+        for e in effects:
+            eff_t.add_row(e["key"], e["status"], str(e["token"]),
+                          _short(json.dumps(e["result"] if e["error"] is None else e["error"]), 60))
+        out.print(eff_t)
+    if evs:
+        ev_t = Table("seq", "at", "event", title="events")
+        for ev in evs:
+            ev_t.add_row(str(ev["seq"]), f"{ev['created_at']:%H:%M:%S}",
+                         _short(json.dumps(ev["event"]), 80))
+        out.print(ev_t)
+
+
+@app.command()
+def leases(dsn: DsnOption = None, as_json: JsonOption = False) -> None:
+    """Show live leases: lease-provider keys and leased runs."""
+    with database(dsn) as conn:
+        keys = _rows(conn.execute(Q_LEASES))
+        held = _rows(conn.execute(Q_RUN_LEASES))
+    if as_json:
+        print_json({"leases": keys, "runs": held})
+        return
+    t = Table("key", "owner", "token", "expires in", title=f"{len(keys)} lease(s)")
+    for k in keys:
+        t.add_row(_short(k["key"], 50), _short(k["owner"], 40), str(k["token"]),
+                  human_age(k["ttl_remaining"]))
+    out.print(t)
+    r = Table("run", "task", "queue", "worker", "expires in", title=f"{len(held)} leased run(s)")
+    for h in held:
+        r.add_row(str(h["id"]), h["task"], h["queue"], str(h["worker"]),
+                  "[red]expired[/]" if h["lease_expired"] else human_age(h["ttl_remaining"]))
+    out.print(r)
+
+
+@app.command()
+def cancel(run_id: Annotated[str, typer.Argument(help="The run's id.")], dsn: DsnOption = None) -> None:
+    """Cancel a run (at once if runnable/waiting; its worker stops it if leased)."""
+    rid = _run_id(run_id)
+    with database(dsn) as conn:
+        row = conn.execute(Q_CANCEL, (rid,)).fetchone()
+    status = row[0] if row else "?"
+    if status == "cancelled":
+        out.print(f"run {rid} cancelled")
+    elif status == "leased":
+        out.print(f"run {rid} is leased: cancel requested, its worker stops it at the next boundary")
+    else:
+        out.print(f"run {rid} is already {status}; nothing to cancel")
+
+
+@app.command()
+def retry(run_id: Annotated[str, typer.Argument(help="The run's id.")], dsn: DsnOption = None) -> None:
+    """Make a failed or cancelled run runnable again from its last checkpoint."""
+    rid = _run_id(run_id)
+    with database(dsn) as conn:
+        conn.execute(Q_RETRY, (rid,))
+    out.print(f"run {rid} is runnable again (attempts reset)")
+
+
+@app.command()
+def prune(
+    dsn: DsnOption = None,
+    older_than: Annotated[str, typer.Option("--older-than", help="Age of finished runs to delete: 7d, 12h, 30m, 90s, 2w.")] = "7d",
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Only count what would be deleted.")] = False,
+    batch: Annotated[int, typer.Option("--batch", min=1, max=100000, help="Runs per transaction.")] = 1000,
+    as_json: JsonOption = False,
+) -> None:
+    """Delete finished runs older than --older-than with their history, in short batches."""
+    from . import retention
 
     try:
-        target = resolve_dsn(dsn)
-        server = None
-        if target is None:
-            out.print("starting an embedded PostgreSQL ...")
-            server, target = start_embedded(data_dir)
-        applied = migrations.migrate(validate_dsn(target))
-        out.print(f"migrated: {len(applied)} applied now")
-        for s in migrations.migration_status(target):
-            out.print(f"  {s.migration.name}: {s.status}", highlight=False)
-        del server
+        age = retention.parse_age(older_than)
     except PgDurableError as exc:
         fail(str(exc))
+    target = need_dsn(dsn)
+    try:
+        preview = retention.prune_sync(target, age, dry_run=True)
+        if dry_run:
+            result = preview
+        else:
+            with _progress() as progress:
+                bar = progress.add_task("pruning runs", total=preview.runs or None)
+                result = retention.prune_sync(
+                    target, age, batch=batch,
+                    on_batch=lambda b: progress.advance(bar, b.runs),
+                )
+    except PgDurableError as exc:
+        fail(str(exc))
+    if as_json:
+        print_json(result.as_dict())
+        return
+    verb = "would delete" if dry_run else "deleted"
+    out.print(
+        f"{verb} {result.runs} run(s) finished more than {older_than} ago, with "
+        f"{result.checkpoints} checkpoint(s), {result.effects} effect(s), {result.events} "
+        f"event(s), {result.signals} signal(s)"
+        + ("" if dry_run else f" in {result.batches} batch(es)"),
+        highlight=False,
+    )
+
+
+@app.command()
+def stats(dsn: DsnOption = None, as_json: JsonOption = False) -> None:
+    """Per queue: runnable, leased, waiting, failed, and the age of the oldest runnable run."""
+    with database(dsn) as conn:
+        rows = _rows(conn.execute(Q_STATS))
+    if as_json:
+        print_json(rows)
+        return
+    t = Table("queue", "runnable", "due", "leased", "expired leases", "waiting", "completed",
+              "failed", "cancelled", "oldest runnable", title="queues")
+    for r in rows:
+        t.add_row(r["queue"], str(r["runnable"]), str(r["due"]), str(r["leased"]),
+                  str(r["expired_leases"]), str(r["waiting"]), str(r["completed"]),
+                  str(r["failed"]), str(r["cancelled"]), human_age(r["oldest_runnable_age"]))
+    out.print(t)
+
+
+@app.command()
+def worker(
+    app_spec: Annotated[str, typer.Argument(metavar="MODULE:APP", help="module:attribute of a pgdurable.Durable app.")],
+    concurrency: Annotated[int, typer.Option("--concurrency", min=1, help="Runs at once.")] = 16,
+    queues: Annotated[str, typer.Option("--queues", help="Comma-separated queue names.")] = "default",
+    lease_ttl: Annotated[float, typer.Option("--lease-ttl", min=0.1, help="Lease TTL, seconds.")] = 60.0,
+    poll: Annotated[float, typer.Option("--poll", min=0.01, help="Poll interval, seconds.")] = 5.0,
+    grace: Annotated[float, typer.Option("--grace", min=0, help="Shutdown grace, seconds.")] = 30.0,
+) -> None:
+    """Run a worker for MODULE:APP until SIGTERM/SIGINT (same as python -m pgdurable.worker)."""
+    from .worker import main as worker_main
+
+    worker_main([app_spec, "--concurrency", str(concurrency), "--queues", queues,
+                 "--lease-ttl", str(lease_ttl), "--poll", str(poll), "--grace", str(grace)])
+
+
+@app.command()
+def demo(
+    dsn: DsnOption = None,
+    data_dir: Annotated[str | None, typer.Option("--data-dir", help="Embedded server data directory (default .pgdurable/pgdata).")] = None,
+) -> None:
+    """Run a durable research agent end to end: effects, CI webhook, approval, a killed worker."""
+    from .demo import run_demo
+
+    try:
+        ok = run_demo(dsn=resolve_dsn(dsn), data_dir=data_dir, console=out)
+    except PgDurableError as exc:
+        fail(str(exc))
+    if not ok:
+        raise typer.Exit(EXIT_PROBLEM)
 
 
 def main() -> None:

@@ -1,0 +1,360 @@
+"""Retention: prune finished runs in batches of short transactions.
+
+Finished runs (``completed``, ``failed``, ``cancelled``, ``incompatible``)
+older than a cut-off are deleted with their checkpoints, effects, events and
+signals. Each batch is ONE call of the SQL function ``pgdurable.prune_runs``
+in its own autocommit transaction: it deletes at most ``batch`` runs (default
+1,000; at most 100,000), skips rows someone else holds locked and never
+touches live runs, so workers claiming and checkpointing are not held up
+(pitfall 18: unbounded growth; pitfall 15: no long transactions).
+
+* :func:`prune` (async) / :func:`prune_sync` -- prune everything older than
+  ``older_than`` now, batch after batch; ``dry_run=True`` only counts
+  (``pgdurable.prune_preview``).
+* :func:`run_pruner` -- an automatic pruner to run next to a worker, e.g.
+  ``asyncio.gather(worker.run(), run_pruner(app, every=3600, older_than=7 days))``.
+  Any number of processes may run one: each batch takes
+  ``pg_try_advisory_xact_lock(pgdurable.prune_lock_key())`` (transaction
+  scoped, so it is safe behind PgBouncer in transaction mode) and a pruner
+  that finds the lock taken skips its turn. At most one batch runs at a time
+  across the fleet.
+* :func:`parse_age` -- ``"7d"``, ``"12h"``, ``"30m"``, ``"90s"``, ``"2w"`` as a
+  timedelta (the CLI's ``--older-than``).
+
+From psql::
+
+    SELECT * FROM pgdurable.prune_runs('7 days', 1000);   -- one batch
+    SELECT * FROM pgdurable.prune_preview('7 days');      -- counts only
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+import psycopg
+from psycopg_pool import AsyncConnectionPool, ConnectionPool
+
+from ._db import LIBRARY_OPTIONS, translated, validate_dsn
+from .errors import DatabaseUnavailable, InvalidInput, PgDurableError, first_line
+from .migrations import acheck_schema, check_schema
+
+if TYPE_CHECKING:
+    from .runs import Durable
+
+__all__ = ["PruneResult", "parse_age", "prune", "prune_sync", "run_pruner"]
+
+log = logging.getLogger("pgdurable.retention")
+
+DEFAULT_BATCH = 1000
+MAX_BATCH = 100_000
+
+# -- one batch: delete up to n old terminal runs and their history; the counts
+PRUNE = (
+    "SELECT runs, checkpoints, effects, events, signals, locked "
+    "FROM pgdurable.prune_runs(%s::interval, %s::integer, %s::boolean)"
+)
+# -- dry run: how many rows prune_runs would delete in total
+PREVIEW = (
+    "SELECT runs, checkpoints, effects, events, signals "
+    "FROM pgdurable.prune_preview(%s::interval)"
+)
+
+_AGE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|sec|m|min|h|d|w)?\s*$", re.IGNORECASE)
+_UNIT = {"s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def parse_age(text: str) -> timedelta:
+    """``"7d"``/``"12h"``/``"30m"``/``"90s"``/``"2w"`` (bare number = seconds) as a timedelta.
+
+    Anything else raises :class:`InvalidInput` naming the accepted forms.
+    """
+    if not isinstance(text, str):
+        raise TypeError(f"age must be a str like '7d', not {type(text).__name__}")
+    m = _AGE.match(text)
+    if not m:
+        raise InvalidInput(f"bad age {text!r}: use a number with s, m, h, d or w (e.g. 7d, 12h)")
+    unit = (m.group(2) or "s").lower()
+    return timedelta(seconds=float(m.group(1)) * _UNIT[unit])
+
+
+@dataclass(frozen=True)
+class PruneResult:
+    """What a prune deleted (or, with ``dry_run``, would delete).
+
+    ``batches`` counts the ``prune_runs`` calls; ``skipped`` is True when an
+    exclusive prune found another pruner at work and did nothing.
+    """
+
+    runs: int = 0
+    checkpoints: int = 0
+    effects: int = 0
+    events: int = 0
+    signals: int = 0
+    batches: int = 0
+    dry_run: bool = False
+    skipped: bool = False
+
+    @property
+    def rows(self) -> int:
+        """All rows deleted (runs and their history)."""
+        return self.runs + self.checkpoints + self.effects + self.events + self.signals
+
+    def as_dict(self) -> dict[str, Any]:
+        """The counts as a JSON-ready dict."""
+        return {
+            "runs": self.runs, "checkpoints": self.checkpoints, "effects": self.effects,
+            "events": self.events, "signals": self.signals, "batches": self.batches,
+            "dry_run": self.dry_run, "skipped": self.skipped,
+        }
+
+
+OnBatch = Callable[[PruneResult], None]
+
+
+def _check(older_than: object, batch: object) -> tuple[timedelta, int]:
+    """Validate prune arguments before any SQL."""
+    if isinstance(older_than, str):
+        older_than = parse_age(older_than)
+    if not isinstance(older_than, timedelta):
+        raise TypeError("older_than must be a timedelta or an age string like '7d'")
+    if older_than < timedelta(0):
+        raise InvalidInput("older_than must not be negative")
+    if isinstance(batch, bool) or not isinstance(batch, int):
+        raise TypeError("batch must be an int")
+    if not 1 <= batch <= MAX_BATCH:
+        raise InvalidInput(f"batch must be between 1 and {MAX_BATCH}")
+    return older_than, batch
+
+
+def _add(total: PruneResult, row: tuple[Any, ...]) -> tuple[PruneResult, PruneResult]:
+    """Fold one prune_runs row into the running total; return (total, this batch)."""
+    this = PruneResult(int(row[0]), int(row[1]), int(row[2]), int(row[3]), int(row[4]), 1,
+                       skipped=not row[5])
+    total = PruneResult(
+        total.runs + this.runs, total.checkpoints + this.checkpoints,
+        total.effects + this.effects, total.events + this.events,
+        total.signals + this.signals, total.batches + 1, skipped=this.skipped,
+    )
+    return total, this
+
+
+def _finished(this: PruneResult, batch: int) -> bool:
+    """The loop ends on a short batch (nothing more is old enough) or when skipped."""
+    return this.skipped or (this.runs < batch and this.signals < batch)
+
+
+def _preview(row: tuple[Any, ...] | None) -> PruneResult:
+    assert row is not None
+    return PruneResult(int(row[0]), int(row[1]), int(row[2]), int(row[3]), int(row[4]),
+                       dry_run=True)
+
+
+def _conn_kwargs() -> dict[str, Any]:
+    return {"autocommit": True, "options": LIBRARY_OPTIONS, "connect_timeout": 10}
+
+
+async def prune(
+    target: str | psycopg.AsyncConnection[Any] | AsyncConnectionPool[Any] | Durable,
+    older_than: timedelta | str,
+    *,
+    batch: int = DEFAULT_BATCH,
+    dry_run: bool = False,
+    exclusive: bool = False,
+    pause: float = 0.0,
+    on_batch: OnBatch | None = None,
+) -> PruneResult:
+    """Delete finished runs older than ``older_than`` (and their history), batch by batch.
+
+    ``target`` is a DSN, an autocommit ``AsyncConnection``, an
+    ``AsyncConnectionPool`` of autocommit connections or a
+    :class:`~pgdurable.Durable` app. Each batch is one short transaction of
+    at most ``batch`` runs; ``pause`` seconds are slept between batches.
+    ``on_batch`` is called with each batch's counts. ``dry_run`` deletes
+    nothing and returns what would be deleted. ``exclusive`` makes every
+    batch take the fleet-wide pruner lock and stop (``skipped=True``) if
+    another pruner holds it.
+    """
+    age, size = _check(older_than, batch)
+    if isinstance(target, str):
+        validate_dsn(target)
+        try:
+            conn = await psycopg.AsyncConnection.connect(target, **_conn_kwargs())
+        except psycopg.OperationalError as exc:
+            raise DatabaseUnavailable(f"cannot connect: {first_line(str(exc))}") from None
+        async with conn:
+            with translated():
+                await acheck_schema(conn)
+            return await _aloop(conn, None, age, size, dry_run, exclusive, pause, on_batch)
+    if isinstance(target, psycopg.AsyncConnection):
+        return await _aloop(target, None, age, size, dry_run, exclusive, pause, on_batch)
+    if isinstance(target, AsyncConnectionPool):
+        return await _aloop(None, target, age, size, dry_run, exclusive, pause, on_batch)
+    from .runs import Durable
+
+    if isinstance(target, Durable):
+        await target.open()
+        return await _aloop(None, target.pool, age, size, dry_run, exclusive, pause, on_batch)
+    raise TypeError(
+        "prune() takes a DSN, an AsyncConnection, an AsyncConnectionPool or a Durable app, "
+        f"not {type(target).__name__}"
+    )
+
+
+async def _aexec(
+    conn: psycopg.AsyncConnection[Any] | None,
+    pool: AsyncConnectionPool[Any] | None,
+    sql: str,
+    params: tuple[Any, ...],
+) -> tuple[Any, ...] | None:
+    with translated():
+        if conn is not None:
+            cur = await conn.execute(sql, params)
+            row: tuple[Any, ...] | None = await cur.fetchone()
+            return row
+        assert pool is not None
+        async with pool.connection() as c:
+            cur = await c.execute(sql, params)
+            prow: tuple[Any, ...] | None = await cur.fetchone()
+            return prow
+
+
+async def _aloop(
+    conn: psycopg.AsyncConnection[Any] | None,
+    pool: AsyncConnectionPool[Any] | None,
+    age: timedelta,
+    size: int,
+    dry_run: bool,
+    exclusive: bool,
+    pause: float,
+    on_batch: OnBatch | None,
+) -> PruneResult:
+    if dry_run:
+        return _preview(await _aexec(conn, pool, PREVIEW, (age,)))
+    total = PruneResult()
+    while True:
+        row = await _aexec(conn, pool, PRUNE, (age, size, exclusive))
+        assert row is not None
+        total, this = _add(total, row)
+        if on_batch is not None:
+            on_batch(this)
+        if _finished(this, size):
+            return total
+        if pause > 0:
+            await asyncio.sleep(pause)
+
+
+def prune_sync(
+    target: str | psycopg.Connection[Any] | ConnectionPool[Any],
+    older_than: timedelta | str,
+    *,
+    batch: int = DEFAULT_BATCH,
+    dry_run: bool = False,
+    exclusive: bool = False,
+    pause: float = 0.0,
+    on_batch: OnBatch | None = None,
+) -> PruneResult:
+    """Sync twin of :func:`prune` (a DSN, an autocommit Connection or a ConnectionPool)."""
+    import time
+
+    age, size = _check(older_than, batch)
+    owned = False
+    conn: psycopg.Connection[Any] | None = None
+    pool: ConnectionPool[Any] | None = None
+    if isinstance(target, str):
+        validate_dsn(target)
+        try:
+            conn = psycopg.connect(target, **_conn_kwargs())
+        except psycopg.OperationalError as exc:
+            raise DatabaseUnavailable(f"cannot connect: {first_line(str(exc))}") from None
+        owned = True
+        with translated():
+            check_schema(conn)
+    elif isinstance(target, psycopg.Connection):
+        conn = target
+    elif isinstance(target, ConnectionPool):
+        pool = target
+    else:
+        raise TypeError(
+            "prune_sync() takes a DSN, a Connection or a ConnectionPool, "
+            f"not {type(target).__name__}"
+        )
+
+    def execute(sql: str, params: tuple[Any, ...]) -> tuple[Any, ...] | None:
+        with translated():
+            if conn is not None:
+                row: tuple[Any, ...] | None = conn.execute(sql, params).fetchone()
+                return row
+            assert pool is not None
+            with pool.connection() as c:
+                prow: tuple[Any, ...] | None = c.execute(sql, params).fetchone()
+                return prow
+
+    try:
+        if dry_run:
+            return _preview(execute(PREVIEW, (age,)))
+        total = PruneResult()
+        while True:
+            row = execute(PRUNE, (age, size, exclusive))
+            assert row is not None
+            total, this = _add(total, row)
+            if on_batch is not None:
+                on_batch(this)
+            if _finished(this, size):
+                return total
+            if pause > 0:
+                time.sleep(pause)
+    finally:
+        if owned and conn is not None:
+            conn.close()
+
+
+def _secs(value: timedelta | float, what: str) -> float:
+    secs = value.total_seconds() if isinstance(value, timedelta) else float(value)
+    if not secs > 0:
+        raise InvalidInput(f"{what} must be > 0")
+    return secs
+
+
+async def run_pruner(
+    target: str | AsyncConnectionPool[Any] | Durable,
+    *,
+    every: timedelta | float = timedelta(hours=1),
+    older_than: timedelta | str = timedelta(days=7),
+    batch: int = DEFAULT_BATCH,
+    pause: float = 0.05,
+    stop: asyncio.Event | None = None,
+    on_prune: Callable[[PruneResult], None] | None = None,
+) -> None:
+    """Prune every ``every`` (±10 % jitter) until cancelled or ``stop`` is set.
+
+    Run it next to a worker in as many processes as you like: batches are
+    exclusive across the fleet (``pg_try_advisory_xact_lock``), so one
+    pruner works while the others skip their turn. Database errors are
+    logged and retried at the next turn; they never stop the pruner.
+    ``on_prune`` receives each turn's totals.
+    """
+    interval = _secs(every, "every")
+    _check(older_than, batch)
+    stop = stop or asyncio.Event()
+    while not stop.is_set():
+        try:
+            result = await prune(target, older_than, batch=batch, exclusive=True, pause=pause)
+            if result.runs and not result.skipped:
+                log.info("pruned %d runs (%d rows)", result.runs, result.rows)
+            if on_prune is not None:
+                on_prune(result)
+        except (PgDurableError, psycopg.Error, OSError) as exc:
+            log.warning("prune failed: %s", exc)
+        delay = interval * random.uniform(0.9, 1.1)  # jitter
+        try:
+            await asyncio.wait_for(stop.wait(), timeout=delay)
+        except TimeoutError:
+            pass
+

@@ -1,0 +1,352 @@
+"""Start runs and send signals inside a SQLAlchemy transaction (the outbox pattern).
+
+Install with ``pip install 'pgdurable[sqlalchemy]'``. ::
+
+    from pgdurable.contrib.sqlalchemy import signal, start_run
+
+    with Session(engine) as session, session.begin():
+        session.add(Order(id=42))
+        start_run(session, "fulfil", {"order": 42}, revision="1")
+    # the order row and the run commit together, or neither exists
+
+Contract:
+
+* ``target`` is a :class:`~sqlalchemy.orm.Session`, a
+  :class:`~sqlalchemy.engine.Connection`, an ``AsyncSession`` or an
+  ``AsyncConnection`` on the ``postgresql+psycopg`` dialect (psycopg 3). With
+  the async ones the functions return a coroutine: ``await start_run(...)``.
+* The SQL functions are the ones :class:`pgdurable.Durable` calls
+  (``pgdurable.start_run``, ``pgdurable.send_signal``), with the same argument
+  validation (shared helpers of :mod:`pgdurable.runs`), executed on the
+  caller's connection inside the caller's transaction (begun if needed). Nothing
+  here commits or rolls back: a rollback leaves no run and no signal; the
+  ``pgdurable_wake`` NOTIFY is transactional, so workers wake on commit only.
+* Bad input raises before anything is executed: :class:`TypeError` for an
+  object that is not a session/connection (an ``Engine`` has no transaction of
+  yours), :class:`~pgdurable.InvalidInput` for another database engine or
+  driver (sqlite, ``postgresql+psycopg2``, asyncpg) or a session without a
+  bind, ``TypeError``/``ValueError`` for bad arguments, as with the app.
+* The schema version is checked once per engine (two read-only queries in
+  the caller's transaction): a database without the pgdurable schema raises
+  :class:`~pgdurable.SchemaVersionMismatch` before anything is written.
+* Errors raised by the SQL functions are translated to pgdurable errors; as
+  after any failed statement, the caller's transaction must be rolled back.
+* There is no task registry here, so ``task`` is a task name with
+  ``revision=`` given, or a :class:`pgdurable.Task` (``app.tasks["name"]``),
+  or a name registered on ``app=`` (a :class:`~pgdurable.Durable` or
+  :class:`~pgdurable.DurableClient`), whose revision and ``max_attempts`` are used.
+"""
+
+from __future__ import annotations
+
+import sys
+import weakref
+from collections.abc import Coroutine, Iterator
+from contextlib import contextmanager
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any, overload
+
+try:
+    from sqlalchemy import URL
+    from sqlalchemy import exc as sa_exc
+    from sqlalchemy.engine import Connection, Dialect, Engine
+    from sqlalchemy.orm import Session
+except ImportError as _exc:  # pragma: no cover - depends on the extra
+    raise ImportError(
+        "pgdurable.contrib.sqlalchemy needs SQLAlchemy 2: pip install 'pgdurable[sqlalchemy]'"
+    ) from _exc
+
+import psycopg
+from psycopg.conninfo import conninfo_to_dict
+
+from ... import _runs_sql as q
+from ...errors import InvalidInput, UnknownTask, translate
+from ...migrations import acheck_schema, check_schema
+from ...runs import (
+    DEFAULT_SIGNAL_TTL,
+    Durable,
+    DurableClient,
+    Task,
+    _Registry,
+    _signal_params,
+    _start_params,
+)
+
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
+
+__all__ = ["signal", "start_run", "url_from_dsn"]
+
+# Engines whose pgdurable schema version was checked (never a failed check).
+_checked: weakref.WeakKeyDictionary[Engine, bool] = weakref.WeakKeyDictionary()
+
+
+def url_from_dsn(dsn: str, *, async_: bool = False) -> URL:
+    """A SQLAlchemy URL (``postgresql+psycopg``) for a psycopg conninfo or URL.
+
+    Handy to point SQLAlchemy at the database a pgdurable fixture or
+    ``PGDURABLE_DSN`` names; ``async_=True`` selects ``postgresql+psycopg_async``.
+    """
+    info = conninfo_to_dict(dsn)
+    port = info.get("port")
+    query = {k: str(v) for k, v in info.items()
+             if k not in ("host", "port", "user", "password", "dbname") and v is not None}
+    return URL.create(
+        "postgresql+psycopg_async" if async_ else "postgresql+psycopg",
+        username=_opt(info.get("user")),
+        password=_opt(info.get("password")),
+        host=_opt(info.get("host")),
+        port=int(port) if port else None,
+        database=_opt(info.get("dbname")),
+        query=query,
+    )
+
+
+def _opt(value: Any) -> str | None:
+    return None if value is None else str(value)
+
+
+# -- resolving the caller's session or connection -----------------------------
+
+
+def _async_types() -> tuple[type[Any], ...]:
+    # An AsyncSession/AsyncConnection can only exist once sqlalchemy.ext.asyncio
+    # is imported; not importing it here keeps sync users free of greenlet.
+    mod = sys.modules.get("sqlalchemy.ext.asyncio")
+    return () if mod is None else (mod.AsyncSession, mod.AsyncConnection)
+
+
+def _check_dialect(dialect: Dialect, what: str) -> None:
+    if dialect.name != "postgresql" or dialect.driver != "psycopg":
+        raise InvalidInput(
+            f"pgdurable.contrib.sqlalchemy needs the postgresql+psycopg dialect (psycopg 3); "
+            f"this {what} is bound to {dialect.name}+{dialect.driver}. Nothing was written."
+        )
+
+
+def _session_bind(session: Session, what: str) -> Engine | Connection:
+    try:
+        return session.get_bind()
+    except sa_exc.UnboundExecutionError:
+        raise InvalidInput(
+            f"this {what} has no bind (no engine or connection): create it with "
+            f"{what}(engine) or pass a Connection. Nothing was written."
+        ) from None
+
+
+def _classify(target: object) -> bool:
+    """Validate ``target`` (before any SQL); True if it is an async one."""
+    if isinstance(target, Session):
+        _check_dialect(_session_bind(target, "Session").dialect, "Session")
+        return False
+    if isinstance(target, Connection):
+        _check_dialect(target.dialect, "Connection")
+        return False
+    async_types = _async_types()
+    if async_types and isinstance(target, async_types[0]):
+        _check_dialect(_session_bind(target.sync_session, "AsyncSession").dialect, "AsyncSession")
+        return True
+    if async_types and isinstance(target, async_types[1]):
+        _check_dialect(target.sync_engine.dialect, "AsyncConnection")
+        return True
+    if isinstance(target, Engine) or type(target).__name__ == "AsyncEngine":
+        raise TypeError(
+            "pass a Session or Connection (your transaction), not an Engine: "
+            "the run must commit with your own writes"
+        )
+    raise TypeError(
+        "expected a SQLAlchemy Session, Connection, AsyncSession or AsyncConnection, "
+        f"not {type(target).__name__}"
+    )
+
+
+@contextmanager
+def _translated() -> Iterator[None]:
+    """Re-raise driver errors (wrapped by SQLAlchemy or not) as pgdurable errors."""
+    try:
+        yield
+    except sa_exc.DBAPIError as exc:
+        orig = exc.orig
+        err = translate(orig) if isinstance(orig, BaseException) else exc
+        if err is orig or err is exc:
+            raise
+        raise err from exc
+    except psycopg.Error as exc:
+        err2 = translate(exc)
+        if err2 is exc:
+            raise
+        raise err2 from exc
+
+
+def _run_sync(target: Session | Connection, sql: str, params: tuple[Any, ...]) -> list[Any]:
+    conn = target.connection() if isinstance(target, Session) else target
+    with _translated():
+        if not conn.in_transaction():
+            conn.begin()  # the caller's transaction (as autobegin would start it)
+        engine = conn.engine
+        if engine not in _checked:
+            raw = conn.connection.driver_connection
+            assert isinstance(raw, psycopg.Connection)
+            check_schema(raw)
+            _checked[engine] = True
+        return list(conn.exec_driver_sql(sql, params).fetchall())
+
+
+async def _run_async(
+    target: AsyncSession | AsyncConnection, sql: str, params: tuple[Any, ...]
+) -> list[Any]:
+    async_session = _async_types()[0]
+    conn: AsyncConnection = (
+        await target.connection() if isinstance(target, async_session) else target  # type: ignore[assignment]
+    )
+    with _translated():
+        if not conn.in_transaction():
+            await conn.begin()
+        engine = conn.sync_engine
+        if engine not in _checked:
+            raw = (await conn.get_raw_connection()).driver_connection
+            assert isinstance(raw, psycopg.AsyncConnection)
+            await acheck_schema(raw)
+            _checked[engine] = True
+        result = await conn.exec_driver_sql(sql, params)
+        return list(result.fetchall())
+
+
+# -- public API ---------------------------------------------------------------
+
+
+def _registry_for(task: object, app: Durable | DurableClient | None) -> tuple[_Registry, object]:
+    if isinstance(task, Task):
+        registry = _Registry()
+        registry.register(task)
+        return registry, task.name
+    if app is not None:
+        if not isinstance(app, Durable | DurableClient):
+            raise TypeError(f"app must be a Durable or DurableClient, not {type(app).__name__}")
+        return app._registry, task
+    return _Registry(), task
+
+
+@overload
+def start_run(
+    target: Session | Connection,
+    task: str | Task,
+    state: Any = None,
+    *,
+    revision: str | None = None,
+    app: Durable | DurableClient | None = None,
+    queue: str = "default",
+    priority: int = 0,
+    idempotency_key: str | None = None,
+    deadline: Any = None,
+    budget: float | None = None,
+    max_attempts: int | None = None,
+) -> str: ...
+
+
+@overload
+def start_run(
+    target: AsyncSession | AsyncConnection,
+    task: str | Task,
+    state: Any = None,
+    *,
+    revision: str | None = None,
+    app: Durable | DurableClient | None = None,
+    queue: str = "default",
+    priority: int = 0,
+    idempotency_key: str | None = None,
+    deadline: Any = None,
+    budget: float | None = None,
+    max_attempts: int | None = None,
+) -> Coroutine[Any, Any, str]: ...
+
+
+def start_run(
+    target: Any,
+    task: str | Task,
+    state: Any = None,
+    *,
+    revision: str | None = None,
+    app: Durable | DurableClient | None = None,
+    queue: str = "default",
+    priority: int = 0,
+    idempotency_key: str | None = None,
+    deadline: Any = None,
+    budget: float | None = None,
+    max_attempts: int | None = None,
+) -> str | Coroutine[Any, Any, str]:
+    """Start a run inside the caller's transaction; return its id (await it if async).
+
+    Arguments are those of :meth:`pgdurable.Durable.start`; ``task`` is a
+    name with ``revision=``, a :class:`~pgdurable.Task`, or a name registered
+    on ``app=``. The same ``idempotency_key`` returns the existing run's id.
+    """
+    registry, name = _registry_for(task, app)
+    if revision is None and isinstance(name, str) and name not in registry.tasks:
+        raise UnknownTask(
+            f"task {name!r}: pass revision=, a Task object, or app= (an app that "
+            "registered it); there is no task registry in a SQLAlchemy session"
+        )
+    params = _start_params(
+        registry, name, state, queue, priority, idempotency_key, deadline, budget,
+        revision, max_attempts,
+    )
+    if _classify(target):
+        return _astart(target, params)
+    rows = _run_sync(target, q.START, params)
+    return str(rows[0][0])
+
+
+async def _astart(target: Any, params: tuple[Any, ...]) -> str:
+    rows = await _run_async(target, q.START, params)
+    return str(rows[0][0])
+
+
+@overload
+def signal(
+    target: Session | Connection,
+    kind: str,
+    ref: str,
+    payload: Any = None,
+    *,
+    signal_id: str | None = None,
+    ttl: timedelta | None = DEFAULT_SIGNAL_TTL,
+) -> list[str]: ...
+
+
+@overload
+def signal(
+    target: AsyncSession | AsyncConnection,
+    kind: str,
+    ref: str,
+    payload: Any = None,
+    *,
+    signal_id: str | None = None,
+    ttl: timedelta | None = DEFAULT_SIGNAL_TTL,
+) -> Coroutine[Any, Any, list[str]]: ...
+
+
+def signal(
+    target: Any,
+    kind: str,
+    ref: str,
+    payload: Any = None,
+    *,
+    signal_id: str | None = None,
+    ttl: timedelta | None = DEFAULT_SIGNAL_TTL,
+) -> list[str] | Coroutine[Any, Any, list[str]]:
+    """Send a signal inside the caller's transaction; return the woken run ids.
+
+    Same semantics as :meth:`pgdurable.Durable.signal`: runs waiting on
+    ``(kind, ref)`` become runnable on commit; with none waiting the signal is
+    kept (until ``ttl``) for the next run that parks on it; a ``signal_id``
+    already sent is ignored. Await the result for an async session/connection.
+    """
+    params = _signal_params(kind, ref, payload, signal_id, ttl)
+    if _classify(target):
+        return _asignal(target, params)
+    return [str(r[0]) for r in _run_sync(target, q.SIGNAL, params)]
+
+
+async def _asignal(target: Any, params: tuple[Any, ...]) -> list[str]:
+    return [str(r[0]) for r in await _run_async(target, q.SIGNAL, params)]

@@ -1,0 +1,218 @@
+"""SQLAlchemy Core ``Table`` objects for the pgdurable schema (read them; write through the API).
+
+::
+
+    from sqlalchemy import func, select
+    from pgdurable.contrib.sqlalchemy.tables import runs
+
+    stmt = select(runs.c.status, func.count()).group_by(runs.c.status)
+
+Every table lives in ``metadata`` (schema ``pgdurable``). The column meanings are
+the ``COMMENT ON`` texts of the SQL migrations (``\\d+ pgdurable.runs`` in psql).
+State transitions are SQL functions: insert, update or delete rows through
+:class:`pgdurable.Durable`, :mod:`pgdurable.contrib.sqlalchemy` or those
+functions, never with these tables, or you bypass the lease fence and the
+NOTIFYs. Views (``active_leases``) are declared as tables for ``select()``
+only. A test reflects the migrated schema and compares every table defined
+here (columns, types, nullability, defaults, primary and foreign keys), so
+they cannot drift; never ``metadata.create_all()`` them: run the migrations.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    TIMESTAMP,
+    BigInteger,
+    Column,
+    FetchedValue,
+    ForeignKey,
+    Identity,
+    Integer,
+    MetaData,
+    Numeric,
+    Table,
+    Text,
+)
+from sqlalchemy.dialects.postgresql import BYTEA, INTERVAL, JSONB, UUID
+
+__all__ = [
+    "active_leases",
+    "checkpoints",
+    "effects",
+    "idempotency_keys",
+    "leases",
+    "metadata",
+    "run_events",
+    "runs",
+    "schema_migrations",
+    "signals",
+    "task_checkpoints",
+    "views",
+]
+
+#: All pgdurable tables and views, in schema ``pgdurable``.
+metadata = MetaData(schema="pgdurable")
+
+_TZ = TIMESTAMP(timezone=True)
+
+
+def _ts(name: str, *, nullable: bool = True, default: bool = False) -> Column[object]:
+    if default:
+        return Column(name, _TZ, server_default=FetchedValue(), nullable=nullable)
+    return Column(name, _TZ, nullable=nullable)
+
+
+runs = Table(
+    "runs",
+    metadata,
+    Column("id", UUID(as_uuid=True), primary_key=True, server_default=FetchedValue()),
+    Column("task", Text, nullable=False),
+    Column("revision", Text, nullable=False),
+    Column("queue", Text, nullable=False, server_default=FetchedValue()),
+    Column("priority", Integer, nullable=False, server_default=FetchedValue()),
+    Column("status", Text, nullable=False, server_default=FetchedValue()),
+    Column("state", JSONB, nullable=False, server_default=FetchedValue()),
+    Column("step", Integer, nullable=False, server_default=FetchedValue()),
+    Column("attempts", Integer, nullable=False, server_default=FetchedValue()),
+    Column("max_attempts", Integer, nullable=False, server_default=FetchedValue()),
+    Column("claims", Integer, nullable=False, server_default=FetchedValue()),
+    Column("idempotency_key", Text),
+    _ts("available_at", nullable=False, default=True),
+    _ts("deadline_at"),
+    Column("budget", Numeric),
+    Column("spent", Numeric, nullable=False, server_default=FetchedValue()),
+    Column("lease_owner", Text),
+    Column("lease_token", BigInteger, nullable=False, server_default=FetchedValue()),
+    _ts("lease_expires_at"),
+    _ts("leased_at"),
+    Column("wait_kind", Text),
+    Column("wait_ref", Text),
+    _ts("wait_since"),
+    _ts("wake_at"),
+    Column("wake", JSONB),
+    Column("result", JSONB),
+    Column("error", JSONB),
+    _ts("cancel_requested_at"),
+    _ts("created_at", nullable=False, default=True),
+    _ts("updated_at", nullable=False, default=True),
+    _ts("finished_at"),
+    comment="Durable runs: the run lives here, workers only lease it. state is the latest checkpoint.",
+)
+
+leases = Table(
+    "leases",
+    metadata,
+    Column("key", BYTEA, primary_key=True),
+    Column("owner", BYTEA),
+    Column("token", BigInteger, nullable=False, server_default=FetchedValue()),
+    _ts("expires_at"),
+    _ts("acquired_at"),
+    _ts("renewed_at"),
+    comment="Distributed leases: at most one live owner per key (keys and owners are UTF-8 bytes).",
+)
+
+checkpoints = Table(
+    "checkpoints",
+    metadata,
+    Column("run_id", UUID(as_uuid=True), ForeignKey("pgdurable.runs.id", ondelete="CASCADE"),
+           primary_key=True),
+    Column("step", Integer, primary_key=True),
+    Column("token", BigInteger, nullable=False),
+    Column("state", JSONB, nullable=False),
+    _ts("created_at", nullable=False, default=True),
+    Column("wake", JSONB),
+    comment="Per-step checkpoint history of each run (the latest one is also runs.state).",
+)
+
+signals = Table(
+    "signals",
+    metadata,
+    Column("id", BigInteger, Identity(always=True), primary_key=True),
+    Column("kind", Text, nullable=False),
+    Column("ref", Text, nullable=False),
+    Column("payload", JSONB),
+    Column("signal_id", Text),
+    Column("run_id", UUID(as_uuid=True), ForeignKey("pgdurable.runs.id", ondelete="CASCADE")),
+    _ts("created_at", nullable=False, default=True),
+    _ts("expires_at"),
+    Column("consumed_by", UUID(as_uuid=True)),
+    _ts("consumed_at"),
+    comment="Signals: delivered (consumed) and pending ones, by (kind, ref).",
+)
+
+effects = Table(
+    "effects",
+    metadata,
+    Column("run_id", UUID(as_uuid=True), ForeignKey("pgdurable.runs.id", ondelete="CASCADE"),
+           primary_key=True),
+    Column("key", Text, primary_key=True),
+    Column("status", Text, nullable=False),
+    Column("token", BigInteger, nullable=False),
+    Column("result", JSONB),
+    Column("error", JSONB),
+    _ts("created_at", nullable=False, default=True),
+    _ts("updated_at", nullable=False, default=True),
+    comment="Side effects of runs, keyed per run: a recorded result is returned instead of acting twice.",
+)
+
+run_events = Table(
+    "run_events",
+    metadata,
+    Column("run_id", UUID(as_uuid=True), ForeignKey("pgdurable.runs.id", ondelete="CASCADE"),
+           primary_key=True),
+    Column("seq", BigInteger, primary_key=True),
+    Column("event", JSONB, nullable=False),
+    _ts("created_at", nullable=False, default=True),
+    comment="Output stream of each run (tokens, tool calls, progress), replayable from a cursor.",
+)
+
+idempotency_keys = Table(
+    "idempotency_keys",
+    metadata,
+    Column("key", Text, primary_key=True),
+    Column("status", Text, nullable=False),
+    Column("owner", Text),
+    Column("result", JSONB),
+    Column("error", JSONB),
+    _ts("created_at", nullable=False, default=True),
+    _ts("expires_at", nullable=False),
+    comment="with_idempotency: one execution per key; later callers get the stored result.",
+)
+
+task_checkpoints = Table(
+    "task_checkpoints",
+    metadata,
+    Column("task_id", Text, primary_key=True),
+    Column("record", JSONB, nullable=False),
+    _ts("updated_at", nullable=False, default=True),
+    comment="Checkpoint records of durable task definitions (define_durable_task), one per task id.",
+)
+
+schema_migrations = Table(
+    "schema_migrations",
+    metadata,
+    Column("version", Integer, primary_key=True),
+    Column("name", Text, nullable=False),
+    Column("sha256", Text, nullable=False),
+    _ts("applied_at", nullable=False, default=True),
+    comment="Applied pgdurable migrations: one row per sql/NNNN_name.sql file.",
+)
+
+# -- views (read-only) ---------------------------------------------------------
+
+active_leases = Table(
+    "active_leases",
+    metadata,
+    Column("key", Text),
+    Column("owner", Text),
+    Column("token", BigInteger),
+    _ts("acquired_at"),
+    _ts("expires_at"),
+    Column("ttl_remaining", INTERVAL),
+    Column("key_bytes", BYTEA),
+    Column("owner_bytes", BYTEA),
+    comment="VIEW: live leases with key and owner shown readably (key_bytes/owner_bytes exact).",
+)
+
+#: Names of the entries of ``metadata`` that are views, not tables.
+views: frozenset[str] = frozenset({"active_leases"})

@@ -187,16 +187,27 @@ def migrate(
     *,
     dry_run: bool = False,
     on_apply: Callable[[Migration], None] | None = None,
+    in_transaction: bool = False,
 ) -> list[Migration]:
     """Apply pending migrations; return those applied (or, with ``dry_run``, pending).
 
     ``target`` is a conninfo string or an open :class:`psycopg.Connection` (used
     as is and left open; it must not be inside a transaction). Safe to run from
     many processes at once: each file is applied exactly once.
+
+    ``in_transaction=True`` (e.g. from an Alembic revision) works inside the
+    caller's transaction on a non-autocommit connection and never commits:
+    the advisory lock is taken first and held until the caller's transaction
+    ends, each file runs in a savepoint, and everything commits (or rolls
+    back) with the caller's transaction.
     """
     migrations = load_migrations()
+    if in_transaction and not isinstance(target, psycopg.Connection):
+        raise TypeError("migrate(in_transaction=True) needs an open psycopg.Connection")
     conn, owned = _open(target)
     applied_now: list[Migration] = []
+    if in_transaction and not dry_run:
+        _enter_caller_transaction(conn)
     try:
         if dry_run:
             with conn.cursor() as cur:
@@ -237,6 +248,26 @@ def migrate(
         if owned:
             conn.close()
     return applied_now
+
+
+def _enter_caller_transaction(conn: psycopg.Connection[Any]) -> None:
+    """Join the caller's transaction (opening it if idle) under the migration lock."""
+    status = conn.info.transaction_status
+    if conn.autocommit:
+        raise MigrationError(
+            "migrate(in_transaction=True) needs a non-autocommit connection "
+            "(its transaction is the caller's)"
+        )
+    if status not in (psycopg.pq.TransactionStatus.IDLE, psycopg.pq.TransactionStatus.INTRANS):
+        raise MigrationError(
+            f"migrate(in_transaction=True): the caller's transaction is {status.name}; nothing applied"
+        )
+    try:
+        # Opens the caller's transaction if it was idle; the lock lasts until it ends,
+        # so the per-file transaction() blocks below become savepoints.
+        conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK_KEY,))
+    except psycopg.Error as exc:
+        raise MigrationError(f"cannot take the migration lock: {first_line(str(exc))}") from exc
 
 
 def migration_status(target: ConnOrDsn) -> list[MigrationState]:

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import math
+import os
 import subprocess
 import sys
 import types
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -543,3 +545,16 @@ async def test_tables_query_run_state_with_core(
         ).one()
         assert row == ("paid", {"order": 3}, 1)
         assert c.execute(select(func.count()).select_from(t.active_leases)).scalar() == 0
+
+
+def test_outbox_example_runs(dsn: str) -> None:
+    example = Path(__file__).resolve().parent.parent / "examples" / "outbox_sqlalchemy.py"
+    env = {**os.environ, "PGDURABLE_DSN": dsn}
+    out = subprocess.run([sys.executable, str(example)], env=env, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == [
+        "woken: True",
+        "result: {'order': 1, 'amount': 42, 'shipped': True}",
+        "orders: [(1, True)] runs: 1",
+    ]

@@ -24,19 +24,24 @@ GET_RUN = """
 SELECT id, task, revision, queue, priority, status, state, step, attempts, max_attempts,
        claims, idempotency_key, available_at, deadline_at, budget, spent, lease_owner,
        lease_token, lease_expires_at, wait_kind, wait_ref, wait_since, wake_at, wake,
-       result, error, cancel_requested_at, created_at, updated_at, finished_at
+       result, error, cancel_requested_at, created_at, updated_at, finished_at, reclaims
   FROM pgdurable.runs WHERE id = %s::uuid
 """
 # -- cancel; returns the resulting status (PD002 if unknown)
 CANCEL = "SELECT pgdurable.cancel_run(%s::uuid)"
-# -- send a signal; returns the woken run ids
-SIGNAL = "SELECT pgdurable.send_signal(%s::text, %s::text, %s::jsonb, %s::text, %s::interval)"
-# -- claim up to n runs (see the SQL header)
+# -- send a signal (0005: dedup by signal_id, PD008 on conflict); returns the woken run ids
+SIGNAL = "SELECT pgdurable.send_signal_v2(%s::text, %s::text, %s::jsonb, %s::text, %s::interval)"
+# -- signal one run (0005); returns its id if it woke (PD002 if unknown)
+SIGNAL_RUN = "SELECT pgdurable.signal_run(%s::uuid, %s::text, %s::jsonb, %s::text, %s::interval)"
+# -- claim up to n runs (see the SQL header); the last array: max_reclaims per task
 CLAIM = (
     "SELECT id, task, revision, queue, status, state, step, attempts, max_attempts, "
     "lease_token, lease_expires_at, wake, deadline_at, budget, spent, db_now "
-    "FROM pgdurable.claim_runs(%s::text, %s::text[], %s::text[], %s::text[], %s::integer, %s::interval)"
+    "FROM pgdurable.claim_runs(%s::text, %s::text[], %s::text[], %s::text[], %s::integer, "
+    "%s::interval, %s::integer[])"
 )
+# -- operator opt-in: end unheld runs of (task, revision) as incompatible; returns the count
+MARK_INCOMPATIBLE = "SELECT pgdurable.mark_incompatible(%s::text, %s::text, %s::text)"
 # -- heartbeat: renew every lease of this worker; returns (id, expires, cancel_requested)
 RENEW = (
     "SELECT id, lease_expires_at, cancel_requested "
@@ -50,7 +55,7 @@ CHECKPOINT = "SELECT pgdurable.checkpoint_run(%s::uuid, %s::bigint, %s::text, %s
 COMPLETE = "SELECT pgdurable.complete_run(%s::uuid, %s::bigint, %s::text, %s::jsonb, %s::jsonb, %s::numeric)"
 PARK = (
     "SELECT status, wake_at, extract(epoch FROM wake_at - pgdurable.now())::float8 "
-    "FROM pgdurable.park_run(%s::uuid, %s::bigint, %s::text, %s::jsonb, %s::numeric, "
+    "FROM pgdurable.park_run_v2(%s::uuid, %s::bigint, %s::text, %s::jsonb, %s::numeric, "
     "%s::text, %s::text, %s::timestamptz, %s::interval)"
 )
 RELEASE = "SELECT pgdurable.release_run(%s::uuid, %s::bigint, %s::text)"
@@ -165,6 +170,7 @@ class RunInfo:
     created_at: datetime
     updated_at: datetime
     finished_at: datetime | None
+    reclaims: int = 0  # expired-lease reclaims since the last checkpoint
 
     @property
     def terminal(self) -> bool:

@@ -25,9 +25,9 @@ from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 from . import _runs_sql as q
 from ._db import LIBRARY_OPTIONS, resolve_dsn, translated, validate_dsn
-from ._json import dumps
 from .errors import InvalidInput, ProviderClosed, UnknownTask
 from .migrations import acheck_schema, check_schema
+from .signals import DEFAULT_MAX_PAYLOAD, DEFAULT_SIGNAL_TTL, signal_params, signal_run_params
 
 if TYPE_CHECKING:
     from .worker import Worker
@@ -36,7 +36,6 @@ __all__ = ["Durable", "DurableClient", "RunInfo", "Task"]
 
 RunInfo = q.RunInfo
 F = TypeVar("F", bound=Callable[..., Any])
-DEFAULT_SIGNAL_TTL = timedelta(days=1)
 
 
 @dataclass(frozen=True)
@@ -46,6 +45,15 @@ class Task:
     ``retry_base``/``retry_cap`` (seconds) shape the exponential backoff with
     jitter between failed attempts: ``min(cap, base * 2**(attempt-1))`` times a
     random factor in [0.5, 1.5).
+
+    ``max_reclaims`` bounds crashes apart from step errors: a run whose lease
+    expired (its worker crashed or stalled) more than ``max_reclaims`` times
+    in a row without a checkpoint fails with error type ``PoisonRun``.
+
+    ``deadline`` is the default deadline of a start (from now, database
+    clock); ``prepare_state`` checks (and defaults) the start state before any
+    SQL. Both are set for registered durable task definitions
+    (:meth:`Durable.register`).
     """
 
     name: str
@@ -54,6 +62,9 @@ class Task:
     max_attempts: int = 3
     retry_base: float = 1.0
     retry_cap: float = 300.0
+    max_reclaims: int = 5
+    deadline: timedelta | None = None
+    prepare_state: Callable[[Any], Any] | None = None
 
     @property
     def is_async(self) -> bool:
@@ -98,6 +109,7 @@ def _task_decorator(
     max_attempts: int,
     retry_base: float,
     retry_cap: float,
+    max_reclaims: int = 5,
 ) -> Callable[[F], F]:
     q.check_name(name, "task name")
     q.check_name(revision, "revision")
@@ -105,11 +117,16 @@ def _task_decorator(
         raise ValueError("max_attempts must be an int >= 1")
     if retry_base < 0 or retry_cap < 0:
         raise ValueError("retry_base and retry_cap must be >= 0")
+    if isinstance(max_reclaims, bool) or not isinstance(max_reclaims, int) or max_reclaims < 0:
+        raise ValueError("max_reclaims must be an int >= 0")
 
     def deco(fn: F) -> F:
         if not callable(fn):
             raise TypeError("@task decorates a callable (ctx, state) -> step result")
-        registry.register(Task(name, revision, fn, max_attempts, float(retry_base), float(retry_cap)))
+        registry.register(
+            Task(name, revision, fn, max_attempts, float(retry_base), float(retry_cap),
+                 max_reclaims)
+        )
         return fn
 
     return deco
@@ -132,21 +149,27 @@ def _start_params(
     attempts = registry.max_attempts_for(task) if max_attempts is None else max_attempts
     if isinstance(attempts, bool) or not isinstance(attempts, int) or attempts < 1:
         raise ValueError("max_attempts must be an int >= 1")
+    spec = registry.tasks.get(task)
+    if spec is not None and spec.revision == rev:
+        if spec.prepare_state is not None:
+            state = spec.prepare_state(state)
+        if deadline is None:
+            deadline = spec.deadline
     return q.start_params(
         task, rev, state, queue, priority, attempts, idempotency_key, deadline, budget
     )
 
 
 def _signal_params(
-    kind: object, ref: object, payload: object, signal_id: object, ttl: object
+    kind: object,
+    ref: object,
+    payload: object,
+    signal_id: object,
+    ttl: object,
+    max_bytes: int | None = DEFAULT_MAX_PAYLOAD,
 ) -> tuple[Any, ...]:
-    q.check_name(kind, "signal kind")
-    q.check_name(ref, "signal ref")
-    if signal_id is not None:
-        q.check_name(signal_id, "signal_id")
-    if ttl is not None and not isinstance(ttl, timedelta):
-        raise TypeError("ttl must be a timedelta or None")
-    return (kind, ref, dumps(payload, "payload"), signal_id, ttl)
+    """Validated parameters of ``q.SIGNAL`` (see :func:`pgdurable.signals.signal_params`)."""
+    return signal_params(kind, ref, payload, signal_id, ttl, max_bytes)
 
 
 def _conn_kwargs() -> dict[str, Any]:
@@ -161,6 +184,9 @@ class Durable:
     call); ``Durable(pool=...)`` uses yours. After :meth:`close` every call
     raises :class:`ProviderClosed`.
     """
+
+    #: Largest signal payload (bytes of JSON) :meth:`signal` accepts; set it on the app.
+    max_signal_payload: int = DEFAULT_MAX_PAYLOAD
 
     def __init__(
         self,
@@ -200,9 +226,16 @@ class Durable:
         max_attempts: int = 3,
         retry_base: float = 1.0,
         retry_cap: float = 300.0,
+        max_reclaims: int = 5,
     ) -> Callable[[F], F]:
-        """Register a step function ``(ctx, state) -> Continue | Done | Wait | Sleep``."""
-        return _task_decorator(self._registry, name, revision, max_attempts, retry_base, retry_cap)
+        """Register a step function ``(ctx, state) -> Continue | Done | Wait | Sleep``.
+
+        ``max_attempts`` bounds failed steps; ``max_reclaims`` bounds crashes
+        (expired leases in a row without a checkpoint, see :class:`Task`).
+        """
+        return _task_decorator(
+            self._registry, name, revision, max_attempts, retry_base, retry_cap, max_reclaims
+        )
 
     async def open(self) -> None:
         """Open the pool (if owned) and check the schema version once."""
@@ -322,6 +355,23 @@ class Durable:
         assert row is not None
         return str(row[0])
 
+    async def mark_incompatible(self, task: str, revision: str, reason: str | None = None) -> int:
+        """End the runs of ``(task, revision)`` that no worker can run; return how many.
+
+        Workers never do this on their own: a run whose revision no worker has
+        stays ``runnable``/``waiting`` and visible until a capable worker comes.
+        This is the operator's explicit opt-in (e.g. after retiring revision
+        "1"): every such run not held under a live lease becomes terminal
+        ``incompatible`` with error type ``IncompatibleCheckpoint``.
+        """
+        q.check_name(task, "task")
+        q.check_name(revision, "revision")
+        if reason is not None:
+            q.check_name(reason, "reason")
+        row = await self.fetchone(q.MARK_INCOMPATIBLE, (task, revision, reason))
+        assert row is not None
+        return int(row[0])
+
     async def signal(
         self,
         kind: str,
@@ -333,11 +383,40 @@ class Durable:
     ) -> list[str]:
         """Send a signal: wake the runs waiting on ``(kind, ref)``; return their ids.
 
-        If none waits, the signal is kept (until ``ttl``) for the next run that
-        parks on ``(kind, ref)``. A ``signal_id`` already sent is ignored.
+        One transaction stores the signal, makes the waiting runs runnable
+        (``ctx.wake`` = ``{"type": "signal", "kind", "ref", "payload", "at",
+        "signal"}``) and notifies their queues. If none waits, the signal is
+        kept (until ``ttl``; ``None`` = forever) for the next run that parks on
+        ``(kind, ref)``. ``signal_id`` deduplicates: the same id with the same
+        kind, ref and payload changes nothing and returns the ids the first send
+        woke; with other content it raises :class:`~pgdurable.SignalConflict`.
+        The payload must be JSON of at most ``max_signal_payload`` bytes
+        (default 1 MiB); bad input raises ``TypeError``/``ValueError`` and
+        changes nothing.
         """
-        params = _signal_params(kind, ref, payload, signal_id, ttl)
+        params = _signal_params(kind, ref, payload, signal_id, ttl, self.max_signal_payload)
         rows = await self.fetchall(q.SIGNAL, params)
+        return [str(r[0]) for r in rows]
+
+    async def signal_run(
+        self,
+        run_id: Any,
+        kind: str,
+        payload: Any = None,
+        *,
+        signal_id: str | None = None,
+        ttl: timedelta | None = DEFAULT_SIGNAL_TTL,
+    ) -> list[str]:
+        """Send a signal to ONE run; return ``[run_id]`` if it woke, else ``[]``.
+
+        The run wakes if it is parked on a ``Wait`` of this ``kind`` (whatever
+        its ref). Otherwise the signal is kept for that run alone (until
+        ``ttl``) and handed over when it parks on ``kind``. A finished run
+        stores nothing. Unknown run: :class:`~pgdurable.RunNotFound`.
+        ``signal_id`` deduplicates as in :meth:`signal`.
+        """
+        params = signal_run_params(run_id, kind, payload, signal_id, ttl, self.max_signal_payload)
+        rows = await self.fetchall(q.SIGNAL_RUN, params)
         return [str(r[0]) for r in rows]
 
     def worker(
@@ -361,6 +440,9 @@ class DurableClient:
     use its task registry (revisions, max_attempts); otherwise ``start`` needs
     ``revision=``.
     """
+
+    #: Largest signal payload (bytes of JSON) :meth:`signal` accepts.
+    max_signal_payload: int = DEFAULT_MAX_PAYLOAD
 
     def __init__(
         self, conninfo: str | None = None, *, app: Durable | None = None, pool_size: int = 4
@@ -459,5 +541,18 @@ class DurableClient:
         ttl: timedelta | None = DEFAULT_SIGNAL_TTL,
     ) -> list[str]:
         """Send a signal (see :meth:`Durable.signal`); returns the woken run ids."""
-        params = _signal_params(kind, ref, payload, signal_id, ttl)
+        params = _signal_params(kind, ref, payload, signal_id, ttl, self.max_signal_payload)
         return [str(r[0]) for r in self._fetchall(q.SIGNAL, params)]
+
+    def signal_run(
+        self,
+        run_id: Any,
+        kind: str,
+        payload: Any = None,
+        *,
+        signal_id: str | None = None,
+        ttl: timedelta | None = DEFAULT_SIGNAL_TTL,
+    ) -> list[str]:
+        """Signal one run (see :meth:`Durable.signal_run`); ``[run_id]`` if it woke."""
+        params = signal_run_params(run_id, kind, payload, signal_id, ttl, self.max_signal_payload)
+        return [str(r[0]) for r in self._fetchall(q.SIGNAL_RUN, params)]

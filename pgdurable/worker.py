@@ -227,6 +227,9 @@ class Worker:
     def _task_arrays(self) -> tuple[list[str], list[str]]:
         return [t.name for t in self._tasks], [t.revision for t in self._tasks]
 
+    def _reclaim_bounds(self) -> list[int]:
+        return [getattr(t, "max_reclaims", 5) for t in self._tasks]
+
     async def _next_wakeup(self, min_delay: float = 0.0) -> None:
         """Ask the database when work may appear next (sets ``_due_at``).
 
@@ -277,7 +280,10 @@ class Worker:
 
     async def _claim(self, n: int) -> int:
         names, revs = self._task_arrays()
-        params = (self.worker_id, self.queues, names, revs, n, timedelta(seconds=self.ttl))
+        params = (
+            self.worker_id, self.queues, names, revs, n, timedelta(seconds=self.ttl),
+            self._reclaim_bounds(),
+        )
         start = time.monotonic()
         try:
             self.claim_count += 1

@@ -20,6 +20,22 @@ ALTER TABLE pgdurable.checkpoints ADD COLUMN wake jsonb;
 COMMENT ON COLUMN pgdurable.checkpoints.wake IS
   'The wake outcome (signal or timeout) the step saw in ctx.wake, NULL if none.';
 
+-- Poison runs: crashes are counted apart from step errors. attempts counts
+-- failed steps (fail_run) against max_attempts; reclaims counts expired-lease
+-- reclaims since the last checkpoint against the task's max_reclaims (passed
+-- by the worker to claim_runs); claims counts every claim (information only).
+ALTER TABLE pgdurable.runs ADD COLUMN reclaims integer NOT NULL DEFAULT 0
+  CHECK (reclaims >= 0);
+COMMENT ON COLUMN pgdurable.runs.reclaims IS
+  'Expired-lease reclaims (its worker crashed or stalled) since the run''s last checkpoint; '
+  'reset by every checkpoint. When a lease expires with reclaims >= the task''s max_reclaims '
+  '(default 5) the run fails with error type PoisonRun. Step errors count in attempts instead.';
+COMMENT ON COLUMN pgdurable.runs.claims IS
+  'How many times a worker claimed the run (every claim: first, after a give-back, retry '
+  'or reclaim); information only, bounds nothing (see reclaims and attempts).';
+COMMENT ON COLUMN pgdurable.runs.attempts IS
+  'Failed steps (exceptions, fail_run) counted against max_attempts; crashes count in reclaims.';
+
 -- Claim branch (a): runnable runs by queue, priority, age.
 CREATE INDEX runs_runnable_idx ON pgdurable.runs (queue, priority DESC, available_at)
   WHERE status = 'runnable';
@@ -112,14 +128,18 @@ COMMENT ON FUNCTION pgdurable.start_run(text, text, jsonb, text, integer, intege
 -- (task, revision) pair is in (p_tasks[i], p_revisions[i]) are taken.
 -- Each claimed run gets lease_token + 1, lease_owner = p_owner,
 -- lease_expires_at = now + p_ttl, claims + 1.
--- Branch (b) counts as a failed attempt (error LeaseExpired): a run past
--- max_attempts becomes failed (poison run), and a run whose cancel was
--- requested becomes cancelled; such rows are returned with that status and
--- must not be executed. Rows with status 'leased' are the caller's to run.
+-- Branch (b) is a reclaim (crash recovery), counted in reclaims, NOT in
+-- attempts (error LeaseExpired recorded). POISON RULE: if the run already
+-- has reclaims >= max_reclaims (p_max_reclaims[i] for its task, default 5
+-- when the array or the element is NULL; reclaims resets at every
+-- checkpoint) it fails instead, error {type: 'PoisonRun', message,
+-- traceback: NULL}. A run whose cancel was requested becomes cancelled.
+-- Failed/cancelled rows are returned with that status and must not be
+-- executed. Rows with status 'leased' are the caller's to run.
 ------------------------------------------------------------------------------
 CREATE FUNCTION pgdurable.claim_runs(
   p_owner text, p_queues text[], p_tasks text[], p_revisions text[],
-  p_limit integer, p_ttl interval)
+  p_limit integer, p_ttl interval, p_max_reclaims integer[] DEFAULT NULL)
 RETURNS TABLE (id uuid, task text, revision text, queue text, status text, state jsonb,
                step integer, attempts integer, max_attempts integer, lease_token bigint,
                lease_expires_at timestamptz, wake jsonb, deadline_at timestamptz,
@@ -136,7 +156,7 @@ BEGIN
   WITH a AS MATERIALIZED (
     -- per queue an index-ordered, LIMITed scan (no sort of the backlog), then
     -- the best p_limit of those across queues
-    SELECT x.id, 'runnable'::text AS branch
+    SELECT x.id, 'runnable'::text AS branch, 'run'::text AS verdict, NULL::integer AS bound
       FROM unnest(p_queues) AS qn(name)
      CROSS JOIN LATERAL (
        SELECT r.id, r.priority, r.available_at FROM pgdurable.runs r
@@ -147,12 +167,19 @@ BEGIN
      ORDER BY x.priority DESC, x.available_at
      LIMIT p_limit
   ), b AS MATERIALIZED (
-    SELECT r.id, 'expired'::text AS branch FROM pgdurable.runs r
+    SELECT r.id, 'expired'::text AS branch,
+           CASE WHEN r.cancel_requested_at IS NOT NULL THEN 'cancelled'
+                WHEN r.reclaims >= m.bound THEN 'poison'
+                ELSE 'run' END AS verdict, m.bound
+      FROM pgdurable.runs r
+     CROSS JOIN LATERAL (SELECT coalesce(p_max_reclaims[array_position(
+                           v_keys, r.task || E'\x1f' || r.revision)], 5) AS bound) m
      WHERE r.status = 'leased' AND r.queue = ANY (p_queues) AND r.lease_expires_at <= v_now
        AND r.task || E'\x1f' || r.revision = ANY (v_keys)
      LIMIT p_limit FOR UPDATE SKIP LOCKED
   ), c AS MATERIALIZED (
-    SELECT r.id, 'timer'::text AS branch FROM pgdurable.runs r
+    SELECT r.id, 'timer'::text AS branch, 'run'::text AS verdict, NULL::integer AS bound
+      FROM pgdurable.runs r
      WHERE r.status = 'waiting' AND r.wake_at IS NOT NULL AND r.queue = ANY (p_queues)
        AND r.wake_at <= v_now AND r.task || E'\x1f' || r.revision = ANY (v_keys)
      ORDER BY r.wake_at
@@ -161,23 +188,26 @@ BEGIN
     SELECT * FROM a UNION ALL SELECT * FROM b UNION ALL SELECT * FROM c
     LIMIT p_limit
   ), upd AS (
+    -- k.verdict: 'run' | 'cancelled' | 'poison' (decided in branch b)
     UPDATE pgdurable.runs r SET
-      status = CASE
-        WHEN k.branch = 'expired' AND r.cancel_requested_at IS NOT NULL THEN 'cancelled'
-        WHEN k.branch = 'expired' AND r.attempts + 1 >= r.max_attempts THEN 'failed'
-        ELSE 'leased' END,
-      attempts = r.attempts + (k.branch = 'expired')::integer,
-      error = CASE WHEN k.branch = 'expired' THEN pgdurable._error('LeaseExpired',
-                'lease of worker ' || coalesce(r.lease_owner, '?') || ' expired (crashed or stalled worker)')
-              ELSE r.error END,
+      status = CASE k.verdict WHEN 'cancelled' THEN 'cancelled' WHEN 'poison' THEN 'failed'
+                              ELSE 'leased' END,
+      reclaims = r.reclaims + (k.branch = 'expired')::integer,
+      error = CASE
+        WHEN k.verdict = 'cancelled' THEN pgdurable._error('RunCancelled',
+               'run was cancelled (its worker''s lease expired before it stopped)')
+        WHEN k.verdict = 'poison' THEN pgdurable._error('PoisonRun', format(
+               'lease expired %s times in a row without a checkpoint (max_reclaims %s): '
+               'the run keeps crashing or stalling its workers; last worker %s',
+               r.reclaims + 1, k.bound, coalesce(r.lease_owner, '?')))
+        WHEN k.branch = 'expired' THEN pgdurable._error('LeaseExpired',
+               'lease of worker ' || coalesce(r.lease_owner, '?') || ' expired (crashed or stalled worker)')
+        ELSE r.error END,
       claims = r.claims + 1,
       lease_token = r.lease_token + 1,
-      lease_owner = CASE WHEN k.branch = 'expired' AND (r.cancel_requested_at IS NOT NULL
-                          OR r.attempts + 1 >= r.max_attempts) THEN NULL ELSE p_owner END,
-      lease_expires_at = CASE WHEN k.branch = 'expired' AND (r.cancel_requested_at IS NOT NULL
-                          OR r.attempts + 1 >= r.max_attempts) THEN NULL ELSE v_now + p_ttl END,
-      finished_at = CASE WHEN k.branch = 'expired' AND (r.cancel_requested_at IS NOT NULL
-                          OR r.attempts + 1 >= r.max_attempts) THEN v_now END,
+      lease_owner = CASE WHEN k.verdict = 'run' THEN p_owner END,
+      lease_expires_at = CASE WHEN k.verdict = 'run' THEN v_now + p_ttl END,
+      finished_at = CASE WHEN k.verdict <> 'run' THEN v_now END,
       leased_at = v_now,
       wake = CASE WHEN k.branch = 'timer'
                   THEN jsonb_build_object('type', 'timeout', 'kind', r.wait_kind,
@@ -194,7 +224,7 @@ BEGIN
   SELECT u.*, v_now FROM upd u;
 END
 $$;
-COMMENT ON FUNCTION pgdurable.claim_runs(text, text[], text[], text[], integer, interval) IS
+COMMENT ON FUNCTION pgdurable.claim_runs(text, text[], text[], text[], integer, interval, integer[]) IS
   'Claim up to p_limit runs (runnable, expired lease, due timer) for p_owner in one statement.';
 
 ------------------------------------------------------------------------------
@@ -316,7 +346,7 @@ COMMENT ON FUNCTION pgdurable._end(uuid, text, jsonb, numeric) IS
 
 ------------------------------------------------------------------------------
 -- pgdurable._checkpoint(run, token, state): internal, write the step's state:
--- runs.state/step + 1/wake := NULL and the checkpoints history row (with the
+-- runs.state/step + 1/wake := NULL/reclaims := 0 and the checkpoints history row (with the
 -- wake the step saw). Returns the new step number.
 ------------------------------------------------------------------------------
 CREATE FUNCTION pgdurable._checkpoint(r pgdurable.runs, p_token bigint, p_state jsonb,
@@ -324,7 +354,7 @@ CREATE FUNCTION pgdurable._checkpoint(r pgdurable.runs, p_token bigint, p_state 
 RETURNS integer
 LANGUAGE sql AS $$
   WITH u AS (
-    UPDATE pgdurable.runs SET state = p_state, step = r.step + 1, wake = NULL,
+    UPDATE pgdurable.runs SET state = p_state, step = r.step + 1, wake = NULL, reclaims = 0,
            spent = spent + coalesce(p_spend, 0), updated_at = pgdurable.now()
      WHERE id = r.id
     RETURNING id, step)
@@ -577,6 +607,39 @@ END
 $$;
 COMMENT ON FUNCTION pgdurable.cancel_run(uuid) IS
   'Cancel a run: at once if runnable/waiting, by request + NOTIFY if leased; returns the status.';
+
+------------------------------------------------------------------------------
+-- pgdurable.mark_incompatible(task, revision, reason) -> integer
+-- VERSIONS (R6). A worker claims only the (task, revision) pairs it has; a
+-- run of any other pair is never claimed, never failed by a worker: it stays
+-- 'runnable' (or 'waiting') and visible, waiting for a capable worker
+-- (pgdurable.queue_stats.oldest_runnable_age grows). A worker never decides
+-- on its own that a revision is gone. This function is the operator's
+-- explicit opt-in: every run of (task, revision) that no live lease holds
+-- (runnable, waiting, or leased with an expired lease) becomes terminal
+-- 'incompatible' with error {type: 'IncompatibleCheckpoint', message:
+-- reason}; runs held under a live lease are left alone. Returns how many
+-- runs were marked. retry_run does not revive them (start a new run).
+------------------------------------------------------------------------------
+CREATE FUNCTION pgdurable.mark_incompatible(p_task text, p_revision text, p_reason text)
+RETURNS integer
+LANGUAGE sql AS $$
+  WITH m AS (
+    UPDATE pgdurable.runs r SET status = 'incompatible',
+           error = pgdurable._error('IncompatibleCheckpoint', format(
+             'task %s revision %s: %s', p_task, p_revision,
+             coalesce(p_reason, 'no worker runs this revision'))),
+           lease_owner = NULL, lease_expires_at = NULL,
+           wait_kind = NULL, wait_ref = NULL, wait_since = NULL, wake_at = NULL,
+           finished_at = pgdurable.now(), updated_at = pgdurable.now()
+     WHERE r.task = p_task AND r.revision = p_revision
+       AND (r.status IN ('runnable', 'waiting')
+            OR (r.status = 'leased' AND r.lease_expires_at <= pgdurable.now()))
+    RETURNING 1)
+  SELECT count(*)::integer FROM m
+$$;
+COMMENT ON FUNCTION pgdurable.mark_incompatible(text, text, text) IS
+  'Operator opt-in: end the unheld runs of a (task, revision) no worker will run as incompatible.';
 
 ------------------------------------------------------------------------------
 -- pgdurable.send_signal(kind, ref, payload, signal_id, ttl) -> SETOF uuid

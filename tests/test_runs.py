@@ -175,19 +175,51 @@ def test_claim_boundary_pair_expired_leases(conn: psycopg.Connection[Any]) -> No
                     lease_expires_at="pgdurable.now() + interval '1 s'")
     rows = claim(conn)
     assert [(r[0], r[1], r[2]) for r in rows] == [(old, "leased", 6)]
-    info = sql(conn, "SELECT attempts, claims, error->>'type' FROM pgdurable.runs WHERE id = %s", old)
-    assert info == [(1, 1, "LeaseExpired")]
+    # a reclaim is counted apart from failed steps (attempts)
+    info = sql(conn, "SELECT attempts, reclaims, claims, error->>'type' FROM pgdurable.runs "
+               "WHERE id = %s", old)
+    assert info == [(0, 1, 1, "LeaseExpired")]
     assert sql(conn, "SELECT lease_owner, lease_token FROM pgdurable.runs WHERE id = %s", live) == [
         ("alive", 7)]
 
 
+def _claim_bounded(conn: psycopg.Connection[Any], bounds: Any) -> list[tuple[Any, ...]]:
+    return sql(conn, "SELECT id, status FROM pgdurable.claim_runs('w1', %s, %s, %s, 10, "
+               "'60 s', %s)", ["default"], ["t"], ["1"], bounds)
+
+
 def test_poison_run_fails_after_bound(conn: psycopg.Connection[Any]) -> None:
-    (_rid,) = _seed(conn, status="'leased'", lease_owner="'dead'", attempts="2",
+    expire = "UPDATE pgdurable.runs SET lease_expires_at = pgdurable.now() - interval '1 s'"
+    (rid,) = _seed(conn, status="'leased'", lease_owner="'dead'", attempts="2",
                    lease_expires_at="pgdurable.now() - interval '1 s'")
-    rows = claim(conn)
-    assert rows[0][1] == "failed"
-    assert sql(conn, "SELECT status, error->>'type', lease_owner FROM pgdurable.runs") == [
-        ("failed", "LeaseExpired", None)]
+    # failed steps (attempts) do not make a crash fatal: reclaims are counted apart
+    for n in (1, 2):
+        assert _claim_bounded(conn, [2]) == [(rid, "leased")]
+        conn.execute(expire)
+        assert sql(conn, "SELECT reclaims, attempts FROM pgdurable.runs") == [(n, 2)]
+    # a checkpoint is progress: it resets the count
+    token = sql(conn, "SELECT lease_token FROM pgdurable.runs")[0][0]
+    conn.execute("UPDATE pgdurable.runs SET lease_expires_at = pgdurable.now() + interval '1 s'")
+    sql(conn, "SELECT pgdurable.checkpoint_run(%s, %s, 'w1', '{}', 0)", rid, token)
+    assert sql(conn, "SELECT reclaims FROM pgdurable.runs") == [(0,)]
+    for _ in (1, 2):
+        conn.execute(expire)
+        assert _claim_bounded(conn, [2]) == [(rid, "leased")]
+    conn.execute(expire)
+    assert _claim_bounded(conn, [2]) == [(rid, "failed")]
+    ((status, err, owner, reclaims),) = sql(
+        conn, "SELECT status, error, lease_owner, reclaims FROM pgdurable.runs")
+    assert (status, err["type"], owner, reclaims) == ("failed", "PoisonRun", None, 3)
+    assert "max_reclaims 2" in err["message"]
+    # default bound (NULL array or element) is 5; bound 0 fails at the first expiry
+    (r2,) = _seed(conn, status="'leased'", lease_owner="'dead'", reclaims="4",
+                  lease_expires_at="pgdurable.now() - interval '1 s'")
+    assert _claim_bounded(conn, None) == [(r2, "leased")]
+    conn.execute(expire + " WHERE id = %s", (r2,))
+    assert _claim_bounded(conn, [None]) == [(r2, "failed")]
+    (r3,) = _seed(conn, status="'leased'", lease_owner="'dead'",
+                  lease_expires_at="pgdurable.now() - interval '1 s'")
+    assert _claim_bounded(conn, [0]) == [(r3, "failed")]
     (_rid2,) = _seed(conn, status="'leased'", lease_owner="'dead'",
                     cancel_requested_at="pgdurable.now()",
                     lease_expires_at="pgdurable.now() - interval '1 s'")

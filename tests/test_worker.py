@@ -435,7 +435,7 @@ async def test_idle_worker_wakes_for_expired_leases_and_timers(
     async with running(app.worker(poll_interval=60)):
         a = await finished(app, crashed)
         b = await finished(app, timer)
-    assert a.status == "completed" and a.lease_token == 2 and a.attempts == 1
+    assert a.status == "completed" and a.lease_token == 2 and a.attempts == 0  # a reclaim, not a failed step
     assert b.status == "completed" and b.result["type"] == "timeout"
 
 

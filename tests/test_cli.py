@@ -199,5 +199,5 @@ def test_worker_command_runs_a_worker_until_sigterm(dsn: str) -> None:
             assert client.get_run(rid).result == {"ok": True}
     finally:
         proc.send_signal(signal.SIGTERM)
-        out, err = proc.communicate(timeout=30)
+        _out, err = proc.communicate(timeout=30)
     assert proc.returncode == 0, err

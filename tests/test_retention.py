@@ -179,14 +179,18 @@ async def test_pruners_in_two_apps_share_the_work(dsn: str, conn: psycopg.Connec
     seed(conn, 50)
     seed(conn, 3, age="1 day")
     turns: list[PruneResult] = []
-    stop = asyncio.Event()
+    stop, all_pruned = asyncio.Event(), asyncio.Event()
+
+    def record(result: PruneResult) -> None:
+        turns.append(result)
+        if sum(t.runs for t in turns) >= 50:
+            all_pruned.set()
+
     async with Durable(dsn) as a, Durable(dsn) as b:
         tasks = [asyncio.create_task(run_pruner(app, every=0.05, older_than="7d", batch=7,
-                                                pause=0, stop=stop, on_prune=turns.append))
+                                                pause=0, stop=stop, on_prune=record))
                  for app in (a, b)]
-        deadline = time.monotonic() + 20
-        while counts(conn)["runs"] > 3 and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
+        await asyncio.wait_for(all_pruned.wait(), timeout=20)
         stop.set()
         await asyncio.wait_for(asyncio.gather(*tasks), timeout=10)
     assert counts(conn)["runs"] == 3

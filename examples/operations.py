@@ -1,0 +1,93 @@
+"""Operations: inspect runs with SQL, retry a failed run, prune old ones, run a pruner.
+
+Run with a migrated database:  PGDURABLE_DSN=postgresql://... python examples/operations.py
+
+The same things from a shell:  pgdurable stats / runs --status failed / run ID /
+retry ID / prune --older-than 7d --dry-run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from datetime import timedelta
+from typing import Any
+
+import psycopg
+
+import pgdurable
+from pgdurable import Continue, Done, RunContext
+from pgdurable.retention import prune, run_pruner
+
+app = pgdurable.Durable()  # DSN from PGDURABLE_DSN / DATABASE_URL
+tool_is_down = True  # the outage we fix before retrying
+
+
+@app.task("report", revision="1", max_attempts=1)
+async def report(ctx: RunContext, state: dict[str, Any]) -> Any:
+    if ctx.step == 0:
+        return Continue({**state, "drafted": True})
+    if state["topic"] == "flaky" and tool_is_down:
+        raise ConnectionError("search API unavailable")
+    return Done({"topic": state["topic"], "pages": 3})
+
+
+async def wait_terminal(run_ids: list[str]) -> None:
+    for _ in range(400):
+        infos = [await app.get_run(r) for r in run_ids]
+        if all(i.terminal for i in infos):
+            return
+        await asyncio.sleep(0.05)
+    raise TimeoutError(run_ids)
+
+
+def show(conn: psycopg.Connection[Any], title: str, sql: str) -> list[tuple[Any, ...]]:
+    rows = conn.execute(sql).fetchall()
+    print(f"-- {title}")
+    for row in rows:
+        print("  ", row)
+    return rows
+
+
+async def main() -> None:
+    global tool_is_down
+    dsn = os.environ["PGDURABLE_DSN"]
+    async with app:
+        worker = app.worker(concurrency=4, lease_ttl=timedelta(seconds=10), poll_interval=0.5)
+        stop_pruner = asyncio.Event()
+        tasks = [
+            asyncio.create_task(worker.run()),
+            # Automatic retention next to the worker: one pruner at a time across the fleet.
+            asyncio.create_task(run_pruner(app, every=timedelta(hours=1), older_than="7d",
+                                           stop=stop_pruner)),
+        ]
+        ids = [await app.start("report", {"topic": t}) for t in ("pg", "flaky", "leases")]
+        await wait_terminal(ids)
+
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            show(conn, "per queue (pgdurable.queue_stats)",
+                 "SELECT queue, runnable, leased, waiting, completed, failed FROM pgdurable.queue_stats")
+            failed = show(conn, "what failed and why (pgdurable.run_overview)",
+                          """SELECT id, task, error_type, error_message FROM pgdurable.run_overview
+                              WHERE status = 'failed'""")
+            assert len(failed) == 1 and failed[0][2] == "ConnectionError"
+
+            tool_is_down = False  # the outage is over: retry from the last checkpoint
+            conn.execute("SELECT pgdurable.retry_run(%s)", (failed[0][0],))
+            await wait_terminal(ids)
+            info = await app.get_run(str(failed[0][0]))
+            print("retried:", info.status, info.result)
+            assert info.status == "completed"
+
+        # Retention: everything finished more than 0 s ago (7d in real life), in batches.
+        result = await prune(app, timedelta(0), batch=2)
+        print(f"pruned {result.runs} runs, {result.checkpoints} checkpoints in {result.batches} batches")
+        assert result.runs == 3
+
+        stop_pruner.set()
+        await worker.stop(grace=5)
+        await asyncio.gather(*tasks)
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

@@ -17,6 +17,17 @@ CREATE INDEX runs_finished_idx ON pgdurable.runs (finished_at)
 -- Retention deletes the signals consumed by pruned runs (consumed_by has no FK).
 CREATE INDEX signals_consumed_by_idx ON pgdurable.signals (consumed_by)
   WHERE consumed_by IS NOT NULL;
+-- History tables lose rows in batches to retention: vacuum them after 5 % dead
+-- rows instead of the default 20 %, without cost throttling (runs and leases
+-- already ship aggressive settings in 0001: pitfall 8).
+ALTER TABLE pgdurable.checkpoints SET (autovacuum_vacuum_scale_factor = 0.05,
+                                       autovacuum_vacuum_cost_delay = 0);
+ALTER TABLE pgdurable.effects SET (autovacuum_vacuum_scale_factor = 0.05,
+                                   autovacuum_vacuum_cost_delay = 0);
+ALTER TABLE pgdurable.run_events SET (autovacuum_vacuum_scale_factor = 0.05,
+                                      autovacuum_vacuum_cost_delay = 0);
+ALTER TABLE pgdurable.signals SET (autovacuum_vacuum_scale_factor = 0.05,
+                                   autovacuum_vacuum_cost_delay = 0);
 
 ------------------------------------------------------------------------------
 -- pgdurable.run_overview: one readable row per run.

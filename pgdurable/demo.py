@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import importlib
 import json
 import os
 import queue
@@ -235,9 +236,55 @@ class _WorkerProc:
         return "\n".join(text.splitlines()[-5:])
 
 
-def _deliver_webhook(client: DurableClient, kind: str, ref: str, payload: dict[str, Any]) -> list[str]:
-    """Simulated webhook delivery: a CI system POSTs /signals/{kind}/{ref}; we send the signal."""
-    return client.signal(kind, ref, payload, signal_id=f"{kind}:{ref}")
+def _deliver_webhook(client: DurableClient, dsn: str, kind: str, ref: str,
+                     payload: dict[str, Any]) -> tuple[str, list[str]]:
+    """Simulated webhook: a CI system POSTs ``/signals/{kind}/{ref}``, HMAC-signed.
+
+    The request goes through the ASGI app of :mod:`pgdurable.webhooks` (called
+    in process, no HTTP server needed); where that module is not available the
+    signal is sent with ``client.signal``. Returns (how, woken run ids).
+    """
+    try:
+        webhooks: Any = importlib.import_module("pgdurable.webhooks")
+    except ImportError:
+        return "app.signal", client.signal(kind, ref, payload, signal_id=f"{kind}:{ref}")
+    return "ASGI webhook app, HMAC-signed", asyncio.run(_asgi_post(webhooks, dsn, kind, ref, payload))
+
+
+async def _asgi_post(webhooks: Any, dsn: str, kind: str, ref: str,
+                     payload: dict[str, Any]) -> list[str]:
+    secret = uuid.uuid4().hex
+    body = json.dumps(payload).encode()
+    path = f"/signals/{kind}/{ref}"
+    scope = {
+        "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
+        "scheme": "http", "path": path, "raw_path": path.encode(), "root_path": "",
+        "query_string": b"", "server": ("demo", 80), "client": ("ci", 0),
+        "headers": [(b"content-type", b"application/json"),
+                    (b"content-length", str(len(body)).encode()),
+                    (webhooks.SIGNATURE_HEADER.lower().encode(), webhooks.sign(secret, body).encode()),
+                    (b"idempotency-key", f"{kind}:{ref}".encode())],
+    }
+    sent: list[dict[str, Any]] = []
+    delivered = False
+
+    async def receive() -> dict[str, Any]:
+        nonlocal delivered
+        if delivered:
+            await asyncio.sleep(3600)
+        delivered = True
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    async def send(message: Any) -> None:
+        sent.append(dict(message))
+
+    async with Durable(dsn, pool_size=2) as durable:
+        await webhooks.app(durable, secret=secret)(scope, receive, send)
+    status = next(m["status"] for m in sent if m["type"] == "http.response.start")
+    answer = json.loads(b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body"))
+    if status >= 400:
+        raise RuntimeError(f"webhook answered {status}: {answer}")
+    return [str(r) for r in answer.get("woken", [])]
 
 
 def run_demo(*, dsn: str | None = None, data_dir: str | None = None,
@@ -327,9 +374,10 @@ def _drive(tl: _Timeline, conn: Any, client: DurableClient, run_id: str,
         if status == "waiting" and wait_kind == "ci" and "ci" not in acted:
             acted.add("ci")
             time.sleep(0.3)
-            woke = _deliver_webhook(client, "ci", wait_ref, {"conclusion": "success", "checks": 12})
-            tl.log("webhook", f"POST /signals/ci/{wait_ref} {{conclusion: success}} -> woke "
-                              f"{len(woke)} run(s)")
+            how, woke = _deliver_webhook(client, dsn, "ci", wait_ref,
+                                         {"conclusion": "success", "checks": 12})
+            tl.log("webhook", f"POST /signals/ci/{wait_ref} {{conclusion: success}} ({how}) "
+                              f"-> woke {len(woke)} run(s)")
         if status == "waiting" and wait_kind == "approval" and "approval" not in acted:
             acted.add("approval")
             time.sleep(0.3)

@@ -1,0 +1,184 @@
+"""The webhook ASGI app: end to end through uvicorn in a subprocess, plus the
+ASGI protocol details (lifespan, mounting under a root path) in process."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import psycopg
+import pytest
+
+from pgdurable import Durable, ProviderClosed
+from pgdurable.webhooks import SIGNATURE_HEADER, app, sign
+
+SECRET = "s3cret-for-tests"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def server(dsn: str) -> Iterator[str]:
+    port = free_port()
+    env = dict(os.environ, PGDURABLE_DSN=dsn, PGDURABLE_WEBHOOK_SECRET=SECRET,
+               PGDURABLE_WEBHOOK_MAX="1000")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "uvicorn", "--factory", "tests._signal_procs:webhook_app",
+         "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        end = time.monotonic() + 30
+        while True:
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=1):
+                    break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > end:
+                    out = proc.stdout.read() if proc.stdout else b""
+                    raise AssertionError(f"uvicorn did not start: {out!r}") from None
+                time.sleep(0.05)
+        yield base
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def park_one(conn: psycopg.Connection[Any], kind: str, ref: str) -> uuid.UUID:
+    rid = conn.execute("INSERT INTO pgdurable.runs (task, revision, status, lease_owner, "
+                       "lease_token, lease_expires_at) VALUES ('t', '1', 'leased', 'w', 1, "
+                       "pgdurable.now() + interval '1 hour') RETURNING id").fetchone()[0]  # type: ignore[index]
+    conn.execute("SELECT * FROM pgdurable.park_run_v2(%s, 1, 'w', '{}', 0, %s, %s, NULL, NULL)",
+                 (rid, kind, ref))
+    return rid  # type: ignore[no-any-return]
+
+
+def post(client: httpx.Client, path: str, body: bytes, *, signed: bool = True,
+         headers: dict[str, str] | None = None) -> httpx.Response:
+    h = dict(headers or {})
+    if signed:
+        h[SIGNATURE_HEADER] = sign(SECRET, body)
+    return client.post(path, content=body, headers=h)
+
+
+def signals(conn: psycopg.Connection[Any]) -> int:
+    return int(conn.execute("SELECT count(*) FROM pgdurable.signals").fetchone()[0])  # type: ignore[index]
+
+
+def test_webhook_end_to_end(server: str, conn: psycopg.Connection[Any]) -> None:
+    rid = park_one(conn, "ci", "build-7")
+    slash = park_one(conn, "ci", "feature/x")
+    with httpx.Client(base_url=server, timeout=30) as client:
+        # errors first: each changes nothing
+        body = b'{"conclusion": "success"}'
+        r = post(client, "/signals/ci/build-7", body, signed=False)
+        assert r.status_code == 401 and "missing" in r.json()["error"]
+        r = post(client, "/signals/ci/build-7", body,
+                 headers={SIGNATURE_HEADER: sign("wrong", body)}, signed=False)
+        assert r.status_code == 401 and "does not match" in r.json()["error"]
+        r = client.post("/signals/ci/build-7", content=body + b" ",
+                        headers={SIGNATURE_HEADER: sign(SECRET, body)})  # body tampered
+        assert r.status_code == 401
+        assert post(client, "/signals/ci/build-7", b"{not json").status_code == 400
+        assert post(client, "/signals/ci/build-7", b'"nul \\u0000"').status_code == 400
+        assert post(client, "/signals/ci/build-7", b"[NaN]").status_code == 400
+        big = json.dumps({"x": "y" * 2000}).encode()
+        assert post(client, "/signals/ci/build-7", big).status_code == 413
+        assert client.get("/signals/ci/build-7").status_code == 405
+        assert client.get("/signals/ci/build-7").headers["allow"] == "POST"
+        assert post(client, "/nope", body).status_code == 404
+        assert post(client, "/signals/ci", body).status_code == 404
+        r = post(client, "/signals//build-7", body)
+        assert r.status_code == 400 and r.json()["error"]
+        r = post(client, "/signals/ci/build-7", body, headers={"Idempotency-Key": ""})
+        assert r.status_code == 400
+        assert signals(conn) == 0
+        assert conn.execute("SELECT status FROM pgdurable.runs WHERE id = %s",
+                            (rid,)).fetchone() == ("waiting",)
+        # a signed signal wakes the run; a retry with the same key gets the same answer
+        r = post(client, "/signals/ci/build-7", body, headers={"Idempotency-Key": "gh-1"})
+        assert r.status_code == 200 and r.json() == {"woken": [str(rid)], "pending": False}
+        r = post(client, "/signals/ci/build-7", body, headers={"Idempotency-Key": "gh-1"})
+        assert r.status_code == 200 and r.json()["woken"] == [str(rid)]
+        r = post(client, "/signals/ci/build-7", b"{}", headers={"X-Signal-Id": "gh-1"})
+        assert r.status_code == 409
+        assert signals(conn) == 1
+        # percent-encoded ref; no waiting run -> 202, kept pending
+        r = post(client, "/signals/ci/feature%2Fx", b"")
+        assert r.status_code == 200 and r.json()["woken"] == [str(slash)]
+        r = post(client, "/signals/ci/not-yet", b'{"early": true}')
+        assert r.status_code == 202 and r.json() == {"woken": [], "pending": True}
+    wake = conn.execute("SELECT wake FROM pgdurable.runs WHERE id = %s", (rid,)).fetchone()[0]  # type: ignore[index]
+    assert wake["payload"] == {"conclusion": "success"} and wake["kind"] == "ci"
+    assert conn.execute("SELECT count(*) FROM pgdurable.signals WHERE consumed_at IS NULL "
+                        "AND ref = 'not-yet'").fetchone() == (1,)
+
+
+async def call(asgi: Any, scope: dict[str, Any], body: bytes = b"") -> tuple[int, Any]:
+    sent: list[dict[str, Any]] = []
+    messages = [{"type": "http.request", "body": body, "more_body": False}]
+
+    async def receive() -> dict[str, Any]:
+        return messages.pop(0) if messages else {"type": "http.disconnect"}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    await asgi(scope, receive, send)
+    status = sent[0]["status"]
+    return status, json.loads(b"".join(m.get("body", b"") for m in sent[1:]))
+
+
+def http_scope(path: str, root_path: str = "", headers: list[tuple[bytes, bytes]] | None = None,
+               method: str = "POST") -> dict[str, Any]:
+    return {"type": "http", "method": method, "path": path, "raw_path": path.encode(),
+            "root_path": root_path, "headers": headers or [], "query_string": b""}
+
+
+async def test_lifespan_and_mounting(dsn: str, conn: psycopg.Connection[Any]) -> None:
+    durable = Durable(dsn)
+    hooks = app(durable, secret=SECRET, close_on_shutdown=True)
+    inbox = [{"type": "lifespan.startup"}, {"type": "lifespan.shutdown"}]
+    out: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        return inbox.pop(0)
+
+    async def send(message: dict[str, Any]) -> None:
+        out.append(message)
+        if message["type"] == "lifespan.startup.complete":
+            # mounted under /hooks (Starlette keeps the full path and sets root_path)
+            rid = park_one(conn, "approval", "pr-5")
+            body = b'{"approved": true}'
+            status, answer = await call(hooks, http_scope(
+                "/hooks/signals/approval/pr-5", "/hooks",
+                [(SIGNATURE_HEADER.lower().encode(), sign(SECRET, body).encode())]), body)
+            assert (status, answer) == (200, {"woken": [str(rid)], "pending": False})
+
+    await hooks({"type": "lifespan"}, receive, send)
+    assert [m["type"] for m in out] == ["lifespan.startup.complete", "lifespan.shutdown.complete"]
+    with pytest.raises(ProviderClosed):  # closed on shutdown
+        await durable.signal("k", "r")
+
+
+def test_app_arguments() -> None:
+    with pytest.raises(TypeError):
+        app(object(), secret="x")  # type: ignore[arg-type]
+    durable = Durable("postgresql://localhost/none")
+    with pytest.raises(ValueError):
+        app(durable, secret="")
+    with pytest.raises(ValueError):
+        app(durable, secret="x", max_payload=0)

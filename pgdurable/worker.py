@@ -70,6 +70,7 @@ import psycopg
 from . import _runs_sql as q
 from ._db import LIBRARY_OPTIONS
 from ._json import dumps
+from .durable_runs import EFFECT_BEGIN_V2, is_terminal, reconcile_effect
 from .errors import (
     BudgetExceeded,
     DeadlineExceeded,
@@ -217,6 +218,9 @@ class Worker:
     def _request_stop(self, grace: timedelta | float | None) -> None:
         if grace is not None:
             self._grace = grace.total_seconds() if isinstance(grace, timedelta) else float(grace)
+        if not self._stopping:
+            log.info("worker %s stopping: no more claims, %d run(s) get %.1f s to finish",
+                     self.worker_id, len(self._active), self._grace)
         self._stopping = True
         self._wake.set()
 
@@ -444,8 +448,8 @@ class Worker:
         def db_clock() -> datetime:
             return db_now + timedelta(seconds=time.monotonic() - claimed_at)
 
-        async def effect(key: str, fn: EffectFn) -> Any:
-            return await self._effect(a, key, fn)
+        async def effect(key: str, fn: EffectFn, reconcile: EffectFn | None = None) -> Any:
+            return await self._effect(a, key, fn, reconcile)
 
         try:
             while True:
@@ -456,7 +460,7 @@ class Worker:
                 ctx = RunContext(
                     run_id=str(a.run_id), task=task.name, step=step, attempt=attempts + 1,
                     token=a.token, wake=wake, deadline=deadline_at, budget=budget, spent=spent,
-                    _effect=effect,
+                    _effect=effect, _app=self.app, _owner=self.worker_id,
                 )
                 outcome = await self._run_step(a, task, ctx, state, deadline_at, db_clock)
                 if outcome is None:
@@ -464,7 +468,7 @@ class Worker:
                 if isinstance(outcome, BaseException):
                     terminal = isinstance(
                         outcome, BudgetExceeded | DeadlineExceeded | EffectFailed | _StepTypeError
-                    )
+                    ) or is_terminal(outcome)
                     await self._fail(a, task, attempts, outcome, ctx._pending_spend, terminal)
                     return
                 result, new_state, state_json = outcome
@@ -603,11 +607,16 @@ class Worker:
             (a.run_id, a.token, self.worker_id, err, spend, timedelta(seconds=delay), terminal),
         )
 
-    async def _effect(self, a: _Active, key: str, fn: EffectFn) -> Any:
+    async def _effect(
+        self, a: _Active, key: str, fn: EffectFn, reconcile: EffectFn | None = None
+    ) -> Any:
         ident = (a.run_id, a.token, self.worker_id)
-        row = await self.app.fetchone(q.EFFECT_BEGIN, (*ident, key))
+        row = await self.app.fetchone(EFFECT_BEGIN_V2, (*ident, key))
         assert row is not None
-        status, result, error = row
+        status, result, error, replay = row
+        if status == "started" and replay and reconcile is not None:
+            # started by an earlier attempt, outcome unknown: policy "reconcile"
+            return await reconcile_effect(self.app, ident, key, reconcile)
         if status == "succeeded":
             return result
         if status == "failed":

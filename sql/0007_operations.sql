@@ -42,6 +42,7 @@ CREATE VIEW pgdurable.run_overview AS
          r.step,
          r.attempts,
          r.max_attempts,
+         r.reclaims,
          r.lease_owner                                                AS worker,
          r.lease_expires_at,
          (r.status = 'leased' AND r.lease_expires_at <= pgdurable.now()) AS lease_expired,
@@ -69,6 +70,8 @@ COMMENT ON COLUMN pgdurable.run_overview.priority IS 'Higher runs first within a
 COMMENT ON COLUMN pgdurable.run_overview.step IS 'Steps checkpointed so far.';
 COMMENT ON COLUMN pgdurable.run_overview.attempts IS 'Failed attempts so far.';
 COMMENT ON COLUMN pgdurable.run_overview.max_attempts IS 'Attempts allowed before the run fails.';
+COMMENT ON COLUMN pgdurable.run_overview.reclaims IS
+  'Lease expiries (crashed or stalled worker) since the last checkpoint: > 0 = the run may crash its workers.';
 COMMENT ON COLUMN pgdurable.run_overview.worker IS 'Worker holding the run (status leased), else NULL.';
 COMMENT ON COLUMN pgdurable.run_overview.lease_expires_at IS 'When the current claim lapses.';
 COMMENT ON COLUMN pgdurable.run_overview.lease_expired IS
@@ -121,7 +124,7 @@ COMMENT ON COLUMN pgdurable.queue_stats.oldest_runnable_age IS
 ------------------------------------------------------------------------------
 -- pgdurable.retry_run(id) -> text (the new status, 'runnable')
 -- A failed or cancelled run becomes runnable again from its last checkpoint
--- (state and step kept): attempts and claims reset to 0, error, wake, wait,
+-- (state and step kept): attempts, reclaims and claims reset to 0, error, wake, wait,
 -- lease, cancel request and finished_at cleared, available now; NOTIFY
 -- pgdurable_wake(queue). The deadline is kept (a run past its deadline fails
 -- again at its next boundary). Unknown id: PD002. Any other status: PD000,
@@ -140,7 +143,7 @@ BEGIN
     RAISE EXCEPTION 'run % is %: only failed or cancelled runs can be retried', p_id, r.status
       USING ERRCODE = 'PD000';
   END IF;
-  UPDATE pgdurable.runs SET status = 'runnable', attempts = 0, claims = 0,
+  UPDATE pgdurable.runs SET status = 'runnable', attempts = 0, reclaims = 0, claims = 0,
          error = NULL, wake = NULL, result = NULL,
          wait_kind = NULL, wait_ref = NULL, wait_since = NULL, wake_at = NULL,
          lease_owner = NULL, lease_expires_at = NULL, cancel_requested_at = NULL,

@@ -87,16 +87,16 @@ def _retry(conn: psycopg.Connection[Any], rid: Any) -> Any:
 
 def test_retry_run_makes_failed_and_cancelled_runs_runnable(seeded: psycopg.Connection[Any]) -> None:
     seeded.execute("""INSERT INTO pgdurable.runs (task, revision, queue, status, finished_at,
-                                                  cancel_requested_at, error, step, state)
+                                                  cancel_requested_at, error, step, state, reclaims)
                       VALUES ('t', '1', 'q3', 'cancelled', now(), now(),
-                              '{"type": "RunCancelled"}', 2, '{"kept": true}')""")
+                              '{"type": "RunCancelled"}', 2, '{"kept": true}', 4)""")
     seeded.execute("LISTEN pgdurable_wake")
     ids = seeded.execute("""SELECT id FROM pgdurable.runs WHERE status IN ('failed', 'cancelled')
                              ORDER BY queue""").fetchall()
     for (rid,) in ids:
         assert _retry(seeded, rid) == "runnable"
     rows = seeded.execute("""
-      SELECT queue, status, attempts, claims, error, finished_at, cancel_requested_at,
+      SELECT queue, status, attempts + reclaims, claims, error, finished_at, cancel_requested_at,
              available_at <= now(), step, state
         FROM pgdurable.runs WHERE id = ANY (%s) ORDER BY queue""", ([r for (r,) in ids],)).fetchall()
     assert rows == [

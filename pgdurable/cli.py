@@ -1,7 +1,7 @@
 """The ``pgdurable`` command line.
 
 Commands: ``migrate``, ``runs``, ``run ID``, ``leases``, ``cancel ID``,
-``retry ID``, ``prune``, ``worker``, ``stats``, ``demo``. Every listing takes
+``retry ID``, ``signal KIND REF``, ``prune``, ``worker``, ``stats``, ``demo``. Every listing takes
 ``--json`` (one JSON document on stdout). The database comes from ``--dsn``,
 else ``$PGDURABLE_DSN``, else ``$DATABASE_URL``.
 
@@ -394,6 +394,32 @@ def retry(run_id: Annotated[str, typer.Argument(help="The run's id.")], dsn: Dsn
     with database(dsn) as conn:
         conn.execute(Q_RETRY, (rid,))
     out.print(f"run {rid} is runnable again (attempts reset)")
+
+
+@app.command()
+def signal(
+    kind: Annotated[str, typer.Argument(help="Signal kind, e.g. ci, approval.")],
+    ref: Annotated[str, typer.Argument(help="Signal reference, e.g. a build id.")],
+    payload: Annotated[str | None, typer.Option("--payload", help="JSON payload (default: null).")] = None,
+    signal_id: Annotated[str | None, typer.Option("--signal-id", help="Deduplication id: the same id is delivered once.")] = None,
+    dsn: DsnOption = None,
+) -> None:
+    """Send a signal: wake the runs waiting on KIND REF (printed, one id a line), else keep it pending."""
+    from . import _runs_sql
+    from .signals import DEFAULT_SIGNAL_TTL, parse_payload, signal_params
+
+    try:
+        value = parse_payload(payload or "")
+        params = signal_params(kind, ref, value, signal_id, DEFAULT_SIGNAL_TTL)
+    except (TypeError, ValueError) as exc:
+        fail(str(exc))
+    with database(dsn) as conn:
+        woken = [str(r[0]) for r in conn.execute(_runs_sql.SIGNAL, params).fetchall()]
+    for rid in woken:
+        sys.stdout.write(rid + "\n")
+    if not woken:
+        err.print(f"no run waits on {kind}:{ref}; the signal is kept pending for the next one "
+                  f"(for {DEFAULT_SIGNAL_TTL})", highlight=False, markup=False)
 
 
 @app.command()

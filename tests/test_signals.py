@@ -622,3 +622,34 @@ def test_sync_client_signal_and_signal_run(dsn: str, conn: psycopg.Connection[An
         assert client.signal_run(b, "approval", True) == [str(b)]
         with pytest.raises(RunNotFound):
             client.signal_run(uuid.uuid4(), "approval")
+
+
+# -- pgdurable signal (CLI) ---------------------------------------------------------------
+
+
+def test_cli_signal(dsn: str, conn: psycopg.Connection[Any]) -> None:
+    from typer.testing import CliRunner
+
+    from pgdurable.cli import app as cli_app
+
+    def cli(*args: str) -> Any:
+        return CliRunner().invoke(cli_app, [*args, "--dsn", dsn], catch_exceptions=False)
+
+    a, b = seed_leased(conn, 2)
+    park(conn, a, "ci", "c1")
+    park(conn, b, "ci", "c1")
+    # bad input: exit 2, one line, nothing changed
+    for args in (("", "c1"), ("ci", ""), ("ci", "c1", "--payload", "{oops"),
+                 ("ci", "c1", "--payload", "[NaN]"), ("ci", "c1", "--payload", '"\\u0000"'),
+                 ("ci", "c1", "--signal-id", "")):
+        r = cli("signal", *args)
+        assert r.exit_code == 2 and r.stderr.count("\n") == 1, (args, r.stderr)
+    assert count(conn, "signals") == 0
+    r = cli("signal", "ci", "c1", "--payload", '{"green": true}', "--signal-id", "cli-1")
+    assert r.exit_code == 0 and sorted(r.stdout.split()) == sorted([str(a), str(b)])
+    r = cli("signal", "ci", "c1", "--payload", '{"green": false}', "--signal-id", "cli-1")
+    assert r.exit_code == 2 and "cli-1" in r.stderr  # SignalConflict
+    r = cli("signal", "ci", "nobody")
+    assert r.exit_code == 0 and r.stdout == "" and "pending" in r.stderr
+    assert sql(conn, "SELECT wake->'payload' FROM pgdurable.runs WHERE id = %s", a) == [
+        ({"green": True},)]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from .durable_runs import DurableRunContext
 from .effects import with_idempotency, with_idempotency_sync
 from .errors import (
     AttemptsExhausted,
@@ -122,6 +123,7 @@ __all__ = [
     "required_version",
     "DurableCheckpoint",
     "DurableContext",
+    "DurableRunContext",
     "DurableStep",
     "DurableStore",
     "DurableTask",

@@ -25,11 +25,15 @@ from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 from . import _runs_sql as q
 from ._db import LIBRARY_OPTIONS, resolve_dsn, translated, validate_dsn
+from .effects import DEFAULT_LEASE as DEFAULT_IDEMPOTENCY_LEASE
+from .effects import DEFAULT_TTL as DEFAULT_IDEMPOTENCY_TTL
+from .effects import with_idempotency, with_idempotency_sync
 from .errors import InvalidInput, ProviderClosed, UnknownTask
 from .migrations import acheck_schema, check_schema
 from .signals import DEFAULT_MAX_PAYLOAD, DEFAULT_SIGNAL_TTL, signal_params, signal_run_params
 
 if TYPE_CHECKING:
+    from .tasks import DurableTask
     from .worker import Worker
 
 __all__ = ["Durable", "DurableClient", "RunInfo", "Task"]
@@ -237,6 +241,29 @@ class Durable:
             self._registry, name, revision, max_attempts, retry_base, retry_cap, max_reclaims
         )
 
+    def register(
+        self,
+        task: DurableTask[Any, Any],
+        *,
+        context: Any = None,
+        retry_base: float = 1.0,
+        retry_cap: float = 300.0,
+    ) -> DurableTask[Any, Any]:
+        """Register a durable task definition (:func:`~pgdurable.define_durable_task`).
+
+        Its runs are started with ``await app.start(task.id, state=...)`` and
+        run by leased workers with the semantics of ``task.run`` (see
+        :mod:`pgdurable.durable_runs`); steps get a
+        :class:`~pgdurable.durable_runs.DurableRunContext` whose ``app`` is
+        ``context``. Returns ``task``.
+        """
+        from .durable_runs import durable_task_spec
+
+        self._registry.register(durable_task_spec(
+            self, task, context=context, retry_base=retry_base, retry_cap=retry_cap
+        ))
+        return task
+
     async def open(self) -> None:
         """Open the pool (if owned) and check the schema version once."""
         if self._closed:
@@ -419,6 +446,28 @@ class Durable:
         rows = await self.fetchall(q.SIGNAL_RUN, params)
         return [str(r[0]) for r in rows]
 
+    async def with_idempotency(
+        self,
+        key: str,
+        fn: Callable[[], Any],
+        *,
+        ttl: timedelta | float = DEFAULT_IDEMPOTENCY_TTL,
+        lease: timedelta | float = DEFAULT_IDEMPOTENCY_LEASE,
+        wait_timeout: timedelta | float | None = None,
+    ) -> Any:
+        """Run ``fn`` at most once per ``key`` across processes, on this app's pool.
+
+        :func:`pgdurable.with_idempotency` (same contract): concurrent callers
+        of ``key`` get the one stored JSON result (or :class:`EffectFailed`)
+        until ``ttl`` passes. For side effects outside runs; inside a step use
+        ``ctx.effect``.
+        """
+        if self._closed:
+            raise ProviderClosed("this Durable app is closed")
+        return await with_idempotency(
+            await self._ready(), key, fn, ttl=ttl, lease=lease, wait_timeout=wait_timeout
+        )
+
     def worker(
         self,
         *,
@@ -475,6 +524,23 @@ class DurableClient:
         """Close the pool; later calls raise ProviderClosed."""
         self._closed = True
         self._pool.close()
+
+    def with_idempotency(
+        self,
+        key: str,
+        fn: Callable[[], Any],
+        *,
+        ttl: timedelta | float = DEFAULT_IDEMPOTENCY_TTL,
+        lease: timedelta | float = DEFAULT_IDEMPOTENCY_LEASE,
+        wait_timeout: timedelta | float | None = None,
+    ) -> Any:
+        """Sync twin of :meth:`Durable.with_idempotency` (``fn`` is sync) on this client's pool."""
+        if self._closed:
+            raise ProviderClosed("this DurableClient is closed")
+        self.open()
+        return with_idempotency_sync(
+            self._pool, key, fn, ttl=ttl, lease=lease, wait_timeout=wait_timeout
+        )
 
     def __enter__(self) -> DurableClient:
         self.open()

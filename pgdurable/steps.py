@@ -138,7 +138,7 @@ class RunContext:
     budget: float | None
     spent: float
     _pending_spend: float = 0.0
-    _effect: Callable[[str, EffectFn], Awaitable[Any]] | None = field(default=None, repr=False)
+    _effect: Callable[..., Awaitable[Any]] | None = field(default=None, repr=False)
 
     def spend(self, amount: float | int | Decimal) -> None:
         """Add ``amount`` to the run's spend (saved with the next checkpoint).
@@ -163,15 +163,20 @@ class RunContext:
         """Spend so far including this step's unsaved spend."""
         return self.spent + self._pending_spend
 
-    async def effect(self, key: str, fn: EffectFn) -> Any:
+    async def effect(self, key: str, fn: EffectFn, *, reconcile: EffectFn | None = None) -> Any:
         """Run the side effect ``fn`` at most once per run and ``key``.
 
         A recorded success returns its stored result without calling ``fn``; a
         recorded failure raises :class:`~pgdurable.EffectFailed`. Otherwise the
         effect is recorded ``started`` (fenced), ``fn`` (sync, in a thread, or
         async) is called and its JSON result or its error is recorded (fenced).
-        An effect ``started`` by a crashed attempt is performed again (policy
-        "safe"): make ``fn`` idempotent on the remote side where you can.
+        An effect ``started`` by a crashed attempt (its outcome never recorded)
+        follows its replay policy: without ``reconcile`` ("safe") ``fn`` is
+        performed again (make it idempotent on the remote side where you can);
+        with ``reconcile`` (a no-argument callable, sync or async) that is
+        called instead of ``fn`` and must return the real outcome, recorded as
+        the effect's result; if it raises, the run ends ``failed`` with
+        :class:`~pgdurable.ReconcileFailed` (never re-run blindly).
         """
         if not isinstance(key, str) or not key or "\x00" in key:
             raise ValueError("effect key must be a non-empty str without NUL")
@@ -179,4 +184,8 @@ class RunContext:
             raise TypeError("effect fn must be callable")
         if self._effect is None:
             raise RuntimeError("this RunContext is not attached to a worker")
+        if reconcile is not None:
+            if not callable(reconcile):
+                raise TypeError("effect reconcile must be callable or None")
+            return await self._effect(key, fn, reconcile=reconcile)
         return await self._effect(key, fn)

@@ -29,6 +29,7 @@ from typing import Annotated, Any, NoReturn
 
 import psycopg
 import typer
+from rich import box
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
@@ -274,8 +275,10 @@ def runs(
     if as_json:
         print_json(rows)
         return
-    table = Table("id", "task", "queue", "status", "step", "attempts", "where / waits on",
-                  "age", "error", title=f"{len(rows)} run(s)")
+    table = Table(title=f"{len(rows)} run(s)", box=box.SIMPLE_HEAD, pad_edge=False)
+    table.add_column("id", no_wrap=True)
+    for name in ("task", "queue", "status", "step", "attempts", "where / waits on", "age", "error"):
+        table.add_column(name)
     for r in rows:
         where = ""
         if r["status"] == "leased":
@@ -330,7 +333,7 @@ def run(
         head.add_row("result", _short(json.dumps(info["result"]), 100))
     head.add_row("state", _short(json.dumps(info.get("state")), 100))
     out.print(head)
-    steps_t = Table("step", "token", "at", "woken by", "state", title="steps")
+    steps_t = Table("step", "token", "at", "woken by", "state", title="steps", box=box.SIMPLE_HEAD, pad_edge=False)
     for s in steps:
         wake = s["wake"] or {}
         woke = f"{wake.get('type')} {wake.get('kind') or ''}:{wake.get('ref') or ''}" if wake else ""
@@ -338,13 +341,13 @@ def run(
                         woke, _short(json.dumps(s["state"]), 60))
     out.print(steps_t)
     if effects:
-        eff_t = Table("effect", "status", "token", "result / error", title="effects")
+        eff_t = Table("effect", "status", "token", "result / error", title="effects", box=box.SIMPLE_HEAD, pad_edge=False)
         for e in effects:
             eff_t.add_row(e["key"], e["status"], str(e["token"]),
                           _short(json.dumps(e["result"] if e["error"] is None else e["error"]), 60))
         out.print(eff_t)
     if evs:
-        ev_t = Table("seq", "at", "event", title="events")
+        ev_t = Table("seq", "at", "event", title="events", box=box.SIMPLE_HEAD, pad_edge=False)
         for ev in evs:
             ev_t.add_row(str(ev["seq"]), f"{ev['created_at']:%H:%M:%S}",
                          _short(json.dumps(ev["event"]), 80))
@@ -360,12 +363,12 @@ def leases(dsn: DsnOption = None, as_json: JsonOption = False) -> None:
     if as_json:
         print_json({"leases": keys, "runs": held})
         return
-    t = Table("key", "owner", "token", "expires in", title=f"{len(keys)} lease(s)")
+    t = Table("key", "owner", "token", "expires in", title=f"{len(keys)} lease(s)", box=box.SIMPLE_HEAD, pad_edge=False)
     for k in keys:
         t.add_row(_short(k["key"], 50), _short(k["owner"], 40), str(k["token"]),
                   human_age(k["ttl_remaining"]))
     out.print(t)
-    r = Table("run", "task", "queue", "worker", "expires in", title=f"{len(held)} leased run(s)")
+    r = Table("run", "task", "queue", "worker", "expires in", title=f"{len(held)} leased run(s)", box=box.SIMPLE_HEAD, pad_edge=False)
     for h in held:
         r.add_row(str(h["id"]), h["task"], h["queue"], str(h["worker"]),
                   "[red]expired[/]" if h["lease_expired"] else human_age(h["ttl_remaining"]))
@@ -472,8 +475,8 @@ def stats(dsn: DsnOption = None, as_json: JsonOption = False) -> None:
     if as_json:
         print_json(rows)
         return
-    t = Table("queue", "runnable", "due", "leased", "expired leases", "waiting", "completed",
-              "failed", "cancelled", "oldest runnable", title="queues")
+    t = Table("queue", "runnable", "due", "leased", "expired", "waiting", "done", "failed",
+              "cancelled", "oldest due", title="queues (expired = leases of dead workers)", box=box.SIMPLE_HEAD, pad_edge=False)
     for r in rows:
         t.add_row(r["queue"], str(r["runnable"]), str(r["due"]), str(r["leased"]),
                   str(r["expired_leases"]), str(r["waiting"]), str(r["completed"]),
@@ -513,9 +516,30 @@ def demo(
         raise typer.Exit(EXIT_PROBLEM)
 
 
-def main() -> None:
-    """Console-script entry point."""
-    app()
+# typer vendors click (typer._click): find its ClickException through a public class.
+_CLICK_EXCEPTION: type[Exception] = next(
+    c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException"
+)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console-script entry point: usage errors too are one line on stderr (exit 2)."""
+    try:
+        rv = app(args=argv, standalone_mode=False)
+    except _CLICK_EXCEPTION as exc:
+        code = int(getattr(exc, "exit_code", EXIT_BAD_INPUT))
+        if type(exc).__name__ == "NoArgsIsHelpError":  # bare `pgdurable`: the help
+            exc.show()  # type: ignore[attr-defined]
+            sys.exit(code)
+        where = getattr(getattr(exc, "ctx", None), "command_path", None) or "pgdurable"
+        line = " ".join(str(exc.format_message()).split())  # type: ignore[attr-defined]
+        err.print(f"[bold red]error:[/] {line} (see '{where} --help')", highlight=False,
+                  soft_wrap=True, markup=True)
+        sys.exit(code)
+    except typer.Abort:
+        err.print("[bold red]error:[/] aborted", highlight=False)
+        sys.exit(130)
+    sys.exit(rv if isinstance(rv, int) else 0)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -201,3 +201,14 @@ def test_worker_command_runs_a_worker_until_sigterm(dsn: str) -> None:
         proc.send_signal(signal.SIGTERM)
         _out, err = proc.communicate(timeout=30)
     assert proc.returncode == 0, err
+
+
+def test_usage_errors_are_one_line_with_exit_2() -> None:
+    for args, needle in ((["runs", "--bogus"], "No such option: --bogus"),
+                         (["runs", "--limit", "x"], "Invalid value for '--limit'"),
+                         (["frobnicate"], "No such command"),
+                         (["run"], "Missing argument")):
+        p = subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=60)
+        assert p.returncode == 2, (args, p.stderr)
+        assert len(p.stderr.strip().splitlines()) == 1 and needle in p.stderr, p.stderr
+        assert "Traceback" not in p.stderr

@@ -492,12 +492,37 @@ def worker(
     lease_ttl: Annotated[float, typer.Option("--lease-ttl", min=0.1, help="Lease TTL, seconds.")] = 60.0,
     poll: Annotated[float, typer.Option("--poll", min=0.01, help="Poll interval, seconds.")] = 5.0,
     grace: Annotated[float, typer.Option("--grace", min=0, help="Shutdown grace, seconds.")] = 30.0,
+    prune_older_than: Annotated[str | None, typer.Option("--prune-older-than", help="Also prune finished runs older than this (7d, 12h, ...), one pruner at a time across the fleet.")] = None,
+    prune_every: Annotated[float, typer.Option("--prune-every", min=1, help="Seconds between prunes.")] = 3600.0,
 ) -> None:
     """Run a worker for MODULE:APP until SIGTERM/SIGINT (same as python -m pgdurable.worker)."""
     from .worker import main as worker_main
 
+    if prune_older_than is not None:
+        _start_pruner(app_spec, prune_older_than, prune_every)
     worker_main([app_spec, "--concurrency", str(concurrency), "--queues", queues,
                  "--lease-ttl", str(lease_ttl), "--poll", str(poll), "--grace", str(grace)])
+
+
+def _start_pruner(app_spec: str, older_than: str, every: float) -> None:
+    """A daemon thread pruning next to the worker (run_pruner_sync, exclusive batches)."""
+    import os
+    import threading
+
+    from . import retention
+    from .worker import _load_app
+
+    try:
+        age = retention.parse_age(older_than)
+    except PgDurableError as exc:
+        fail(str(exc))
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    target = need_dsn(_load_app(app_spec).conninfo)
+    threading.Thread(
+        target=retention.run_pruner_sync, name="pgdurable-pruner", daemon=True,
+        kwargs={"target": target, "every": every, "older_than": age},
+    ).start()
 
 
 @app.command()

@@ -11,7 +11,9 @@ touches live runs, so workers claiming and checkpointing are not held up
 * :func:`prune` (async) / :func:`prune_sync` -- prune everything older than
   ``older_than`` now, batch after batch; ``dry_run=True`` only counts
   (``pgdurable.prune_preview``).
-* :func:`run_pruner` -- an automatic pruner to run next to a worker, e.g.
+* :func:`run_pruner` (async) / :func:`run_pruner_sync` (e.g. in a thread;
+  ``pgdurable worker --prune-older-than 7d`` starts one) -- an automatic
+  pruner to run next to a worker, e.g.
   ``asyncio.gather(worker.run(), run_pruner(app, every=3600, older_than=7 days))``.
   Any number of processes may run one: each batch takes
   ``pg_try_advisory_xact_lock(pgdurable.prune_lock_key())`` (transaction
@@ -33,6 +35,7 @@ import asyncio
 import logging
 import random
 import re
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
@@ -48,7 +51,7 @@ from .migrations import acheck_schema, check_schema
 if TYPE_CHECKING:
     from .runs import Durable
 
-__all__ = ["PruneResult", "parse_age", "prune", "prune_sync", "run_pruner"]
+__all__ = ["PruneResult", "parse_age", "prune", "prune_sync", "run_pruner", "run_pruner_sync"]
 
 log = logging.getLogger("pgdurable.retention")
 
@@ -345,16 +348,46 @@ async def run_pruner(
     stop = stop or asyncio.Event()
     while not stop.is_set():
         try:
-            result = await prune(target, older_than, batch=batch, exclusive=True, pause=pause)
-            if result.runs and not result.skipped:
-                log.info("pruned %d runs (%d rows)", result.runs, result.rows)
-            if on_prune is not None:
-                on_prune(result)
+            _report(await prune(target, older_than, batch=batch, exclusive=True, pause=pause),
+                    on_prune)
         except (PgDurableError, psycopg.Error, OSError) as exc:
             log.warning("prune failed: %s", exc)
-        delay = interval * random.uniform(0.9, 1.1)  # jitter
         try:
-            await asyncio.wait_for(stop.wait(), timeout=delay)
+            await asyncio.wait_for(stop.wait(), timeout=_jittered(interval))
         except TimeoutError:
             pass
+
+
+def run_pruner_sync(
+    target: str | ConnectionPool[Any],
+    *,
+    every: timedelta | float = timedelta(hours=1),
+    older_than: timedelta | str = timedelta(days=7),
+    batch: int = DEFAULT_BATCH,
+    pause: float = 0.05,
+    stop: threading.Event | None = None,
+    on_prune: Callable[[PruneResult], None] | None = None,
+) -> None:
+    """Sync twin of :func:`run_pruner`, e.g. in a thread next to a worker (until ``stop``)."""
+    interval = _secs(every, "every")
+    _check(older_than, batch)
+    stop = stop or threading.Event()
+    while not stop.is_set():
+        try:
+            _report(prune_sync(target, older_than, batch=batch, exclusive=True, pause=pause),
+                    on_prune)
+        except (PgDurableError, psycopg.Error, OSError) as exc:
+            log.warning("prune failed: %s", exc)
+        stop.wait(_jittered(interval))
+
+
+def _jittered(interval: float) -> float:
+    return interval * random.uniform(0.9, 1.1)
+
+
+def _report(result: PruneResult, on_prune: Callable[[PruneResult], None] | None) -> None:
+    if result.runs and not result.skipped:
+        log.info("pruned %d runs (%d rows)", result.runs, result.rows)
+    if on_prune is not None:
+        on_prune(result)
 

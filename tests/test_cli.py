@@ -182,11 +182,16 @@ def test_database_problems_are_one_line_errors(empty_dsn: str, monkeypatch: pyte
     assert len(p.stderr.strip().splitlines()) == 1, p.stderr
 
 
-def test_worker_command_runs_a_worker_until_sigterm(dsn: str) -> None:
+def test_worker_command_runs_a_worker_and_a_pruner_until_sigterm(
+    dsn: str, conn: psycopg.Connection[Any],
+) -> None:
+    conn.execute("""INSERT INTO pgdurable.runs (task, revision, status, finished_at)
+                    SELECT 'old', '1', 'completed', now() - interval '8 days'
+                      FROM generate_series(1, 5)""")
     env = {**os.environ, "PGDURABLE_DSN": dsn}
     proc = subprocess.Popen(
         [*CLI, "worker", "tests._ops_procs:app", "--concurrency", "2", "--lease-ttl", "5",
-         "--poll", "0.2", "--grace", "2"],
+         "--poll", "0.2", "--grace", "2", "--prune-older-than", "7d", "--prune-every", "1"],
         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         with DurableClient(dsn) as client:
@@ -197,6 +202,10 @@ def test_worker_command_runs_a_worker_until_sigterm(dsn: str) -> None:
                 assert time.monotonic() < deadline, "the worker did not finish the run"
                 time.sleep(0.1)
             assert client.get_run(rid).result == {"ok": True}
+            while conn.execute("SELECT count(*) FROM pgdurable.runs WHERE task = 'old'").fetchone() != (0,):
+                assert time.monotonic() < deadline, "the pruner did not prune"
+                time.sleep(0.1)
+            assert client.get_run(rid).status == "completed", "young runs are kept"
     finally:
         proc.send_signal(signal.SIGTERM)
         _out, err = proc.communicate(timeout=30)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import multiprocessing
+import threading
 import time
 from datetime import timedelta
 from typing import Any
@@ -13,7 +14,14 @@ import pytest
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 from pgdurable import Durable, InvalidInput
-from pgdurable.retention import PruneResult, parse_age, prune, prune_sync, run_pruner
+from pgdurable.retention import (
+    PruneResult,
+    parse_age,
+    prune,
+    prune_sync,
+    run_pruner,
+    run_pruner_sync,
+)
 from tests import _ops_procs
 
 # n finished runs of `status`, finished `age` ago, each with 2 checkpoints, 1 effect,
@@ -197,6 +205,30 @@ async def test_pruners_in_two_apps_share_the_work(dsn: str, conn: psycopg.Connec
     assert sum(t.runs for t in turns) == 50
     with pytest.raises(InvalidInput):
         await run_pruner(dsn, every=0)
+
+
+def test_sync_pruner_in_a_thread(dsn: str, conn: psycopg.Connection[Any]) -> None:
+    seed(conn, 20)
+    stop, pruned = threading.Event(), threading.Event()
+    turns: list[PruneResult] = []
+
+    def record(result: PruneResult) -> None:
+        turns.append(result)
+        if sum(t.runs for t in turns) >= 20:
+            pruned.set()
+
+    thread = threading.Thread(target=run_pruner_sync, kwargs={
+        "target": dsn, "every": 0.05, "older_than": "7d", "batch": 6, "stop": stop,
+        "on_prune": record})
+    thread.start()
+    try:
+        assert pruned.wait(20)
+    finally:
+        stop.set()
+        thread.join(10)
+    assert not thread.is_alive() and counts(conn)["runs"] == 0
+    with pytest.raises(InvalidInput):
+        run_pruner_sync(dsn, older_than="-")
 
 
 PRUNE_RUNS = 200_000

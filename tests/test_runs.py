@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 import uuid
 from collections.abc import AsyncIterator
@@ -407,6 +408,20 @@ def test_claim_uses_partial_indexes(conn: psycopg.Connection[Any]) -> None:
     assert "Seq Scan" not in text
     for idx in ("runs_runnable_idx", "runs_leased_idx", "runs_timer_idx"):
         assert idx in text, idx
+    # the idle poll and the heartbeat read only their partial index / the primary key
+    plans.clear()
+    sql(conn, "SELECT pgdurable.next_wakeup(%s, %s, %s)", ["default"], ["t"], ["1"])
+    sql(conn, "SELECT * FROM pgdurable.renew_runs('w1', %s, %s, '60 s')",
+        [r[0] for r in rows], [r[2] for r in rows])
+    nodes = [n for p in plans for n in _plan_nodes(json.loads(p[p.index("{"):])["Plan"])]
+    seq = [n for n in nodes if n["Node Type"] == "Seq Scan" and n.get("Relation Name") == "runs"]
+    assert not seq, seq
+    used = {n.get("Index Name") for n in nodes}
+    assert used >= {"runs_runnable_idx", "runs_timer_idx", "runs_leased_idx"}, used
+
+
+def _plan_nodes(node: dict[str, Any]) -> list[dict[str, Any]]:
+    return [node, *(n for child in node.get("Plans", []) for n in _plan_nodes(child))]
 
 
 def test_sync_client(dsn: str, app: Durable) -> None:

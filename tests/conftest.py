@@ -1,7 +1,8 @@
 """Real-Postgres test harness.
 
 * The server is ``PGDURABLE_TEST_DSN`` (default ``postgresql://postgres@127.0.0.1:5432/postgres``);
-  if nothing answers there, an embedded server (pgserver) is started for the session.
+  if nothing answers there, an embedded server (pgserver) is started for the session
+  (``pgdurable.testing.test_server``, shared with the users' pytest plugin).
 * A template database is migrated once per session; every test that asks for
   ``dsn`` gets a fresh database cloned from it (pytest-postgresql's janitor).
 * ``empty_dsn`` is a fresh database with nothing in it.
@@ -11,17 +12,17 @@ from __future__ import annotations
 
 import itertools
 import os
-import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import psycopg
 import pytest
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from psycopg.conninfo import make_conninfo
 from pytest_postgresql.janitor import DatabaseJanitor
 
 import pgdurable
+from pgdurable.testing import test_server
 
 DEFAULT_TEST_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"
 _counter = itertools.count()
@@ -45,34 +46,12 @@ class PgServer:
         )
 
 
-def _reachable(dsn: str) -> bool:
-    try:
-        with psycopg.connect(dsn, connect_timeout=3) as c:
-            c.execute("SELECT 1")
-        return True
-    except psycopg.OperationalError:
-        return False
-
-
 @pytest.fixture(scope="session")
 def pg_server() -> Iterator[PgServer]:
-    dsn = os.environ.get("PGDURABLE_TEST_DSN", DEFAULT_TEST_DSN)
-    server = None
-    if not _reachable(dsn):
-        from pgdurable.embedded import start_embedded
-
-        server, dsn = start_embedded(tempfile.mkdtemp(prefix="pgdurable-test-"), cleanup="delete")
-    info = conninfo_to_dict(dsn)
-    host = str(info.get("host") or "127.0.0.1")
-    yield PgServer(
-        host=host,
-        port=int(info.get("port") or 5432),
-        user=str(info.get("user") or "postgres"),
-        password=info.get("password"),  # type: ignore[arg-type]
-        dsn=dsn,
-    )
-    if server is not None:
-        server.cleanup()
+    # Same discovery as the users' plugin (pgdurable.testing): PGDURABLE_TEST_DSN, else
+    # an embedded server for the session.
+    with test_server(os.environ.get("PGDURABLE_TEST_DSN", DEFAULT_TEST_DSN)) as s:
+        yield PgServer(host=s.host, port=s.port, user=s.user, password=s.password, dsn=s.dsn)
 
 
 @pytest.fixture(scope="session")

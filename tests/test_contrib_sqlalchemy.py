@@ -37,7 +37,7 @@ from sqlalchemy.orm import Session
 
 import pgdurable
 from pgdurable import Done, Durable, RunContext, Wait
-from pgdurable.contrib.sqlalchemy import signal, start_run, url_from_dsn
+from pgdurable.contrib.sqlalchemy import signal, signal_run, start_run, url_from_dsn
 from pgdurable.contrib.sqlalchemy import tables as t
 from pgdurable.testing import run_until_idle
 
@@ -303,10 +303,17 @@ async def test_sync_signal_rollback_then_commit(
     assert (await app.get_run(run_id)).status == "runnable"
     await run_until_idle(app)
     assert (await app.get_run(run_id)).result == {"order": 5, "payment": {"amount": 2}}
-    # the same signal_id again is ignored (the app's semantics)
+    # the same signal again is ignored; the same id with another payload is refused
+    # (the app's semantics, contract S15), translated to SignalConflict
     with Session(engine) as session, session.begin():
-        assert signal(session, "paid", "5", {"amount": 3}, signal_id="s-1") == []
-    assert counts(conn)[1] == 1
+        signal(session, "paid", "5", {"amount": 2}, signal_id="s-1")
+    assert (await app.get_run(run_id)).status == "completed"  # not woken twice
+    with Session(engine) as session:
+        session.execute(text("INSERT INTO orders VALUES (5)"))
+        with pytest.raises(pgdurable.SignalConflict):
+            signal(session, "paid", "5", {"amount": 3}, signal_id="s-1")
+        session.rollback()
+    assert counts(conn) == (1, 1, 0)
 
 
 async def test_async_signal_rollback_then_commit(
@@ -328,6 +335,41 @@ async def test_async_signal_rollback_then_commit(
     assert wake_payloads(listener, dsn) == ["default"]
     await run_until_idle(app)
     assert (await app.get_run(run_id)).result == {"order": 6, "payment": {"amount": 2}}
+
+
+async def test_signal_run_sync_and_async_rollback_then_commit(
+    app: Durable, engine: Engine, aengine: AsyncEngine, conn: psycopg.Connection[Any],
+    listener: psycopg.Connection[Any], dsn: str,
+) -> None:
+    first = await parked_run(app, 11)
+    second = await parked_run(app, 12)
+    wake_payloads(listener, dsn)
+    with Session(engine) as session:
+        assert signal_run(session, first, "paid", {"amount": 1}) == [first]
+        session.rollback()
+    async with AsyncSession(aengine) as asession:
+        assert await signal_run(asession, second, "paid", {"amount": 1}) == [second]
+        await asession.rollback()
+    assert counts(conn)[1] == 0
+    assert wake_payloads(listener, dsn) == []
+    assert {(await app.get_run(r)).status for r in (first, second)} == {"waiting"}
+
+    with engine.begin() as c:
+        assert signal_run(c, first, "paid", {"amount": 5}) == [first]
+    async with aengine.begin() as ac:
+        assert await signal_run(ac, second, "paid", {"amount": 6}) == [second]
+    assert wake_payloads(listener, dsn) == ["default", "default"]
+    await run_until_idle(app)
+    assert (await app.get_run(first)).result == {"order": 11, "payment": {"amount": 5}}
+    assert (await app.get_run(second)).result == {"order": 12, "payment": {"amount": 6}}
+
+    # an unknown run is the app's RunNotFound; the caller rolls back
+    with Session(engine) as session:
+        with pytest.raises(pgdurable.RunNotFound):
+            signal_run(session, "00000000-0000-0000-0000-000000000000", "paid")
+        session.rollback()
+    with pytest.raises(ValueError, match="run_id"):
+        signal_run(Session(engine), "not-a-uuid", "paid")
 
 
 async def test_signal_before_park_is_kept_on_commit_only(
@@ -397,6 +439,8 @@ def test_bad_arguments_are_the_apps_errors_and_change_nothing(
             signal(session, "", "1")
         with pytest.raises(TypeError, match="payload"):
             signal(session, "paid", "1", {1, 2})
+        with pytest.raises(ValueError, match="payload"):
+            signal(session, "paid", "1", "x" * 100, max_payload=10)
         # the caller's transaction is untouched and still usable
         session.execute(text("INSERT INTO orders VALUES (2)"))
         session.commit()
@@ -503,7 +547,9 @@ def test_tables_match_the_migrated_schema(engine: Engine) -> None:
             "active_leases"} <= defined
     for table in t.metadata.tables.values():
         assert table.schema == "pgdurable"
-        assert drift(insp, table) == [], table.name
+        assert drift(insp, table) == [], (
+            f"{table.name}: pgdurable/contrib/sqlalchemy/tables.py must follow the migrations"
+        )
 
 
 def test_drift_check_catches_differences(engine: Engine) -> None:

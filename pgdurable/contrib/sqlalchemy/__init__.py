@@ -15,9 +15,10 @@ Contract:
   :class:`~sqlalchemy.engine.Connection`, an ``AsyncSession`` or an
   ``AsyncConnection`` on the ``postgresql+psycopg`` dialect (psycopg 3). With
   the async ones the functions return a coroutine: ``await start_run(...)``.
-* The SQL functions are the ones :class:`pgdurable.Durable` calls
-  (``pgdurable.start_run``, ``pgdurable.send_signal``), with the same argument
-  validation (shared helpers of :mod:`pgdurable.runs`), executed on the
+* The SQL functions are the ones :class:`pgdurable.Durable` calls (the
+  statements of ``pgdurable._runs_sql``: ``START``, ``SIGNAL``,
+  ``SIGNAL_RUN``), with the same argument validation (the shared helpers of
+  :mod:`pgdurable.runs` and :mod:`pgdurable.signals`), executed on the
   caller's connection inside the caller's transaction (begun if needed). Nothing
   here commits or rolls back: a rollback leaves no run and no signal; the
   ``pgdurable_wake`` NOTIFY is transactional, so workers wake on commit only.
@@ -62,20 +63,13 @@ from psycopg.conninfo import conninfo_to_dict
 from ... import _runs_sql as q
 from ...errors import InvalidInput, UnknownTask, translate
 from ...migrations import acheck_schema, check_schema
-from ...runs import (
-    DEFAULT_SIGNAL_TTL,
-    Durable,
-    DurableClient,
-    Task,
-    _Registry,
-    _signal_params,
-    _start_params,
-)
+from ...runs import Durable, DurableClient, Task, _Registry, _start_params
+from ...signals import DEFAULT_MAX_PAYLOAD, DEFAULT_SIGNAL_TTL, signal_params, signal_run_params
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
-__all__ = ["signal", "start_run", "url_from_dsn"]
+__all__ = ["signal", "signal_run", "start_run", "url_from_dsn"]
 
 # Engines whose pgdurable schema version was checked (never a failed check).
 _checked: weakref.WeakKeyDictionary[Engine, bool] = weakref.WeakKeyDictionary()
@@ -311,6 +305,7 @@ def signal(
     *,
     signal_id: str | None = None,
     ttl: timedelta | None = DEFAULT_SIGNAL_TTL,
+    max_payload: int | None = DEFAULT_MAX_PAYLOAD,
 ) -> list[str]: ...
 
 
@@ -323,6 +318,7 @@ def signal(
     *,
     signal_id: str | None = None,
     ttl: timedelta | None = DEFAULT_SIGNAL_TTL,
+    max_payload: int | None = DEFAULT_MAX_PAYLOAD,
 ) -> Coroutine[Any, Any, list[str]]: ...
 
 
@@ -334,19 +330,75 @@ def signal(
     *,
     signal_id: str | None = None,
     ttl: timedelta | None = DEFAULT_SIGNAL_TTL,
+    max_payload: int | None = DEFAULT_MAX_PAYLOAD,
 ) -> list[str] | Coroutine[Any, Any, list[str]]:
     """Send a signal inside the caller's transaction; return the woken run ids.
 
-    Same semantics as :meth:`pgdurable.Durable.signal`: runs waiting on
-    ``(kind, ref)`` become runnable on commit; with none waiting the signal is
-    kept (until ``ttl``) for the next run that parks on it; a ``signal_id``
-    already sent is ignored. Await the result for an async session/connection.
+    Same SQL function, validation and semantics as
+    :meth:`pgdurable.Durable.signal` (:mod:`pgdurable.signals`): runs waiting
+    on ``(kind, ref)`` become runnable on commit; with none waiting the signal
+    is kept (until ``ttl``) for the next run that parks on it; the same
+    ``signal_id`` with the same content changes nothing (with other content:
+    :class:`~pgdurable.SignalConflict`; roll back). ``max_payload`` bounds the
+    JSON payload (bytes). Await the result for an async session/connection.
     """
-    params = _signal_params(kind, ref, payload, signal_id, ttl)
+    params = signal_params(kind, ref, payload, signal_id, ttl, max_payload)
+    return _ids(target, q.SIGNAL, params)
+
+
+@overload
+def signal_run(
+    target: Session | Connection,
+    run_id: Any,
+    kind: str,
+    payload: Any = None,
+    *,
+    signal_id: str | None = None,
+    ttl: timedelta | None = DEFAULT_SIGNAL_TTL,
+    max_payload: int | None = DEFAULT_MAX_PAYLOAD,
+) -> list[str]: ...
+
+
+@overload
+def signal_run(
+    target: AsyncSession | AsyncConnection,
+    run_id: Any,
+    kind: str,
+    payload: Any = None,
+    *,
+    signal_id: str | None = None,
+    ttl: timedelta | None = DEFAULT_SIGNAL_TTL,
+    max_payload: int | None = DEFAULT_MAX_PAYLOAD,
+) -> Coroutine[Any, Any, list[str]]: ...
+
+
+def signal_run(
+    target: Any,
+    run_id: Any,
+    kind: str,
+    payload: Any = None,
+    *,
+    signal_id: str | None = None,
+    ttl: timedelta | None = DEFAULT_SIGNAL_TTL,
+    max_payload: int | None = DEFAULT_MAX_PAYLOAD,
+) -> list[str] | Coroutine[Any, Any, list[str]]:
+    """Signal ONE run inside the caller's transaction; ``[run_id]`` if it woke, else ``[]``.
+
+    As :meth:`pgdurable.Durable.signal_run`: the run wakes on commit if it is
+    parked on a ``Wait`` of this ``kind``; otherwise the signal is kept for
+    that run alone. Unknown run: :class:`~pgdurable.RunNotFound` (roll back).
+    """
+    params = signal_run_params(run_id, kind, payload, signal_id, ttl, max_payload)
+    return _ids(target, q.SIGNAL_RUN, params)
+
+
+def _ids(
+    target: Any, sql: str, params: tuple[Any, ...]
+) -> list[str] | Coroutine[Any, Any, list[str]]:
     if _classify(target):
-        return _asignal(target, params)
-    return [str(r[0]) for r in _run_sync(target, q.SIGNAL, params)]
+        return _aids(target, sql, params)
+    return [str(r[0]) for r in _run_sync(target, sql, params)]
 
 
-async def _asignal(target: Any, params: tuple[Any, ...]) -> list[str]:
-    return [str(r[0]) for r in await _run_async(target, q.SIGNAL, params)]
+async def _aids(target: Any, sql: str, params: tuple[Any, ...]) -> list[str]:
+    return [str(r[0]) for r in await _run_async(target, sql, params)]

@@ -12,8 +12,8 @@ the ``COMMENT ON`` texts of the SQL migrations (``\\d+ pgdurable.runs`` in psql)
 State transitions are SQL functions: insert, update or delete rows through
 :class:`pgdurable.Durable`, :mod:`pgdurable.contrib.sqlalchemy` or those
 functions, never with these tables, or you bypass the lease fence and the
-NOTIFYs. Views (``active_leases``) are declared as tables for ``select()``
-only. A test reflects the migrated schema and compares every table defined
+NOTIFYs. Views (``active_leases``, ``run_overview``, ``queue_stats``,
+``waiting_runs``; see ``views``) are declared as tables for ``select()`` only. A test reflects the migrated schema and compares every table defined
 here (columns, types, nullability, defaults, primary and foreign keys), so
 they cannot drift; never ``metadata.create_all()`` them: run the migrations.
 """
@@ -23,6 +23,7 @@ from __future__ import annotations
 from sqlalchemy import (
     TIMESTAMP,
     BigInteger,
+    Boolean,
     Column,
     FetchedValue,
     ForeignKey,
@@ -33,7 +34,7 @@ from sqlalchemy import (
     Table,
     Text,
 )
-from sqlalchemy.dialects.postgresql import BYTEA, INTERVAL, JSONB, UUID
+from sqlalchemy.dialects.postgresql import ARRAY, BYTEA, INTERVAL, JSONB, UUID
 
 __all__ = [
     "active_leases",
@@ -42,12 +43,15 @@ __all__ = [
     "idempotency_keys",
     "leases",
     "metadata",
+    "queue_stats",
     "run_events",
+    "run_overview",
     "runs",
     "schema_migrations",
     "signals",
     "task_checkpoints",
     "views",
+    "waiting_runs",
 ]
 
 #: All pgdurable tables and views, in schema ``pgdurable``.
@@ -96,6 +100,9 @@ runs = Table(
     _ts("created_at", nullable=False, default=True),
     _ts("updated_at", nullable=False, default=True),
     _ts("finished_at"),
+    Column("reclaims", Integer, nullable=False, server_default=FetchedValue()),
+    Column("thread_key", Text),
+    Column("thread_no", Integer),
     comment="Durable runs: the run lives here, workers only lease it. state is the latest checkpoint.",
 )
 
@@ -137,6 +144,7 @@ signals = Table(
     _ts("expires_at"),
     Column("consumed_by", UUID(as_uuid=True)),
     _ts("consumed_at"),
+    Column("woke", ARRAY(UUID(as_uuid=True)), nullable=False, server_default=FetchedValue()),
     comment="Signals: delivered (consumed) and pending ones, by (kind, ref).",
 )
 
@@ -163,6 +171,10 @@ run_events = Table(
     Column("seq", BigInteger, primary_key=True),
     Column("event", JSONB, nullable=False),
     _ts("created_at", nullable=False, default=True),
+    Column("step", Integer),
+    Column("idx", Integer),
+    Column("token", BigInteger),
+    Column("final", Boolean, nullable=False, server_default=FetchedValue()),
     comment="Output stream of each run (tokens, tool calls, progress), replayable from a cursor.",
 )
 
@@ -214,5 +226,69 @@ active_leases = Table(
     comment="VIEW: live leases with key and owner shown readably (key_bytes/owner_bytes exact).",
 )
 
+run_overview = Table(
+    "run_overview",
+    metadata,
+    Column("id", UUID(as_uuid=True)),
+    Column("task", Text),
+    Column("revision", Text),
+    Column("queue", Text),
+    Column("status", Text),
+    Column("priority", Integer),
+    Column("step", Integer),
+    Column("attempts", Integer),
+    Column("max_attempts", Integer),
+    Column("reclaims", Integer),
+    Column("worker", Text),
+    _ts("lease_expires_at"),
+    Column("lease_expired", Boolean),
+    Column("wait_kind", Text),
+    Column("wait_ref", Text),
+    _ts("wait_since"),
+    _ts("wake_at"),
+    Column("cancel_requested", Boolean),
+    Column("error_type", Text),
+    Column("error_message", Text),
+    _ts("created_at"),
+    _ts("updated_at"),
+    _ts("finished_at"),
+    Column("age", INTERVAL),
+    comment="VIEW: one readable line per run (pgdurable runs).",
+)
+
+queue_stats = Table(
+    "queue_stats",
+    metadata,
+    Column("queue", Text),
+    Column("runnable", BigInteger),
+    Column("due", BigInteger),
+    Column("leased", BigInteger),
+    Column("expired_leases", BigInteger),
+    Column("waiting", BigInteger),
+    Column("completed", BigInteger),
+    Column("failed", BigInteger),
+    Column("cancelled", BigInteger),
+    Column("oldest_runnable_age", INTERVAL),
+    comment="VIEW: run counts per queue and status (pgdurable stats).",
+)
+
+waiting_runs = Table(
+    "waiting_runs",
+    metadata,
+    Column("run_id", UUID(as_uuid=True)),
+    Column("task", Text),
+    Column("queue", Text),
+    Column("waits_for", Text),
+    Column("kind", Text),
+    Column("ref", Text),
+    _ts("wait_since"),
+    _ts("wake_at"),
+    Column("waited", INTERVAL),
+    Column("wakes_in", INTERVAL),
+    _ts("deadline_at"),
+    Column("pending_signals", BigInteger),
+    comment="VIEW: parked runs, what each waits for, and pending signals for it.",
+)
+
 #: Names of the entries of ``metadata`` that are views, not tables.
-views: frozenset[str] = frozenset({"active_leases"})
+views: frozenset[str] = frozenset({"active_leases", "queue_stats", "run_overview", "waiting_runs"})

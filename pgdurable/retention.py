@@ -14,12 +14,13 @@ touches live runs, so workers claiming and checkpointing are not held up
 * :func:`run_pruner` (async) / :func:`run_pruner_sync` (e.g. in a thread;
   ``pgdurable worker --prune-older-than 7d`` starts one) -- an automatic
   pruner to run next to a worker, e.g.
-  ``asyncio.gather(worker.run(), run_pruner(app, every=3600, older_than=7 days))``.
+  ``asyncio.gather(worker.run(), run_pruner(app, every=3600, older_than="7d"))``.
   Any number of processes may run one: each batch takes
   ``pg_try_advisory_xact_lock(pgdurable.prune_lock_key())`` (transaction
   scoped, so it is safe behind PgBouncer in transaction mode) and a pruner
-  that finds the lock taken skips its turn. At most one batch runs at a time
-  across the fleet.
+  that finds the lock taken skips its turn: at most one automatic batch runs
+  at a time across the fleet. (A manual :func:`prune` is not exclusive by
+  default; concurrent prunes are still safe: they skip each other's rows.)
 * :func:`parse_age` -- ``"7d"``, ``"12h"``, ``"30m"``, ``"90s"``, ``"2w"`` as a
   timedelta (the CLI's ``--older-than``).
 

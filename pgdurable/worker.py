@@ -238,7 +238,9 @@ class Worker:
         """Ask the database when work may appear next (sets ``_due_at``).
 
         ``min_delay`` keeps a just-finished claim from spinning on rows that
-        other workers hold locked (they show as due but are skipped)."""
+        other workers hold locked (they show as due but are skipped); it
+        applies only to work that is already due: a timer due in the future
+        is claimed on time (Sleep overshoot), not ``min_delay`` late."""
         names, revs = self._task_arrays()
         try:
             row = await self.app.fetchone(q.NEXT_WAKEUP, (self.queues, names, revs))
@@ -246,10 +248,12 @@ class Worker:
             log.warning("next_wakeup failed: %s", exc)
             self._due_at = None
             return
-        secs = None if row is None else row[0]
-        self._due_at = (
-            None if secs is None else time.monotonic() + max(float(secs) + 0.005, min_delay)
-        )
+        secs = None if row is None or row[0] is None else float(row[0])
+        if secs is None:
+            self._due_at = None
+        else:
+            delay = secs + 0.005 if secs > 0 else max(0.005, min_delay)
+            self._due_at = time.monotonic() + delay
 
     async def _claim_loop(self) -> None:
         self._wake.set()

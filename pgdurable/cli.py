@@ -52,6 +52,8 @@ EXIT_PROBLEM = 1
 EXIT_BAD_INPUT = 2
 EXIT_NOT_FOUND = 3
 
+# statuses whose runs.error explains the status (a completed run may keep an old one)
+_ERROR_SHOWN = frozenset({"failed", "cancelled", "incompatible", "runnable"})
 STATUSES = ("runnable", "leased", "waiting", "completed", "failed", "cancelled", "incompatible")
 
 DsnOption = Annotated[
@@ -276,9 +278,9 @@ def runs(
         print_json(rows)
         return
     table = Table(title=f"{len(rows)} run(s)", box=box.SIMPLE_HEAD, pad_edge=False)
-    table.add_column("id", no_wrap=True)
-    for name in ("task", "queue", "status", "step", "attempts", "where / waits on", "age", "error"):
-        table.add_column(name)
+    table.add_column("id", no_wrap=True, min_width=36)
+    for name in ("task", "queue", "status", "step", "attempts", "where", "age", "error"):
+        table.add_column(name, justify="right" if name in ("step", "attempts") else "left")
     for r in rows:
         where = ""
         if r["status"] == "leased":
@@ -287,9 +289,12 @@ def runs(
             where = f"{r['wait_kind']}:{r['wait_ref']}" if r["wait_kind"] else "timer"
             if r["wake_at"]:
                 where += f" until {r['wake_at']:%H:%M:%S}"
-        error = f"{r['error_type']}: {_short(r['error_message'], 40)}" if r["error_type"] else ""
-        table.add_row(str(r["id"]), r["task"], r["queue"], r["status"], str(r["step"]),
-                      f"{r['attempts']}/{r['max_attempts']}", where, human_age(r["age"]), error)
+        error = ""
+        if r["error_type"] and r["status"] in _ERROR_SHOWN:  # a completed run may keep one
+            error = f"{r['error_type']}: {r['error_message']}"
+        table.add_row(str(r["id"]), _short(r["task"], 24), _short(r["queue"], 16), r["status"],
+                      str(r["step"]), f"{r['attempts']}/{r['max_attempts']}", _short(where, 30),
+                      human_age(r["age"]), _short(error, 50))
     out.print(table)
 
 
@@ -328,12 +333,14 @@ def run(
                                  + (f" until {info['wake_at']}" if info.get("wake_at") else ""))
     if info.get("error"):
         e = info["error"]
-        head.add_row("error", f"{e.get('type')}: {_short(e.get('message'), 100)}")
+        label = "error" if info.get("status") in _ERROR_SHOWN else "last error"
+        head.add_row(label, f"{e.get('type')}: {_short(e.get('message'), 100)}")
     if info.get("result") is not None:
         head.add_row("result", _short(json.dumps(info["result"]), 100))
     head.add_row("state", _short(json.dumps(info.get("state")), 100))
     out.print(head)
-    steps_t = Table("step", "token", "at", "woken by", "state", title="steps", box=box.SIMPLE_HEAD, pad_edge=False)
+    steps_t = Table("step", "token", "at", "woken by", "state", title="steps",
+                    box=box.SIMPLE_HEAD, pad_edge=False)
     for s in steps:
         wake = s["wake"] or {}
         woke = f"{wake.get('type')} {wake.get('kind') or ''}:{wake.get('ref') or ''}" if wake else ""

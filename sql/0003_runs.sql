@@ -378,15 +378,40 @@ CREATE FUNCTION pgdurable.checkpoint_run(p_id uuid, p_token bigint, p_owner text
 RETURNS text
 LANGUAGE plpgsql AS $$
 DECLARE
-  r pgdurable.runs := pgdurable._fenced(p_id, p_token, p_owner);
-  v_err jsonb := pgdurable._verdict(r, p_spend, true);
+  v_status text;
 BEGIN
-  PERFORM pgdurable._checkpoint(r, p_token, p_state, p_spend);
-  IF v_err IS NOT NULL THEN
-    RETURN pgdurable._end(p_id, CASE WHEN v_err->>'type' = 'RunCancelled' THEN 'cancelled'
-                                     ELSE 'failed' END, v_err, 0);
+  -- Hot path: ONE statement (fenced UPDATE + history INSERT). The verdict is
+  -- computed from the locked row itself (r, re-read if we waited for its
+  -- lock), so a cancel that committed first is always seen. The wake the
+  -- step saw is read from the statement's snapshot: under a valid fence
+  -- nothing else changes it.
+  WITH u AS (
+    UPDATE pgdurable.runs r SET
+           state = p_state, step = r.step + 1, wake = NULL, reclaims = 0,
+           spent = r.spent + coalesce(p_spend, 0),
+           status = CASE WHEN pgdurable._verdict(r, p_spend, true) IS NULL THEN 'leased'
+                         WHEN pgdurable._verdict(r, p_spend, true)->>'type' = 'RunCancelled'
+                         THEN 'cancelled' ELSE 'failed' END,
+           error = coalesce(pgdurable._verdict(r, p_spend, true), r.error),
+           lease_owner = CASE WHEN pgdurable._verdict(r, p_spend, true) IS NULL
+                              THEN r.lease_owner END,
+           lease_expires_at = CASE WHEN pgdurable._verdict(r, p_spend, true) IS NULL
+                                   THEN r.lease_expires_at END,
+           finished_at = CASE WHEN pgdurable._verdict(r, p_spend, true) IS NOT NULL
+                              THEN pgdurable.now() END,
+           updated_at = pgdurable.now()
+     WHERE r.id = p_id AND r.lease_token = p_token AND r.lease_owner = p_owner
+       AND r.status = 'leased' AND r.lease_expires_at > pgdurable.now()
+    RETURNING r.id, r.step, r.status)
+  INSERT INTO pgdurable.checkpoints (run_id, step, token, state, wake)
+  SELECT u.id, u.step, p_token, p_state, (SELECT o.wake FROM pgdurable.runs o WHERE o.id = p_id)
+    FROM u
+  RETURNING (SELECT u.status FROM u) INTO v_status;
+  IF v_status IS NULL THEN
+    RAISE EXCEPTION 'lease lost on run % (token %, owner %)', p_id, p_token, p_owner
+      USING ERRCODE = 'PD001';
   END IF;
-  RETURN 'leased';
+  RETURN v_status;
 END
 $$;
 COMMENT ON FUNCTION pgdurable.checkpoint_run(uuid, bigint, text, jsonb, numeric) IS
@@ -407,19 +432,33 @@ CREATE FUNCTION pgdurable.complete_run(p_id uuid, p_token bigint, p_owner text,
 RETURNS text
 LANGUAGE plpgsql AS $$
 DECLARE
-  r pgdurable.runs := pgdurable._fenced(p_id, p_token, p_owner);
-  v_err jsonb := pgdurable._verdict(r, p_spend, false);
+  v_status text;
 BEGIN
-  PERFORM pgdurable._checkpoint(r, p_token, p_state, p_spend);
-  IF v_err IS NOT NULL THEN
-    RETURN pgdurable._end(p_id, CASE WHEN v_err->>'type' = 'RunCancelled' THEN 'cancelled'
-                                     ELSE 'failed' END, v_err, 0);
+  -- ONE statement, as in checkpoint_run (verdict from the locked row).
+  WITH u AS (
+    UPDATE pgdurable.runs r SET
+           state = p_state, step = r.step + 1, wake = NULL, reclaims = 0,
+           spent = r.spent + coalesce(p_spend, 0),
+           status = CASE WHEN pgdurable._verdict(r, p_spend, false) IS NULL THEN 'completed'
+                         WHEN pgdurable._verdict(r, p_spend, false)->>'type' = 'RunCancelled'
+                         THEN 'cancelled' ELSE 'failed' END,
+           result = CASE WHEN pgdurable._verdict(r, p_spend, false) IS NULL THEN p_result END,
+           error = coalesce(pgdurable._verdict(r, p_spend, false), r.error),
+           lease_owner = NULL, lease_expires_at = NULL,
+           wait_kind = NULL, wait_ref = NULL, wait_since = NULL, wake_at = NULL,
+           finished_at = pgdurable.now(), updated_at = pgdurable.now()
+     WHERE r.id = p_id AND r.lease_token = p_token AND r.lease_owner = p_owner
+       AND r.status = 'leased' AND r.lease_expires_at > pgdurable.now()
+    RETURNING r.id, r.step, r.status)
+  INSERT INTO pgdurable.checkpoints (run_id, step, token, state, wake)
+  SELECT u.id, u.step, p_token, p_state, (SELECT o.wake FROM pgdurable.runs o WHERE o.id = p_id)
+    FROM u
+  RETURNING (SELECT u.status FROM u) INTO v_status;
+  IF v_status IS NULL THEN
+    RAISE EXCEPTION 'lease lost on run % (token %, owner %)', p_id, p_token, p_owner
+      USING ERRCODE = 'PD001';
   END IF;
-  UPDATE pgdurable.runs SET status = 'completed', result = p_result,
-         lease_owner = NULL, lease_expires_at = NULL,
-         finished_at = pgdurable.now(), updated_at = pgdurable.now()
-   WHERE id = p_id;
-  RETURN 'completed';
+  RETURN v_status;
 END
 $$;
 COMMENT ON FUNCTION pgdurable.complete_run(uuid, bigint, text, jsonb, jsonb, numeric) IS

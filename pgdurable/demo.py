@@ -27,6 +27,7 @@ import importlib
 import json
 import os
 import queue
+import shutil
 import signal
 import subprocess
 import sys
@@ -331,6 +332,7 @@ def run_demo(*, dsn: str | None = None, data_dir: str | None = None,
         while not lines.empty():
             who, line = lines.get()
             tl.log(who, line)
+        shutil.rmtree(folder, ignore_errors=True)
         if server is not None:
             tl.log("postgres", "stopping the embedded PostgreSQL")
             server.cleanup()

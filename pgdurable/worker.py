@@ -163,6 +163,10 @@ class Worker:
         self._done = asyncio.Event()
         self._tasks: list[Task] = []
         self.claim_count = 0  # claim statements issued (tests, metrics)
+        # when fewer than _claim_batch slots are free, a claim waits claim_delay
+        # seconds for more to free up (under load: fewer, larger claims)
+        self._claim_batch = max(1, concurrency // 8)
+        self.claim_delay = 0.005
         self.heartbeat_count = 0  # renew statements issued
 
     # -- public --------------------------------------------------------------
@@ -274,6 +278,11 @@ class Worker:
             free = self.concurrency - len(self._active)
             if free <= 0:
                 continue
+            if woke and free < self._claim_batch and self._active:
+                # most slots busy (a run just finished): let a few more finish
+                # first so that one claim takes several runs (claim batching)
+                await asyncio.sleep(self.claim_delay)
+                free = self.concurrency - len(self._active)
             if not woke:
                 due = self._due_at is not None and time.monotonic() >= self._due_at
                 if not due:

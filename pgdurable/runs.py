@@ -33,7 +33,11 @@ from .migrations import acheck_schema, check_schema
 from .signals import DEFAULT_MAX_PAYLOAD, DEFAULT_SIGNAL_TTL, signal_params, signal_run_params
 
 if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
+
+    from .stream import StreamEvent
     from .tasks import DurableTask
+    from .threads import Delivery, ThreadRoute
     from .worker import Worker
 
 __all__ = ["Durable", "DurableClient", "RunInfo", "Task"]
@@ -468,6 +472,62 @@ class Durable:
             await self._ready(), key, fn, ttl=ttl, lease=lease, wait_timeout=wait_timeout
         )
 
+    # -- threads and the output stream (pgdurable.threads, pgdurable.stream) --
+
+    def thread_task(
+        self,
+        prefix: str,
+        task: str,
+        *,
+        queue: str = "default",
+        priority: int = 0,
+        idle_ttl: timedelta | None = None,
+    ) -> ThreadRoute:
+        """Run threads whose key starts with ``prefix`` with ``task`` (``""``: every thread).
+
+        The longest matching prefix wins. ``idle_ttl`` is the thread lease's
+        TTL while its owner run is parked (default 1 hour, renewed by sends).
+        """
+        from .threads import routes_of
+
+        return routes_of(self._registry).add(prefix, task, queue, priority, idle_ttl)
+
+    async def send(
+        self,
+        thread_key: str,
+        message: Any,
+        *,
+        message_id: str | None = None,
+        sender: str | None = None,
+        state: Any = None,
+    ) -> Delivery:
+        """Send ``message`` to a thread: start its owner run or deliver to the owner.
+
+        Durable before it returns. See :mod:`pgdurable.threads` for the
+        contract; ``state`` is the initial state of a newly started run when
+        the thread has no previous run.
+        """
+        from .threads import SEND, parse_delivery, send_params
+
+        if self._closed:
+            raise ProviderClosed("this Durable app is closed")
+        params, mid = send_params(self._registry, thread_key, message, message_id, sender, state)
+        return parse_delivery(await self.fetchone(SEND, params), mid)
+
+    def stream(self, run_id: Any, after: int = 0, *, poll: float = 1.0) -> AsyncIterator[StreamEvent]:
+        """Async iterator over a run's output events after ``after``, live, until its end."""
+        from .stream import stream_run
+
+        return stream_run(self, run_id, after, poll=poll)
+
+    def stream_thread(
+        self, thread_key: str, after: Any = None, *, follow: bool = True, poll: float = 1.0
+    ) -> AsyncIterator[StreamEvent]:
+        """Async iterator over a thread's output events (all its runs) after ``after``."""
+        from .stream import stream_thread
+
+        return stream_thread(self, thread_key, after, follow=follow, poll=poll)
+
     def worker(
         self,
         *,
@@ -622,3 +682,32 @@ class DurableClient:
         """Signal one run (see :meth:`Durable.signal_run`); ``[run_id]`` if it woke."""
         params = signal_run_params(run_id, kind, payload, signal_id, ttl, self.max_signal_payload)
         return [str(r[0]) for r in self._fetchall(q.SIGNAL_RUN, params)]
+
+    def thread_task(
+        self,
+        prefix: str,
+        task: str,
+        *,
+        queue: str = "default",
+        priority: int = 0,
+        idle_ttl: timedelta | None = None,
+    ) -> ThreadRoute:
+        """Route threads by key prefix to a task (see :meth:`Durable.thread_task`)."""
+        from .threads import routes_of
+
+        return routes_of(self._registry).add(prefix, task, queue, priority, idle_ttl)
+
+    def send(
+        self,
+        thread_key: str,
+        message: Any,
+        *,
+        message_id: str | None = None,
+        sender: str | None = None,
+        state: Any = None,
+    ) -> Delivery:
+        """Sync twin of :meth:`Durable.send` (for web handlers)."""
+        from .threads import SEND, parse_delivery, send_params
+
+        params, mid = send_params(self._registry, thread_key, message, message_id, sender, state)
+        return parse_delivery(self._fetchall(SEND, params)[0], mid)

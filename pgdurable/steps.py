@@ -139,6 +139,11 @@ class RunContext:
     spent: float
     _pending_spend: float = 0.0
     _effect: Callable[..., Awaitable[Any]] | None = field(default=None, repr=False)
+    _app: Any = field(default=None, repr=False)  # the Durable app (inbox, emit)
+    _owner: str | None = field(default=None, repr=False)  # the worker id (lease fence)
+    _emitted: int = field(default=0, repr=False)  # events emitted by this step so far
+    #: The run's thread key (thread runs), known after ``await ctx.inbox()``.
+    thread_key: str | None = None
 
     def spend(self, amount: float | int | Decimal) -> None:
         """Add ``amount`` to the run's spend (saved with the next checkpoint).
@@ -189,3 +194,43 @@ class RunContext:
                 raise TypeError("effect reconcile must be callable or None")
             return await self._effect(key, fn, reconcile=reconcile)
         return await self._effect(key, fn)
+
+    def _attached(self) -> tuple[Any, str]:
+        if self._app is None or self._owner is None:
+            raise RuntimeError("this RunContext is not attached to a worker")
+        return self._app, self._owner
+
+    async def inbox(self) -> list[Any]:
+        """Drain the thread's messages delivered since the last step, in order.
+
+        Returns :class:`~pgdurable.threads.Message` objects (``[]`` for a run
+        without a thread). Consumption is checkpointed with this step: if the
+        step is retried the same messages are returned again; once the step is
+        checkpointed, never again. Raises :class:`~pgdurable.LeaseLost` if
+        another run took the thread. See :mod:`pgdurable.threads`.
+        """
+        from .threads import take
+
+        return await take(self)
+
+    async def emit(self, event: Any) -> int:
+        """Append ``event`` (JSON) to the run's output stream; return its seq.
+
+        Fenced by the lease; a retried step overwrites its earlier events
+        instead of duplicating them. See :mod:`pgdurable.stream`.
+        """
+        from .stream import emit
+
+        return await emit(self, event)
+
+    def wait_inbox(
+        self, *, timeout: timedelta | float | None = None, state: Any = _UNSET
+    ) -> Wait:
+        """A :class:`Wait` that parks this thread run until its inbox has news.
+
+        Call ``await ctx.inbox()`` first in the step (it learns the thread key).
+        A message that arrives before the run parks wakes it at once.
+        """
+        if self.thread_key is None:
+            raise RuntimeError("wait_inbox() needs the thread key: call await ctx.inbox() first")
+        return Wait(signal=("inbox", self.thread_key), timeout=timeout, state=state)

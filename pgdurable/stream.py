@@ -1,0 +1,244 @@
+"""The output stream: what a run emits, replayable from a cursor and followable live.
+
+A step calls ``await ctx.emit(event)`` (any JSON value): ONE fenced call of
+``pgdurable.emit_event`` appends it to ``pgdurable.run_events`` with the next
+sequence number and NOTIFYs ``pgdurable_events`` (payload = run id). The event
+is keyed by (step, index within the step): a step that is retried re-emits
+into the same rows (overwritten in place, same ``seq``) instead of appending,
+so a retry never duplicates events. (A retry that emits *different* events
+replaces them in place; a reader that already passed those ``seq`` keeps the
+first version, and events beyond what the retry emits stay as they were.)
+
+When a run that has a thread or emitted events becomes terminal, a final
+event ``{"type": "end", "status", "result", "error"}`` (``final=True``) is
+written in the same transaction: a reader sees completion after the last event.
+
+:func:`stream_run` / :func:`stream_thread` (``app.stream`` /
+``app.stream_thread``) are async iterators: they LISTEN on a dedicated
+connection first, then replay from the cursor, then follow live; a missed
+notification is covered by a slow poll (``poll`` seconds) and by a re-read
+after every reconnect of the listener. They read the database, not a worker,
+so they continue across worker changes and crashes. ``stream_run`` ends after
+the run's final event (for a run that never emitted and has no thread, a
+synthesized final event with ``seq`` equal to the cursor).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+import psycopg
+
+from . import _runs_sql as q
+from ._db import LIBRARY_OPTIONS
+from ._json import dumps
+from .errors import RunNotFound
+
+if TYPE_CHECKING:
+    from .runs import Durable
+    from .steps import RunContext
+
+__all__ = ["StreamEvent", "emit", "stream_run", "stream_thread"]
+
+log = logging.getLogger("pgdurable.stream")
+
+CHANNEL = "pgdurable_events"
+BATCH = 500
+
+# -- fenced append/overwrite of the idx-th event of the current step; returns seq
+EMIT = "SELECT pgdurable.emit_event(%s::uuid, %s::bigint, %s::text, %s::integer, %s::jsonb)"
+# -- one snapshot: the run's status/result/error and its events after a cursor
+READ_RUN = """
+SELECT r.status, r.result, r.error, e.seq, e.event, e.final, e.created_at
+  FROM pgdurable.runs r
+  LEFT JOIN LATERAL (
+    SELECT x.seq, x.event, x.final, x.created_at FROM pgdurable.run_events x
+     WHERE x.run_id = r.id AND x.seq > %s ORDER BY x.seq LIMIT %s) e ON true
+ WHERE r.id = %s::uuid
+ ORDER BY e.seq
+"""
+# -- a thread's events after a (thread_no, seq) cursor, in thread order
+READ_THREAD = """
+SELECT r.id, r.thread_no, e.seq, e.event, e.final, e.created_at
+  FROM pgdurable.runs r JOIN pgdurable.run_events e ON e.run_id = r.id
+ WHERE r.thread_key = %s::text AND (r.thread_no, e.seq) > (%s, %s)
+ ORDER BY r.thread_no, e.seq
+ LIMIT %s
+"""
+
+
+@dataclass(frozen=True)
+class StreamEvent:
+    """One event of a run's output stream.
+
+    ``seq`` is its position in the run's stream (1, 2, ...); ``final`` marks
+    the run's last event (``{"type": "end", "status", ...}``). ``thread_no``
+    is the run's position in its thread (``stream_thread`` only). ``cursor``
+    resumes after this event: pass it as ``after=``.
+    """
+
+    run_id: str
+    seq: int
+    event: Any
+    final: bool
+    created_at: datetime | None
+    thread_no: int | None = None
+
+    @property
+    def cursor(self) -> Any:
+        """``seq`` for a run stream, ``"<thread_no>:<seq>"`` for a thread stream."""
+        return self.seq if self.thread_no is None else f"{self.thread_no}:{self.seq}"
+
+
+async def emit(ctx: RunContext, event: Any) -> int:
+    """``ctx.emit(event)``: append the step's next event (fenced); return its seq."""
+    text = dumps(event, "event")
+    app, owner = ctx._attached()
+    idx = ctx._emitted
+    ctx._emitted += 1
+    row = await app.fetchone(EMIT, (q.check_run_id(ctx.run_id), ctx.token, owner, idx, text))
+    assert row is not None
+    return int(row[0])
+
+
+def _check_after(after: object) -> int:
+    if isinstance(after, bool) or not isinstance(after, int) or after < 0:
+        raise ValueError("after must be an int >= 0 (a seq from StreamEvent.cursor)")
+    return after
+
+
+def parse_thread_cursor(after: object) -> tuple[int, int]:
+    """A thread cursor (``None``, ``"no:seq"`` or ``(no, seq)``) as a tuple."""
+    if after is None:
+        return (0, 0)
+    if isinstance(after, str):
+        no, sep, seq = after.partition(":")
+        if sep and no.isdigit() and seq.isdigit():
+            return (int(no), int(seq))
+    elif (
+        isinstance(after, tuple)
+        and len(after) == 2
+        and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in after)
+    ):
+        return (after[0], after[1])
+    raise ValueError(f"thread cursor must be None, 'thread_no:seq' or a tuple, not {after!r}")
+
+
+class _Listener:
+    """A dedicated LISTEN connection; ``wait`` returns when a notification for
+    one of ``ids`` (any, if ``ids`` is None) arrives, the poll interval passes,
+    or the connection was (re)made (the caller must then re-read)."""
+
+    def __init__(self, conninfo: str, ids: set[str] | None, poll: float) -> None:
+        self.conninfo = conninfo
+        self.ids = ids
+        self.poll = poll
+        self.conn: psycopg.AsyncConnection[Any] | None = None
+
+    async def connect(self) -> None:
+        self.conn = await psycopg.AsyncConnection.connect(
+            self.conninfo, autocommit=True, options=LIBRARY_OPTIONS, connect_timeout=10
+        )
+        await self.conn.execute(f"LISTEN {CHANNEL}")
+
+    async def wait(self) -> None:
+        if self.conn is None or self.conn.closed:
+            try:
+                await self.connect()
+            except (psycopg.Error, OSError) as exc:
+                log.warning("stream listener cannot connect: %s", exc)
+                await asyncio.sleep(self.poll)
+            return
+        try:
+            async for n in self.conn.notifies(timeout=self.poll):
+                if self.ids is None or n.payload in self.ids:
+                    return
+        except (psycopg.Error, OSError) as exc:
+            log.warning("stream listener lost: %s; reconnecting", exc)
+            await self.close()
+
+    async def close(self) -> None:
+        if self.conn is not None:
+            with contextlib.suppress(Exception):
+                await self.conn.close()
+            self.conn = None
+
+
+def _conninfo(app: Durable) -> str:
+    info = app.pool.conninfo
+    return info if isinstance(info, str) and info else (app.conninfo or "")
+
+
+async def stream_run(
+    app: Durable, run_id: Any, after: int = 0, *, poll: float = 1.0
+) -> AsyncIterator[StreamEvent]:
+    """Events of ``run_id`` with ``seq > after``, then live, until its final event."""
+    rid = q.check_run_id(run_id)
+    cursor = _check_after(after)
+    listener = _Listener(_conninfo(app), {str(rid)}, poll)
+    try:
+        await listener.connect()
+        while True:
+            rows = await app.fetchall(READ_RUN, (cursor, BATCH, rid))
+            if not rows:
+                raise RunNotFound(f"no run {rid}")
+            status, result, error = rows[0][0], rows[0][1], rows[0][2]
+            got = False
+            for row in rows:
+                if row[3] is None:
+                    continue
+                got = True
+                ev = StreamEvent(str(rid), int(row[3]), row[4], bool(row[5]), row[6])
+                cursor = ev.seq
+                yield ev
+                if ev.final:
+                    return
+            if got:
+                continue
+            if status in q.TERMINAL:
+                if cursor == 0:  # a run that never emitted (no final row written)
+                    err = None if error is None else {k: v for k, v in error.items() if k != "traceback"}
+                    yield StreamEvent(
+                        str(rid), 0, {"type": "end", "status": status, "result": result,
+                                      "error": err}, True, None)
+                return
+            await listener.wait()
+    finally:
+        await listener.close()
+
+
+async def stream_thread(
+    app: Durable, thread_key: str, after: Any = None, *, follow: bool = True, poll: float = 1.0
+) -> AsyncIterator[StreamEvent]:
+    """Events of every run of ``thread_key`` after the cursor, in thread order.
+
+    With ``follow`` (default) it never ends by itself (stop iterating, or
+    ``aclose()``); with ``follow=False`` it ends after the replay.
+    """
+    q.check_name(thread_key, "thread_key")
+    no, seq = parse_thread_cursor(after)
+    listener = _Listener(_conninfo(app), None, poll) if follow else None
+    try:
+        if listener is not None:
+            await listener.connect()
+        while True:
+            rows = await app.fetchall(READ_THREAD, (thread_key, no, seq, BATCH))
+            for row in rows:
+                ev = StreamEvent(str(row[0]), int(row[2]), row[3], bool(row[4]), row[5],
+                                 int(row[1]))
+                no, seq = ev.thread_no or 0, ev.seq
+                yield ev
+            if rows:
+                continue
+            if listener is None:
+                return
+            await listener.wait()
+    finally:
+        if listener is not None:
+            await listener.close()

@@ -1,0 +1,227 @@
+"""Threads: one owning run per thread key, follow-up messages routed to it.
+
+This is the seed's *signal layer* (Mastra) on PostgreSQL: a thread key such
+as ``"chat:42"`` has at most one owning run across all processes. The first
+:meth:`Durable.send <pgdurable.Durable.send>` to an idle thread starts a run
+(of the task chosen with :meth:`Durable.thread_task
+<pgdurable.Durable.thread_task>`) holding the thread's lease; every other
+send appends to that run's inbox instead of starting a competing run.
+
+Contract (each point is a test in ``tests/test_threads.py``):
+
+* ``send`` makes ONE call to ``pgdurable.send_message``: the ownership
+  decision (acquire the thread lease + start a run, or append to the owner's
+  inbox) is one transaction under the thread's row lock, and the message is
+  durable when ``send`` returns. It returns :class:`Delivery`
+  (``action="wake"``: a run was started for it; ``"deliver"``: appended to the
+  inbox of ``run_id``, which is woken if parked on its inbox).
+* The same ``message_id`` twice is stored once (the second send returns the
+  first delivery with ``duplicate=True``); the same id with another payload
+  raises :class:`~pgdurable.SignalConflict`.
+* In a step, ``await ctx.inbox()`` drains the thread's unconsumed messages in
+  order. They are consumed in the same transaction as the step's checkpoint:
+  a retried step sees them again, a checkpointed one never again.
+* The thread lease's owner is the run's current attempt, ``"<run id>:<lease
+  token>"``, never the bare run id: a stale attempt cannot release its
+  successor's lease. The lease follows the run (renewed with the worker's
+  heartbeat; a parked owner keeps it for ``idle_ttl``, renewed by sends, and a
+  send re-acquires it for the same unfinished run should it lapse).
+* When the owner ends (completed, failed, cancelled) with unconsumed
+  messages, the follow-up run is started and the lease handed over by
+  ``transfer_lease`` in the same transaction (no gap); if the transfer fails
+  and the fallback acquire loses, the messages go to the winner.
+* A run whose thread was taken by someone else gets :class:`~pgdurable.LeaseLost`
+  from ``ctx.inbox()`` (the step fails; its messages stay for the owner).
+
+Poison messages: a message whose processing fails every attempt ends its run
+``failed``; the follow-up run receives it again. There is no per-message
+attempt limit yet.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any, Literal
+
+from . import _runs_sql as q
+from ._json import dumps
+from .errors import UnknownTask
+
+if TYPE_CHECKING:
+    from .steps import RunContext
+
+__all__ = ["Delivery", "Message", "ThreadRoute", "thread_lease_key"]
+
+# -- the ownership decision; returns (action, run_id, seq, duplicate)
+SEND = (
+    "SELECT action, run_id, seq, duplicate FROM pgdurable.send_message("
+    "%s::text, %s::text, %s::jsonb, %s::text, %s::text, %s::text, %s::text, %s::integer, "
+    "%s::integer, %s::jsonb, %s::interval)"
+)
+# -- fenced drain of the thread inbox for the current step
+TAKE = (
+    "SELECT seq, message_id, payload, sender, created_at, thread_key "
+    "FROM pgdurable.take_messages(%s::uuid, %s::bigint, %s::text)"
+)
+# -- the thread key of a run (NULL: not a thread run)
+RUN_THREAD = "SELECT thread_key FROM pgdurable.runs WHERE id = %s::uuid"
+# -- one row of the thread_owners view
+OWNER = (
+    "SELECT thread_key, run_id, lease_owner, lease_token, lease_expires_at, owned, run_status, "
+    "inbox_depth, last_message_seq, stream_position, runs_started "
+    "FROM pgdurable.thread_owners WHERE thread_key = %s::text"
+)
+
+_PREFIX = "pgdurable.thread:"
+
+
+def thread_lease_key(thread_key: str) -> str:
+    """The lease key of a thread (for :class:`~pgdurable.PostgresLeaseProvider` calls)."""
+    q.check_name(thread_key, "thread_key")
+    return _PREFIX + thread_key
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """What :meth:`Durable.send <pgdurable.Durable.send>` did with a message.
+
+    ``action`` is ``"wake"`` (a run was started for it) or ``"deliver"``
+    (appended to the inbox of the run owning the thread); ``run_id`` is that
+    run; ``seq`` the message's position in the thread; ``duplicate`` is True
+    when this ``message_id`` had been sent before (nothing was written).
+    """
+
+    action: Literal["wake", "deliver"]
+    run_id: str
+    seq: int
+    message_id: str
+    duplicate: bool = False
+
+
+@dataclass(frozen=True)
+class Message:
+    """One inbox message, as ``ctx.inbox()`` returns it."""
+
+    seq: int
+    message_id: str
+    payload: Any
+    sender: str | None
+    created_at: datetime
+    thread_key: str
+
+
+@dataclass(frozen=True)
+class ThreadRoute:
+    """Which task runs the threads whose key starts with ``prefix``."""
+
+    prefix: str
+    task: str
+    queue: str = "default"
+    priority: int = 0
+    idle_ttl: timedelta | None = None
+
+
+class ThreadRoutes:
+    """Thread-key prefix -> :class:`ThreadRoute`; the longest prefix wins, ``""`` is the default."""
+
+    def __init__(self) -> None:
+        self.routes: dict[str, ThreadRoute] = {}
+
+    def add(
+        self, prefix: str, task: str, queue: str, priority: int, idle_ttl: timedelta | None
+    ) -> ThreadRoute:
+        """Validate and register a route (replacing one with the same prefix)."""
+        if not isinstance(prefix, str) or "\x00" in prefix:
+            raise ValueError("thread prefix must be a str without NUL ('' = every thread)")
+        q.check_name(task, "task")
+        q.check_name(queue, "queue")
+        if isinstance(priority, bool) or not isinstance(priority, int):
+            raise TypeError("priority must be an int")
+        if idle_ttl is not None and (
+            not isinstance(idle_ttl, timedelta) or idle_ttl.total_seconds() <= 0
+        ):
+            raise ValueError("idle_ttl must be a positive timedelta or None")
+        route = ThreadRoute(prefix, task, queue, priority, idle_ttl)
+        self.routes[prefix] = route
+        return route
+
+    def resolve(self, thread_key: str) -> ThreadRoute:
+        """The route of ``thread_key`` (:class:`UnknownTask` if none matches)."""
+        best: ThreadRoute | None = None
+        for prefix, route in self.routes.items():
+            if thread_key.startswith(prefix) and (best is None or len(prefix) > len(best.prefix)):
+                best = route
+        if best is None:
+            raise UnknownTask(
+                f"no thread task for {thread_key!r}: register one with "
+                "app.thread_task(prefix, task_name)"
+            )
+        return best
+
+
+def routes_of(registry: Any) -> ThreadRoutes:
+    """The :class:`ThreadRoutes` of an app's task registry (created on first use)."""
+    routes = getattr(registry, "thread_routes", None)
+    if not isinstance(routes, ThreadRoutes):
+        routes = ThreadRoutes()
+        registry.thread_routes = routes
+    return routes
+
+
+def send_params(
+    registry: Any,
+    thread_key: object,
+    message: object,
+    message_id: object,
+    sender: object,
+    state: object,
+) -> tuple[tuple[Any, ...], str]:
+    """Validate a send (before any SQL); return the SEND parameters and the message id."""
+    q.check_name(thread_key, "thread_key")
+    assert isinstance(thread_key, str)
+    if message_id is None:
+        message_id = uuid.uuid4().hex
+    q.check_name(message_id, "message_id")
+    assert isinstance(message_id, str)
+    if sender is not None:
+        q.check_name(sender, "sender")
+    payload = dumps(message, "message")
+    state_json = None if state is None else dumps(state, "state")
+    route = routes_of(registry).resolve(thread_key)
+    revision = registry.revision_for(route.task, None)
+    attempts = registry.max_attempts_for(route.task)
+    params = (
+        thread_key, message_id, payload, sender, route.task, revision, route.queue,
+        route.priority, attempts, state_json, route.idle_ttl,
+    )
+    return params, message_id
+
+
+def parse_delivery(row: tuple[Any, ...] | None, message_id: str) -> Delivery:
+    """A SEND row as :class:`Delivery`."""
+    assert row is not None
+    return Delivery(
+        action=row[0], run_id=str(row[1]), seq=int(row[2]), message_id=message_id,
+        duplicate=bool(row[3]),
+    )
+
+
+def parse_message(row: tuple[Any, ...]) -> Message:
+    """A TAKE row as :class:`Message`."""
+    return Message(int(row[0]), row[1], row[2], row[3], row[4], row[5])
+
+
+async def take(ctx: RunContext) -> list[Message]:
+    """``ctx.inbox()``: drain the thread inbox for this step (fenced, one round trip)."""
+    app, owner = ctx._attached()
+    rid = q.check_run_id(ctx.run_id)
+    rows = await app.fetchall(TAKE, (rid, ctx.token, owner))
+    messages = [parse_message(r) for r in rows]
+    if messages:
+        ctx.thread_key = messages[0].thread_key
+    elif ctx.thread_key is None:
+        row = await app.fetchone(RUN_THREAD, (rid,))
+        ctx.thread_key = None if row is None else row[0]
+    return messages

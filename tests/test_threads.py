@@ -1,0 +1,537 @@
+"""Thread ownership and signal routing (CONTRACT S1-S5, S8, S9, S12, S15) on a real Postgres."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from pgdurable import (
+    Continue,
+    Done,
+    Durable,
+    DurableClient,
+    RunContext,
+    SignalConflict,
+    UnknownTask,
+)
+from pgdurable.threads import Delivery, thread_lease_key
+from tests._thread_procs import app as procs_app
+from tests._thread_procs import create_scratch
+
+ROOT = Path(__file__).resolve().parent.parent
+LEASE_HELPER = str(Path(__file__).resolve().parent / "_lease_procs.py")
+WAIT_LIMIT = 60.0  # generous bound for "eventually"; not a timing assertion
+
+
+async def until(pred: Callable[[], Awaitable[bool]], what: str) -> None:
+    loop = asyncio.get_running_loop()
+    end = loop.time() + WAIT_LIMIT
+    while not await pred():
+        if loop.time() > end:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.02)
+
+
+def until_sync(pred: Callable[[], bool], what: str) -> None:
+    end = time.monotonic() + WAIT_LIMIT
+    while not pred():
+        if time.monotonic() > end:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.02)
+
+
+def q1(conn: psycopg.Connection[Any], sql: str, params: tuple[Any, ...] = ()) -> Any:
+    row = conn.execute(sql, params).fetchone()
+    return None if row is None else row[0]
+
+
+def proc(dsn: str, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "tests._thread_procs", args[0], dsn, *args[1:]],
+        cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True, env={**os.environ, **(env or {})},
+    )
+
+
+def worker_proc(dsn: str, ttl: float = 2.0, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "pgdurable.worker", "tests._thread_procs:app",
+         "--lease-ttl", str(ttl), "--poll", "0.5", "--grace", "1"],
+        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "PGDURABLE_DSN": dsn, **(env or {})},
+    )
+
+
+def stop(p: subprocess.Popen[str]) -> None:
+    if p.poll() is None:
+        p.send_signal(signal.SIGTERM)
+        try:
+            p.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+def last_json(p: subprocess.Popen[str]) -> Any:
+    out, err = p.communicate(timeout=WAIT_LIMIT)
+    assert p.returncode == 0, err
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def all_consumed(conn: psycopg.Connection[Any], thread: str, n: int) -> Callable[[], bool]:
+    def check() -> bool:
+        return bool(q1(conn, "SELECT count(*) = %s FROM pgdurable.thread_messages "
+                             "WHERE thread_key = %s AND consumed_at IS NOT NULL", (n, thread)))
+    return check
+
+
+def thread_idle(conn: psycopg.Connection[Any], thread: str) -> Callable[[], bool]:
+    def check() -> bool:
+        return bool(q1(conn, "SELECT NOT EXISTS (SELECT FROM pgdurable.runs WHERE thread_key = %s "
+                             "AND status NOT IN ('completed','failed','cancelled'))", (thread,)))
+    return check
+
+
+@asynccontextmanager
+async def running(app: Durable, **kw: Any) -> AsyncIterator[Any]:
+    w = app.worker(lease_ttl=kw.pop("lease_ttl", timedelta(seconds=10)), poll_interval=0.2, **kw)
+    t = asyncio.create_task(w.run())
+    try:
+        yield w
+    finally:
+        await w.stop(grace=2)
+        await t
+
+
+# -- SQL and API basics ----------------------------------------------------------
+
+
+async def test_send_starts_a_run_then_delivers_to_it(dsn: str, conn: psycopg.Connection[Any]) -> None:
+    app = Durable(dsn)
+    app.thread_task("", "chat")
+
+    @app.task("chat")
+    async def chat(ctx: RunContext, state: Any) -> Any:
+        return Done(None)
+
+    async with app:
+        d1 = await app.send("chat:1", {"text": "hi"})
+        d2 = await app.send("chat:1", {"text": "again"}, sender="web")
+    assert isinstance(d1, Delivery)
+    assert (d1.action, d2.action) == ("wake", "deliver")
+    assert d1.run_id == d2.run_id and (d1.seq, d2.seq) == (1, 2)
+    row = conn.execute(
+        "SELECT run_id::text, inbox_depth, owned, run_status, lease_owner "
+        "FROM pgdurable.thread_owners WHERE thread_key = 'chat:1'").fetchone()
+    assert row is not None
+    assert row[:4] == (d1.run_id, 2, True, "runnable")
+    assert row[4] == f"{d1.run_id}:0"  # owner is an attempt, not the bare run id
+    assert q1(conn, "SELECT count(*) FROM pgdurable.runs WHERE thread_key = 'chat:1'") == 1
+
+
+async def test_s15_same_message_id_is_stored_once_and_conflicts_are_rejected(
+    dsn: str, conn: psycopg.Connection[Any]
+) -> None:
+    app = Durable(dsn)
+    app.thread_task("", "chat")
+    app.task("chat")(lambda ctx, s: Done(None))
+    async with app:
+        d1 = await app.send("t", {"n": 1}, message_id="m-1")
+        d2 = await app.send("t", {"n": 1}, message_id="m-1")
+        with pytest.raises(SignalConflict):
+            await app.send("t", {"n": 2}, message_id="m-1")
+    assert not d1.duplicate and d2.duplicate
+    assert (d2.action, d2.run_id, d2.seq) == (d1.action, d1.run_id, d1.seq)
+    assert q1(conn, "SELECT count(*) FROM pgdurable.thread_messages") == 1
+    assert q1(conn, "SELECT count(*) FROM pgdurable.runs") == 1
+
+
+async def test_s15_a_duplicate_executes_once(dsn: str, conn: psycopg.Connection[Any]) -> None:
+    app = Durable(dsn)
+    app.thread_task("", "chat")
+    seen: list[Any] = []
+
+    @app.task("chat")
+    async def chat(ctx: RunContext, state: Any) -> Any:
+        msgs = await ctx.inbox()
+        seen.extend(m.payload for m in msgs)
+        return Continue(state) if msgs else Done(None)
+
+    async with app:
+        for _ in range(3):
+            await app.send("t", "hello", message_id="same")
+        async with running(app):
+            await until(lambda: asyncio.sleep(0, thread_idle(conn, "t")()), "thread idle")
+    assert seen == ["hello"]
+
+
+async def test_bad_input_is_rejected_and_writes_nothing(dsn: str, conn: psycopg.Connection[Any]) -> None:
+    app = Durable(dsn)
+    app.thread_task("chat:", "chat")
+    app.task("chat")(lambda ctx, s: Done(None))
+    async with app:
+        with pytest.raises(ValueError):
+            await app.send("", "x")
+        with pytest.raises(ValueError):
+            await app.send("chat:\x00", "x")
+        with pytest.raises(TypeError):
+            await app.send(42, "x")  # type: ignore[arg-type]
+        with pytest.raises(TypeError):
+            await app.send("chat:1", {1, 2})
+        with pytest.raises(ValueError):
+            await app.send("chat:1", float("nan"))
+        with pytest.raises(ValueError):
+            await app.send("chat:1", "x", message_id="")
+        with pytest.raises(UnknownTask):
+            await app.send("other:1", "x")
+        with pytest.raises(ValueError):
+            app.thread_task("x", "chat", idle_ttl=timedelta(0))
+    assert q1(conn, "SELECT count(*) FROM pgdurable.threads") == 0
+    assert q1(conn, "SELECT count(*) FROM pgdurable.runs") == 0
+    with pytest.raises(psycopg.Error) as ei:
+        conn.execute("SELECT * FROM pgdurable.send_message('t', '', '1', NULL, 'chat', '1', "
+                     "'default', 0, 3)")
+    assert ei.value.sqlstate == "PD000"
+
+
+def test_sync_twin_sends(dsn: str, conn: psycopg.Connection[Any]) -> None:
+    app = Durable(dsn)
+    app.thread_task("", "chat")
+    app.task("chat")(lambda ctx, s: Done(None))
+    with DurableClient(app=app) as client:
+        d1 = client.send("web:1", {"q": 1})
+        d2 = client.send("web:1", {"q": 2})
+    assert (d1.action, d2.action, d2.run_id) == ("wake", "deliver", d1.run_id)
+
+
+# -- inbox semantics ---------------------------------------------------------------
+
+
+def test_inbox_consumption_is_checkpointed_with_the_step(conn: psycopg.Connection[Any]) -> None:
+    """SQL level: a retried step sees its messages again; a checkpointed one never again."""
+    send = ("SELECT run_id::text FROM pgdurable.send_message('t', %s, %s, NULL, 'chat', '1', "
+            "'default', 0, 5)")
+    rid = q1(conn, send, ("a", '"a"'))
+    q1(conn, send, ("b", '"b"'))
+    claim = ("SELECT lease_token FROM pgdurable.claim_runs(%s, '{default}', '{chat}', '{1}', 1, "
+             "'30 s')")
+    take = "SELECT payload FROM pgdurable.take_messages(%s, %s, %s) ORDER BY seq"
+    tok = q1(conn, claim, ("w1",))
+    assert [r[0] for r in conn.execute(take, (rid, tok, "w1"))] == ["a", "b"]
+    conn.execute("SELECT pgdurable.fail_run(%s, %s, 'w1', '{}', 0, '0', false)", (rid, tok))
+    tok2 = q1(conn, claim, ("w2",))
+    q1(conn, send, ("c", '"c"'))
+    assert [r[0] for r in conn.execute(take, (rid, tok2, "w2"))] == ["a", "b", "c"]
+    assert q1(conn, "SELECT count(*) FROM pgdurable.thread_messages WHERE consumed_at IS NULL") == 3
+    conn.execute("SELECT pgdurable.checkpoint_run(%s, %s, 'w2', '{}', 0)", (rid, tok2))
+    assert conn.execute(take, (rid, tok2, "w2")).fetchall() == []
+    rows = conn.execute("SELECT consumed_by::text, consumed_step FROM pgdurable.thread_messages").fetchall()
+    assert rows == [(rid, 0)] * 3
+    # the stale attempt is fenced
+    with pytest.raises(psycopg.Error) as ei:
+        conn.execute(take, (rid, tok, "w1"))
+    assert ei.value.sqlstate == "PD001"
+
+
+async def test_s3_follow_up_reaches_the_active_run_at_its_next_step(
+    dsn: str, conn: psycopg.Connection[Any]
+) -> None:
+    app = Durable(dsn)
+    app.thread_task("", "chat")
+    gate = asyncio.Event()
+    in_step = asyncio.Event()
+    got: list[tuple[str, int, list[Any]]] = []
+
+    @app.task("chat")
+    async def chat(ctx: RunContext, state: Any) -> Any:
+        msgs = await ctx.inbox()
+        got.append((ctx.run_id, ctx.step, [m.payload for m in msgs]))
+        if ctx.step == 0:
+            in_step.set()
+            await gate.wait()
+            return Continue(state)
+        return Continue(state) if msgs else Done(None)
+
+    async with app, running(app):
+        d1 = await app.send("t", "first")
+        await asyncio.wait_for(in_step.wait(), WAIT_LIMIT)
+        d2 = await app.send("t", "second")
+        assert (d2.action, d2.run_id) == ("deliver", d1.run_id)
+        gate.set()
+        await until(lambda: asyncio.sleep(0, thread_idle(conn, "t")()), "thread idle")
+    assert got[0] == (d1.run_id, 0, ["first"])
+    assert got[1] == (d1.run_id, 1, ["second"])
+    assert q1(conn, "SELECT count(*) FROM pgdurable.runs") == 1
+
+
+async def test_a_parked_owner_is_woken_by_a_send(dsn: str, conn: psycopg.Connection[Any]) -> None:
+    app = Durable(dsn)
+    app.thread_task("", "chat")
+    got: list[Any] = []
+
+    @app.task("chat")
+    async def chat(ctx: RunContext, state: Any) -> Any:
+        msgs = await ctx.inbox()
+        got.extend(m.payload for m in msgs)
+        if "bye" in got:
+            return Done(len(got))
+        return ctx.wait_inbox()
+
+    async with app, running(app):
+        d1 = await app.send("t", "hi")
+        await until(lambda: asyncio.sleep(0, q1(conn, "SELECT status FROM pgdurable.runs") == "waiting"),
+                    "owner parked")
+        # parked owners keep the thread (lease extended by idle_ttl)
+        assert q1(conn, "SELECT owned FROM pgdurable.thread_owners") is True
+        d2 = await app.send("t", "bye")
+        assert (d2.action, d2.run_id) == ("deliver", d1.run_id)
+        await until(lambda: asyncio.sleep(0, thread_idle(conn, "t")()), "thread idle")
+    assert got == ["hi", "bye"]
+    assert q1(conn, "SELECT count(*) FROM pgdurable.runs") == 1
+
+
+# -- handoff -------------------------------------------------------------------------
+
+
+def _hammer(dsn: str, key: str) -> subprocess.Popen[str]:
+    p = subprocess.Popen([sys.executable, LEASE_HELPER, "hammer", dsn, key, "c"],
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True)
+    assert p.stdout is not None
+    assert json.loads(p.stdout.readline()) == "ready"
+    return p
+
+
+def test_s4_handoff_by_transfer_never_lets_a_hammering_acquirer_in(
+    dsn: str, conn: psycopg.Connection[Any]
+) -> None:
+    send = ("SELECT run_id::text FROM pgdurable.send_message('h', %s, '1', NULL, 'chat', '1', "
+            "'default', 0, 3)")
+    claim = ("SELECT id::text, lease_token FROM pgdurable.claim_runs('w', '{default}', '{chat}', "
+             "'{1}', 1, '30 s')")
+    q1(conn, send, ("m0",))
+    hammer = _hammer(dsn, thread_lease_key("h"))
+    try:
+        runs = []
+        for i in range(1, 41):
+            row = conn.execute(claim).fetchone()
+            assert row is not None
+            rid, tok = row
+            runs.append(rid)
+            conn.execute("SELECT * FROM pgdurable.take_messages(%s, %s, 'w')", (rid, tok))
+            q1(conn, send, (f"m{i}",))  # queued follow-up
+            conn.execute("SELECT pgdurable.complete_run(%s, %s, 'w', '{}', 'null', 0)", (rid, tok))
+            owner = q1(conn, "SELECT lease_owner FROM pgdurable.thread_owners")
+            assert owner is not None and not owner.startswith(rid)
+    finally:
+        out, err = hammer.communicate(input="", timeout=WAIT_LIMIT)
+        assert hammer.returncode == 0, err
+        counts = json.loads(out.strip().splitlines()[-1])
+    assert counts["won"] == 0 and counts["none_owner"] == 0 and counts["attempts"] > 0
+    assert len(set(runs)) == 40
+    # every follow-up came from a transfer: one token step per attempt change
+    assert q1(conn, "SELECT count(*) FROM pgdurable.runs WHERE thread_key = 'h'") == 41
+
+
+def test_s5_lost_lease_routes_pending_messages_to_the_winner(conn: psycopg.Connection[Any]) -> None:
+    send = ("SELECT action, run_id::text FROM pgdurable.send_message('s5', %s, %s, NULL, 'chat', "
+            "'1', 'default', 0, 3)")
+    r1 = conn.execute(send, ("a", '"a"')).fetchone()
+    assert r1 is not None and r1[0] == "wake"
+    rid = r1[1]
+    tok = q1(conn, "SELECT lease_token FROM pgdurable.claim_runs('w1', '{default}', '{chat}', "
+                   "'{1}', 1, '30 s')")
+    conn.execute("SELECT * FROM pgdurable.take_messages(%s, %s, 'w1')", (rid, tok))
+    assert conn.execute(send, ("b", '"b"')).fetchone() == ("deliver", rid)
+    # the owner's thread lease lapses (renewals failed) and X takes the thread
+    conn.execute("UPDATE pgdurable.leases SET expires_at = now() - interval '1 s' "
+                 "WHERE key = pgdurable.thread_lease_key('s5')")
+    x = q1(conn, "INSERT INTO pgdurable.runs (task, revision, thread_key, thread_no) "
+                 "VALUES ('chat', '1', 's5', 99) RETURNING id::text")
+    got = conn.execute("SELECT acquired FROM pgdurable.acquire_lease("
+                       "pgdurable.thread_lease_key('s5'), pgdurable._thread_owner(%s, 0), 60000)",
+                       (x,)).fetchone()
+    assert got == (True,)
+    # the old owner's inbox() now reports the loss
+    with pytest.raises(psycopg.Error) as ei:
+        conn.execute("SELECT * FROM pgdurable.take_messages(%s, %s, 'w1')", (rid, tok))
+    assert ei.value.sqlstate == "PD001"
+    # completion: transfer fails, acquire loses -> pending messages go to X
+    conn.execute("SELECT pgdurable.complete_run(%s, %s, 'w1', '{}', 'null', 0)", (rid, tok))
+    assert q1(conn, "SELECT count(*) FROM pgdurable.runs WHERE thread_key = 's5'") == 2
+    rows = conn.execute("SELECT message_id, run_id::text, consumed_by::text FROM "
+                        "pgdurable.thread_messages ORDER BY seq").fetchall()
+    # 'a' was taken in R1's completed step -> consumed by R1; 'b' goes to X
+    assert rows == [("a", rid, rid), ("b", x, None)]
+    assert q1(conn, "SELECT run_id::text FROM pgdurable.thread_owners") == x
+    assert conn.execute(send, ("c", '"c"')).fetchone() == ("deliver", x)
+
+
+def test_s9_never_delivered_without_a_recipient(conn: psycopg.Connection[Any]) -> None:
+    conn.execute("SELECT pgdurable.acquire_lease(pgdurable.thread_lease_key('f'), "
+                 "convert_to('someone-else', 'UTF8'), 60000)")
+    with pytest.raises(psycopg.Error) as ei:
+        conn.execute("SELECT * FROM pgdurable.send_message('f', 'm', '1', NULL, 'chat', '1', "
+                     "'default', 0, 3)")
+    assert ei.value.sqlstate == "PD001"
+    assert q1(conn, "SELECT count(*) FROM pgdurable.thread_messages") == 0
+
+
+def test_s12_a_stale_attempt_cannot_release_its_successors_lease(conn: psycopg.Connection[Any]) -> None:
+    rid = q1(conn, "SELECT run_id::text FROM pgdurable.send_message('s12', 'm', '1', NULL, 'chat', "
+                   "'1', 'default', 0, 5)")
+    claim = ("SELECT lease_token FROM pgdurable.claim_runs(%s, '{default}', '{chat}', '{1}', 1, "
+             "'30 s')")
+    t1 = q1(conn, claim, ("w1",))
+    assert q1(conn, "SELECT lease_owner FROM pgdurable.thread_owners") == f"{rid}:{t1}"
+    conn.execute("UPDATE pgdurable.runs SET lease_expires_at = now() - interval '1 s' WHERE id = %s",
+                 (rid,))  # the first attempt's worker stalls past its lease
+    t2 = q1(conn, claim, ("w2",))
+    assert t2 == t1 + 1
+    owner = q1(conn, "SELECT lease_owner FROM pgdurable.thread_owners")
+    assert owner == f"{rid}:{t2}"
+    # the stale attempt's cleanup is a no-op
+    assert q1(conn, "SELECT pgdurable.release_lease(pgdurable.thread_lease_key('s12'), "
+                    "pgdurable._thread_owner(%s, %s))", (rid, t1)) is False
+    assert q1(conn, "SELECT lease_owner FROM pgdurable.thread_owners") == owner
+    assert q1(conn, "SELECT owned FROM pgdurable.thread_owners") is True
+
+
+# -- processes ----------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_s1_three_processes_on_an_idle_thread_start_exactly_one_run(
+    dsn: str, conn: psycopg.Connection[Any]
+) -> None:
+    create_scratch(dsn)
+    conn.execute("INSERT INTO pgdurable.threads (thread_key) VALUES ('s1')")
+    # hold the idle thread's row so that the three sends race at one instant
+    with psycopg.connect(dsn) as gate:
+        gate.execute("SELECT FROM pgdurable.threads WHERE thread_key = 's1' FOR UPDATE")
+        ps = [proc(dsn, "send", "s1", f"p{i}", json.dumps({"from": i})) for i in range(3)]
+        until_sync(lambda: q1(conn, "SELECT count(*) FROM pg_stat_activity WHERE datname = "
+                                    "current_database() AND wait_event_type = 'Lock'") == 3,
+                   "three senders blocked on the thread row")
+        gate.commit()
+    results = [last_json(p) for p in ps]
+    actions = sorted(r["action"] for r in results)
+    assert actions == ["deliver", "deliver", "wake"]
+    assert len({r["run_id"] for r in results}) == 1
+    winner = results[0]["run_id"]
+    w = worker_proc(dsn)
+    try:
+        until_sync(thread_idle(conn, "s1"), "thread idle")
+        until_sync(all_consumed(conn, "s1", 3), "all consumed")
+    finally:
+        stop(w)
+    assert q1(conn, "SELECT count(DISTINCT consumed_by) FROM pgdurable.thread_messages") == 1
+    assert q1(conn, "SELECT min(consumed_by::text) FROM pgdurable.thread_messages") == winner
+    assert q1(conn, "SELECT count(*) FROM pgdurable.runs") == 1
+    assert q1(conn, "SELECT count(*) FROM public.t_consumed") == 3
+
+
+@pytest.mark.slow
+def test_s2_a_sender_that_exits_right_after_send_is_still_consumed(
+    dsn: str, conn: psycopg.Connection[Any]
+) -> None:
+    create_scratch(dsn)
+    p = proc(dsn, "send", "s2", "only", '"durable"')
+    d = last_json(p)
+    assert d["action"] == "wake"
+    w = worker_proc(dsn)
+    try:
+        until_sync(all_consumed(conn, "s2", 1), "consumed")
+    finally:
+        stop(w)
+    assert q1(conn, "SELECT payload FROM public.t_consumed") == "durable"
+
+
+@pytest.mark.slow
+@pytest.mark.crash
+def test_s8_owner_sigkilled_the_thread_moves_and_queued_messages_are_consumed(
+    dsn: str, conn: psycopg.Connection[Any], tmp_path: Path
+) -> None:
+    create_scratch(dsn)
+    block = tmp_path / "block"
+    block.write_text("1")
+    env = {"PGD_BLOCK_FILE": str(block)}
+    with DurableClient(dsn, app=procs_app) as client:
+        first = client.send("s8", "one")
+        a = worker_proc(dsn, ttl=1.5, env=env)
+        try:
+            until_sync(lambda: q1(conn, "SELECT count(*) FROM public.t_steps") == 1, "step started")
+            owner1 = q1(conn, "SELECT lease_owner FROM pgdurable.thread_owners")
+            second = client.send("s8", "two")
+            assert (second.action, second.run_id) == ("deliver", first.run_id)
+        finally:
+            a.kill()
+            a.wait()
+    block.unlink()
+    b = worker_proc(dsn, ttl=1.5)
+    try:
+        until_sync(all_consumed(conn, "s8", 2), "queued messages consumed")
+        until_sync(thread_idle(conn, "s8"), "thread idle")
+    finally:
+        stop(b)
+    rows = conn.execute("SELECT consumed_by::text FROM pgdurable.thread_messages").fetchall()
+    assert rows == [(first.run_id,), (first.run_id,)]
+    assert q1(conn, "SELECT count(*) FROM pgdurable.runs") == 1
+    owner2 = q1(conn, "SELECT lease_owner FROM pgdurable.thread_owners")
+    assert owner2 != owner1  # the new attempt took the thread (then released it)
+    # step 0 ran again after the crash and saw "one" again
+    assert q1(conn, "SELECT count(*) FROM public.t_steps WHERE step = 0") == 2
+    assert q1(conn, "SELECT count(*) FROM public.t_consumed WHERE step = 0 AND payload = '\"one\"'") == 2
+
+
+@pytest.mark.slow
+def test_eight_senders_fifty_messages_one_run_at_a_time(
+    dsn: str, conn: psycopg.Connection[Any]
+) -> None:
+    create_scratch(dsn)
+    workers = [worker_proc(dsn, ttl=5.0) for _ in range(2)]
+    try:
+        until_sync(lambda: q1(conn, "SELECT count(*) FROM pg_stat_activity WHERE datname = "
+                                    "current_database() AND query LIKE 'LISTEN%%'") >= 2,
+                   "workers listening")
+        senders = [proc(dsn, "sender", "busy", f"s{i}", "50") for i in range(8)]
+        results = [last_json(p) for p in senders]
+        assert sum(r["wake"] + r["deliver"] for r in results) == 400
+        until_sync(all_consumed(conn, "busy", 400), "400 consumed")
+        until_sync(thread_idle(conn, "busy"), "thread idle")
+    finally:
+        for w in workers:
+            stop(w)
+    # at most one run active at any instant (recorded step intervals never overlap)
+    steps = conn.execute("SELECT run_id, started_at, ended_at FROM public.t_steps "
+                         "ORDER BY started_at").fetchall()
+    for prev, nxt in itertools.pairwise(steps):
+        assert prev[2] is not None and prev[2] <= nxt[1], (prev, nxt)
+    # every message consumed exactly once, each sender's order kept
+    consumed = conn.execute(
+        "SELECT c.payload FROM public.t_consumed c JOIN pgdurable.runs r ON r.id = c.run_id "
+        "ORDER BY r.thread_no, c.step, c.seq").fetchall()
+    payloads = [c[0] for c in consumed]
+    assert len(payloads) == 400
+    assert len({(p["sender"], p["i"]) for p in payloads}) == 400
+    for s in range(8):
+        mine = [p["i"] for p in payloads if p["sender"] == f"s{s}"]
+        assert mine == list(range(50))
+    print("runs:", q1(conn, "SELECT count(*) FROM pgdurable.runs"), "steps:", len(steps))
+    # every delivery named a run that exists
+    assert q1(conn, "SELECT count(*) FROM pgdurable.thread_messages m "
+                    "LEFT JOIN pgdurable.runs r ON r.id = m.run_id WHERE r.id IS NULL") == 0

@@ -256,7 +256,9 @@ class Worker:
         if secs is None:
             self._due_at = None
         else:
-            delay = secs + 0.005 if secs > 0 else max(0.005, min_delay)
+            # +1 ms: the database computed secs before we got the answer, so
+            # this is never early (an early claim would only cost a re-check)
+            delay = secs + 0.001 if secs > 0 else max(0.001, min_delay)
             self._due_at = time.monotonic() + delay
 
     async def _claim_loop(self) -> None:
@@ -603,7 +605,7 @@ class Worker:
         )
         if row is not None and row[0] == "waiting" and row[1] is not None:
             # our own timer: wake for it without waiting for the poll
-            due = time.monotonic() + max(0.0, float(row[2])) + 0.005
+            due = time.monotonic() + max(0.0, float(row[2])) + 0.001
             if self._due_at is None or due < self._due_at:
                 self._due_at = due
                 self._wake.set()

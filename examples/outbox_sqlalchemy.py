@@ -1,6 +1,6 @@
 """The outbox pattern with SQLAlchemy: the order row and its run commit together.
 
-Run with a PostgreSQL database (it is migrated first)::
+Run with a migrated database (``pgdurable migrate``, or the Alembic helper)::
 
     PGDURABLE_DSN=postgresql://postgres@127.0.0.1/mydb python examples/outbox_sqlalchemy.py
 
@@ -86,7 +86,6 @@ async def wait_for(run_id: str, status: str) -> pgdurable.RunInfo:
 
 async def main() -> None:
     dsn = os.environ.get("PGDURABLE_DSN") or os.environ["DATABASE_URL"]
-    pgdurable.migrate(dsn)
     engine = create_async_engine(url_from_dsn(dsn, async_=True))
     sessions = async_sessionmaker(engine, expire_on_commit=False)
     async with engine.begin() as c:

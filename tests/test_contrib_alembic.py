@@ -6,6 +6,7 @@ import asyncio
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -250,3 +251,38 @@ def test_migrate_in_transaction_failing_file_leaves_the_transaction_usable(
         assert c.execute("SELECT to_regclass('pgdurable.runs')").fetchone() == (None,)
     assert required_version() == ALL_VERSIONS[-1]
 
+
+
+def test_upgrade_and_pgdurable_migrate_share_the_advisory_lock(empty_dsn: str) -> None:
+    """An Alembic transaction applying pgdurable holds the runner's lock: a concurrent
+    `pgdurable migrate` waits for it, then finds nothing left to apply."""
+    engine = create_engine(url_from_dsn(empty_dsn))
+    result: dict[str, Any] = {}
+    try:
+        with engine.connect() as c:
+            assert len(upgrade(c)) == len(ALL_VERSIONS)
+
+            def other() -> None:
+                result["applied"] = pgdurable.migrate(empty_dsn)
+
+            t = threading.Thread(target=other)
+            t.start()
+            with psycopg.connect(empty_dsn, autocommit=True) as watch:
+                for _ in range(1200):  # until the other migrate waits on the advisory lock
+                    row = watch.execute(
+                        "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a USING (pid)"
+                        " WHERE l.locktype = 'advisory' AND NOT l.granted"
+                        " AND a.datname = current_database()"
+                    ).fetchone()
+                    if row and row[0]:
+                        break
+                    t.join(0.05)
+                else:
+                    raise AssertionError("the concurrent migrate never waited for the lock")
+            assert t.is_alive()
+            c.commit()  # Alembic commits: the waiter proceeds
+            t.join(60)
+        assert result["applied"] == []
+        assert state(empty_dsn)["versions"] == ALL_VERSIONS
+    finally:
+        engine.dispose()

@@ -22,6 +22,8 @@ Contract:
   caller's connection inside the caller's transaction (begun if needed). Nothing
   here commits or rolls back: a rollback leaves no run and no signal; the
   ``pgdurable_wake`` NOTIFY is transactional, so workers wake on commit only.
+  (On a connection with ``isolation_level="AUTOCOMMIT"`` there is no
+  transaction of yours: each call commits at once.)
 * Bad input raises before anything is executed: :class:`TypeError` for an
   object that is not a session/connection (an ``Engine`` has no transaction of
   yours), :class:`~pgdurable.InvalidInput` for another database engine or

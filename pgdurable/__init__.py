@@ -48,6 +48,7 @@ from .leases import (
 from .migrations import check_schema, migrate, migration_status, required_version
 from .runs import Durable, DurableClient, RunInfo, Task
 from .steps import Continue, Done, RunContext, Sleep, StepResult, Wait
+from .stream import StreamEvent
 from .tasks import (
     DurableCheckpoint,
     DurableContext,
@@ -58,6 +59,7 @@ from .tasks import (
     PostgresDurableStore,
     define_durable_task,
 )
+from .threads import Delivery, Message, ThreadRoute
 
 if TYPE_CHECKING:
     from .worker import Worker
@@ -85,6 +87,10 @@ __all__ = [
     "StepResult",
     "Task",
     "Wait",
+    "Delivery",
+    "Message",
+    "StreamEvent",
+    "ThreadRoute",
     "Worker",
     "AsyncLeaseProvider",
     "AsyncNoopLeaseProvider",

@@ -26,9 +26,12 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from decimal import Decimal
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .errors import BudgetExceeded
+
+if TYPE_CHECKING:
+    from .threads import Message
 
 __all__ = ["Continue", "Done", "RunContext", "Sleep", "StepResult", "Wait"]
 
@@ -200,7 +203,7 @@ class RunContext:
             raise RuntimeError("this RunContext is not attached to a worker")
         return self._app, self._owner
 
-    async def inbox(self) -> list[Any]:
+    async def inbox(self) -> list[Message]:
         """Drain the thread's messages delivered since the last step, in order.
 
         Returns :class:`~pgdurable.threads.Message` objects (``[]`` for a run

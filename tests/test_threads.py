@@ -535,3 +535,50 @@ def test_eight_senders_fifty_messages_one_run_at_a_time(
     # every delivery named a run that exists
     assert q1(conn, "SELECT count(*) FROM pgdurable.thread_messages m "
                     "LEFT JOIN pgdurable.runs r ON r.id = m.run_id WHERE r.id IS NULL") == 0
+
+
+def test_the_thread_lease_follows_the_run(conn: psycopg.Connection[Any]) -> None:
+    """Renewed with the heartbeat, extended by idle_ttl on park, released or handed over at the end."""
+    send = ("SELECT run_id::text FROM pgdurable.send_message('L', %s, '1', NULL, 'chat', '1', "
+            "'default', 0, 3, NULL, '2 hours')")
+    lease = ("SELECT expires_at - now() FROM pgdurable.leases "
+             "WHERE key = pgdurable.thread_lease_key('L') AND owner IS NOT NULL")
+    rid = q1(conn, send, ("a",))
+    assert q1(conn, lease) > timedelta(hours=1, minutes=59)  # runnable owner: idle_ttl
+    tok = q1(conn, "SELECT lease_token FROM pgdurable.claim_runs('w', '{default}', '{chat}', "
+                   "'{1}', 1, '30 s')")
+    run_lease = "SELECT lease_expires_at FROM pgdurable.runs WHERE id = %s"
+    thread_exp = ("SELECT expires_at FROM pgdurable.leases "
+                  "WHERE key = pgdurable.thread_lease_key('L')")
+    assert q1(conn, thread_exp) >= q1(conn, run_lease, (rid,))
+    conn.execute("SELECT * FROM pgdurable.renew_runs('w', ARRAY[%s]::uuid[], ARRAY[%s]::bigint[], "
+                 "'90 s')", (rid, tok))
+    assert q1(conn, thread_exp) >= q1(conn, run_lease, (rid,))
+    assert q1(conn, lease) > timedelta(seconds=80)
+    conn.execute("SELECT * FROM pgdurable.take_messages(%s, %s, 'w')", (rid, tok))
+    conn.execute("SELECT * FROM pgdurable.park_run(%s, %s, 'w', '{}', 0, 'inbox', 'L', NULL)",
+                 (rid, tok))
+    assert q1(conn, "SELECT status FROM pgdurable.runs WHERE id = %s", (rid,)) == "waiting"
+    assert q1(conn, lease) > timedelta(hours=1, minutes=59)  # parked owner keeps the thread
+    # a send wakes the parked owner; cancelling it with that message pending starts a follow-up
+    assert q1(conn, send, ("b",)) == rid
+    assert q1(conn, "SELECT status FROM pgdurable.runs WHERE id = %s", (rid,)) == "runnable"
+    assert q1(conn, "SELECT pgdurable.cancel_run(%s)", (rid,)) == "cancelled"
+    nxt = q1(conn, "SELECT run_id::text FROM pgdurable.thread_owners")
+    assert nxt not in (None, rid)
+    assert q1(conn, "SELECT count(*) FROM pgdurable.thread_messages WHERE run_id = %s "
+                    "AND consumed_at IS NULL", (nxt,)) == 1
+    # the follow-up consumes it and ends with nothing pending: the lease is released
+    tok = q1(conn, "SELECT lease_token FROM pgdurable.claim_runs('w', '{default}', '{chat}', "
+                   "'{1}', 1, '30 s')")
+    assert [r[0] for r in conn.execute("SELECT message_id FROM pgdurable.take_messages(%s, %s, 'w')",
+                                       (nxt, tok))] == ["b"]
+    conn.execute("SELECT pgdurable.complete_run(%s, %s, 'w', '{}', 'null', 0)", (nxt, tok))
+    assert q1(conn, "SELECT owned FROM pgdurable.thread_owners") is False
+    assert q1(conn, "SELECT owner FROM pgdurable.leases") is None
+    # ... and the next send starts a new owner, which inherits the state of the last run
+    conn.execute("UPDATE pgdurable.runs SET state = '{\"memory\": 1}' WHERE id = %s", (nxt,))
+    d = conn.execute("SELECT action, run_id::text FROM pgdurable.send_message('L', 'c', '1', NULL, "
+                     "'chat', '1', 'default', 0, 3)").fetchone()
+    assert d is not None and d[0] == "wake"
+    assert q1(conn, "SELECT state FROM pgdurable.runs WHERE id = %s", (d[1],)) == {"memory": 1}

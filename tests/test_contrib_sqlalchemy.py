@@ -545,6 +545,11 @@ def test_tables_match_the_migrated_schema(engine: Engine) -> None:
     assert t.views <= defined
     assert {"runs", "leases", "checkpoints", "signals", "run_events", "effects",
             "active_leases"} <= defined
+    real = set(insp.get_table_names(schema="pgdurable")) | set(
+        insp.get_view_names(schema="pgdurable"))
+    # Not a failure (a new relation may come before its Table), but say so.
+    if real - defined:
+        print(f"relations without a Table in tables.py: {sorted(real - defined)}")
     for table in t.metadata.tables.values():
         assert table.schema == "pgdurable"
         assert drift(insp, table) == [], (

@@ -653,3 +653,18 @@ def test_cli_signal(dsn: str, conn: psycopg.Connection[Any]) -> None:
     assert r.exit_code == 0 and r.stdout == "" and "pending" in r.stderr
     assert sql(conn, "SELECT wake->'payload' FROM pgdurable.runs WHERE id = %s", a) == [
         ({"green": True},)]
+
+
+def test_expired_pending_signals_are_not_consumed(conn: psycopg.Connection[Any]) -> None:
+    a, b = seed_leased(conn, 2)
+    conn.execute("INSERT INTO pgdurable.signals (kind, ref, payload, expires_at) VALUES "
+                 "('ci', 'old', '1', pgdurable.now() - interval '1 ms')")
+    conn.execute("INSERT INTO pgdurable.signals (kind, ref, payload, run_id, expires_at) VALUES "
+                 "('approval', %s, '2', %s, pgdurable.now() - interval '1 ms')", (str(b), b))
+    assert park(conn, a, "ci", "old") == "waiting"
+    assert park(conn, b, "approval", "any") == "waiting"
+    assert count(conn, "signals", "consumed_at IS NULL") == 2
+    # a fresh one with a TTL is consumed by the next park of the same (kind, ref)
+    (c,) = seed_leased(conn, 1)
+    sql(conn, "SELECT pgdurable.send_signal_v2('ci', 'new', '3', NULL, '1 hour')")
+    assert park(conn, c, "ci", "new") == "runnable"

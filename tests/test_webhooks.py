@@ -182,3 +182,22 @@ def test_app_arguments() -> None:
         app(durable, secret="")
     with pytest.raises(ValueError):
         app(durable, secret="x", max_payload=0)
+
+
+async def test_streamed_body_over_limit_is_refused(dsn: str, conn: psycopg.Connection[Any]) -> None:
+    hooks = app(Durable(dsn), secret=SECRET, max_payload=100, close_on_shutdown=True)
+    chunks = [b"[" + b"1," * 30, b"1," * 30, b"1]"]  # no Content-Length, 125 bytes in 3 parts
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": chunks.pop(0), "more_body": bool(chunks)}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    body = b"".join(chunks)
+    await hooks(http_scope("/signals/ci/x", headers=[
+        (SIGNATURE_HEADER.lower().encode(), sign(SECRET, body).encode())]), receive, send)
+    assert sent[0]["status"] == 413
+    assert conn.execute("SELECT count(*) FROM pgdurable.signals").fetchone() == (0,)
+    await hooks.durable.close()

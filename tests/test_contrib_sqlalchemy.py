@@ -32,8 +32,14 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import JSONB, UUID
 from sqlalchemy.dialects.postgresql.base import PGDialect
-from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, create_async_engine
-from sqlalchemy.orm import Session
+from sqlalchemy.ext.asyncio import (
+    AsyncEngine,
+    AsyncSession,
+    async_scoped_session,
+    async_sessionmaker,
+    create_async_engine,
+)
+from sqlalchemy.orm import Session, scoped_session, sessionmaker
 
 import pgdurable
 from pgdurable import Done, Durable, RunContext, Wait
@@ -184,6 +190,23 @@ def test_start_options_idempotency_task_object_and_app_registry(
     by_id = {r[0]: r[1:] for r in rows}
     assert by_id[a] == ("7", 5, 5, None, "default", {"order": 1})
     assert by_id[c] == ("8", 0, 2, 1.5, "other", {})
+
+
+async def test_scoped_sessions_use_their_current_session(
+    engine: Engine, aengine: AsyncEngine, conn: psycopg.Connection[Any]
+) -> None:
+    scoped = scoped_session(sessionmaker(engine))
+    start_run(scoped, "order", {"order": 1}, revision="7")
+    scoped.rollback()
+    start_run(scoped, "order", {"order": 2}, revision="7")
+    scoped.commit()
+    scoped.remove()
+    ascoped = async_scoped_session(async_sessionmaker(aengine), scopefunc=asyncio.current_task)
+    await start_run(ascoped, "order", {"order": 3}, revision="7")
+    await ascoped.commit()
+    await ascoped.remove()
+    states = [r[0] for r in conn.execute("SELECT state FROM pgdurable.runs ORDER BY created_at")]
+    assert sorted(x["order"] for x in states) == [2, 3]
 
 
 # -- start: async -----------------------------------------------------------------

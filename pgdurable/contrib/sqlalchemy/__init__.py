@@ -13,7 +13,9 @@ Contract:
 
 * ``target`` is a :class:`~sqlalchemy.orm.Session`, a
   :class:`~sqlalchemy.engine.Connection`, an ``AsyncSession`` or an
-  ``AsyncConnection`` on the ``postgresql+psycopg`` dialect (psycopg 3). With
+  ``AsyncConnection`` (or a ``scoped_session`` / ``async_scoped_session``,
+  e.g. Flask-SQLAlchemy's ``db.session``: its current session is used) on
+  the ``postgresql+psycopg`` dialect (psycopg 3). With
   the async ones the functions return a coroutine: ``await start_run(...)``.
 * The SQL functions are the ones :class:`pgdurable.Durable` calls (the
   statements of ``pgdurable._runs_sql``: ``START``, ``SIGNAL``,
@@ -53,7 +55,7 @@ try:
     from sqlalchemy import URL
     from sqlalchemy import exc as sa_exc
     from sqlalchemy.engine import Connection, Dialect, Engine
-    from sqlalchemy.orm import Session
+    from sqlalchemy.orm import Session, scoped_session
 except ImportError as _exc:  # pragma: no cover - depends on the extra
     raise ImportError(
         "pgdurable.contrib.sqlalchemy needs SQLAlchemy 2: pip install 'pgdurable[sqlalchemy]'"
@@ -69,7 +71,7 @@ from ...runs import Durable, DurableClient, Task, _Registry, _start_params
 from ...signals import DEFAULT_MAX_PAYLOAD, DEFAULT_SIGNAL_TTL, signal_params, signal_run_params
 
 if TYPE_CHECKING:
-    from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
+    from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession, async_scoped_session
 
 __all__ = ["signal", "signal_run", "start_run", "url_from_dsn"]
 
@@ -110,6 +112,16 @@ def _async_types() -> tuple[type[Any], ...]:
     # is imported; not importing it here keeps sync users free of greenlet.
     mod = sys.modules.get("sqlalchemy.ext.asyncio")
     return () if mod is None else (mod.AsyncSession, mod.AsyncConnection)
+
+
+def _unwrap(target: object) -> object:
+    """The current session of a ``scoped_session`` / ``async_scoped_session``."""
+    if isinstance(target, scoped_session):
+        return target()
+    mod = sys.modules.get("sqlalchemy.ext.asyncio")
+    if mod is not None and isinstance(target, mod.async_scoped_session):
+        return target()
+    return target
 
 
 def _check_dialect(dialect: Dialect, what: str) -> None:
@@ -225,7 +237,7 @@ def _registry_for(task: object, app: Durable | DurableClient | None) -> tuple[_R
 
 @overload
 def start_run(
-    target: Session | Connection,
+    target: Session | Connection | scoped_session[Any],
     task: str | Task,
     state: Any = None,
     *,
@@ -242,7 +254,7 @@ def start_run(
 
 @overload
 def start_run(
-    target: AsyncSession | AsyncConnection,
+    target: AsyncSession | AsyncConnection | async_scoped_session[Any],
     task: str | Task,
     state: Any = None,
     *,
@@ -287,6 +299,7 @@ def start_run(
         registry, name, state, queue, priority, idempotency_key, deadline, budget,
         revision, max_attempts,
     )
+    target = _unwrap(target)
     if _classify(target):
         return _astart(target, params)
     rows = _run_sync(target, q.START, params)
@@ -300,7 +313,7 @@ async def _astart(target: Any, params: tuple[Any, ...]) -> str:
 
 @overload
 def signal(
-    target: Session | Connection,
+    target: Session | Connection | scoped_session[Any],
     kind: str,
     ref: str,
     payload: Any = None,
@@ -313,7 +326,7 @@ def signal(
 
 @overload
 def signal(
-    target: AsyncSession | AsyncConnection,
+    target: AsyncSession | AsyncConnection | async_scoped_session[Any],
     kind: str,
     ref: str,
     payload: Any = None,
@@ -350,7 +363,7 @@ def signal(
 
 @overload
 def signal_run(
-    target: Session | Connection,
+    target: Session | Connection | scoped_session[Any],
     run_id: Any,
     kind: str,
     payload: Any = None,
@@ -363,7 +376,7 @@ def signal_run(
 
 @overload
 def signal_run(
-    target: AsyncSession | AsyncConnection,
+    target: AsyncSession | AsyncConnection | async_scoped_session[Any],
     run_id: Any,
     kind: str,
     payload: Any = None,
@@ -397,6 +410,7 @@ def signal_run(
 def _ids(
     target: Any, sql: str, params: tuple[Any, ...]
 ) -> list[str] | Coroutine[Any, Any, list[str]]:
+    target = _unwrap(target)
     if _classify(target):
         return _aids(target, sql, params)
     return [str(r[0]) for r in _run_sync(target, sql, params)]

@@ -13,8 +13,9 @@ State transitions are SQL functions: insert, update or delete rows through
 :class:`pgdurable.Durable`, :mod:`pgdurable.contrib.sqlalchemy` or those
 functions, never with these tables, or you bypass the lease fence and the
 NOTIFYs. Views (``active_leases``, ``run_overview``, ``queue_stats``,
-``waiting_runs``, ``thread_owners``; see ``views``) are declared as tables for
-``select()`` only. A test reflects the migrated schema and compares every table defined
+``waiting_runs``; see ``views``) are declared as tables for ``select()`` only.
+Relations added by later migrations (threads, ...) get their ``Table`` here
+when they settle; the drift test lists those still missing. A test reflects the migrated schema and compares every table defined
 here (columns, types, nullability, defaults, primary and foreign keys), so
 they cannot drift; never ``metadata.create_all()`` them: run the migrations.
 """
@@ -40,7 +41,6 @@ from sqlalchemy.dialects.postgresql import ARRAY, BYTEA, INTERVAL, JSONB, UUID
 __all__ = [
     "active_leases",
     "checkpoints",
-    "durable_steps",
     "effects",
     "idempotency_keys",
     "leases",
@@ -52,9 +52,6 @@ __all__ = [
     "schema_migrations",
     "signals",
     "task_checkpoints",
-    "thread_messages",
-    "thread_owners",
-    "threads",
     "views",
     "waiting_runs",
 ]
@@ -215,52 +212,6 @@ schema_migrations = Table(
     comment="Applied pgdurable migrations: one row per sql/NNNN_name.sql file.",
 )
 
-threads = Table(
-    "threads",
-    metadata,
-    Column("thread_key", Text, primary_key=True),
-    Column("next_seq", BigInteger, nullable=False, server_default=FetchedValue()),
-    Column("runs", Integer, nullable=False, server_default=FetchedValue()),
-    Column("idle_ttl", INTERVAL, nullable=False, server_default=FetchedValue()),
-    _ts("created_at", nullable=False, default=True),
-    _ts("last_message_at"),
-    comment="Threads: one owner run at a time per thread key (send_message).",
-)
-
-thread_messages = Table(
-    "thread_messages",
-    metadata,
-    Column("thread_key", Text, ForeignKey("pgdurable.threads.thread_key", ondelete="CASCADE"),
-           primary_key=True),
-    Column("seq", BigInteger, primary_key=True),
-    Column("message_id", Text, nullable=False),
-    Column("payload", JSONB, nullable=False),
-    Column("sender", Text),
-    Column("action", Text, nullable=False),
-    Column("run_id", UUID(as_uuid=True), nullable=False),
-    Column("taken_by", UUID(as_uuid=True)),
-    Column("taken_step", Integer),
-    Column("consumed_by", UUID(as_uuid=True)),
-    Column("consumed_step", Integer),
-    _ts("consumed_at"),
-    _ts("created_at", nullable=False, default=True),
-    comment="Messages sent to threads: the inbox of the thread's owner run.",
-)
-
-durable_steps = Table(
-    "durable_steps",
-    metadata,
-    Column("run_id", UUID(as_uuid=True), ForeignKey("pgdurable.runs.id", ondelete="CASCADE"),
-           primary_key=True),
-    Column("entered_token", BigInteger, nullable=False),
-    Column("step", Integer),
-    Column("step_id", Text),
-    Column("marked_token", BigInteger),
-    _ts("marked_at"),
-    _ts("updated_at", nullable=False, default=True),
-    comment="Runs of registered durable task definitions: the step each one has entered.",
-)
-
 # -- views (read-only) ---------------------------------------------------------
 
 active_leases = Table(
@@ -341,26 +292,5 @@ waiting_runs = Table(
     comment="VIEW: parked runs, what each waits for, and pending signals for it.",
 )
 
-thread_owners = Table(
-    "thread_owners",
-    metadata,
-    Column("thread_key", Text),
-    Column("run_id", UUID(as_uuid=True)),
-    Column("lease_owner", Text),
-    Column("lease_token", BigInteger),
-    _ts("lease_expires_at"),
-    Column("owned", Boolean),
-    Column("run_status", Text),
-    Column("run_step", Integer),
-    Column("inbox_depth", BigInteger),
-    Column("last_message_seq", BigInteger),
-    Column("stream_position", BigInteger),
-    Column("runs_started", Integer),
-    _ts("last_message_at"),
-    comment="VIEW: each thread, its owner run (if its lease is live) and its inbox.",
-)
-
 #: Names of the entries of ``metadata`` that are views, not tables.
-views: frozenset[str] = frozenset(
-    {"active_leases", "queue_stats", "run_overview", "thread_owners", "waiting_runs"}
-)
+views: frozenset[str] = frozenset({"active_leases", "queue_stats", "run_overview", "waiting_runs"})

@@ -53,6 +53,12 @@ NEXT_WAKEUP = "SELECT pgdurable.next_wakeup(%s::text[], %s::text[], %s::text[])"
 # -- wake time and the seconds until it, on the database clock)
 CHECKPOINT = "SELECT pgdurable.checkpoint_run(%s::uuid, %s::bigint, %s::text, %s::jsonb, %s::numeric)"
 COMPLETE = "SELECT pgdurable.complete_run(%s::uuid, %s::bigint, %s::text, %s::jsonb, %s::jsonb, %s::numeric)"
+# -- the worker's batched hot path: (owner, ids, tokens, states, spends, done, results)
+# -- -> (id, status) per run, 'lost' where the fence failed
+WRITE_STEPS = (
+    "SELECT id, status FROM pgdurable.write_steps(%s::text, %s::uuid[], %s::bigint[], "
+    "%s::text[]::jsonb[], %s::numeric[], %s::boolean[], %s::text[]::jsonb[])"
+)
 PARK = (
     "SELECT status, wake_at, extract(epoch FROM wake_at - pgdurable.now())::float8 "
     "FROM pgdurable.park_run_v2(%s::uuid, %s::bigint, %s::text, %s::jsonb, %s::numeric, "

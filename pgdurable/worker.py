@@ -168,6 +168,11 @@ class Worker:
         self._claim_batch = max(1, concurrency // 8)
         self.claim_delay = 0.005
         self.heartbeat_count = 0  # renew statements issued
+        self.write_count = 0  # write_steps statements issued (each one batch of steps)
+        self._writer = _StepWriter(self)
+        # heartbeat and step batches both lock many run rows: never at once
+        # (one worker's two multi-row UPDATEs could otherwise deadlock)
+        self._write_lock = asyncio.Lock()
 
     # -- public --------------------------------------------------------------
 
@@ -426,11 +431,7 @@ class Worker:
             try:
                 self.heartbeat_count += 1
                 rows = await asyncio.wait_for(
-                    self.app.fetchall(
-                        q.RENEW,
-                        (self.worker_id, [a.run_id for a in live], [a.token for a in live], ttl),
-                    ),
-                    timeout=max(self.heartbeat_interval, 1.0),
+                    self._renew(live, ttl), timeout=max(self.heartbeat_interval, 1.0)
                 )
             except (TimeoutError, *_DB_ERRORS) as exc:
                 log.warning("heartbeat failed: %s", exc)
@@ -445,6 +446,12 @@ class Worker:
                         self._stop_run(a, "cancel")
                 else:
                     self._stop_run(a, "lease_lost")
+
+    async def _renew(self, live: list[_Active], ttl: timedelta) -> list[tuple[Any, ...]]:
+        async with self._write_lock:
+            return await self.app.fetchall(
+                q.RENEW, (self.worker_id, [a.run_id for a in live], [a.token for a in live], ttl)
+            )
 
     # -- executing a run -----------------------------------------------------
 
@@ -490,8 +497,8 @@ class Worker:
                 spend = ctx._pending_spend
                 ident = (a.run_id, a.token, self.worker_id)
                 if isinstance(result, Continue):
-                    r = await self.app.fetchone(q.CHECKPOINT, (*ident, state_json, spend))
-                    if r is None or r[0] != "leased":
+                    st = await self._writer.write(a, state_json, spend, None)
+                    if st != "leased":
                         return
                     state, step, wake, spent = new_state, step + 1, None, spent + spend
                     if a.stop_reason == "cancel":
@@ -503,7 +510,7 @@ class Worker:
                     continue
                 if isinstance(result, Done):
                     result_json = dumps(result.result, "result")
-                    await self.app.fetchone(q.COMPLETE, (*ident, state_json, result_json, spend))
+                    await self._writer.write(a, state_json, spend, result_json)
                     return
                 if isinstance(result, Wait):
                     kind, ref = result.signal
@@ -651,6 +658,69 @@ class Worker:
             raise
         await self.app.fetchone(q.EFFECT_FINISH, (*ident, key, True, text, None))
         return json.loads(text)
+
+
+class _StepWriter:
+    """Batches the fenced step writes of one worker (``pgdurable.write_steps``).
+
+    A Continue checkpoint or a Done completion is queued; while one batch is
+    in flight, the steps that finish meanwhile wait and go together in the
+    next one: one round trip and one commit for many steps (group commit from
+    the client side), and no added delay when the worker is quiet (a lone
+    step is sent at once). Each caller gets its own run's status; a run whose
+    fence failed raises :class:`LeaseLost` in its caller only.
+    """
+
+    def __init__(self, worker: Worker) -> None:
+        self._worker = worker
+        self._queue: list[tuple[_Active, str, float, str | None, asyncio.Future[str]]] = []
+        self._flusher: asyncio.Task[None] | None = None
+
+    async def write(self, a: _Active, state_json: str, spend: float, result_json: str | None) -> str:
+        """Checkpoint (``result_json`` None) or complete the run; its new status."""
+        fut: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        self._queue.append((a, state_json, spend, result_json, fut))
+        if self._flusher is None:
+            self._flusher = asyncio.create_task(self._flush())
+        # shielded: a write that was sent is awaited to its end (it is fenced anyway)
+        status = await asyncio.shield(fut)
+        if status == "lost":
+            raise LeaseLost(f"lease lost on run {a.run_id} (token {a.token})")
+        return status
+
+    async def _flush(self) -> None:
+        w = self._worker
+        try:
+            while self._queue:
+                batch, self._queue = self._queue, []
+                params = (
+                    w.worker_id, [b[0].run_id for b in batch], [b[0].token for b in batch],
+                    [b[1] for b in batch], [b[2] for b in batch], [b[3] is not None for b in batch],
+                    [b[3] for b in batch],
+                )
+                try:
+                    w.write_count += 1
+                    async with w._write_lock:
+                        rows = await w.app.fetchall(q.WRITE_STEPS, params)
+                except BaseException as exc:
+                    for b in batch:
+                        if b[4].done():
+                            continue
+                        if isinstance(exc, Exception):
+                            b[4].set_exception(exc)
+                        else:
+                            b[4].cancel()
+                    if not isinstance(exc, Exception):
+                        raise
+                    continue
+                got = {r[0]: str(r[1]) for r in rows}
+                for b in batch:
+                    if not b[4].done():
+                        b[4].set_result(got.get(b[0].run_id, "lost"))
+        finally:
+            self._flusher = None
+            for b in self._queue:  # only if cancelled mid-way
+                b[4].cancel()
 
 
 class _StepTypeError(TypeError):

@@ -366,12 +366,76 @@ COMMENT ON FUNCTION pgdurable._checkpoint(pgdurable.runs, bigint, jsonb, numeric
   'Internal: write runs.state/step and the checkpoints history row for a locked run.';
 
 ------------------------------------------------------------------------------
+-- pgdurable.write_steps(owner, ids, tokens, states, spends, done, results)
+--   -> TABLE(id uuid, status text)
+-- FENCED, BATCHED: the hot path. For each element i (one run each), in ONE
+-- statement: if run ids[i] is still leased by owner under tokens[i] with an
+-- unexpired lease, checkpoint states[i] (state, step + 1, spent + spends[i],
+-- reclaims := 0, history row with the wake the step saw), then
+--   * done[i] false (a Continue step): the boundary verdict -- a pending
+--     cancel -> 'cancelled', over budget -> 'failed' (BudgetExceeded), past
+--     the deadline -> 'failed' (DeadlineExceeded); otherwise 'leased' (the
+--     worker may run the next step);
+--   * done[i] true (a Done step): 'completed' with results[i]. CANCEL RULE:
+--     whichever commits first wins: a cancel committed before this statement
+--     ends the run 'cancelled' (state saved, result not stored); committed
+--     after, the cancel is a no-op returning 'completed'. Over budget ->
+--     'failed'. The deadline is not checked at completion (the work is done).
+-- The state is always saved, even when the verdict ends the run. Runs whose
+-- fence fails are untouched and reported with status 'lost' (no error: the
+-- others in the batch still apply). The verdict is computed from the locked
+-- row itself (re-read if the statement waited for its lock), so a cancel that
+-- committed first is always seen; the wake recorded with the checkpoint is
+-- read from the statement's snapshot (under a valid fence nothing else
+-- changes it). One statement and one commit for a whole batch of steps: the
+-- worker sends the steps that finished while its previous batch was in
+-- flight (group commit from the client side).
+------------------------------------------------------------------------------
+CREATE FUNCTION pgdurable.write_steps(p_owner text, p_ids uuid[], p_tokens bigint[],
+                                      p_states jsonb[], p_spends numeric[], p_done boolean[],
+                                      p_results jsonb[])
+RETURNS TABLE (id uuid, status text)
+LANGUAGE sql AS $$
+  WITH i AS (
+    SELECT * FROM unnest(p_ids, p_tokens, p_states, p_spends, p_done, p_results)
+                  AS i(id, token, state, spend, done, result)
+  ), u AS (
+    UPDATE pgdurable.runs r SET
+           state = i.state, step = r.step + 1, wake = NULL, reclaims = 0,
+           spent = r.spent + coalesce(i.spend, 0),
+           status = CASE WHEN pgdurable._verdict(r, i.spend, NOT i.done) IS NULL
+                         THEN CASE WHEN i.done THEN 'completed' ELSE 'leased' END
+                         WHEN pgdurable._verdict(r, i.spend, NOT i.done)->>'type' = 'RunCancelled'
+                         THEN 'cancelled' ELSE 'failed' END,
+           result = CASE WHEN i.done AND pgdurable._verdict(r, i.spend, false) IS NULL
+                         THEN i.result END,
+           error = coalesce(pgdurable._verdict(r, i.spend, NOT i.done), r.error),
+           lease_owner = CASE WHEN NOT i.done AND pgdurable._verdict(r, i.spend, true) IS NULL
+                              THEN r.lease_owner END,
+           lease_expires_at = CASE WHEN NOT i.done AND pgdurable._verdict(r, i.spend, true) IS NULL
+                                   THEN r.lease_expires_at END,
+           finished_at = CASE WHEN i.done OR pgdurable._verdict(r, i.spend, true) IS NOT NULL
+                              THEN pgdurable.now() END,
+           updated_at = pgdurable.now()
+      FROM i
+     WHERE r.id = i.id AND r.lease_token = i.token AND r.lease_owner = p_owner
+       AND r.status = 'leased' AND r.lease_expires_at > pgdurable.now()
+    RETURNING r.id, r.step, r.status, i.token, i.state
+  ), c AS (
+    INSERT INTO pgdurable.checkpoints (run_id, step, token, state, wake)
+    SELECT u.id, u.step, u.token, u.state,
+           (SELECT o.wake FROM pgdurable.runs o WHERE o.id = u.id)
+      FROM u
+  )
+  SELECT i.id, coalesce(u.status, 'lost') FROM i LEFT JOIN u ON u.id = i.id
+$$;
+COMMENT ON FUNCTION pgdurable.write_steps(text, uuid[], bigint[], jsonb[], numeric[], boolean[], jsonb[]) IS
+  'Fenced, batched: checkpoint (and complete) many runs in one statement; fence failures -> lost.';
+
+------------------------------------------------------------------------------
 -- pgdurable.checkpoint_run(id, token, owner, state, spend) -> text
--- FENCED (PD001). Checkpoint a Continue step: state, step + 1, spent + spend,
--- history row; then the boundary verdict: a pending cancel -> 'cancelled',
--- over budget -> 'failed' (BudgetExceeded), past the deadline -> 'failed'
--- (DeadlineExceeded); otherwise 'leased' (the worker may run the next step).
--- The state is always saved, even when the verdict ends the run.
+-- FENCED (PD001). One Continue step through write_steps (see there):
+-- returns leased | cancelled | failed.
 ------------------------------------------------------------------------------
 CREATE FUNCTION pgdurable.checkpoint_run(p_id uuid, p_token bigint, p_owner text,
                                          p_state jsonb, p_spend numeric DEFAULT 0)
@@ -380,34 +444,10 @@ LANGUAGE plpgsql AS $$
 DECLARE
   v_status text;
 BEGIN
-  -- Hot path: ONE statement (fenced UPDATE + history INSERT). The verdict is
-  -- computed from the locked row itself (r, re-read if we waited for its
-  -- lock), so a cancel that committed first is always seen. The wake the
-  -- step saw is read from the statement's snapshot: under a valid fence
-  -- nothing else changes it.
-  WITH u AS (
-    UPDATE pgdurable.runs r SET
-           state = p_state, step = r.step + 1, wake = NULL, reclaims = 0,
-           spent = r.spent + coalesce(p_spend, 0),
-           status = CASE WHEN pgdurable._verdict(r, p_spend, true) IS NULL THEN 'leased'
-                         WHEN pgdurable._verdict(r, p_spend, true)->>'type' = 'RunCancelled'
-                         THEN 'cancelled' ELSE 'failed' END,
-           error = coalesce(pgdurable._verdict(r, p_spend, true), r.error),
-           lease_owner = CASE WHEN pgdurable._verdict(r, p_spend, true) IS NULL
-                              THEN r.lease_owner END,
-           lease_expires_at = CASE WHEN pgdurable._verdict(r, p_spend, true) IS NULL
-                                   THEN r.lease_expires_at END,
-           finished_at = CASE WHEN pgdurable._verdict(r, p_spend, true) IS NOT NULL
-                              THEN pgdurable.now() END,
-           updated_at = pgdurable.now()
-     WHERE r.id = p_id AND r.lease_token = p_token AND r.lease_owner = p_owner
-       AND r.status = 'leased' AND r.lease_expires_at > pgdurable.now()
-    RETURNING r.id, r.step, r.status)
-  INSERT INTO pgdurable.checkpoints (run_id, step, token, state, wake)
-  SELECT u.id, u.step, p_token, p_state, (SELECT o.wake FROM pgdurable.runs o WHERE o.id = p_id)
-    FROM u
-  RETURNING (SELECT u.status FROM u) INTO v_status;
-  IF v_status IS NULL THEN
+  SELECT w.status INTO v_status
+    FROM pgdurable.write_steps(p_owner, ARRAY[p_id], ARRAY[p_token], ARRAY[p_state],
+                               ARRAY[p_spend], ARRAY[false], ARRAY[NULL::jsonb]) w;
+  IF v_status = 'lost' THEN
     RAISE EXCEPTION 'lease lost on run % (token %, owner %)', p_id, p_token, p_owner
       USING ERRCODE = 'PD001';
   END IF;
@@ -419,13 +459,9 @@ COMMENT ON FUNCTION pgdurable.checkpoint_run(uuid, bigint, text, jsonb, numeric)
 
 ------------------------------------------------------------------------------
 -- pgdurable.complete_run(id, token, owner, state, result, spend) -> text
--- FENCED (PD001). The final checkpoint and the completion in one transaction:
--- 'completed' with result. CANCEL RULE: whichever commits first wins. If a
--- cancel was requested (committed) before this call, the state is still
--- checkpointed but the run ends 'cancelled' (result not stored); if this call
--- commits first, the run is 'completed' and a later cancel is a no-op that
--- returns 'completed'. Over budget -> 'failed' (BudgetExceeded). The deadline
--- is not checked at completion (the work is done).
+-- FENCED (PD001). One Done step through write_steps (see there for the
+-- CANCEL RULE: whichever commits first wins): the final checkpoint and the
+-- completion in one statement; returns completed | cancelled | failed.
 ------------------------------------------------------------------------------
 CREATE FUNCTION pgdurable.complete_run(p_id uuid, p_token bigint, p_owner text,
                                        p_state jsonb, p_result jsonb, p_spend numeric DEFAULT 0)
@@ -434,27 +470,10 @@ LANGUAGE plpgsql AS $$
 DECLARE
   v_status text;
 BEGIN
-  -- ONE statement, as in checkpoint_run (verdict from the locked row).
-  WITH u AS (
-    UPDATE pgdurable.runs r SET
-           state = p_state, step = r.step + 1, wake = NULL, reclaims = 0,
-           spent = r.spent + coalesce(p_spend, 0),
-           status = CASE WHEN pgdurable._verdict(r, p_spend, false) IS NULL THEN 'completed'
-                         WHEN pgdurable._verdict(r, p_spend, false)->>'type' = 'RunCancelled'
-                         THEN 'cancelled' ELSE 'failed' END,
-           result = CASE WHEN pgdurable._verdict(r, p_spend, false) IS NULL THEN p_result END,
-           error = coalesce(pgdurable._verdict(r, p_spend, false), r.error),
-           lease_owner = NULL, lease_expires_at = NULL,
-           wait_kind = NULL, wait_ref = NULL, wait_since = NULL, wake_at = NULL,
-           finished_at = pgdurable.now(), updated_at = pgdurable.now()
-     WHERE r.id = p_id AND r.lease_token = p_token AND r.lease_owner = p_owner
-       AND r.status = 'leased' AND r.lease_expires_at > pgdurable.now()
-    RETURNING r.id, r.step, r.status)
-  INSERT INTO pgdurable.checkpoints (run_id, step, token, state, wake)
-  SELECT u.id, u.step, p_token, p_state, (SELECT o.wake FROM pgdurable.runs o WHERE o.id = p_id)
-    FROM u
-  RETURNING (SELECT u.status FROM u) INTO v_status;
-  IF v_status IS NULL THEN
+  SELECT w.status INTO v_status
+    FROM pgdurable.write_steps(p_owner, ARRAY[p_id], ARRAY[p_token], ARRAY[p_state],
+                               ARRAY[p_spend], ARRAY[true], ARRAY[p_result]) w;
+  IF v_status = 'lost' THEN
     RAISE EXCEPTION 'lease lost on run % (token %, owner %)', p_id, p_token, p_owner
       USING ERRCODE = 'PD001';
   END IF;

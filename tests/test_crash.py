@@ -263,7 +263,7 @@ def test_r7_cancel_stops_a_leased_run_promptly_via_notify(
 def test_r7_cancel_racing_completion_both_orders(
     db: psycopg.Connection[Any], procs: Procs, dsn: str
 ) -> None:
-    """complete_run and cancel_run queue on the run's row lock (held by the
+    """The completion (write_steps) and cancel_run queue on the run's row lock (held by the
     test) in a chosen order; the first to get the lock wins, and the final
     status says which."""
     a = procs.start("a", ttl=60.0)
@@ -285,10 +285,10 @@ def test_r7_cancel_racing_completion_both_orders(
                 t.start()
                 wait_for(lambda: blocked_on(db, "cancel_run"), "cancel_run to queue")
                 gate.execute("SELECT pg_advisory_unlock(%s)", (key,))
-                wait_for(lambda: blocked_on(db, "complete_run"), "complete_run to queue")
+                wait_for(lambda: blocked_on(db, "write_steps"), "the completion (write_steps) to queue")
             else:
                 gate.execute("SELECT pg_advisory_unlock(%s)", (key,))
-                wait_for(lambda: blocked_on(db, "complete_run"), "complete_run to queue")
+                wait_for(lambda: blocked_on(db, "write_steps"), "the completion (write_steps) to queue")
                 t.start()
                 wait_for(lambda: blocked_on(db, "cancel_run"), "cancel_run to queue")
             row_lock.commit()

@@ -471,3 +471,28 @@ def test_concurrent_claimers_never_share_a_run(dsn: str, conn: psycopg.Connectio
     every = [rid for g in got for rid in g]
     assert len(every) == len(set(every)) == 200
     assert count(conn, "status = 'leased' AND lease_token = 1 AND claims = 1") == 200
+
+
+def test_write_steps_batch_fences_each_run(conn: psycopg.Connection[Any]) -> None:
+    """One statement for many runs: each row fenced and judged on its own."""
+    ids = [sql(conn, "SELECT run_id FROM pgdurable.start_run('t','1','{}','default',0,3,"
+                     "NULL,NULL,NULL,NULL)")[0][0] for _ in range(4)]
+    tokens = {r[0]: r[2] for r in claim(conn)}
+    cont, done, stale, cancelled = ids
+    assert sql(conn, "SELECT pgdurable.cancel_run(%s)", cancelled) == [("leased",)]
+    rows = sql(conn, "SELECT id, status FROM pgdurable.write_steps('w1', %s, %s::bigint[], "
+               "%s::text[]::jsonb[], %s::numeric[], %s, %s::text[]::jsonb[])",
+               ids, [tokens[cont], tokens[done], tokens[stale] + 1, tokens[cancelled]],
+               ['{"c": 1}', '{"d": 1}', '{"s": 1}', '{"x": 1}'], [0.0, 1.5, 0.0, 0.0],
+               [False, True, False, True], [None, '"ok"', None, '"no"'])
+    assert dict(rows) == {cont: "leased", done: "completed", stale: "lost",
+                          cancelled: "cancelled"}
+    got = {r[0]: r[1:] for r in sql(
+        conn, "SELECT id, status, state, step, result, spent, lease_owner IS NULL "
+        "FROM pgdurable.runs")}
+    assert got[cont] == ("leased", {"c": 1}, 1, None, 0, False)
+    assert got[done] == ("completed", {"d": 1}, 1, "ok", 1.5, True)
+    assert got[stale] == ("leased", {}, 0, None, 0, False)  # untouched
+    assert got[cancelled] == ("cancelled", {"x": 1}, 1, None, 0, True)  # state still saved
+    assert sorted(r[0] for r in sql(conn, "SELECT run_id FROM pgdurable.checkpoints")) == sorted(
+        [cont, done, cancelled])

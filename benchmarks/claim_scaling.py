@@ -6,17 +6,21 @@ One command::
         [--rows 1000000] [--samples 2000]
 
 ``--dsn`` names a maintenance database; the benchmark creates (and afterwards
-drops) its own scratch database ``pgdurable_bench_claims`` and migrates it.
+drops) two scratch databases, ``pgdurable_bench_claims_empty`` and
+``pgdurable_bench_claims_full``, and migrates them.
 
 Each sample: one runnable run is started (not timed), then ONE
 ``pgdurable.claim_runs`` call (limit 1, prepared, one round trip) is timed
-from the client, then the run is completed (not timed). Measured twice:
+from the client, then the run is completed (not timed), in two databases:
 
 1. ``empty``: only the sampled runs themselves;
 2. ``full``: after bulk-inserting ``--rows`` runs with ``generate_series``:
    half ``completed``, a quarter ``waiting`` on a signal with no timer and a
    quarter ``waiting`` on a timer a day away (none claimable), then
    ``VACUUM ANALYZE``.
+
+The two are sampled in alternating blocks of 100 claims, so that load from
+other processes on the machine hits both alike.
 
 Printed: p50/p90/p99 per phase and the ratio full/empty of the p50 (target
 <= 1.5: claim cost stays flat as completed and parked runs accumulate, because
@@ -35,7 +39,7 @@ from psycopg.conninfo import make_conninfo
 
 import pgdurable
 
-DB = "pgdurable_bench_claims"
+DBS = ("pgdurable_bench_claims_empty", "pgdurable_bench_claims_full")
 START = ("SELECT run_id FROM pgdurable.start_run('t', '1', '{}', 'default', 0, 3, NULL, NULL, "
          "NULL, NULL)")
 CLAIM = ("SELECT id, lease_token FROM pgdurable.claim_runs('bench', %s::text[], %s::text[], "
@@ -54,29 +58,26 @@ SELECT 't', '1', 'waiting', now(), now() + interval '1 day' + g * interval '1 ms
 """
 
 
-def scratch_dsn(admin_dsn: str) -> str:
+def scratch_dsn(admin_dsn: str, db: str) -> str:
     with psycopg.connect(admin_dsn, autocommit=True) as c:
-        c.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(DB)))
-        c.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(DB)))
-    dsn = make_conninfo(admin_dsn, dbname=DB)
+        c.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(db)))
+        c.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(db)))
+    dsn = make_conninfo(admin_dsn, dbname=db)
     pgdurable.migrate(dsn)
     return dsn
 
 
 def drop_scratch(admin_dsn: str) -> None:
     with psycopg.connect(admin_dsn, autocommit=True) as c:
-        c.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(DB)))
+        for db in DBS:
+            c.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
+                sql.Identifier(db)))
 
 
 def sample(conn: psycopg.Connection[object], n: int) -> list[float]:
     """Claim latencies (ms) of ``n`` single-run claims."""
     out: list[float] = []
     args = (["default"], ["t"], ["1"])
-    for _ in range(50):  # warm up: plans cached, statements prepared
-        conn.execute(START, prepare=True)
-        row = conn.execute(CLAIM, args, prepare=True).fetchone()
-        assert row is not None
-        conn.execute(COMPLETE, row, prepare=True)
     for _ in range(n):
         conn.execute(START, prepare=True)
         t = time.perf_counter()
@@ -97,21 +98,27 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--samples", type=int, default=2000)
     args = parser.parse_args()
-    dsn = scratch_dsn(args.dsn)
     try:
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            conn.execute("VACUUM ANALYZE pgdurable.runs")
-            empty = sample(conn, args.samples)
+        dsns = [scratch_dsn(args.dsn, db) for db in DBS]
+        with psycopg.connect(dsns[0], autocommit=True) as c0, \
+                psycopg.connect(dsns[1], autocommit=True) as c1:
             t = time.perf_counter()
             half, quarter = args.rows // 2, args.rows // 4
             counts = {"completed": half, "signal": quarter, "timer": args.rows - half - quarter}
             for stmt in BULK.strip().split(";\n"):
-                conn.execute(stmt.strip().rstrip(";"), counts)
-            conn.execute("VACUUM ANALYZE pgdurable.runs")
-            total = conn.execute("SELECT count(*) FROM pgdurable.runs").fetchone()
+                c1.execute(stmt.strip().rstrip(";"), counts)
+            for c in (c0, c1):
+                c.execute("VACUUM ANALYZE pgdurable.runs")
+            total = c1.execute("SELECT count(*) FROM pgdurable.runs").fetchone()
             print(f"bulk insert + VACUUM ANALYZE of {args.rows} runs: "
                   f"{time.perf_counter() - t:.1f} s (table now {total[0] if total else '?'} rows)")
-            full = sample(conn, args.samples)
+            sample(c0, 50)  # warm up: plans cached, statements prepared
+            sample(c1, 50)
+            empty: list[float] = []
+            full: list[float] = []
+            for _ in range(max(1, args.samples // 100)):
+                empty += sample(c0, 100)
+                full += sample(c1, 100)
         print(f"{args.samples} claims per phase (limit 1, one round trip each)")
         for name, v in (("empty", empty), ("full", full)):
             print(f"  {name:5}: p50 {pct(v, 50):.3f} ms  p90 {pct(v, 90):.3f} ms  "

@@ -38,9 +38,12 @@
 --   ('inbox', thread_key) (ctx.wait_inbox()); a message that arrives before
 --   it parks leaves a pending ('inbox', key) signal that park_run consumes.
 --
--- Lock order (deadlock-free): runs row -> threads row -> leases row ->
--- advisory wait lock. send_message never waits for a runs row lock (it wakes
--- with SKIP LOCKED and otherwise leaves a pending signal).
+-- Lock order (deadlock-free): runs row -> threads row -> advisory wait lock
+-- ('inbox', key) -> leases row. park_run (0003) takes the wait lock while
+-- holding the run row, and the trigger below then updates the lease row, so
+-- everyone here takes the wait lock before the lease row. send_message never
+-- waits for a runs row lock (it wakes with SKIP LOCKED and otherwise leaves a
+-- pending signal).
 --
 -- OUTPUT STREAM. emit_event appends to pgdurable.run_events under the run's
 -- lease fence, keyed by (run, step, idx): a retried step re-emitting its
@@ -82,6 +85,8 @@ CREATE TABLE pgdurable.threads (
   next_seq        bigint      NOT NULL DEFAULT 1,
   runs            integer     NOT NULL DEFAULT 0,
   idle_ttl        interval    NOT NULL DEFAULT '1 hour',
+  failed_runs     integer     NOT NULL DEFAULT 0,
+  max_failed_runs integer     NOT NULL DEFAULT 3 CHECK (max_failed_runs >= 1),
   created_at      timestamptz NOT NULL DEFAULT pgdurable.now(),
   last_message_at timestamptz
 );
@@ -92,6 +97,11 @@ COMMENT ON COLUMN pgdurable.threads.next_seq IS 'Sequence number the next messag
 COMMENT ON COLUMN pgdurable.threads.runs IS 'How many runs the thread has started (the last one''s thread_no).';
 COMMENT ON COLUMN pgdurable.threads.idle_ttl IS
   'Thread lease TTL while the owner run is runnable or parked (renewed by sends).';
+COMMENT ON COLUMN pgdurable.threads.failed_runs IS
+  'Consecutive runs of the thread that ended failed, cancelled or incompatible (0 after a completed run).';
+COMMENT ON COLUMN pgdurable.threads.max_failed_runs IS
+  'After this many consecutive unsuccessful runs no follow-up is started automatically: '
+  'the pending messages wait (inbox_depth) and the next send starts a run.';
 COMMENT ON COLUMN pgdurable.threads.created_at IS 'When the thread''s first message was sent.';
 COMMENT ON COLUMN pgdurable.threads.last_message_at IS 'When the thread''s latest message was sent.';
 
@@ -307,6 +317,8 @@ BEGIN
   VALUES (p_thread, coalesce(p_idle_ttl, '1 hour'))
   ON CONFLICT (thread_key) DO UPDATE SET idle_ttl = coalesce(p_idle_ttl, x.idle_ttl)
   RETURNING * INTO t;  -- the row lock serialises this thread's sends and handoffs
+  -- lock order: thread row -> inbox wait lock -> lease row (as park_run's trigger)
+  PERFORM pg_advisory_xact_lock(pgdurable.wait_lock_key('inbox', p_thread));
   SELECT * INTO m FROM pgdurable.thread_messages x
    WHERE x.thread_key = p_thread AND x.message_id = p_message_id;
   IF FOUND THEN
@@ -400,6 +412,8 @@ BEGIN
   END IF;
   lk := pgdurable.thread_lease_key(r.thread_key);
   me := pgdurable._thread_owner(r.id, r.lease_token);
+  -- lock order: run row -> inbox wait lock -> lease row
+  PERFORM pg_advisory_xact_lock(pgdurable.wait_lock_key('inbox', r.thread_key));
   SELECT * INTO l FROM pgdurable.leases x WHERE x.key = lk FOR UPDATE;
   IF l.owner IS NOT NULL AND l.expires_at > pgdurable.now() THEN
     IF l.owner <> me THEN
@@ -410,7 +424,6 @@ BEGIN
     SELECT a.acquired INTO v_got FROM pgdurable.acquire_lease(
       lk, me, pgdurable._ttl_ms(r.lease_expires_at - pgdurable.now())) a;
   END IF;
-  PERFORM pg_advisory_xact_lock(pgdurable.wait_lock_key('inbox', r.thread_key));
   UPDATE pgdurable.signals s SET consumed_by = r.id, consumed_at = pgdurable.now()
    WHERE s.kind = 'inbox' AND s.ref = r.thread_key AND s.consumed_at IS NULL;
   RETURN QUERY
@@ -462,12 +475,15 @@ COMMENT ON FUNCTION pgdurable.emit_event(uuid, bigint, text, integer, jsonb) IS
 ------------------------------------------------------------------------------
 -- pgdurable._thread_handoff(run): internal, called when a thread run reached
 -- a terminal status (its row is locked by that transaction). Releases its
--- unconsumed reservations; then, under the thread row lock: pending messages
+-- unconsumed reservations and counts consecutive unsuccessful runs
+-- (threads.failed_runs); then, under the thread row lock: pending messages
 -- -> start the follow-up run (same task, revision, queue, priority,
 -- max_attempts; state = this run's final state) and transfer_lease(thread,
 -- this attempt, '<next>:0'); transfer failed -> acquire; acquire lost ->
 -- route the pending messages to the winner run (run_id := winner, woken).
--- Nothing pending -> release_lease(thread, this attempt).
+-- Nothing pending, or max_failed_runs unsuccessful runs in a row (a poison
+-- message must not start runs forever) -> release_lease(thread, this
+-- attempt); pending messages then wait for the next send's run.
 ------------------------------------------------------------------------------
 CREATE FUNCTION pgdurable._thread_handoff(r pgdurable.runs) RETURNS void
 LANGUAGE plpgsql AS $$
@@ -483,12 +499,19 @@ DECLARE
 BEGIN
   UPDATE pgdurable.thread_messages m SET taken_by = NULL, taken_step = NULL
    WHERE m.thread_key = r.thread_key AND m.taken_by = r.id AND m.consumed_at IS NULL;
-  SELECT * INTO t FROM pgdurable.threads x WHERE x.thread_key = r.thread_key FOR UPDATE;
+  UPDATE pgdurable.threads x
+     SET failed_runs = CASE WHEN r.status = 'completed' THEN 0 ELSE x.failed_runs + 1 END
+   WHERE x.thread_key = r.thread_key
+  RETURNING * INTO t;  -- locks the thread row (serialised with sends)
   IF NOT FOUND THEN
     RETURN;
   END IF;
-  IF NOT EXISTS (SELECT FROM pgdurable.thread_messages m
-                  WHERE m.thread_key = r.thread_key AND m.consumed_at IS NULL) THEN
+  -- lock order: run row -> thread row -> inbox wait lock -> lease row
+  PERFORM pg_advisory_xact_lock(pgdurable.wait_lock_key('inbox', r.thread_key));
+  IF t.failed_runs >= t.max_failed_runs
+     OR NOT EXISTS (SELECT FROM pgdurable.thread_messages m
+                     WHERE m.thread_key = r.thread_key AND m.consumed_at IS NULL) THEN
+    -- nothing pending, or a poison loop: pending messages stay for the next send's run
     PERFORM pgdurable.release_lease(lk, me);
     RETURN;
   END IF;

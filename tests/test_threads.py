@@ -582,3 +582,58 @@ def test_the_thread_lease_follows_the_run(conn: psycopg.Connection[Any]) -> None
                      "'chat', '1', 'default', 0, 3)").fetchone()
     assert d is not None and d[0] == "wake"
     assert q1(conn, "SELECT state FROM pgdurable.runs WHERE id = %s", (d[1],)) == {"memory": 1}
+
+
+def test_a_poison_message_does_not_start_runs_forever(conn: psycopg.Connection[Any]) -> None:
+    send = ("SELECT action FROM pgdurable.send_message('p', %s, '1', NULL, 'chat', '1', "
+            "'default', 0, 1)")
+    claim = ("SELECT id::text, lease_token FROM pgdurable.claim_runs('w', '{default}', '{chat}', "
+             "'{1}', 1, '30 s')")
+    assert q1(conn, send, ("poison",)) == "wake"
+    for _ in range(3):  # each run takes the message and fails; a follow-up gets it again
+        row = conn.execute(claim).fetchone()
+        assert row is not None
+        conn.execute("SELECT * FROM pgdurable.take_messages(%s, %s, 'w')", row)
+        conn.execute("SELECT pgdurable.fail_run(%s, %s, 'w', '{}', 0, '0', true)", row)
+    assert conn.execute(claim).fetchone() is None  # max_failed_runs (3) reached: no 4th run
+    assert q1(conn, "SELECT count(*) FROM pgdurable.runs WHERE status = 'failed'") == 3
+    row = conn.execute("SELECT owned, inbox_depth FROM pgdurable.thread_owners").fetchone()
+    assert row == (False, 1)  # released; the message is kept, not dropped
+    assert q1(conn, send, ("next",)) == "wake"  # the next send tries again
+    row = conn.execute(claim).fetchone()
+    assert row is not None
+    got = [r[0] for r in conn.execute("SELECT message_id FROM pgdurable.take_messages(%s, %s, 'w')",
+                                      row)]
+    assert got == ["poison", "next"]
+    conn.execute("SELECT pgdurable.complete_run(%s, %s, 'w', '{}', 'null', 0)", row)
+    assert q1(conn, "SELECT failed_runs FROM pgdurable.threads") == 0
+
+
+async def test_sends_racing_a_parking_owner_neither_deadlock_nor_lose(
+    dsn: str, conn: psycopg.Connection[Any]
+) -> None:
+    """park_run (run row -> wait lock -> lease row via the trigger) vs send_message."""
+    app = Durable(dsn, pool_size=6)
+    app.thread_task("", "chat")
+    got: list[Any] = []
+
+    @app.task("chat")
+    async def chat(ctx: RunContext, state: Any) -> Any:
+        msgs = await ctx.inbox()
+        got.extend(m.payload for m in msgs)
+        if sum(1 for p in got if p == "last") == 2:
+            return Done(len(got))
+        return ctx.wait_inbox()
+
+    async def sender(name: str) -> None:
+        for i in range(150):
+            await app.send("race", [name, i])
+        await app.send("race", "last", message_id=f"last-{name}")
+
+    async with app, running(app):
+        await app.send("race", "start")
+        await asyncio.gather(sender("a"), sender("b"))
+        await until(lambda: asyncio.sleep(0, thread_idle(conn, "race")()), "thread idle")
+    assert len(got) == 303
+    for name in ("a", "b"):
+        assert [p[1] for p in got if isinstance(p, list) and p[0] == name] == list(range(150))

@@ -651,6 +651,44 @@ CREATE TRIGGER runs_stream_end
   EXECUTE FUNCTION pgdurable._runs_stream_end();
 
 ------------------------------------------------------------------------------
+-- pgdurable.prune_thread_messages(older_than, batch) -> bigint
+-- Retention for inboxes: ONE short transaction deleting up to p_batch
+-- consumed messages whose consumed_at <= now() - older_than (oldest first,
+-- FOR UPDATE SKIP LOCKED: never waits). Pending messages are never deleted.
+-- A pruned message id can be sent again (dedup lasts as long as the row).
+-- Call repeatedly until it returns < p_batch. Bad input -> PD000.
+------------------------------------------------------------------------------
+CREATE INDEX thread_messages_consumed_idx ON pgdurable.thread_messages (consumed_at)
+  WHERE consumed_at IS NOT NULL;
+
+CREATE FUNCTION pgdurable.prune_thread_messages(p_older_than interval,
+                                                p_batch integer DEFAULT 1000)
+RETURNS bigint
+LANGUAGE plpgsql AS $$
+DECLARE
+  v_n bigint;
+BEGIN
+  IF p_older_than IS NULL OR p_older_than < interval '0'
+     OR p_batch IS NULL OR p_batch < 1 OR p_batch > 100000 THEN
+    RAISE EXCEPTION 'prune_thread_messages: older_than >= 0 and batch in 1..100000 required'
+      USING ERRCODE = 'PD000';
+  END IF;
+  WITH doomed AS MATERIALIZED (
+    SELECT m.thread_key, m.seq FROM pgdurable.thread_messages m
+     WHERE m.consumed_at IS NOT NULL AND m.consumed_at <= pgdurable.now() - p_older_than
+     ORDER BY m.consumed_at
+     LIMIT p_batch
+       FOR UPDATE SKIP LOCKED)
+  DELETE FROM pgdurable.thread_messages m USING doomed d
+   WHERE m.thread_key = d.thread_key AND m.seq = d.seq;
+  GET DIAGNOSTICS v_n = ROW_COUNT;
+  RETURN v_n;
+END
+$$;
+COMMENT ON FUNCTION pgdurable.prune_thread_messages(interval, integer) IS
+  'Retention: delete one batch of consumed thread messages older than older_than; returns the count.';
+
+------------------------------------------------------------------------------
 -- pgdurable.thread_owners: which run owns which thread, its inbox depth and
 -- its stream position.
 ------------------------------------------------------------------------------

@@ -637,3 +637,23 @@ async def test_sends_racing_a_parking_owner_neither_deadlock_nor_lose(
     assert len(got) == 303
     for name in ("a", "b"):
         assert [p[1] for p in got if isinstance(p, list) and p[0] == name] == list(range(150))
+
+
+def test_prune_thread_messages_deletes_only_old_consumed_messages(conn: psycopg.Connection[Any]) -> None:
+    send = ("SELECT run_id::text FROM pgdurable.send_message('r', %s, '1', NULL, 'chat', '1', "
+            "'default', 0, 3)")
+    rid = q1(conn, send, ("a",))
+    q1(conn, send, ("b",))
+    tok = q1(conn, "SELECT lease_token FROM pgdurable.claim_runs('w', '{default}', '{chat}', "
+                   "'{1}', 1, '30 s')")
+    conn.execute("SELECT * FROM pgdurable.take_messages(%s, %s, 'w')", (rid, tok))
+    conn.execute("SELECT pgdurable.checkpoint_run(%s, %s, 'w', '{}', 0)", (rid, tok))
+    q1(conn, send, ("c",))  # pending
+    prune = "SELECT pgdurable.prune_thread_messages(%s, %s)"
+    assert q1(conn, prune, (timedelta(hours=1), 10)) == 0  # too recent
+    assert q1(conn, prune, (timedelta(0), 1)) == 1  # batches
+    assert q1(conn, prune, (timedelta(0), 10)) == 1
+    assert [r[0] for r in conn.execute("SELECT message_id FROM pgdurable.thread_messages")] == ["c"]
+    with pytest.raises(psycopg.Error) as ei:
+        conn.execute(prune, (timedelta(0), 0))
+    assert ei.value.sqlstate == "PD000"

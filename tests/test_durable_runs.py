@@ -365,6 +365,53 @@ async def test_step_marks_are_fenced(app: Durable, conn: psycopg.Connection[Any]
     assert rows(conn, "SELECT count(*) FROM pgdurable.durable_steps") == [(0,)]
 
 
+def _lease(conn: psycopg.Connection[Any], rid: str, owner: str) -> int:
+    """Simulate a claim by ``owner`` (a new token, an unexpired lease)."""
+    row = conn.execute(
+        "UPDATE pgdurable.runs SET status = 'leased', lease_owner = %s, "
+        "lease_token = lease_token + 1, lease_expires_at = pgdurable.now() + interval '1 min' "
+        "WHERE id = %s RETURNING lease_token", (owner, rid)).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+async def test_sql_step_enter_and_mark(app: Durable, conn: psycopg.Connection[Any]) -> None:
+    rid = await app.start("t", state={}, revision="1")
+    enter = "SELECT first_in_claim, in_flight FROM pgdurable.durable_step_enter(%s, %s, %s)"
+    t1 = _lease(conn, rid, "w1")
+    assert rows(conn, enter, rid, t1, 0) == [(True, None)]
+    assert rows(conn, enter, rid, t1, 0) == [(False, None)]  # same claim
+    conn.execute("SELECT pgdurable.durable_step_mark(%s, %s, 0, 'commit')", (rid, t1))
+    assert rows(conn, enter, rid, t1, 0) == [(False, None)]  # marked by this very claim
+    with pytest.raises(psycopg.Error) as err:  # only the run's next step can be marked
+        conn.execute("SELECT pgdurable.durable_step_mark(%s, %s, 3, 'x')", (rid, t1))
+    assert err.value.sqlstate == "PD000"
+    t2 = _lease(conn, rid, "w2")
+    with pytest.raises(psycopg.Error) as err:  # the old token is fenced out
+        conn.execute(enter, (rid, t1, 0))
+    assert err.value.sqlstate == "PD001"
+    assert rows(conn, enter, rid, t2, 0) == [(True, "commit")]  # found in flight
+    assert rows(conn, enter, rid, t2, 1) == [(False, None)]  # a mark counts only at its step
+
+
+async def test_sql_effect_begin_v2_replay_flag(app: Durable,
+                                               conn: psycopg.Connection[Any]) -> None:
+    rid = await app.start("t", state={}, revision="1")
+    begin = "SELECT status, result, error, replay FROM pgdurable.effect_begin_v2(%s, %s, %s, %s)"
+    t1 = _lease(conn, rid, "w1")
+    assert rows(conn, begin, rid, t1, "w1", "k") == [("started", None, None, False)]
+    assert rows(conn, begin, rid, t1, "w1", "k") == [("started", None, None, False)]
+    t2 = _lease(conn, rid, "w2")  # the first attempt died without an outcome
+    with pytest.raises(psycopg.Error) as err:
+        conn.execute(begin, (rid, t1, "w1", "k"))
+    assert err.value.sqlstate == "PD001"
+    assert rows(conn, begin, rid, t2, "w2", "k") == [("started", None, None, True)]
+    conn.execute("SELECT pgdurable.effect_finish(%s, %s, 'w2', 'k', true, '{\"ok\": 1}', NULL)",
+                 (rid, t2))
+    t3 = _lease(conn, rid, "w3")
+    assert rows(conn, begin, rid, t3, "w3", "k") == [("succeeded", {"ok": 1}, None, False)]
+
+
 # ------------------------------------------------------------ ctx.effect
 async def test_retried_step_gets_the_stored_effect(app: Durable,
                                                    conn: psycopg.Connection[Any]) -> None:

@@ -19,7 +19,9 @@ Delivery rules (each one tested):
 * **Dedup** (``signal_id``): sending the same id again with the same kind, ref
   and payload changes nothing and returns the run ids the first send woke
   (empty if it was kept pending). The same id with other content raises
-  :class:`~pgdurable.SignalConflict` and changes nothing.
+  :class:`~pgdurable.SignalConflict` and changes nothing. Dedup lasts as long as
+  the signal row: retention (``prune_runs``) deletes a run's signals with the
+  run, and expired pending ones; after that the same id counts as new.
 * **Timeout race**: a signal and a wait's timeout racing yield exactly one
   outcome. If the timeout wins, the signal is not consumed: it stays pending
   until its TTL (``pgdurable.signals.consumed_at IS NULL``).

@@ -416,6 +416,8 @@ def test_r9_postgres_restart_mid_run(dsn: str, procs: Procs) -> None:
         a = procs.start("a", ttl=2.0, poll=1.0, concurrency=8)
         wait_for(lambda: one(c, "SELECT count(*) FROM pgdurable.runs WHERE status = "
                              "'completed'") >= 20, "some runs to complete")
+        print("R9: restarting with", one(c, "SELECT count(*) FROM pgdurable.runs WHERE "
+                                         "status = 'completed'"), "of 150 runs completed")
     try:
         _pg_ctl("restart")
     finally:

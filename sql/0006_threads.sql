@@ -85,8 +85,9 @@ CREATE TABLE pgdurable.threads (
   next_seq        bigint      NOT NULL DEFAULT 1,
   runs            integer     NOT NULL DEFAULT 0,
   idle_ttl        interval    NOT NULL DEFAULT '1 hour',
-  failed_runs     integer     NOT NULL DEFAULT 0,
-  max_failed_runs integer     NOT NULL DEFAULT 3 CHECK (max_failed_runs >= 1),
+  last_consumer   uuid,
+  unproductive_runs     integer NOT NULL DEFAULT 0,
+  max_unproductive_runs integer NOT NULL DEFAULT 3 CHECK (max_unproductive_runs >= 1),
   created_at      timestamptz NOT NULL DEFAULT pgdurable.now(),
   last_message_at timestamptz
 );
@@ -97,11 +98,15 @@ COMMENT ON COLUMN pgdurable.threads.next_seq IS 'Sequence number the next messag
 COMMENT ON COLUMN pgdurable.threads.runs IS 'How many runs the thread has started (the last one''s thread_no).';
 COMMENT ON COLUMN pgdurable.threads.idle_ttl IS
   'Thread lease TTL while the owner run is runnable or parked (renewed by sends).';
-COMMENT ON COLUMN pgdurable.threads.failed_runs IS
-  'Consecutive runs of the thread that ended failed, cancelled or incompatible (0 after a completed run).';
-COMMENT ON COLUMN pgdurable.threads.max_failed_runs IS
-  'After this many consecutive unsuccessful runs no follow-up is started automatically: '
-  'the pending messages wait (inbox_depth) and the next send starts a run.';
+COMMENT ON COLUMN pgdurable.threads.last_consumer IS
+  'The run whose checkpoint consumed the thread''s latest consumed message.';
+COMMENT ON COLUMN pgdurable.threads.unproductive_runs IS
+  'Consecutive runs of the thread that ended failed, cancelled, incompatible, or completed without '
+  'consuming a message (0 after a completed run that consumed).';
+COMMENT ON COLUMN pgdurable.threads.max_unproductive_runs IS
+  'After this many consecutive unproductive runs no follow-up is started automatically (a poison '
+  'message, or a task that ignores its inbox): the pending messages wait (inbox_depth) and the '
+  'next send starts a run.';
 COMMENT ON COLUMN pgdurable.threads.created_at IS 'When the thread''s first message was sent.';
 COMMENT ON COLUMN pgdurable.threads.last_message_at IS 'When the thread''s latest message was sent.';
 
@@ -475,14 +480,15 @@ COMMENT ON FUNCTION pgdurable.emit_event(uuid, bigint, text, integer, jsonb) IS
 ------------------------------------------------------------------------------
 -- pgdurable._thread_handoff(run): internal, called when a thread run reached
 -- a terminal status (its row is locked by that transaction). Releases its
--- unconsumed reservations and counts consecutive unsuccessful runs
--- (threads.failed_runs); then, under the thread row lock: pending messages
+-- unconsumed reservations and counts consecutive unproductive runs
+-- (threads.unproductive_runs); then, under the thread row lock: pending messages
 -- -> start the follow-up run (same task, revision, queue, priority,
 -- max_attempts; state = this run's final state) and transfer_lease(thread,
 -- this attempt, '<next>:0'); transfer failed -> acquire; acquire lost ->
 -- route the pending messages to the winner run (run_id := winner, woken).
--- Nothing pending, or max_failed_runs unsuccessful runs in a row (a poison
--- message must not start runs forever) -> release_lease(thread, this
+-- Nothing pending, or max_unproductive_runs runs in a row that failed or
+-- consumed nothing (a poison message, or a task that ignores its inbox, must
+-- not start runs forever) -> release_lease(thread, this
 -- attempt); pending messages then wait for the next send's run.
 ------------------------------------------------------------------------------
 CREATE FUNCTION pgdurable._thread_handoff(r pgdurable.runs) RETURNS void
@@ -500,7 +506,8 @@ BEGIN
   UPDATE pgdurable.thread_messages m SET taken_by = NULL, taken_step = NULL
    WHERE m.thread_key = r.thread_key AND m.taken_by = r.id AND m.consumed_at IS NULL;
   UPDATE pgdurable.threads x
-     SET failed_runs = CASE WHEN r.status = 'completed' THEN 0 ELSE x.failed_runs + 1 END
+     SET unproductive_runs = CASE WHEN r.status = 'completed' AND x.last_consumer = r.id
+                                  THEN 0 ELSE x.unproductive_runs + 1 END
    WHERE x.thread_key = r.thread_key
   RETURNING * INTO t;  -- locks the thread row (serialised with sends)
   IF NOT FOUND THEN
@@ -508,7 +515,7 @@ BEGIN
   END IF;
   -- lock order: run row -> thread row -> inbox wait lock -> lease row
   PERFORM pg_advisory_xact_lock(pgdurable.wait_lock_key('inbox', r.thread_key));
-  IF t.failed_runs >= t.max_failed_runs
+  IF t.unproductive_runs >= t.max_unproductive_runs
      OR NOT EXISTS (SELECT FROM pgdurable.thread_messages m
                      WHERE m.thread_key = r.thread_key AND m.consumed_at IS NULL) THEN
     -- nothing pending, or a poison loop: pending messages stay for the next send's run
@@ -551,7 +558,7 @@ COMMENT ON FUNCTION pgdurable._thread_handoff(pgdurable.runs) IS
 --  * leased and lease_expires_at changed (heartbeat): renew the thread lease
 --    to the run lease's expiry;
 --  * step advanced (a checkpoint): the messages reserved by this run become
---    consumed (consumed_by, consumed_step, consumed_at);
+--    consumed (consumed_by, consumed_step, consumed_at; threads.last_consumer);
 --  * became runnable or waiting: the thread lease is extended by idle_ttl;
 --  * became terminal: _thread_handoff.
 ------------------------------------------------------------------------------
@@ -565,11 +572,17 @@ DECLARE
   v_was_terminal boolean := OLD.status IN ('completed', 'failed', 'cancelled', 'incompatible');
   v_ttl bigint;
   v_tok bigint;
+  v_n bigint;
 BEGIN
   IF NEW.step > OLD.step THEN
     UPDATE pgdurable.thread_messages m SET consumed_by = NEW.id, consumed_step = OLD.step,
            consumed_at = v_now
      WHERE m.thread_key = NEW.thread_key AND m.taken_by = NEW.id AND m.consumed_at IS NULL;
+    GET DIAGNOSTICS v_n = ROW_COUNT;
+    IF v_n > 0 THEN
+      UPDATE pgdurable.threads x SET last_consumer = NEW.id
+       WHERE x.thread_key = NEW.thread_key AND x.last_consumer IS DISTINCT FROM NEW.id;
+    END IF;
   END IF;
   IF v_terminal THEN
     IF NOT v_was_terminal THEN

@@ -595,7 +595,7 @@ def test_a_poison_message_does_not_start_runs_forever(conn: psycopg.Connection[A
         assert row is not None
         conn.execute("SELECT * FROM pgdurable.take_messages(%s, %s, 'w')", row)
         conn.execute("SELECT pgdurable.fail_run(%s, %s, 'w', '{}', 0, '0', true)", row)
-    assert conn.execute(claim).fetchone() is None  # max_failed_runs (3) reached: no 4th run
+    assert conn.execute(claim).fetchone() is None  # max_unproductive_runs (3): no 4th run
     assert q1(conn, "SELECT count(*) FROM pgdurable.runs WHERE status = 'failed'") == 3
     row = conn.execute("SELECT owned, inbox_depth FROM pgdurable.thread_owners").fetchone()
     assert row == (False, 1)  # released; the message is kept, not dropped
@@ -606,7 +606,23 @@ def test_a_poison_message_does_not_start_runs_forever(conn: psycopg.Connection[A
                                       row)]
     assert got == ["poison", "next"]
     conn.execute("SELECT pgdurable.complete_run(%s, %s, 'w', '{}', 'null', 0)", row)
-    assert q1(conn, "SELECT failed_runs FROM pgdurable.threads") == 0
+    assert q1(conn, "SELECT unproductive_runs FROM pgdurable.threads") == 0
+
+
+def test_a_task_that_ignores_its_inbox_does_not_start_runs_forever(
+    conn: psycopg.Connection[Any]
+) -> None:
+    claim = ("SELECT id::text, lease_token FROM pgdurable.claim_runs('w', '{default}', '{chat}', "
+             "'{1}', 1, '30 s')")
+    conn.execute("SELECT * FROM pgdurable.send_message('i', 'm', '1', NULL, 'chat', '1', "
+                 "'default', 0, 3)")
+    for _ in range(3):  # each run completes without calling inbox()
+        row = conn.execute(claim).fetchone()
+        assert row is not None
+        conn.execute("SELECT pgdurable.complete_run(%s, %s, 'w', '{}', 'null', 0)", row)
+    assert conn.execute(claim).fetchone() is None
+    assert conn.execute("SELECT owned, inbox_depth FROM pgdurable.thread_owners").fetchone() == (
+        False, 1)
 
 
 async def test_sends_racing_a_parking_owner_neither_deadlock_nor_lose(

@@ -93,6 +93,38 @@ async def test_continue_steps_and_history(app: Durable, conn: psycopg.Connection
     assert {h[2] for h in hist} == {1}  # one lease did it all
 
 
+async def test_steps_finishing_together_are_written_in_one_batch(
+    app: Durable, conn: psycopg.Connection[Any]
+) -> None:
+    """20 steps that finish in the same event-loop turn go in ONE write_steps
+    statement (then their 20 next steps in one more)."""
+    arrived: list[str] = []
+    gate = asyncio.Event()
+
+    @app.task("wide", revision="1")
+    async def wide(ctx: RunContext, state: dict[str, Any]) -> Any:
+        if ctx.step == 0:
+            arrived.append(ctx.run_id)
+            await gate.wait()
+            return Continue({"stepped": 1})
+        return Done(ctx.step)
+
+    ids = [await app.start("wide", {}) for _ in range(20)]
+    worker = app.worker(concurrency=20, poll_interval=60)
+    async with running(worker):
+        await until(lambda: _true(len(arrived) == 20), "all 20 steps to start")
+        gate.set()
+        for rid in ids:
+            assert (await finished(app, rid)).status == "completed"
+        assert worker.write_count == 2
+    assert conn.execute("SELECT count(*), count(DISTINCT token) FROM pgdurable.checkpoints"
+                        ).fetchone() == (40, 1)
+
+
+async def _true(value: bool) -> bool:
+    return value
+
+
 async def test_sync_step_runs_in_thread(app: Durable) -> None:
     seen: list[str] = []
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -225,3 +226,41 @@ def test_a_follower_in_another_process_sees_every_event_once_across_a_worker_cra
     assert lines[-1]["final"] and lines[-1]["event"]["status"] == "completed"
     assert q1(conn, "SELECT count(*) FROM public.t_steps WHERE step = 2") == 2  # step 2 re-ran
     assert q1(conn, "SELECT count(*) FROM pgdurable.run_events") == n + 1
+
+
+async def test_a_stream_survives_its_listener_being_killed(
+    dsn: str, conn: psycopg.Connection[Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="pgdurable.stream")
+    app = Durable(dsn)
+    gate = asyncio.Event()
+
+    @app.task("talk")
+    async def talk(ctx: RunContext, state: Any) -> Any:
+        await ctx.emit("before")
+        await gate.wait()
+        for i in range(3):
+            await ctx.emit(f"after-{i}")
+        return Done(None)
+
+    async with app:
+        rid = await app.start("talk")
+        got: list[StreamEvent] = []
+        first = asyncio.Event()
+
+        async def follow() -> None:
+            async for ev in app.stream(rid, poll=0.2):
+                got.append(ev)
+                first.set()
+
+        async with running(app):
+            follower = asyncio.create_task(follow())
+            await asyncio.wait_for(first.wait(), WAIT_LIMIT)
+            killed = q1(conn, "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                              "WHERE datname = current_database() AND query = 'LISTEN pgdurable_events'")
+            assert killed == 1
+            gate.set()
+            await asyncio.wait_for(follower, WAIT_LIMIT)
+    assert [e.event for e in got[:-1]] == ["before", "after-0", "after-1", "after-2"]
+    assert [e.seq for e in got] == [1, 2, 3, 4, 5] and got[-1].final
+    assert "stream listener lost" in caplog.text  # it noticed, reconnected and re-read

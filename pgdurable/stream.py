@@ -14,10 +14,12 @@ event ``{"type": "end", "status", "result", "error"}`` (``final=True``) is
 written in the same transaction: a reader sees completion after the last event.
 
 :func:`stream_run` / :func:`stream_thread` (``app.stream`` /
-``app.stream_thread``) are async iterators: they LISTEN on a dedicated
-connection first, then replay from the cursor, then follow live; a missed
-notification is covered by a slow poll (``poll`` seconds) and by a re-read
-after every reconnect of the listener. They read the database, not a worker,
+``app.stream_thread``) are async iterators: they subscribe to the app's one
+shared LISTEN connection (dedicated, autocommit, never used for work; opened
+with the first stream of an event loop, closed with the last), then replay
+from the cursor, then follow live; a missed notification is covered by a slow
+poll (``poll`` seconds) and by a re-read after every reconnect of the
+listener. Reads go through the app's pool. They read the database, not a worker,
 so they continue across worker changes and crashes. ``stream_run`` ends after
 the run's final event (for a run that never emitted and has no thread, a
 synthesized final event with ``seq`` equal to the cursor).
@@ -28,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import weakref
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import datetime
@@ -130,44 +133,120 @@ def parse_thread_cursor(after: object) -> tuple[int, int]:
     raise ValueError(f"thread cursor must be None, 'thread_no:seq' or a tuple, not {after!r}")
 
 
-class _Listener:
-    """A dedicated LISTEN connection; ``wait`` returns when a notification for
-    one of ``ids`` (any, if ``ids`` is None) arrives, the poll interval passes,
-    or the connection was (re)made (the caller must then re-read)."""
+class _Hub:
+    """One LISTEN connection per app (and event loop), shared by all its streams.
 
-    def __init__(self, conninfo: str, ids: set[str] | None, poll: float) -> None:
+    A background task LISTENs on ``pgdurable_events`` (autocommit, never used
+    for work) and sets the :class:`asyncio.Event` of every subscriber of the
+    notified run id (and of every ``None`` subscriber: thread streams). After
+    every (re)connect it sets all events (notifications may have been lost
+    meanwhile), then reconnects with backoff on failure. The task and its
+    connection end when the last subscriber leaves.
+    """
+
+    def __init__(self, conninfo: str) -> None:
         self.conninfo = conninfo
-        self.ids = ids
-        self.poll = poll
-        self.conn: psycopg.AsyncConnection[Any] | None = None
+        self.subs: dict[str | None, set[asyncio.Event]] = {}
+        self.listening = asyncio.Event()
+        self.task: asyncio.Task[None] | None = None
 
-    async def connect(self) -> None:
-        self.conn = await psycopg.AsyncConnection.connect(
-            self.conninfo, autocommit=True, options=LIBRARY_OPTIONS, connect_timeout=10
-        )
-        await self.conn.execute(f"LISTEN {CHANNEL}")
+    def subscribe(self, key: str | None) -> asyncio.Event:
+        ev = asyncio.Event()
+        self.subs.setdefault(key, set()).add(ev)
+        if self.task is None or self.task.done():
+            self.listening.clear()
+            self.task = asyncio.create_task(self._run(), name="pgdurable-stream-listener")
+        return ev
+
+    async def unsubscribe(self, key: str | None, ev: asyncio.Event) -> None:
+        group = self.subs.get(key)
+        if group is not None:
+            group.discard(ev)
+            if not group:
+                del self.subs[key]
+        if not self.subs and self.task is not None:
+            task, self.task = self.task, None
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+
+    def _wake_all(self) -> None:
+        for group in self.subs.values():
+            for ev in group:
+                ev.set()
+
+    async def _run(self) -> None:
+        backoff = 0.1
+        while True:
+            conn: psycopg.AsyncConnection[Any] | None = None
+            try:
+                conn = await psycopg.AsyncConnection.connect(
+                    self.conninfo, autocommit=True, options=LIBRARY_OPTIONS, connect_timeout=10
+                )
+                await conn.execute(f"LISTEN {CHANNEL}")
+                backoff = 0.1
+                self.listening.set()
+                self._wake_all()  # re-read: notifications may have been missed
+                while True:
+                    got = False
+                    async for n in conn.notifies(timeout=60.0):
+                        got = True
+                        for ev in self.subs.get(n.payload, ()):
+                            ev.set()
+                        for ev in self.subs.get(None, ()):
+                            ev.set()
+                    if not got:
+                        await conn.execute("SELECT 1")  # health check of a quiet socket
+            except asyncio.CancelledError:
+                raise
+            except (psycopg.Error, OSError) as exc:
+                log.warning("stream listener lost: %s; reconnecting", exc)
+                self.listening.clear()
+                self._wake_all()
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 5.0)
+            finally:
+                if conn is not None:
+                    with contextlib.suppress(Exception):
+                        await conn.close()
+
+
+_hubs: weakref.WeakKeyDictionary[
+    Any, weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Hub]
+] = weakref.WeakKeyDictionary()
+
+
+def _hub(app: Durable) -> _Hub:
+    per_loop = _hubs.setdefault(app, weakref.WeakKeyDictionary())
+    loop = asyncio.get_running_loop()
+    hub = per_loop.get(loop)
+    if hub is None:
+        hub = per_loop[loop] = _Hub(_conninfo(app))
+    return hub
+
+
+class _Follower:
+    """A subscription: ``start`` waits (at most ``poll``) for the LISTEN to be
+    in place; ``wait`` returns on a notification for ``key`` or after ``poll``."""
+
+    def __init__(self, app: Durable, key: str | None, poll: float) -> None:
+        self.hub = _hub(app)
+        self.key = key
+        self.poll = poll
+        self.event = self.hub.subscribe(key)
+
+    async def start(self) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.hub.listening.wait(), self.poll)
+        self.event.clear()
 
     async def wait(self) -> None:
-        if self.conn is None or self.conn.closed:
-            try:
-                await self.connect()
-            except (psycopg.Error, OSError) as exc:
-                log.warning("stream listener cannot connect: %s", exc)
-                await asyncio.sleep(self.poll)
-            return
-        try:
-            async for n in self.conn.notifies(timeout=self.poll):
-                if self.ids is None or n.payload in self.ids:
-                    return
-        except (psycopg.Error, OSError) as exc:
-            log.warning("stream listener lost: %s; reconnecting", exc)
-            await self.close()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.event.wait(), self.poll)
+        self.event.clear()  # before the re-read: a later notification sets it again
 
     async def close(self) -> None:
-        if self.conn is not None:
-            with contextlib.suppress(Exception):
-                await self.conn.close()
-            self.conn = None
+        await self.hub.unsubscribe(self.key, self.event)
 
 
 def _conninfo(app: Durable) -> str:
@@ -181,9 +260,9 @@ async def stream_run(
     """Events of ``run_id`` with ``seq > after``, then live, until its final event."""
     rid = q.check_run_id(run_id)
     cursor = _check_after(after)
-    listener = _Listener(_conninfo(app), {str(rid)}, poll)
+    follower = _Follower(app, str(rid), poll)
     try:
-        await listener.connect()
+        await follower.start()
         while True:
             rows = await app.fetchall(READ_RUN, (cursor, BATCH, rid))
             if not rows:
@@ -208,9 +287,9 @@ async def stream_run(
                         str(rid), 0, {"type": "end", "status": status, "result": result,
                                       "error": err}, True, None)
                 return
-            await listener.wait()
+            await follower.wait()
     finally:
-        await listener.close()
+        await follower.close()
 
 
 async def stream_thread(
@@ -223,10 +302,10 @@ async def stream_thread(
     """
     q.check_name(thread_key, "thread_key")
     no, seq = parse_thread_cursor(after)
-    listener = _Listener(_conninfo(app), None, poll) if follow else None
+    follower = _Follower(app, None, poll) if follow else None
     try:
-        if listener is not None:
-            await listener.connect()
+        if follower is not None:
+            await follower.start()
         while True:
             rows = await app.fetchall(READ_THREAD, (thread_key, no, seq, BATCH))
             for row in rows:
@@ -236,9 +315,9 @@ async def stream_thread(
                 yield ev
             if rows:
                 continue
-            if listener is None:
+            if follower is None:
                 return
-            await listener.wait()
+            await follower.wait()
     finally:
-        if listener is not None:
-            await listener.close()
+        if follower is not None:
+            await follower.close()

@@ -264,3 +264,43 @@ async def test_a_stream_survives_its_listener_being_killed(
     assert [e.event for e in got[:-1]] == ["before", "after-0", "after-1", "after-2"]
     assert [e.seq for e in got] == [1, 2, 3, 4, 5] and got[-1].final
     assert "stream listener lost" in caplog.text  # it noticed, reconnected and re-read
+
+
+async def test_streams_of_one_app_share_one_listen_connection(
+    dsn: str, conn: psycopg.Connection[Any]
+) -> None:
+    app = Durable(dsn)
+    gate = asyncio.Event()
+
+    @app.task("talk")
+    async def talk(ctx: RunContext, state: Any) -> Any:
+        await ctx.emit("hi")
+        await gate.wait()
+        return Done(None)
+
+    listeners = ("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                 "AND query = 'LISTEN pgdurable_events'")
+    async with app:
+        ids = [await app.start("talk") for _ in range(3)]
+        seen = [asyncio.Event() for _ in ids]
+
+        async def follow(i: int) -> list[StreamEvent]:
+            out = []
+            async for ev in app.stream(ids[i], poll=0.2):
+                out.append(ev)
+                seen[i].set()
+            return out
+
+        async with running(app):
+            followers = [asyncio.create_task(follow(i)) for i in range(3)]
+            for ev in seen:
+                await asyncio.wait_for(ev.wait(), WAIT_LIMIT)
+            assert q1(conn, listeners) == 1
+            gate.set()
+            results = await asyncio.wait_for(asyncio.gather(*followers), WAIT_LIMIT)
+        assert all([e.event for e in r] == ["hi", r[-1].event] and r[-1].final for r in results)
+        for _ in range(100):  # the last stream closed the shared connection
+            if q1(conn, listeners) == 0:
+                break
+            await asyncio.sleep(0.02)
+        assert q1(conn, listeners) == 0

@@ -482,15 +482,17 @@ class Durable:
         queue: str = "default",
         priority: int = 0,
         idle_ttl: timedelta | None = None,
+        revision: str | None = None,
     ) -> ThreadRoute:
         """Run threads whose key starts with ``prefix`` with ``task`` (``""``: every thread).
 
         The longest matching prefix wins. ``idle_ttl`` is the thread lease's
         TTL while its owner run is parked (default 1 hour, renewed by sends).
+        ``revision`` is needed only for a task this app does not register.
         """
         from .threads import routes_of
 
-        return routes_of(self._registry).add(prefix, task, queue, priority, idle_ttl)
+        return routes_of(self._registry).add(prefix, task, queue, priority, idle_ttl, revision)
 
     async def send(
         self,
@@ -691,11 +693,15 @@ class DurableClient:
         queue: str = "default",
         priority: int = 0,
         idle_ttl: timedelta | None = None,
+        revision: str | None = None,
     ) -> ThreadRoute:
-        """Route threads by key prefix to a task (see :meth:`Durable.thread_task`)."""
+        """Route threads by key prefix to a task (see :meth:`Durable.thread_task`).
+
+        A client without ``app=`` does not know the task: pass ``revision=``.
+        """
         from .threads import routes_of
 
-        return routes_of(self._registry).add(prefix, task, queue, priority, idle_ttl)
+        return routes_of(self._registry).add(prefix, task, queue, priority, idle_ttl, revision)
 
     def send(
         self,

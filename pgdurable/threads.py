@@ -121,6 +121,7 @@ class ThreadRoute:
     queue: str = "default"
     priority: int = 0
     idle_ttl: timedelta | None = None
+    revision: str | None = None  # None: the registered task's revision
 
 
 class ThreadRoutes:
@@ -130,7 +131,13 @@ class ThreadRoutes:
         self.routes: dict[str, ThreadRoute] = {}
 
     def add(
-        self, prefix: str, task: str, queue: str, priority: int, idle_ttl: timedelta | None
+        self,
+        prefix: str,
+        task: str,
+        queue: str,
+        priority: int,
+        idle_ttl: timedelta | None,
+        revision: str | None = None,
     ) -> ThreadRoute:
         """Validate and register a route (replacing one with the same prefix)."""
         if not isinstance(prefix, str) or "\x00" in prefix:
@@ -143,7 +150,9 @@ class ThreadRoutes:
             not isinstance(idle_ttl, timedelta) or idle_ttl.total_seconds() <= 0
         ):
             raise ValueError("idle_ttl must be a positive timedelta or None")
-        route = ThreadRoute(prefix, task, queue, priority, idle_ttl)
+        if revision is not None:
+            q.check_name(revision, "revision")
+        route = ThreadRoute(prefix, task, queue, priority, idle_ttl, revision)
         self.routes[prefix] = route
         return route
 
@@ -190,7 +199,7 @@ def send_params(
     payload = dumps(message, "message")
     state_json = None if state is None else dumps(state, "state")
     route = routes_of(registry).resolve(thread_key)
-    revision = registry.revision_for(route.task, None)
+    revision = registry.revision_for(route.task, route.revision)
     attempts = registry.max_attempts_for(route.task)
     params = (
         thread_key, message_id, payload, sender, route.task, revision, route.queue,

@@ -216,6 +216,15 @@ def test_sync_twin_sends(dsn: str, conn: psycopg.Connection[Any]) -> None:
         d1 = client.send("web:1", {"q": 1})
         d2 = client.send("web:1", {"q": 2})
     assert (d1.action, d2.action, d2.run_id) == ("wake", "deliver", d1.run_id)
+    # a web process that does not import the task code names the revision
+    with DurableClient(dsn) as bare:
+        with pytest.raises(UnknownTask):
+            bare.send("web:2", "x")
+        bare.thread_task("web:", "chat", revision="7", queue="agents")
+        d3 = bare.send("web:2", "x")
+    row = conn.execute("SELECT task, revision, queue FROM pgdurable.runs WHERE id = %s",
+                       (d3.run_id,)).fetchone()
+    assert row == ("chat", "7", "agents")
 
 
 # -- inbox semantics ---------------------------------------------------------------

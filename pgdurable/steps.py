@@ -21,6 +21,7 @@ on the run before the step runs, so a replay after a crash sees the same one.
 
 from __future__ import annotations
 
+import asyncio
 import math
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -145,6 +146,7 @@ class RunContext:
     _app: Any = field(default=None, repr=False)  # the Durable app (inbox, emit)
     _owner: str | None = field(default=None, repr=False)  # the worker id (lease fence)
     _emitted: int = field(default=0, repr=False)  # events emitted by this step so far
+    _loop: Any = field(default=None, repr=False)  # the worker's event loop (sync twins)
     #: The run's thread key (thread runs), known after ``await ctx.inbox()``.
     thread_key: str | None = None
 
@@ -198,10 +200,40 @@ class RunContext:
             return await self._effect(key, fn, reconcile=reconcile)
         return await self._effect(key, fn)
 
+    def __post_init__(self) -> None:
+        if self._loop is None:
+            try:
+                self._loop = asyncio.get_running_loop()
+            except RuntimeError:
+                self._loop = None
+
     def _attached(self) -> tuple[Any, str]:
         if self._app is None or self._owner is None:
             raise RuntimeError("this RunContext is not attached to a worker")
         return self._app, self._owner
+
+    def _call_sync(self, coro: Any) -> Any:
+        """Run ``coro`` on the worker's loop from a sync step's thread and wait for it."""
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if self._loop is None or running is self._loop:
+            coro.close()
+            raise RuntimeError(
+                "the *_sync methods are for sync steps (run in a worker thread); "
+                "in an async step use await"
+            )
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    def inbox_sync(self) -> list[Message]:
+        """:meth:`inbox` for sync step functions (which the worker runs in a thread)."""
+        result: list[Message] = self._call_sync(self.inbox())
+        return result
+
+    def emit_sync(self, event: Any) -> int:
+        """:meth:`emit` for sync step functions (which the worker runs in a thread)."""
+        return int(self._call_sync(self.emit(event)))
 
     async def inbox(self) -> list[Message]:
         """Drain the thread's messages delivered since the last step, in order.

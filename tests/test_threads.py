@@ -682,3 +682,28 @@ def test_prune_thread_messages_deletes_only_old_consumed_messages(conn: psycopg.
     with pytest.raises(psycopg.Error) as ei:
         conn.execute(prune, (timedelta(0), 0))
     assert ei.value.sqlstate == "PD000"
+
+
+async def test_sync_steps_use_the_sync_twins(dsn: str, conn: psycopg.Connection[Any]) -> None:
+    app = Durable(dsn)
+    app.thread_task("", "chat")
+    got: list[Any] = []
+
+    @app.task("chat")
+    def chat(ctx: RunContext, state: Any) -> Any:  # a sync step: runs in a worker thread
+        msgs = ctx.inbox_sync()
+        got.extend(m.payload for m in msgs)
+        for m in msgs:
+            ctx.emit_sync({"echo": m.payload})
+        return Done(None)
+
+    async with app:
+        d = await app.send("sync", "hello")
+        async with running(app):
+            events = [ev async for ev in app.stream(d.run_id, poll=0.2)]
+        ctx = RunContext(run_id=d.run_id, task="chat", step=0, attempt=1, token=0, wake=None,
+                         deadline=None, budget=None, spent=0.0)
+        with pytest.raises(RuntimeError):  # not in a sync step's thread
+            ctx.inbox_sync()
+    assert got == ["hello"]
+    assert [e.event for e in events] == [{"echo": "hello"}, events[-1].event] and events[-1].final

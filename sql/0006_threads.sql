@@ -194,6 +194,20 @@ COMMENT ON FUNCTION pgdurable._owner_run(bytea) IS
   'Internal: run id of a thread-lease owner <id>:<token>, NULL for any other owner.';
 
 ------------------------------------------------------------------------------
+-- pgdurable._thread_holder(lease key, run_id) -> bytea
+-- Internal: the live owner of a thread lease if it is SOME attempt of this
+-- run (e.g. an older attempt whose lease a send re-acquired), else NULL.
+------------------------------------------------------------------------------
+CREATE FUNCTION pgdurable._thread_holder(p_key bytea, p_run uuid) RETURNS bytea
+LANGUAGE sql STABLE AS $$
+  SELECT l.owner FROM pgdurable.leases l
+   WHERE l.key = p_key AND l.owner IS NOT NULL AND l.expires_at > pgdurable.now()
+     AND pgdurable._owner_run(l.owner) = p_run
+$$;
+COMMENT ON FUNCTION pgdurable._thread_holder(bytea, uuid) IS
+  'Internal: the live thread-lease owner when it is an attempt of this run, else NULL.';
+
+------------------------------------------------------------------------------
 -- pgdurable._ttl_ms(interval) -> bigint: internal, an interval as a lease
 -- TTL in ms, clamped to 1 .. 86 400 000.
 ------------------------------------------------------------------------------
@@ -421,7 +435,11 @@ BEGIN
   PERFORM pg_advisory_xact_lock(pgdurable.wait_lock_key('inbox', r.thread_key));
   SELECT * INTO l FROM pgdurable.leases x WHERE x.key = lk FOR UPDATE;
   IF l.owner IS NOT NULL AND l.expires_at > pgdurable.now() THEN
-    IF l.owner <> me THEN
+    IF l.owner <> me AND pgdurable._owner_run(l.owner) = r.id THEN
+      -- an earlier attempt of this run holds it: move it to this attempt
+      PERFORM pgdurable.transfer_lease(lk, l.owner, me,
+                                       pgdurable._ttl_ms(r.lease_expires_at - pgdurable.now()));
+    ELSIF l.owner <> me THEN
       RAISE EXCEPTION 'run % lost thread % to %', r.id, r.thread_key,
         pgdurable.lease_display(l.owner) USING ERRCODE = 'PD001';
     END IF;
@@ -496,6 +514,7 @@ LANGUAGE plpgsql AS $$
 DECLARE
   lk bytea := pgdurable.thread_lease_key(r.thread_key);
   me bytea := pgdurable._thread_owner(r.id, r.lease_token);
+  v_from bytea;
   t pgdurable.threads;
   v_next uuid;
   v_ttl bigint;
@@ -515,16 +534,18 @@ BEGIN
   END IF;
   -- lock order: run row -> thread row -> inbox wait lock -> lease row
   PERFORM pg_advisory_xact_lock(pgdurable.wait_lock_key('inbox', r.thread_key));
+  -- this attempt, or an earlier attempt of this run that still holds the lease
+  v_from := coalesce(pgdurable._thread_holder(lk, r.id), me);
   IF t.unproductive_runs >= t.max_unproductive_runs
      OR NOT EXISTS (SELECT FROM pgdurable.thread_messages m
                      WHERE m.thread_key = r.thread_key AND m.consumed_at IS NULL) THEN
     -- nothing pending, or a poison loop: pending messages stay for the next send's run
-    PERFORM pgdurable.release_lease(lk, me);
+    PERFORM pgdurable.release_lease(lk, v_from);
     RETURN;
   END IF;
   v_ttl := pgdurable._ttl_ms(t.idle_ttl);
   v_next := gen_random_uuid();
-  v_token := pgdurable.transfer_lease(lk, me, pgdurable._thread_owner(v_next, 0), v_ttl);
+  v_token := pgdurable.transfer_lease(lk, v_from, pgdurable._thread_owner(v_next, 0), v_ttl);
   IF v_token IS NULL THEN
     SELECT * INTO a FROM pgdurable.acquire_lease(lk, pgdurable._thread_owner(v_next, 0), v_ttl);
     IF NOT a.acquired THEN
@@ -593,8 +614,9 @@ BEGIN
   IF NEW.status = 'leased' AND NEW.lease_expires_at IS NOT NULL THEN
     v_ttl := pgdurable._ttl_ms(NEW.lease_expires_at - v_now);
     IF NEW.lease_token IS DISTINCT FROM OLD.lease_token THEN
-      v_tok := pgdurable.transfer_lease(lk, pgdurable._thread_owner(OLD.id, OLD.lease_token),
-                                        me, v_ttl);
+      v_tok := pgdurable.transfer_lease(
+        lk, coalesce(pgdurable._thread_holder(lk, NEW.id),
+                     pgdurable._thread_owner(OLD.id, OLD.lease_token)), me, v_ttl);
       IF v_tok IS NULL THEN
         PERFORM pgdurable.acquire_lease(lk, me, v_ttl);
       END IF;

@@ -707,3 +707,32 @@ async def test_sync_steps_use_the_sync_twins(dsn: str, conn: psycopg.Connection[
             ctx.inbox_sync()
     assert got == ["hello"]
     assert [e.event for e in events] == [{"echo": "hello"}, events[-1].event] and events[-1].final
+
+
+def test_a_run_failed_by_reclaim_hands_over_a_lease_an_older_attempt_holds(
+    conn: psycopg.Connection[Any]
+) -> None:
+    """The worker died; a send re-acquired the lapsed thread lease for the run's attempt;
+    the reclaim then ends the run (token + 1 and terminal in one UPDATE: here a pending
+    cancel): the follow-up still gets the thread."""
+    rid = q1(conn, "SELECT run_id::text FROM pgdurable.send_message('o', 'a', '1', NULL, 'chat', "
+                   "'1', 'default', 0, 1)")
+    claim = ("SELECT id::text, lease_token, status FROM pgdurable.claim_runs(%s, '{default}', "
+             "'{chat}', '{1}', 1, '30 s')")
+    row = conn.execute(claim, ("w1",)).fetchone()
+    assert row is not None and row[2] == "leased"
+    conn.execute("UPDATE pgdurable.leases SET expires_at = now() - interval '1 s' "
+                 "WHERE key = pgdurable.thread_lease_key('o')")
+    d = conn.execute("SELECT action, run_id::text FROM pgdurable.send_message('o', 'b', '2', NULL, "
+                     "'chat', '1', 'default', 0, 1)").fetchone()
+    assert d == ("deliver", rid)  # re-acquired for the unfinished run's attempt
+    assert q1(conn, "SELECT lease_owner FROM pgdurable.thread_owners") == f"{rid}:{row[1]}"
+    assert q1(conn, "SELECT pgdurable.cancel_run(%s)", (rid,)) == "leased"  # requested
+    conn.execute("UPDATE pgdurable.runs SET lease_expires_at = now() - interval '1 s' WHERE id = %s",
+                 (rid,))
+    again = conn.execute(claim, ("w2",)).fetchone()  # the reclaim settles the cancel
+    assert again is not None and again[0] == rid and again[2] == "cancelled"
+    assert again[1] == row[1] + 1
+    nxt = q1(conn, "SELECT run_id::text FROM pgdurable.thread_owners")
+    assert nxt not in (None, rid)
+    assert q1(conn, "SELECT count(*) FROM pgdurable.thread_messages WHERE run_id = %s", (nxt,)) == 2

@@ -34,8 +34,13 @@ Contract (each point is a test in ``tests/test_threads.py``):
   from ``ctx.inbox()`` (the step fails; its messages stay for the owner).
 
 Poison messages: a message whose processing fails every attempt ends its run
-``failed``; the follow-up run receives it again. There is no per-message
-attempt limit yet.
+``failed`` and the follow-up run receives it again, but after
+``threads.max_unproductive_runs`` (3) consecutive runs that failed, were
+cancelled or consumed nothing, no follow-up is started: the messages stay
+pending (``thread_owners.inbox_depth``) and the next send starts a run. There
+is no per-message attempt limit or dead-letter state.
+
+Sync step functions use ``ctx.inbox_sync()`` / ``ctx.emit_sync()``.
 """
 
 from __future__ import annotations

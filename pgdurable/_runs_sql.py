@@ -30,7 +30,7 @@ SELECT id, task, revision, queue, priority, status, state, step, attempts, max_a
 # -- cancel; returns the resulting status (PD002 if unknown)
 CANCEL = "SELECT pgdurable.cancel_run(%s::uuid)"
 # -- send a signal (0005: dedup by signal_id, PD008 on conflict); returns the woken run ids
-SIGNAL = "SELECT pgdurable.send_signal_v2(%s::text, %s::text, %s::jsonb, %s::text, %s::interval)"
+SIGNAL = "SELECT pgdurable.send_signal(%s::text, %s::text, %s::jsonb, %s::text, %s::interval)"
 # -- signal one run (0005); returns its id if it woke (PD002 if unknown)
 SIGNAL_RUN = "SELECT pgdurable.signal_run(%s::uuid, %s::text, %s::jsonb, %s::text, %s::interval)"
 # -- claim up to n runs (see the SQL header); the last array: max_reclaims per task
@@ -61,13 +61,17 @@ WRITE_STEPS = (
 )
 PARK = (
     "SELECT status, wake_at, extract(epoch FROM wake_at - pgdurable.now())::float8 "
-    "FROM pgdurable.park_run_v2(%s::uuid, %s::bigint, %s::text, %s::jsonb, %s::numeric, "
+    "FROM pgdurable.park_run(%s::uuid, %s::bigint, %s::text, %s::jsonb, %s::numeric, "
     "%s::text, %s::text, %s::timestamptz, %s::interval)"
 )
 RELEASE = "SELECT pgdurable.release_run(%s::uuid, %s::bigint, %s::text)"
 FAIL = "SELECT pgdurable.fail_run(%s::uuid, %s::bigint, %s::text, %s::jsonb, %s::numeric, %s::interval, %s::boolean)"
 ACK_CANCEL = "SELECT pgdurable.ack_cancel(%s::uuid, %s::bigint, %s::text, %s::numeric)"
-EFFECT_BEGIN = "SELECT status, result, error FROM pgdurable.effect_begin(%s::uuid, %s::bigint, %s::text, %s::text)"
+# -- replay: found started by an earlier attempt (sql/0008_durable_runs.sql)
+EFFECT_BEGIN = (
+    "SELECT status, result, error, replay "
+    "FROM pgdurable.effect_begin(%s::uuid, %s::bigint, %s::text, %s::text)"
+)
 EFFECT_FINISH = (
     "SELECT pgdurable.effect_finish(%s::uuid, %s::bigint, %s::text, %s::text, %s::boolean, %s::jsonb, %s::jsonb)"
 )

@@ -108,11 +108,9 @@ _ENTER = (
 )
 # -- mark reconcile step n in flight before it runs (fenced by token)
 _MARK = "SELECT pgdurable.durable_step_mark(%s::uuid, %s::bigint, %s::integer, %s::text)"
-# -- effect_begin + replay flag (found started by an earlier attempt); fenced
-EFFECT_BEGIN_V2 = (
-    "SELECT status, result, error, replay "
-    "FROM pgdurable.effect_begin_v2(%s::uuid, %s::bigint, %s::text, %s::text)"
-)
+# -- effect_begin with its replay flag (found started by an earlier attempt);
+# fenced. The old name is kept because worker.py imports it.
+EFFECT_BEGIN_V2 = q.EFFECT_BEGIN
 
 
 def mark_terminal(exc: BaseException) -> BaseException:

@@ -7,7 +7,7 @@ and :meth:`~pgdurable.Durable.signal_run`, their sync twins on
 :class:`pgdurable.DurableClient`, the webhook app (:mod:`pgdurable.webhooks`),
 the CLI (``pgdurable signal``) and the SQLAlchemy integration -- validate their
 arguments here, before any SQL, and then call one SQL function of
-``sql/0005_signals.sql`` (``send_signal_v2`` / ``signal_run``).
+``sql/0005_signals.sql`` (``send_signal`` / ``signal_run``).
 
 Delivery rules (each one tested):
 

@@ -1,5 +1,7 @@
 -- 0003_runs: the run state machine (start, claim, heartbeat, checkpoint,
--- complete, fail/retry, park, give back, cancel), signals and effects.
+-- complete, fail/retry, give back, cancel) and the end of an effect
+-- (effect_finish). Parking and signals (park_run, send_signal, signal_run)
+-- are in 0005_signals.sql; effect_begin is in 0008_durable_runs.sql.
 --
 -- Conventions shared by every function here:
 --  * Time is pgdurable.now() only.
@@ -46,10 +48,10 @@ CREATE INDEX runs_leased_idx ON pgdurable.runs (queue) WHERE status = 'leased';
 -- Claim branch (c): parked runs with a timer.
 CREATE INDEX runs_timer_idx ON pgdurable.runs (queue, wake_at)
   WHERE status = 'waiting' AND wake_at IS NOT NULL;
--- send_signal: parked runs by what they wait for.
+-- send_signal (0005): parked runs by what they wait for.
 CREATE INDEX runs_waiting_signal_idx ON pgdurable.runs (wait_kind, wait_ref)
   WHERE status = 'waiting' AND wait_kind IS NOT NULL;
--- park_run: pending (unconsumed) signals by (kind, ref), oldest first.
+-- park_run (0005): pending (unconsumed) signals by (kind, ref), oldest first.
 CREATE INDEX signals_pending_idx ON pgdurable.signals (kind, ref, id)
   WHERE consumed_at IS NULL;
 
@@ -484,74 +486,6 @@ COMMENT ON FUNCTION pgdurable.complete_run(uuid, bigint, text, jsonb, jsonb, num
   'Fenced: final checkpoint + completion in one transaction; returns completed | cancelled | failed.';
 
 ------------------------------------------------------------------------------
--- pgdurable.park_run(id, token, owner, state, spend, kind, ref, wake_at, wake_in)
---   -> TABLE(status text, wake_at timestamptz)
--- FENCED (PD001). Checkpoint the state, then park the run: status 'waiting',
--- lease released, wait_kind/wait_ref/wait_since/wake_at set. kind/ref NULL =
--- a plain timer (Sleep); wake_at NULL = no timeout. wake_at is capped at the
--- run's deadline (so a parked run wakes to fail on time). wake_in (an
--- interval from now, database clock) is used when wake_at is NULL.
--- With kind/ref: takes pg_advisory_xact_lock(wait_lock_key(kind, ref)) and,
--- if an unconsumed, unexpired signal for (kind, ref) exists (oldest first,
--- run_id NULL or this run), consumes it and leaves the run 'runnable' with
--- wake = {type: 'signal', kind, ref, payload, at, signal} (NOTIFY queue)
--- instead of parking: a signal sent before the park is never lost.
--- Verdicts first: a pending cancel -> 'cancelled', over budget/deadline -> 'failed'.
-------------------------------------------------------------------------------
-CREATE FUNCTION pgdurable.park_run(p_id uuid, p_token bigint, p_owner text, p_state jsonb,
-                                   p_spend numeric, p_kind text, p_ref text,
-                                   p_wake_at timestamptz, p_wake_in interval DEFAULT NULL)
-RETURNS TABLE (status text, wake_at timestamptz)
-LANGUAGE plpgsql AS $$
-DECLARE
-  r pgdurable.runs := pgdurable._fenced(p_id, p_token, p_owner);
-  v_err jsonb := pgdurable._verdict(r, p_spend, true);
-  v_sig pgdurable.signals;
-  v_wake_at timestamptz := least(coalesce(p_wake_at, pgdurable.now() + p_wake_in), r.deadline_at);
-BEGIN
-  IF (p_kind IS NULL) <> (p_ref IS NULL) OR p_kind = '' OR p_ref = '' THEN
-    RAISE EXCEPTION 'park_run: kind and ref must both be non-empty or both NULL'
-      USING ERRCODE = 'PD000';
-  END IF;
-  PERFORM pgdurable._checkpoint(r, p_token, p_state, p_spend);
-  IF v_err IS NOT NULL THEN
-    RETURN QUERY SELECT pgdurable._end(p_id, CASE WHEN v_err->>'type' = 'RunCancelled'
-                                   THEN 'cancelled' ELSE 'failed' END, v_err, 0), NULL::timestamptz;
-    RETURN;
-  END IF;
-  IF p_kind IS NOT NULL THEN
-    PERFORM pg_advisory_xact_lock(pgdurable.wait_lock_key(p_kind, p_ref));
-    SELECT * INTO v_sig FROM pgdurable.signals s
-     WHERE s.kind = p_kind AND s.ref = p_ref AND s.consumed_at IS NULL
-       AND (s.expires_at IS NULL OR s.expires_at > pgdurable.now())
-       AND (s.run_id IS NULL OR s.run_id = p_id)
-     ORDER BY s.id LIMIT 1 FOR UPDATE;
-    IF FOUND THEN
-      UPDATE pgdurable.signals SET consumed_by = p_id, consumed_at = pgdurable.now()
-       WHERE id = v_sig.id;
-      UPDATE pgdurable.runs SET status = 'runnable', available_at = pgdurable.now(),
-             lease_owner = NULL, lease_expires_at = NULL,
-             wake = jsonb_build_object('type', 'signal', 'kind', v_sig.kind, 'ref', v_sig.ref,
-                                       'payload', v_sig.payload, 'at', v_sig.created_at,
-                                       'signal', v_sig.id),
-             updated_at = pgdurable.now()
-       WHERE id = p_id;
-      PERFORM pg_notify('pgdurable_wake', r.queue);
-      RETURN QUERY SELECT 'runnable'::text, NULL::timestamptz;
-      RETURN;
-    END IF;
-  END IF;
-  UPDATE pgdurable.runs SET status = 'waiting', lease_owner = NULL, lease_expires_at = NULL,
-         wait_kind = p_kind, wait_ref = p_ref, wait_since = pgdurable.now(),
-         wake_at = v_wake_at, updated_at = pgdurable.now()
-   WHERE id = p_id;
-  RETURN QUERY SELECT 'waiting'::text, v_wake_at;
-END
-$$;
-COMMENT ON FUNCTION pgdurable.park_run(uuid, bigint, text, jsonb, numeric, text, text, timestamptz, interval) IS
-  'Fenced: checkpoint and park (Wait/Sleep), consuming a pending signal instead if one exists.';
-
-------------------------------------------------------------------------------
 -- pgdurable.release_run(id, token, owner) -> text
 -- FENCED (PD001). Give the run back without a checkpoint (lease window used
 -- up, or graceful shutdown): 'runnable', available now, lease cleared,
@@ -698,93 +632,6 @@ LANGUAGE sql AS $$
 $$;
 COMMENT ON FUNCTION pgdurable.mark_incompatible(text, text, text) IS
   'Operator opt-in: end the unheld runs of a (task, revision) no worker will run as incompatible.';
-
-------------------------------------------------------------------------------
--- pgdurable.send_signal(kind, ref, payload, signal_id, ttl) -> SETOF uuid
--- Under pg_advisory_xact_lock(wait_lock_key(kind, ref)): every run waiting on
--- (kind, ref) becomes 'runnable' with wake = {type: 'signal', kind, ref,
--- payload, at, signal} and its wait cleared (NOTIFY pgdurable_wake once per
--- queue); returns the woken run ids. The signal row is stored: consumed (by
--- the first woken run) if any run woke, else pending until now() + ttl
--- (ttl NULL = no expiry) for the next park_run on (kind, ref) to consume.
--- A signal_id already stored -> nothing happens, empty result (basic dedup;
--- issue 5 refines conflicts).
-------------------------------------------------------------------------------
-CREATE FUNCTION pgdurable.send_signal(p_kind text, p_ref text, p_payload jsonb,
-                                      p_signal_id text DEFAULT NULL,
-                                      p_ttl interval DEFAULT NULL)
-RETURNS SETOF uuid
-LANGUAGE plpgsql AS $$
-DECLARE
-  v_sig pgdurable.signals;
-  v_ids uuid[];
-  v_queues text[];
-  v_q text;
-BEGIN
-  IF p_kind IS NULL OR p_kind = '' OR p_ref IS NULL OR p_ref = '' THEN
-    RAISE EXCEPTION 'send_signal: kind and ref must be non-empty' USING ERRCODE = 'PD000';
-  END IF;
-  PERFORM pg_advisory_xact_lock(pgdurable.wait_lock_key(p_kind, p_ref));
-  INSERT INTO pgdurable.signals AS s (kind, ref, payload, signal_id, expires_at)
-  VALUES (p_kind, p_ref, p_payload, p_signal_id, pgdurable.now() + p_ttl)
-  ON CONFLICT (signal_id) DO NOTHING
-  RETURNING * INTO v_sig;
-  IF v_sig.id IS NULL THEN
-    RETURN;
-  END IF;
-  WITH w AS (
-    UPDATE pgdurable.runs r SET status = 'runnable', available_at = pgdurable.now(),
-           wake = jsonb_build_object('type', 'signal', 'kind', p_kind, 'ref', p_ref,
-                                     'payload', p_payload, 'at', v_sig.created_at,
-                                     'signal', v_sig.id),
-           wait_kind = NULL, wait_ref = NULL, wait_since = NULL, wake_at = NULL,
-           updated_at = pgdurable.now()
-     WHERE r.status = 'waiting' AND r.wait_kind = p_kind AND r.wait_ref = p_ref
-    RETURNING r.id, r.queue)
-  SELECT array_agg(w.id), array_agg(DISTINCT w.queue) INTO v_ids, v_queues FROM w;
-  IF v_ids IS NOT NULL THEN
-    UPDATE pgdurable.signals SET consumed_by = v_ids[1], consumed_at = pgdurable.now()
-     WHERE id = v_sig.id;
-    FOREACH v_q IN ARRAY v_queues LOOP
-      PERFORM pg_notify('pgdurable_wake', v_q);
-    END LOOP;
-    RETURN QUERY SELECT unnest(v_ids);
-  END IF;
-END
-$$;
-COMMENT ON FUNCTION pgdurable.send_signal(text, text, jsonb, text, interval) IS
-  'Send a signal: wake runs waiting on (kind, ref), else keep it pending until its TTL.';
-
-------------------------------------------------------------------------------
--- pgdurable.effect_begin(id, token, owner, key)
---   -> TABLE(status text, result jsonb, error jsonb)
--- FENCED (PD001). Look up effect (run, key): 'succeeded' / 'failed' are
--- returned as stored (the caller returns the result / raises EffectFailed
--- without acting). Otherwise the effect is recorded 'started' under this
--- token (a 'started' left by a crashed attempt is taken over: replay policy
--- "safe") and 'started' is returned: the caller performs it, then calls
--- effect_finish.
-------------------------------------------------------------------------------
-CREATE FUNCTION pgdurable.effect_begin(p_id uuid, p_token bigint, p_owner text, p_key text)
-RETURNS TABLE (status text, result jsonb, error jsonb)
-LANGUAGE plpgsql AS $$
-DECLARE
-  r pgdurable.runs := pgdurable._fenced(p_id, p_token, p_owner);
-  e pgdurable.effects;
-BEGIN
-  INSERT INTO pgdurable.effects AS x (run_id, key, status, token)
-  VALUES (r.id, p_key, 'started', p_token)
-  ON CONFLICT (run_id, key) DO UPDATE SET token = p_token, updated_at = pgdurable.now()
-    WHERE x.status = 'started'
-  RETURNING * INTO e;
-  IF e.run_id IS NULL THEN
-    SELECT * INTO e FROM pgdurable.effects x WHERE x.run_id = p_id AND x.key = p_key;
-  END IF;
-  RETURN QUERY SELECT e.status, e.result, e.error;
-END
-$$;
-COMMENT ON FUNCTION pgdurable.effect_begin(uuid, bigint, text, text) IS
-  'Fenced: return a recorded effect outcome, or record the effect as started.';
 
 ------------------------------------------------------------------------------
 -- pgdurable.effect_finish(id, token, owner, key, succeeded, result, error) -> void

@@ -2,16 +2,16 @@
 -- signals addressed to one run, parking that consumes both kinds of pending
 -- signal, and the waiting_runs view.
 --
--- 0003 keeps send_signal and park_run as they were (old workers go on using
--- them during a rolling deploy); this file adds versioned successors:
---   send_signal_v2  -- send_signal + S15 dedup (same id: same result, never
---                      delivered twice; same id, other content: PD008)
---   signal_run      -- a signal for one run (wakes it if it waits on the kind,
---                      else pending for that run only)
---   park_run_v2     -- park_run that also consumes pending signals addressed
---                      to the parking run (signal_run)
--- Locking (unchanged from 0003): sending to / parking on (kind, ref) takes
--- pg_advisory_xact_lock(wait_lock_key(kind, ref)); signal_run and park_run_v2
+--   send_signal  -- wake the runs waiting on (kind, ref) or keep the signal
+--                   pending, with S15 dedup (same id: same result, never
+--                   delivered twice; same id, other content: PD008)
+--   signal_run   -- a signal for one run (wakes it if it waits on the kind,
+--                   else pending for that run only)
+--   park_run     -- checkpoint and park (Wait/Sleep), consuming instead a
+--                   pending broadcast signal on (kind, ref) or one addressed
+--                   to the parking run (signal_run)
+-- Locking: sending to / parking on (kind, ref) takes
+-- pg_advisory_xact_lock(wait_lock_key(kind, ref)) (0003); signal_run and park_run
 -- both hold the run's row lock, which serialises a run-addressed signal with
 -- the park of that run. Either order of commit delivers the signal exactly once.
 --
@@ -29,7 +29,7 @@ COMMENT ON COLUMN pgdurable.signals.woke IS
   'Runs this signal woke when it was sent (empty: kept pending). A duplicate '
   'send with the same signal_id returns exactly these ids again.';
 
--- park_run_v2: pending signals addressed to one run (signal_run), by run.
+-- park_run: pending signals addressed to one run (signal_run), by run.
 CREATE INDEX signals_pending_run_idx ON pgdurable.signals (run_id, kind, id)
   WHERE consumed_at IS NULL AND run_id IS NOT NULL;
 
@@ -85,7 +85,7 @@ COMMENT ON FUNCTION pgdurable._signal_check(text, text, text) IS
   'Internal: PD000 unless kind/ref are non-empty and signal_id is NULL or non-empty.';
 
 ------------------------------------------------------------------------------
--- pgdurable.send_signal_v2(kind, ref, payload, signal_id, ttl) -> SETOF uuid
+-- pgdurable.send_signal(kind, ref, payload, signal_id, ttl) -> SETOF uuid
 -- ONE transaction, under pg_advisory_xact_lock(wait_lock_key(kind, ref)):
 -- every run waiting on (kind, ref) becomes 'runnable' with
 --   wake = {type: 'signal', kind, ref, payload, at, signal}
@@ -99,9 +99,9 @@ COMMENT ON FUNCTION pgdurable._signal_check(text, text, text) IS
 -- signal_id with another kind, ref, payload (or a signal_run id) -> PD008.
 -- Bad input (empty kind/ref/signal_id) -> PD000.
 ------------------------------------------------------------------------------
-CREATE FUNCTION pgdurable.send_signal_v2(p_kind text, p_ref text, p_payload jsonb,
-                                         p_signal_id text DEFAULT NULL,
-                                         p_ttl interval DEFAULT NULL)
+CREATE FUNCTION pgdurable.send_signal(p_kind text, p_ref text, p_payload jsonb,
+                                      p_signal_id text DEFAULT NULL,
+                                      p_ttl interval DEFAULT NULL)
 RETURNS SETOF uuid
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -149,7 +149,7 @@ BEGIN
   END IF;
 END
 $$;
-COMMENT ON FUNCTION pgdurable.send_signal_v2(text, text, jsonb, text, interval) IS
+COMMENT ON FUNCTION pgdurable.send_signal(text, text, jsonb, text, interval) IS
   'Send a signal: wake runs waiting on (kind, ref) or keep it pending; dedup by signal_id (PD008 on conflict).';
 
 ------------------------------------------------------------------------------
@@ -160,9 +160,9 @@ COMMENT ON FUNCTION pgdurable.send_signal_v2(text, text, jsonb, text, interval) 
 -- run_id} (NOTIFY its queue) and its id is returned. If it is runnable,
 -- leased or waiting on something else, the signal is kept pending for this
 -- run only (signals.run_id; ref = the run id) until now() + ttl, and
--- park_run_v2 hands it over when the run parks on this kind; nothing is
+-- park_run hands it over when the run parks on this kind; nothing is
 -- returned. A terminal run: nothing is stored, nothing returned.
--- signal_id dedup as in send_signal_v2 (same run, kind, payload: the first
+-- signal_id dedup as in send_signal (same run, kind, payload: the first
 -- result again; otherwise PD008).
 ------------------------------------------------------------------------------
 CREATE FUNCTION pgdurable.signal_run(p_run_id uuid, p_kind text, p_payload jsonb,
@@ -219,19 +219,25 @@ COMMENT ON FUNCTION pgdurable.signal_run(uuid, text, jsonb, text, interval) IS
   'Signal one run: wake it if it waits on this kind, else keep the signal pending for it alone.';
 
 ------------------------------------------------------------------------------
--- pgdurable.park_run_v2(id, token, owner, state, spend, kind, ref, wake_at, wake_in)
+-- pgdurable.park_run(id, token, owner, state, spend, kind, ref, wake_at, wake_in)
 --   -> TABLE(status text, wake_at timestamptz)
--- park_run (0003) with one difference: the pending signal it consumes
--- instead of parking is the oldest unconsumed, unexpired one that is either
--- broadcast on (kind, ref) (run_id NULL) or addressed to this run with this
--- kind (signal_run, any ref). FENCED (PD001); verdicts first (cancel,
--- budget, deadline); kind/ref both NULL = a plain timer; wake_at capped at
--- the run's deadline. Takes pg_advisory_xact_lock(wait_lock_key(kind, ref))
--- before looking for pending signals, and holds the run's row lock.
+-- FENCED (PD001). Checkpoint the state, then park the run: status 'waiting',
+-- lease released, wait_kind/wait_ref/wait_since/wake_at set. kind/ref both
+-- NULL = a plain timer (Sleep); wake_at NULL = no timeout. wake_at is capped
+-- at the run's deadline (so a parked run wakes to fail on time). wake_in (an
+-- interval from now, database clock) is used when wake_at is NULL.
+-- With kind/ref: takes pg_advisory_xact_lock(wait_lock_key(kind, ref)) (and
+-- holds the run's row lock) and, if a pending signal exists -- the oldest
+-- unconsumed, unexpired one that is either broadcast on (kind, ref) (run_id
+-- NULL) or addressed to this run with this kind (signal_run, any ref) --
+-- consumes it and leaves the run 'runnable' with wake = {type: 'signal',
+-- kind, ref, payload, at, signal[, run_id]} (NOTIFY queue) instead of
+-- parking: a signal sent before the park is never lost.
+-- Verdicts first: a pending cancel -> 'cancelled', over budget/deadline -> 'failed'.
 ------------------------------------------------------------------------------
-CREATE FUNCTION pgdurable.park_run_v2(p_id uuid, p_token bigint, p_owner text, p_state jsonb,
-                                      p_spend numeric, p_kind text, p_ref text,
-                                      p_wake_at timestamptz, p_wake_in interval DEFAULT NULL)
+CREATE FUNCTION pgdurable.park_run(p_id uuid, p_token bigint, p_owner text, p_state jsonb,
+                                   p_spend numeric, p_kind text, p_ref text,
+                                   p_wake_at timestamptz, p_wake_in interval DEFAULT NULL)
 RETURNS TABLE (status text, wake_at timestamptz)
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -290,7 +296,7 @@ BEGIN
   RETURN QUERY SELECT 'waiting'::text, v_wake_at;
 END
 $$;
-COMMENT ON FUNCTION pgdurable.park_run_v2(uuid, bigint, text, jsonb, numeric, text, text, timestamptz, interval) IS
+COMMENT ON FUNCTION pgdurable.park_run(uuid, bigint, text, jsonb, numeric, text, text, timestamptz, interval) IS
   'Fenced: checkpoint and park, consuming a pending broadcast or run-addressed signal instead if one exists.';
 
 ------------------------------------------------------------------------------

@@ -39,7 +39,7 @@
 --   it parks leaves a pending ('inbox', key) signal that park_run consumes.
 --
 -- Lock order (deadlock-free): runs row -> threads row -> advisory wait lock
--- ('inbox', key) -> leases row. park_run (0003) takes the wait lock while
+-- ('inbox', key) -> leases row. park_run (0005) takes the wait lock while
 -- holding the run row, and the trigger below then updates the lease row, so
 -- everyone here takes the wait lock before the lease row. send_message never
 -- waits for a runs row lock (it wakes with SKIP LOCKED and otherwise leaves a

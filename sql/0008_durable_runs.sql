@@ -1,5 +1,6 @@
 -- 0008_durable_runs: durable task definitions (issue 6) run by leased workers,
--- and the "reconcile" replay policy of ctx.effect.
+-- and effect_begin, whose replay flag serves the "reconcile" replay policy of
+-- ctx.effect.
 --
 -- A DurableTask registered with the Durable app runs as an ordinary run:
 -- runs.task/revision = definition id/revision, runs.step = next_step_index,
@@ -122,15 +123,19 @@ COMMENT ON FUNCTION pgdurable.durable_step_mark(uuid, bigint, integer, text) IS
   'Fenced: mark a durable reconcile step in flight before it runs.';
 
 ------------------------------------------------------------------------------
--- pgdurable.effect_begin_v2(id, token, owner, key)
+-- pgdurable.effect_begin(id, token, owner, key)
 --   -> TABLE(status text, result jsonb, error jsonb, replay boolean)
--- FENCED (PD001). effect_begin (0003) plus replay: true when the effect was
--- found 'started' by an EARLIER lease token (a crashed or stopped attempt
--- started it and never recorded its outcome). The row is then taken over by
--- this token, as in effect_begin; the caller applies the effect's replay
--- policy: "safe" runs fn again, "reconcile" calls reconcile instead.
+-- FENCED (PD001). Look up effect (run, key): 'succeeded' / 'failed' are
+-- returned as stored (the caller returns the result / raises EffectFailed
+-- without acting). Otherwise the effect is recorded 'started' under this
+-- token and 'started' is returned: the caller performs it, then calls
+-- effect_finish (0003). replay is true when the effect was found 'started'
+-- by an EARLIER lease token (a crashed or stopped attempt started it and
+-- never recorded its outcome); the row is then taken over by this token and
+-- the caller applies the effect's replay policy: "safe" runs fn again,
+-- "reconcile" calls reconcile instead.
 ------------------------------------------------------------------------------
-CREATE FUNCTION pgdurable.effect_begin_v2(p_id uuid, p_token bigint, p_owner text, p_key text)
+CREATE FUNCTION pgdurable.effect_begin(p_id uuid, p_token bigint, p_owner text, p_key text)
 RETURNS TABLE (status text, result jsonb, error jsonb, replay boolean)
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -151,5 +156,5 @@ BEGIN
   END IF;
 END
 $$;
-COMMENT ON FUNCTION pgdurable.effect_begin_v2(uuid, bigint, text, text) IS
-  'Fenced: effect_begin plus replay = found started by an earlier attempt (outcome unknown).';
+COMMENT ON FUNCTION pgdurable.effect_begin(uuid, bigint, text, text) IS
+  'Fenced: return a recorded effect outcome, or record the effect as started (replay = an earlier attempt started it).';

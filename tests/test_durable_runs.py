@@ -394,10 +394,10 @@ async def test_sql_step_enter_and_mark(app: Durable, conn: psycopg.Connection[An
     assert rows(conn, enter, rid, t2, 1) == [(False, None)]  # a mark counts only at its step
 
 
-async def test_sql_effect_begin_v2_replay_flag(app: Durable,
+async def test_sql_effect_begin_replay_flag(app: Durable,
                                                conn: psycopg.Connection[Any]) -> None:
     rid = await app.start("t", state={}, revision="1")
-    begin = "SELECT status, result, error, replay FROM pgdurable.effect_begin_v2(%s, %s, %s, %s)"
+    begin = "SELECT status, result, error, replay FROM pgdurable.effect_begin(%s, %s, %s, %s)"
     t1 = _lease(conn, rid, "w1")
     assert rows(conn, begin, rid, t1, "w1", "k") == [("started", None, None, False)]
     assert rows(conn, begin, rid, t1, "w1", "k") == [("started", None, None, False)]

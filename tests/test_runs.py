@@ -362,7 +362,12 @@ def test_signal_wakes_parked_runs_and_dedups(conn: psycopg.Connection[Any]) -> N
     woke = sql(conn, "SELECT pgdurable.send_signal('ci', 'b2', '1', 'sig-1', NULL)")
     assert {r[0] for r in woke} == set(ids)
     assert count(conn, "status = 'runnable' AND wake->>'type' = 'signal'") == 2
-    assert sql(conn, "SELECT pgdurable.send_signal('ci', 'b2', '1', 'sig-1', NULL)") == []
+    # a duplicate signal_id changes nothing and returns the first answer again (S15)
+    before = sql(conn, "SELECT id, status, wake FROM pgdurable.runs ORDER BY id")
+    again = sql(conn, "SELECT pgdurable.send_signal('ci', 'b2', '1', 'sig-1', NULL)")
+    assert sorted(again) == sorted(woke)
+    assert sql(conn, "SELECT id, status, wake FROM pgdurable.runs ORDER BY id") == before
+    assert sql(conn, "SELECT count(*) FROM pgdurable.signals") == [(1,)]
     # an expired pending signal is not consumed
     conn.execute("INSERT INTO pgdurable.signals (kind, ref, payload, expires_at) "
                  "VALUES ('ci', 'b3', '1', pgdurable.now() - interval '1 s')")

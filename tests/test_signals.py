@@ -54,14 +54,14 @@ def seed_leased(conn: psycopg.Connection[Any], n: int, queue: str = "default") -
 
 def park(conn: psycopg.Connection[Any], rid: uuid.UUID, kind: str | None, ref: str | None,
          wake_in: str | None = None, wake_at: datetime | None = None, token: int = 1) -> str:
-    rows = sql(conn, "SELECT status FROM pgdurable.park_run_v2(%s, %s, 'w', '{}', 0, %s, %s, "
+    rows = sql(conn, "SELECT status FROM pgdurable.park_run(%s, %s, 'w', '{}', 0, %s, %s, "
                "%s, %s::interval)", rid, token, kind, ref, wake_at, wake_in)
     return str(rows[0][0])
 
 
 def send(conn: psycopg.Connection[Any], kind: str, ref: str, payload: Any = None,
          signal_id: str | None = None) -> list[uuid.UUID]:
-    rows = sql(conn, "SELECT pgdurable.send_signal_v2(%s, %s, %s::jsonb, %s, NULL)",
+    rows = sql(conn, "SELECT pgdurable.send_signal(%s, %s, %s::jsonb, %s, NULL)",
                kind, ref, json.dumps(payload), signal_id)
     return [r[0] for r in rows]
 
@@ -541,8 +541,8 @@ async def test_bad_input_changes_nothing(app: Durable, conn: psycopg.Connection[
         with pytest.raises(exc_type):
             await call()
     # the database checks again (psql callers)
-    for query in ("SELECT pgdurable.send_signal_v2('', 'r', NULL, NULL, NULL)",
-                  "SELECT pgdurable.send_signal_v2('k', 'r', NULL, '', NULL)",
+    for query in ("SELECT pgdurable.send_signal('', 'r', NULL, NULL, NULL)",
+                  "SELECT pgdurable.send_signal('k', 'r', NULL, '', NULL)",
                   "SELECT pgdurable.signal_run(gen_random_uuid(), '', NULL, NULL, NULL)"):
         with pytest.raises(InvalidInput):
             sql(conn, query)
@@ -666,5 +666,5 @@ def test_expired_pending_signals_are_not_consumed(conn: psycopg.Connection[Any])
     assert count(conn, "signals", "consumed_at IS NULL") == 2
     # a fresh one with a TTL is consumed by the next park of the same (kind, ref)
     (c,) = seed_leased(conn, 1)
-    sql(conn, "SELECT pgdurable.send_signal_v2('ci', 'new', '3', NULL, '1 hour')")
+    sql(conn, "SELECT pgdurable.send_signal('ci', 'new', '3', NULL, '1 hour')")
     assert park(conn, c, "ci", "new") == "runnable"

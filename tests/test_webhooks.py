@@ -61,7 +61,7 @@ def park_one(conn: psycopg.Connection[Any], kind: str, ref: str) -> uuid.UUID:
     rid = conn.execute("INSERT INTO pgdurable.runs (task, revision, status, lease_owner, "
                        "lease_token, lease_expires_at) VALUES ('t', '1', 'leased', 'w', 1, "
                        "pgdurable.now() + interval '1 hour') RETURNING id").fetchone()[0]  # type: ignore[index]
-    conn.execute("SELECT * FROM pgdurable.park_run_v2(%s, 1, 'w', '{}', 0, %s, %s, NULL, NULL)",
+    conn.execute("SELECT * FROM pgdurable.park_run(%s, 1, 'w', '{}', 0, %s, %s, NULL, NULL)",
                  (rid, kind, ref))
     return rid  # type: ignore[no-any-return]
 

@@ -34,9 +34,10 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from . import migrations
+from . import _runs_sql, migrations
 from ._db import connect, resolve_dsn, translated, validate_dsn
 from .errors import PgDurableError, RunNotFound
+from .runs import RETRY
 
 app = typer.Typer(
     name="pgdurable",
@@ -109,9 +110,9 @@ SELECT id, task, queue, worker, lease_expires_at, lease_expired,
 """
 # -- per-queue counts
 Q_STATS = "SELECT * FROM pgdurable.queue_stats ORDER BY queue"
-# -- writes: one SQL function each
-Q_CANCEL = "SELECT pgdurable.cancel_run(%s::uuid)"
-Q_RETRY = "SELECT pgdurable.retry_run(%s::uuid)"
+# -- writes: one SQL function each, the same statements as the Python API's
+Q_CANCEL = _runs_sql.CANCEL
+Q_RETRY = RETRY
 
 
 def fail(message: str, code: int = EXIT_BAD_INPUT) -> NoReturn:
@@ -415,7 +416,6 @@ def signal(
     dsn: DsnOption = None,
 ) -> None:
     """Send a signal: wake the runs waiting on KIND REF (printed, one id a line), else keep it pending."""
-    from . import _runs_sql
     from .signals import DEFAULT_SIGNAL_TTL, parse_payload, signal_params
 
     try:
@@ -440,7 +440,7 @@ def prune(
     batch: Annotated[int, typer.Option("--batch", min=1, max=100000, help="Runs per transaction.")] = 1000,
     as_json: JsonOption = False,
 ) -> None:
-    """Delete finished runs older than --older-than with their history, in short batches."""
+    """Delete finished runs older than --older-than with their history, and consumed thread messages, in short batches."""
     from . import retention
 
     try:
@@ -468,7 +468,8 @@ def prune(
     out.print(
         f"{verb} {result.runs} run(s) finished more than {older_than} ago, with "
         f"{result.checkpoints} checkpoint(s), {result.effects} effect(s), {result.events} "
-        f"event(s), {result.signals} signal(s)"
+        f"event(s), {result.signals} signal(s), {result.messages} consumed thread "
+        f"message(s)"
         + ("" if dry_run else f" in {result.batches} batch(es)"),
         highlight=False,
     )
@@ -501,6 +502,7 @@ def worker(
     grace: Annotated[float, typer.Option("--grace", min=0, help="Shutdown grace, seconds.")] = 30.0,
     prune_older_than: Annotated[str | None, typer.Option("--prune-older-than", help="Also prune finished runs older than this (7d, 12h, ...), one pruner at a time across the fleet.")] = None,
     prune_every: Annotated[float, typer.Option("--prune-every", min=1, help="Seconds between prunes.")] = 3600.0,
+    no_listen: Annotated[bool, typer.Option("--no-listen", help="Poll only, no LISTEN connection (PgBouncer in transaction mode).")] = False,
 ) -> None:
     """Run a worker for MODULE:APP until SIGTERM/SIGINT (same as python -m pgdurable.worker)."""
     from .worker import main as worker_main
@@ -508,7 +510,8 @@ def worker(
     if prune_older_than is not None:
         _start_pruner(app_spec, prune_older_than, prune_every)
     worker_main([app_spec, "--concurrency", str(concurrency), "--queues", queues,
-                 "--lease-ttl", str(lease_ttl), "--poll", str(poll), "--grace", str(grace)])
+                 "--lease-ttl", str(lease_ttl), "--poll", str(poll), "--grace", str(grace)]
+                + (["--no-listen"] if no_listen else []))
 
 
 def _start_pruner(app_spec: str, older_than: str, every: float) -> None:

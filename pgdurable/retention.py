@@ -2,11 +2,14 @@
 
 Finished runs (``completed``, ``failed``, ``cancelled``, ``incompatible``)
 older than a cut-off are deleted with their checkpoints, effects, events and
-signals. Each batch is ONE call of the SQL function ``pgdurable.prune_runs``
-in its own autocommit transaction: it deletes at most ``batch`` runs (default
-1,000; at most 100,000), skips rows someone else holds locked and never
-touches live runs, so workers claiming and checkpointing are not held up
-(pitfall 18: unbounded growth; pitfall 15: no long transactions).
+signals, and consumed thread messages (inboxes, :mod:`pgdurable.threads`)
+older than the same cut-off. Each batch is ONE statement in its own autocommit
+transaction, calling the SQL functions ``pgdurable.prune_runs`` and
+``pgdurable.prune_thread_messages``: it deletes at most ``batch`` runs
+(default 1,000; at most 100,000) and at most ``batch`` messages, skips rows
+someone else holds locked and never touches live runs or pending messages, so
+workers claiming and checkpointing are not held up (pitfall 18: unbounded
+growth; pitfall 15: no long transactions).
 
 * :func:`prune` (async) / :func:`prune_sync` -- prune everything older than
   ``older_than`` now, batch after batch; ``dry_run=True`` only counts
@@ -26,8 +29,9 @@ touches live runs, so workers claiming and checkpointing are not held up
 
 From psql::
 
-    SELECT * FROM pgdurable.prune_runs('7 days', 1000);   -- one batch
-    SELECT * FROM pgdurable.prune_preview('7 days');      -- counts only
+    SELECT * FROM pgdurable.prune_runs('7 days', 1000);            -- one batch of runs
+    SELECT pgdurable.prune_thread_messages('7 days', 1000);        -- one batch of messages
+    SELECT * FROM pgdurable.prune_preview('7 days');               -- counts only (runs)
 """
 
 from __future__ import annotations
@@ -59,16 +63,28 @@ log = logging.getLogger("pgdurable.retention")
 DEFAULT_BATCH = 1000
 MAX_BATCH = 100_000
 
-# -- one batch: delete up to n old terminal runs and their history; the counts
+# -- one batch, one transaction: delete up to n old terminal runs and their
+# -- history, then (unless an exclusive batch found the pruner lock taken) up to n
+# -- consumed thread messages older than the cut-off; the counts
+# -- params: (older_than, batch, older_than, batch, exclusive)
 PRUNE = (
-    "SELECT runs, checkpoints, effects, events, signals, locked "
-    "FROM pgdurable.prune_runs(%s::interval, %s::integer, %s::boolean)"
+    "SELECT p.runs, p.checkpoints, p.effects, p.events, p.signals, p.locked, "
+    "CASE WHEN p.locked THEN pgdurable.prune_thread_messages(%s::interval, %s::integer) "
+    "ELSE 0 END "
+    "FROM pgdurable.prune_runs(%s::interval, %s::integer, %s::boolean) p"
 )
-# -- dry run: how many rows prune_runs would delete in total
+# -- dry run: how many rows prune_runs and prune_thread_messages would delete in total
+# -- params: (older_than, older_than)
 PREVIEW = (
-    "SELECT runs, checkpoints, effects, events, signals "
-    "FROM pgdurable.prune_preview(%s::interval)"
+    "SELECT p.runs, p.checkpoints, p.effects, p.events, p.signals, "
+    "(SELECT count(*) FROM pgdurable.thread_messages m WHERE m.consumed_at IS NOT NULL "
+    "   AND m.consumed_at <= pgdurable.now() - %s::interval) "
+    "FROM pgdurable.prune_preview(%s::interval) p"
 )
+
+
+def _prune_params(age: timedelta, size: int, exclusive: bool) -> tuple[Any, ...]:
+    return (age, size, age, size, exclusive)
 
 _AGE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|sec|m|min|h|d|w)?\s*$", re.IGNORECASE)
 _UNIT = {"s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600, "d": 86400, "w": 604800}
@@ -92,8 +108,9 @@ def parse_age(text: str) -> timedelta:
 class PruneResult:
     """What a prune deleted (or, with ``dry_run``, would delete).
 
-    ``batches`` counts the ``prune_runs`` calls; ``skipped`` is True when an
-    exclusive prune found another pruner at work and did nothing.
+    ``batches`` counts the batches (``prune_runs`` calls); ``skipped`` is True
+    when an exclusive prune found another pruner at work and did nothing;
+    ``messages`` counts consumed thread messages (``prune_thread_messages``).
     """
 
     runs: int = 0
@@ -104,17 +121,20 @@ class PruneResult:
     batches: int = 0
     dry_run: bool = False
     skipped: bool = False
+    messages: int = 0
 
     @property
     def rows(self) -> int:
-        """All rows deleted (runs and their history)."""
-        return self.runs + self.checkpoints + self.effects + self.events + self.signals
+        """All rows deleted (runs and their history, thread messages)."""
+        return (self.runs + self.checkpoints + self.effects + self.events + self.signals
+                + self.messages)
 
     def as_dict(self) -> dict[str, Any]:
         """The counts as a JSON-ready dict."""
         return {
             "runs": self.runs, "checkpoints": self.checkpoints, "effects": self.effects,
-            "events": self.events, "signals": self.signals, "batches": self.batches,
+            "events": self.events, "signals": self.signals, "messages": self.messages,
+            "batches": self.batches,
             "dry_run": self.dry_run, "skipped": self.skipped,
         }
 
@@ -140,24 +160,25 @@ def _check(older_than: object, batch: object) -> tuple[timedelta, int]:
 def _add(total: PruneResult, row: tuple[Any, ...]) -> tuple[PruneResult, PruneResult]:
     """Fold one prune_runs row into the running total; return (total, this batch)."""
     this = PruneResult(int(row[0]), int(row[1]), int(row[2]), int(row[3]), int(row[4]), 1,
-                       skipped=not row[5])
+                       skipped=not row[5], messages=int(row[6]))
     total = PruneResult(
         total.runs + this.runs, total.checkpoints + this.checkpoints,
         total.effects + this.effects, total.events + this.events,
         total.signals + this.signals, total.batches + 1, skipped=this.skipped,
+        messages=total.messages + this.messages,
     )
     return total, this
 
 
 def _finished(this: PruneResult, batch: int) -> bool:
     """The loop ends on a short batch (nothing more is old enough) or when skipped."""
-    return this.skipped or (this.runs < batch and this.signals < batch)
+    return this.skipped or (this.runs < batch and this.signals < batch and this.messages < batch)
 
 
 def _preview(row: tuple[Any, ...] | None) -> PruneResult:
     assert row is not None
     return PruneResult(int(row[0]), int(row[1]), int(row[2]), int(row[3]), int(row[4]),
-                       dry_run=True)
+                       dry_run=True, messages=int(row[5]))
 
 
 def _conn_kwargs() -> dict[str, Any]:
@@ -240,10 +261,10 @@ async def _aloop(
     on_batch: OnBatch | None,
 ) -> PruneResult:
     if dry_run:
-        return _preview(await _aexec(conn, pool, PREVIEW, (age,)))
+        return _preview(await _aexec(conn, pool, PREVIEW, (age, age)))
     total = PruneResult()
     while True:
-        row = await _aexec(conn, pool, PRUNE, (age, size, exclusive))
+        row = await _aexec(conn, pool, PRUNE, _prune_params(age, size, exclusive))
         assert row is not None
         total, this = _add(total, row)
         if on_batch is not None:
@@ -302,10 +323,10 @@ def prune_sync(
 
     try:
         if dry_run:
-            return _preview(execute(PREVIEW, (age,)))
+            return _preview(execute(PREVIEW, (age, age)))
         total = PruneResult()
         while True:
-            row = execute(PRUNE, (age, size, exclusive))
+            row = execute(PRUNE, _prune_params(age, size, exclusive))
             assert row is not None
             total, this = _add(total, row)
             if on_batch is not None:
@@ -387,8 +408,9 @@ def _jittered(interval: float) -> float:
 
 
 def _report(result: PruneResult, on_prune: Callable[[PruneResult], None] | None) -> None:
-    if result.runs and not result.skipped:
-        log.info("pruned %d runs (%d rows)", result.runs, result.rows)
+    if (result.runs or result.messages) and not result.skipped:
+        log.info("pruned %d runs, %d thread messages (%d rows)", result.runs, result.messages,
+                 result.rows)
     if on_prune is not None:
         on_prune(result)
 

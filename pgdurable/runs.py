@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     from .threads import Delivery, ThreadRoute
     from .worker import Worker
 
-__all__ = ["Durable", "DurableClient", "RunInfo", "Task"]
+__all__ = ["RETRY", "Durable", "DurableClient", "RunInfo", "Task", "TaskRegistry", "start_params"]
 
 RunInfo = q.RunInfo
 F = TypeVar("F", bound=Callable[..., Any])
@@ -80,18 +80,24 @@ class Task:
         return inspect.iscoroutinefunction(self.fn)
 
 
-class _Registry:
-    """Task registry shared by the app, its client and its workers."""
+class TaskRegistry:
+    """Task registry shared by the app, its client, its workers and integrations.
+
+    Maps task names to :class:`Task`; :func:`start_params` reads revisions,
+    ``max_attempts``, deadlines and state defaults from it.
+    """
 
     def __init__(self) -> None:
         self.tasks: dict[str, Task] = {}
 
     def register(self, task: Task) -> None:
+        """Add ``task``; ValueError if its name is taken."""
         if task.name in self.tasks:
             raise ValueError(f"task {task.name!r} is already registered")
         self.tasks[task.name] = task
 
     def revision_for(self, name: object, revision: str | None) -> str:
+        """``revision`` if given, else the registered task's (UnknownTask if none)."""
         q.check_name(name, "task")
         assert isinstance(name, str)
         if revision is not None:
@@ -106,12 +112,13 @@ class _Registry:
         return task.revision
 
     def max_attempts_for(self, name: str) -> int:
+        """The registered task's ``max_attempts`` (3 for an unknown task)."""
         task = self.tasks.get(name)
         return task.max_attempts if task is not None else 3
 
 
 def _task_decorator(
-    registry: _Registry,
+    registry: TaskRegistry,
     name: str,
     revision: str,
     max_attempts: int,
@@ -140,18 +147,26 @@ def _task_decorator(
     return deco
 
 
-def _start_params(
-    registry: _Registry,
+def start_params(
+    registry: TaskRegistry,
     task: object,
-    state: object,
-    queue: object,
-    priority: object,
-    idempotency_key: object,
-    deadline: object,
-    budget: object,
-    revision: str | None,
-    max_attempts: int | None,
+    state: object = None,
+    queue: object = "default",
+    priority: object = 0,
+    idempotency_key: object = None,
+    deadline: object = None,
+    budget: object = None,
+    revision: str | None = None,
+    max_attempts: int | None = None,
 ) -> tuple[Any, ...]:
+    """Validate a start (before any SQL) and return the parameters of ``START``.
+
+    Shared by :meth:`Durable.start`, :meth:`DurableClient.start` and
+    integrations (``pgdurable.contrib.sqlalchemy``). The task's revision and
+    ``max_attempts`` come from ``registry`` unless given; a registered
+    durable task definition also checks/defaults ``state`` and its deadline.
+    TypeError/ValueError/UnknownTask for bad input.
+    """
     rev = registry.revision_for(task, revision)
     assert isinstance(task, str)
     attempts = registry.max_attempts_for(task) if max_attempts is None else max_attempts
@@ -168,16 +183,27 @@ def _start_params(
     )
 
 
-def _signal_params(
-    kind: object,
-    ref: object,
-    payload: object,
-    signal_id: object,
-    ttl: object,
-    max_bytes: int | None = DEFAULT_MAX_PAYLOAD,
-) -> tuple[Any, ...]:
-    """Validated parameters of ``q.SIGNAL`` (see :func:`pgdurable.signals.signal_params`)."""
-    return signal_params(kind, ref, payload, signal_id, ttl, max_bytes)
+# Private names kept for integrations that still import them (contrib.sqlalchemy).
+_Registry = TaskRegistry
+_start_params = start_params
+
+# -- retry a failed or cancelled run (0007); returns the new status ('runnable').
+# -- PD002 (RunNotFound) for an unknown id, PD000 (InvalidInput) for any other status
+RETRY = "SELECT pgdurable.retry_run(%s::uuid)"
+
+
+def _mark_incompatible_params(task: object, revision: object, reason: object) -> tuple[Any, ...]:
+    q.check_name(task, "task")
+    q.check_name(revision, "revision")
+    if reason is not None:
+        q.check_name(reason, "reason")
+    return (task, revision, reason)
+
+
+def _one(row: tuple[Any, ...] | None) -> Any:
+    """The single value of a one-row, one-column function call."""
+    assert row is not None
+    return row[0]
 
 
 def _conn_kwargs() -> dict[str, Any]:
@@ -203,7 +229,7 @@ class Durable:
         pool: AsyncConnectionPool[Any] | None = None,
         pool_size: int = 10,
     ) -> None:
-        self._registry = _Registry()
+        self._registry = TaskRegistry()
         self._own_pool = pool is None
         self._closed = False
         self._opened = False
@@ -354,7 +380,7 @@ class Durable:
         """
         if self._closed:
             raise ProviderClosed("this Durable app is closed")
-        params = _start_params(
+        params = start_params(
             self._registry, task, state, queue, priority, idempotency_key, deadline, budget,
             revision, max_attempts,
         )
@@ -364,8 +390,7 @@ class Durable:
                 row = await cur.fetchone()
         else:
             row = await self.fetchone(q.START, params)
-        assert row is not None
-        return str(row[0])
+        return str(_one(row))
 
     async def get_run(self, run_id: Any) -> RunInfo:
         """The run's current row as :class:`RunInfo` (:class:`RunNotFound` if none)."""
@@ -381,10 +406,17 @@ class Durable:
         wins: if the worker completes first, the final status is ``completed``.
         Terminal runs are left alone and their status is returned.
         """
-        rid = q.check_run_id(run_id)
-        row = await self.fetchone(q.CANCEL, (rid,))
-        assert row is not None
-        return str(row[0])
+        return str(_one(await self.fetchone(q.CANCEL, (q.check_run_id(run_id),))))
+
+    async def retry(self, run_id: Any) -> str:
+        """Make a ``failed`` or ``cancelled`` run runnable again; return ``"runnable"``.
+
+        The run resumes from its last checkpoint (state and step kept) with
+        attempts and reclaims reset; its queue is notified. Unknown run:
+        :class:`~pgdurable.RunNotFound`; a run in any other status:
+        :class:`~pgdurable.InvalidInput` naming the status (nothing changes).
+        """
+        return str(_one(await self.fetchone(RETRY, (q.check_run_id(run_id),))))
 
     async def mark_incompatible(self, task: str, revision: str, reason: str | None = None) -> int:
         """End the runs of ``(task, revision)`` that no worker can run; return how many.
@@ -395,13 +427,8 @@ class Durable:
         "1"): every such run not held under a live lease becomes terminal
         ``incompatible`` with error type ``IncompatibleCheckpoint``.
         """
-        q.check_name(task, "task")
-        q.check_name(revision, "revision")
-        if reason is not None:
-            q.check_name(reason, "reason")
-        row = await self.fetchone(q.MARK_INCOMPATIBLE, (task, revision, reason))
-        assert row is not None
-        return int(row[0])
+        params = _mark_incompatible_params(task, revision, reason)
+        return int(_one(await self.fetchone(q.MARK_INCOMPATIBLE, params)))
 
     async def signal(
         self,
@@ -425,7 +452,7 @@ class Durable:
         (default 1 MiB); bad input raises ``TypeError``/``ValueError`` and
         changes nothing.
         """
-        params = _signal_params(kind, ref, payload, signal_id, ttl, self.max_signal_payload)
+        params = signal_params(kind, ref, payload, signal_id, ttl, self.max_signal_payload)
         rows = await self.fetchall(q.SIGNAL, params)
         return [str(r[0]) for r in rows]
 
@@ -545,7 +572,7 @@ class Durable:
 
 
 class DurableClient:
-    """Sync twin of the run API: start, get_run, cancel, signal.
+    """Sync twin of the run API: start, get_run, cancel, retry, mark_incompatible, signal, send.
 
     Shares SQL, validation and parsing with :class:`Durable`. Pass ``app=`` to
     use its task registry (revisions, max_attempts); otherwise ``start`` needs
@@ -562,7 +589,7 @@ class DurableClient:
         if dsn is None:
             raise InvalidInput("no DSN: pass conninfo or set PGDURABLE_DSN / DATABASE_URL")
         validate_dsn(dsn)
-        self._registry = app._registry if app is not None else _Registry()
+        self._registry = app._registry if app is not None else TaskRegistry()
         self._pool: ConnectionPool[Any] = ConnectionPool(
             dsn, min_size=1, max_size=max(1, pool_size), kwargs=_conn_kwargs(), open=False,
             name="pgdurable-client",
@@ -619,6 +646,10 @@ class DurableClient:
             rows: list[tuple[Any, ...]] = conn.execute(sql, params, prepare=True).fetchall()
             return rows
 
+    def _fetchone(self, sql: str, params: tuple[Any, ...]) -> tuple[Any, ...] | None:
+        rows = self._fetchall(sql, params)
+        return rows[0] if rows else None
+
     def start(
         self,
         task: str,
@@ -636,7 +667,7 @@ class DurableClient:
         """Start a run (see :meth:`Durable.start`); ``conn=`` for a transactional start."""
         if self._closed:
             raise ProviderClosed("this DurableClient is closed")
-        params = _start_params(
+        params = start_params(
             self._registry, task, state, queue, priority, idempotency_key, deadline, budget,
             revision, max_attempts,
         )
@@ -644,20 +675,26 @@ class DurableClient:
             with translated():
                 row = conn.execute(q.START, params).fetchone()
         else:
-            row = self._fetchall(q.START, params)[0]
-        assert row is not None
-        return str(row[0])
+            row = self._fetchone(q.START, params)
+        return str(_one(row))
 
     def get_run(self, run_id: Any) -> RunInfo:
         """The run as :class:`RunInfo` (:class:`RunNotFound` if none)."""
         rid = q.check_run_id(run_id)
-        rows = self._fetchall(q.GET_RUN, (rid,))
-        return q.parse_run(rows[0] if rows else None, rid)
+        return q.parse_run(self._fetchone(q.GET_RUN, (rid,)), rid)
 
     def cancel(self, run_id: Any) -> str:
         """Cancel a run; returns the resulting status (see :meth:`Durable.cancel`)."""
-        rid = q.check_run_id(run_id)
-        return str(self._fetchall(q.CANCEL, (rid,))[0][0])
+        return str(_one(self._fetchone(q.CANCEL, (q.check_run_id(run_id),))))
+
+    def retry(self, run_id: Any) -> str:
+        """Retry a failed or cancelled run (see :meth:`Durable.retry`); ``"runnable"``."""
+        return str(_one(self._fetchone(RETRY, (q.check_run_id(run_id),))))
+
+    def mark_incompatible(self, task: str, revision: str, reason: str | None = None) -> int:
+        """Sync twin of :meth:`Durable.mark_incompatible`; how many runs were ended."""
+        params = _mark_incompatible_params(task, revision, reason)
+        return int(_one(self._fetchone(q.MARK_INCOMPATIBLE, params)))
 
     def signal(
         self,
@@ -669,7 +706,7 @@ class DurableClient:
         ttl: timedelta | None = DEFAULT_SIGNAL_TTL,
     ) -> list[str]:
         """Send a signal (see :meth:`Durable.signal`); returns the woken run ids."""
-        params = _signal_params(kind, ref, payload, signal_id, ttl, self.max_signal_payload)
+        params = signal_params(kind, ref, payload, signal_id, ttl, self.max_signal_payload)
         return [str(r[0]) for r in self._fetchall(q.SIGNAL, params)]
 
     def signal_run(

@@ -41,7 +41,12 @@ at their last checkpoint.
 Command line (used by crash tests and ``pgdurable worker``)::
 
     python -m pgdurable.worker module:app [--queues a,b] [--concurrency N]
-        [--lease-ttl SECONDS] [--poll SECONDS] [--grace SECONDS]
+        [--lease-ttl SECONDS] [--poll SECONDS] [--grace SECONDS] [--worker-id ID]
+        [--no-listen]
+
+``--no-listen`` is ``Worker(listen=False)``: no LISTEN connection, work is
+found by polling (every ``--poll`` seconds, jittered), e.g. behind PgBouncer in
+transaction mode where LISTEN does not work.
 """
 
 from __future__ import annotations
@@ -756,6 +761,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--poll", type=float, default=5.0, help="poll interval, seconds")
     parser.add_argument("--grace", type=float, default=30.0, help="shutdown grace, seconds")
     parser.add_argument("--worker-id", default=None)
+    parser.add_argument(
+        "--no-listen", dest="listen", action="store_false",
+        help="poll only, no LISTEN connection (PgBouncer in transaction mode)",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=os.environ.get("PGDURABLE_LOG", "WARNING"))
     if os.getcwd() not in sys.path:
@@ -769,6 +778,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             lease_ttl=timedelta(seconds=args.lease_ttl),
             poll_interval=args.poll,
             worker_id=args.worker_id,
+            listen=args.listen,
         )
         worker._grace = args.grace
         try:

@@ -308,6 +308,28 @@ COMMENT ON FUNCTION pgdurable._fenced(uuid, bigint, text) IS
   'Internal: lock the run under the lease fence or raise PD001 (LeaseLost).';
 
 ------------------------------------------------------------------------------
+-- pgdurable._locked_run(id) -> pgdurable.runs
+-- Internal: lock (FOR UPDATE) and return the run, whatever its status;
+-- unknown id -> PD002 (RunNotFound). For operations that are not fenced
+-- (cancel_run, signal_run, retry_run).
+------------------------------------------------------------------------------
+CREATE FUNCTION pgdurable._locked_run(p_id uuid)
+RETURNS pgdurable.runs
+LANGUAGE plpgsql AS $$
+DECLARE
+  r pgdurable.runs;
+BEGIN
+  SELECT * INTO r FROM pgdurable.runs x WHERE x.id = p_id FOR UPDATE;
+  IF NOT FOUND THEN
+    RAISE EXCEPTION 'no run %', p_id USING ERRCODE = 'PD002';
+  END IF;
+  RETURN r;
+END
+$$;
+COMMENT ON FUNCTION pgdurable._locked_run(uuid) IS
+  'Internal: lock and return a run by id, or raise PD002 (RunNotFound).';
+
+------------------------------------------------------------------------------
 -- pgdurable._verdict(run, spend, check_deadline) -> jsonb error or NULL
 -- Internal: the error that ends a fenced run at a step boundary, in this
 -- order: a pending cancel (RunCancelled), spent + spend > budget
@@ -579,12 +601,8 @@ COMMENT ON FUNCTION pgdurable.ack_cancel(uuid, bigint, text, numeric) IS
 CREATE FUNCTION pgdurable.cancel_run(p_id uuid) RETURNS text
 LANGUAGE plpgsql AS $$
 DECLARE
-  r pgdurable.runs;
+  r pgdurable.runs := pgdurable._locked_run(p_id);
 BEGIN
-  SELECT * INTO r FROM pgdurable.runs WHERE id = p_id FOR UPDATE;
-  IF NOT FOUND THEN
-    RAISE EXCEPTION 'no run %', p_id USING ERRCODE = 'PD002';
-  END IF;
   IF r.status IN ('runnable', 'waiting') THEN
     RETURN pgdurable._end(p_id, 'cancelled', pgdurable._error('RunCancelled', 'run was cancelled'), 0);
   ELSIF r.status = 'leased' THEN

@@ -125,12 +125,13 @@ $$;
 COMMENT ON FUNCTION pgdurable.idempotency_renew(text, text, interval) IS
   'Extend the lease of a running idempotency claim; false when the owner lost it.';
 
--- pgdurable.idempotency_finish(key, owner, result, ttl) -> boolean
--- The owner records the effect's JSON result; the key then answers every
--- caller with it until now() + ttl. False when p_owner no longer holds the
--- running claim (it was taken over): nothing is written.
-CREATE FUNCTION pgdurable.idempotency_finish(p_key text, p_owner text, p_result jsonb,
-                                             p_ttl interval)
+-- pgdurable._idempotency_settle(key, owner, succeeded, result, error, ttl) -> boolean
+-- Internal (idempotency_finish / idempotency_fail): the owner of a running
+-- claim records its outcome, 'succeeded' with result or 'failed' with error,
+-- kept until now() + ttl (ttl must be positive: PD000). False when p_owner
+-- no longer holds the running claim (it was taken over): nothing is written.
+CREATE FUNCTION pgdurable._idempotency_settle(p_key text, p_owner text, p_succeeded boolean,
+                                              p_result jsonb, p_error jsonb, p_ttl interval)
 RETURNS boolean
 LANGUAGE plpgsql AS $$
 BEGIN
@@ -138,11 +139,25 @@ BEGIN
     RAISE EXCEPTION 'ttl must be positive' USING ERRCODE = 'PD000';
   END IF;
   UPDATE pgdurable.idempotency_keys
-     SET status = 'succeeded', result = p_result, error = NULL,
+     SET status = CASE WHEN p_succeeded THEN 'succeeded' ELSE 'failed' END,
+         result = p_result, error = p_error,
          expires_at = pgdurable.now() + p_ttl
    WHERE key = p_key AND owner = p_owner AND status = 'running';
   RETURN FOUND;
 END
+$$;
+COMMENT ON FUNCTION pgdurable._idempotency_settle(text, text, boolean, jsonb, jsonb, interval) IS
+  'Internal: record the outcome of a running idempotency claim (owner only) until now() + ttl.';
+
+-- pgdurable.idempotency_finish(key, owner, result, ttl) -> boolean
+-- The owner records the effect's JSON result; the key then answers every
+-- caller with it until now() + ttl. False when p_owner no longer holds the
+-- running claim (it was taken over): nothing is written.
+CREATE FUNCTION pgdurable.idempotency_finish(p_key text, p_owner text, p_result jsonb,
+                                             p_ttl interval)
+RETURNS boolean
+LANGUAGE sql AS $$
+  SELECT pgdurable._idempotency_settle(p_key, p_owner, true, p_result, NULL, p_ttl)
 $$;
 COMMENT ON FUNCTION pgdurable.idempotency_finish(text, text, jsonb, interval) IS
   'Record the result of an idempotent effect (owner only); kept until now() + ttl.';
@@ -154,17 +169,8 @@ COMMENT ON FUNCTION pgdurable.idempotency_finish(text, text, jsonb, interval) IS
 CREATE FUNCTION pgdurable.idempotency_fail(p_key text, p_owner text, p_error jsonb,
                                            p_ttl interval)
 RETURNS boolean
-LANGUAGE plpgsql AS $$
-BEGIN
-  IF p_ttl IS NULL OR p_ttl <= interval '0' THEN
-    RAISE EXCEPTION 'ttl must be positive' USING ERRCODE = 'PD000';
-  END IF;
-  UPDATE pgdurable.idempotency_keys
-     SET status = 'failed', result = NULL, error = p_error,
-         expires_at = pgdurable.now() + p_ttl
-   WHERE key = p_key AND owner = p_owner AND status = 'running';
-  RETURN FOUND;
-END
+LANGUAGE sql AS $$
+  SELECT pgdurable._idempotency_settle(p_key, p_owner, false, NULL, p_error, p_ttl)
 $$;
 COMMENT ON FUNCTION pgdurable.idempotency_fail(text, text, jsonb, interval) IS
   'Record the failure of an idempotent effect (owner only); kept until now() + ttl.';

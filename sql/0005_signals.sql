@@ -177,10 +177,7 @@ DECLARE
   v_ref text;
 BEGIN
   PERFORM pgdurable._signal_check(p_kind, 'x', p_signal_id);
-  SELECT * INTO r FROM pgdurable.runs x WHERE x.id = p_run_id FOR UPDATE;
-  IF NOT FOUND THEN
-    RAISE EXCEPTION 'no run %', p_run_id USING ERRCODE = 'PD002';
-  END IF;
+  r := pgdurable._locked_run(p_run_id);
   v_dup := pgdurable._signal_dup(p_signal_id, p_kind, NULL, p_payload, p_run_id);
   IF v_dup IS NOT NULL THEN
     RETURN QUERY SELECT unnest(v_dup);

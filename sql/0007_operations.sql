@@ -133,12 +133,8 @@ COMMENT ON COLUMN pgdurable.queue_stats.oldest_runnable_age IS
 CREATE FUNCTION pgdurable.retry_run(p_id uuid) RETURNS text
 LANGUAGE plpgsql AS $$
 DECLARE
-  r pgdurable.runs;
+  r pgdurable.runs := pgdurable._locked_run(p_id);
 BEGIN
-  SELECT * INTO r FROM pgdurable.runs WHERE id = p_id FOR UPDATE;
-  IF NOT FOUND THEN
-    RAISE EXCEPTION 'no run %', p_id USING ERRCODE = 'PD002';
-  END IF;
   IF r.status NOT IN ('failed', 'cancelled') THEN
     RAISE EXCEPTION 'run % is %: only failed or cancelled runs can be retried', p_id, r.status
       USING ERRCODE = 'PD000';

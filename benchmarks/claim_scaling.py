@@ -34,10 +34,7 @@ import statistics
 import time
 
 import psycopg
-from psycopg import sql
-from psycopg.conninfo import make_conninfo
-
-import pgdurable
+from _scratch import drop_scratch, scratch_dsn
 
 DBS = ("pgdurable_bench_claims_empty", "pgdurable_bench_claims_full")
 START = ("SELECT run_id FROM pgdurable.start_run('t', '1', '{}', 'default', 0, 3, NULL, NULL, "
@@ -56,22 +53,6 @@ INSERT INTO pgdurable.runs (task, revision, status, wait_since, wake_at)
 SELECT 't', '1', 'waiting', now(), now() + interval '1 day' + g * interval '1 ms'
   FROM generate_series(1, %(timer)s) g;
 """
-
-
-def scratch_dsn(admin_dsn: str, db: str) -> str:
-    with psycopg.connect(admin_dsn, autocommit=True) as c:
-        c.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(db)))
-        c.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(db)))
-    dsn = make_conninfo(admin_dsn, dbname=db)
-    pgdurable.migrate(dsn)
-    return dsn
-
-
-def drop_scratch(admin_dsn: str) -> None:
-    with psycopg.connect(admin_dsn, autocommit=True) as c:
-        for db in DBS:
-            c.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
-                sql.Identifier(db)))
 
 
 def sample(conn: psycopg.Connection[object], n: int) -> list[float]:
@@ -125,7 +106,7 @@ def main() -> None:
                   f"p99 {pct(v, 99):.3f} ms")
         print(f"ratio full/empty p50: {pct(full, 50) / pct(empty, 50):.2f} (target <= 1.5)")
     finally:
-        drop_scratch(args.dsn)
+        drop_scratch(args.dsn, *DBS)
 
 
 if __name__ == "__main__":

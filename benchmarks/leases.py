@@ -40,10 +40,9 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import psycopg
-from psycopg import sql
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from _scratch import drop_scratch, scratch_dsn
+from psycopg.conninfo import conninfo_to_dict
 
-import pgdurable
 from pgdurable import AsyncPostgresLeaseProvider, PostgresLeaseProvider
 
 DB = "pgdurable_bench_leases"
@@ -63,20 +62,6 @@ SCRIPTS = {
                f"SELECT pgdurable.release_lease({_KEY}, {_OWNER}, NULL);\n",
 }
 OPS = ("acquire", "renew", "release")
-
-
-def scratch_dsn(admin_dsn: str) -> str:
-    with psycopg.connect(admin_dsn, autocommit=True) as c:
-        c.execute(sql.SQL("DROP DATABASE IF EXISTS {}").format(sql.Identifier(DB)))
-        c.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(DB)))
-    dsn = make_conninfo(admin_dsn, dbname=DB)
-    pgdurable.migrate(dsn)
-    return dsn
-
-
-def drop_scratch(admin_dsn: str) -> None:
-    with psycopg.connect(admin_dsn, autocommit=True) as c:
-        c.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(DB)))
 
 
 def hold_all(dsn: str, clients: int) -> None:
@@ -231,7 +216,7 @@ def main() -> int:
     args = ap.parse_args()
     clients = [int(x) for x in args.clients.split(",")]
     ops = [o for o in args.ops.split(",") if o]
-    dsn = scratch_dsn(args.dsn)
+    dsn = scratch_dsn(args.dsn, DB)
     print(f"pgdurable lease benchmark: best of {args.rounds} x {args.seconds:g} s per cell, "
           f"database {DB}, "
           f"pgbench -M prepared -j 1; ratio = Python / pgbench (target >= 0.70)")
@@ -260,7 +245,7 @@ def main() -> int:
                     line += f" {s:>10.0f} {s / base:>6.2f}"
                 print(line, flush=True)
     finally:
-        drop_scratch(args.dsn)
+        drop_scratch(args.dsn, DB)
     print(f"worst async ratio: {worst:.2f}")
     return 0
 

@@ -41,10 +41,8 @@ from datetime import timedelta
 from typing import Any
 
 import psycopg
-from psycopg import sql
-from psycopg.conninfo import make_conninfo
+from _scratch import drop_scratch, scratch_dsn
 
-import pgdurable
 from pgdurable import Done, Durable, DurableClient, RunContext
 
 DB = "pgdurable_bench_threads"
@@ -97,20 +95,6 @@ def notifier_main(dsn: str, n: int, spacing: float) -> None:
         for _ in range(n):
             c.execute("SELECT pg_notify('bench_raw', %s)", (repr(time.monotonic()),))
             time.sleep(spacing)
-
-
-def scratch_dsn(admin_dsn: str) -> str:
-    with psycopg.connect(admin_dsn, autocommit=True) as c:
-        c.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(DB)))
-        c.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(DB)))
-    dsn = make_conninfo(admin_dsn, dbname=DB)
-    pgdurable.migrate(dsn)
-    return dsn
-
-
-def drop_scratch(admin_dsn: str) -> None:
-    with psycopg.connect(admin_dsn, autocommit=True) as c:
-        c.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(DB)))
 
 
 def message_trials(dsn: str, n: int, spacing: float) -> tuple[list[float], list[float]]:
@@ -190,7 +174,7 @@ def main() -> int:
     if args.notifier:
         notifier_main(args.notifier, args.n, args.spacing)
         return 0
-    dsn = scratch_dsn(args.dsn)
+    dsn = scratch_dsn(args.dsn, DB)
     worker = subprocess.Popen([sys.executable, SELF, "--worker", dsn])
     try:
         base = asyncio.run(notify_trials(dsn, args.trials, args.spacing))
@@ -199,7 +183,7 @@ def main() -> int:
     finally:
         worker.terminate()
         worker.wait(timeout=60)
-        drop_scratch(args.dsn)
+        drop_scratch(args.dsn, DB)
     b50, b99 = pct(base, 50), pct(base, 99)
     print(f"trials: {args.trials} of each kind, spacing {args.spacing * 1000:.0f} ms")
     print("| what | n | p50 ms | p99 ms | mean ms | p50 / baseline | p99 / baseline |")

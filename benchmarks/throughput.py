@@ -39,29 +39,12 @@ import time
 from pathlib import Path
 
 import psycopg
-from psycopg import sql
-from psycopg.conninfo import make_conninfo
-
-import pgdurable
+from _scratch import drop_scratch, scratch_dsn
 
 DB = "pgdurable_bench_throughput"
 HERE = Path(__file__).resolve().parent
 STEPS = 3
 BATCH = 500
-
-
-def scratch_dsn(admin_dsn: str) -> str:
-    with psycopg.connect(admin_dsn, autocommit=True) as c:
-        c.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(DB)))
-        c.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(DB)))
-    dsn = make_conninfo(admin_dsn, dbname=DB)
-    pgdurable.migrate(dsn)
-    return dsn
-
-
-def drop_scratch(admin_dsn: str) -> None:
-    with psycopg.connect(admin_dsn, autocommit=True) as c:
-        c.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(DB)))
 
 
 def start_worker(dsn: str, concurrency: int, pool_size: int) -> subprocess.Popen[bytes]:
@@ -152,7 +135,7 @@ def main() -> None:
     parser.add_argument("--pool-size", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=1)
     args = parser.parse_args()
-    dsn = scratch_dsn(args.dsn)
+    dsn = scratch_dsn(args.dsn, DB)
     try:
         print(f"{args.runs} runs x {STEPS} no-op steps, one worker process, concurrency "
               f"{args.concurrency}, pool {args.pool_size}; pgbench: {args.runs * STEPS} "
@@ -165,7 +148,7 @@ def main() -> None:
                   f"({secs:.2f} s) | pgbench {tps:7.0f} commits/s | "
                   f"ratio steps/commits {steps_s / tps:.2f}")
     finally:
-        drop_scratch(args.dsn)
+        drop_scratch(args.dsn, DB)
 
 
 if __name__ == "__main__":

@@ -46,10 +46,8 @@ from datetime import timedelta
 from typing import Any
 
 import psycopg
-from psycopg import sql
-from psycopg.conninfo import make_conninfo
+from _scratch import drop_scratch, scratch_dsn
 
-import pgdurable
 from pgdurable import Done, Durable, DurableClient, RunContext, Sleep, Wait
 
 DB = "pgdurable_bench_wake"
@@ -88,20 +86,6 @@ def worker_main(dsn: str, queue: str, listen: bool) -> None:
             await app.close()
 
     asyncio.run(run())
-
-
-def scratch_dsn(admin_dsn: str) -> str:
-    with psycopg.connect(admin_dsn, autocommit=True) as c:
-        c.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(DB)))
-        c.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(DB)))
-    dsn = make_conninfo(admin_dsn, dbname=DB)
-    pgdurable.migrate(dsn)
-    return dsn
-
-
-def drop_scratch(admin_dsn: str) -> None:
-    with psycopg.connect(admin_dsn, autocommit=True) as c:
-        c.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(DB)))
 
 
 def wait_until(conn: psycopg.Connection[Any], query: str, params: tuple[Any, ...],
@@ -198,7 +182,7 @@ def main() -> int:
         worker_main(args.worker, args.queue, args.listen == "1")
         return 0
     started = time.monotonic()
-    dsn = scratch_dsn(args.dsn)
+    dsn = scratch_dsn(args.dsn, DB)
     try:
         results = {
             "notify": run_mode(dsn, "notify", args.trials, args.sleep_trials, args.spacing,
@@ -207,7 +191,7 @@ def main() -> int:
                              max(args.spacing, 0.05), args.sleep_spacing),
         }
     finally:
-        drop_scratch(args.dsn)
+        drop_scratch(args.dsn, DB)
     print(f"wake latency (ms), worker concurrency 64, default poll 5 s; "
           f"{time.monotonic() - started:.0f} s total")
     print(f"{'what':<28}{'mode':<8}{'n':>5}{'p50':>9}{'p95':>9}{'p99':>9}{'max':>9}")

@@ -41,7 +41,7 @@ import logging
 import random
 import re
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
@@ -181,6 +181,37 @@ def _preview(row: tuple[Any, ...] | None) -> PruneResult:
                        dry_run=True, messages=int(row[5]))
 
 
+@dataclass(frozen=True)
+class _Statement:
+    """The next statement of a prune (``pause_first``: sleep ``pause`` before it)."""
+
+    sql: str
+    params: tuple[Any, ...]
+    pause_first: bool = False
+
+
+def _plan(
+    age: timedelta, size: int, dry_run: bool, exclusive: bool, on_batch: OnBatch | None
+) -> Generator[_Statement, tuple[Any, ...] | None, PruneResult]:
+    """The prune loop without I/O, shared by :func:`prune` and :func:`prune_sync`.
+
+    Yields each statement to run, receives its row, returns the total.
+    """
+    if dry_run:
+        return _preview((yield _Statement(PREVIEW, (age, age))))
+    total = PruneResult()
+    params = _prune_params(age, size, exclusive)
+    row = yield _Statement(PRUNE, params)
+    while True:
+        assert row is not None
+        total, this = _add(total, row)
+        if on_batch is not None:
+            on_batch(this)
+        if _finished(this, size):
+            return total
+        row = yield _Statement(PRUNE, params, pause_first=True)
+
+
 def _conn_kwargs() -> dict[str, Any]:
     return {"autocommit": True, "options": LIBRARY_OPTIONS, "connect_timeout": 10}
 
@@ -260,19 +291,16 @@ async def _aloop(
     pause: float,
     on_batch: OnBatch | None,
 ) -> PruneResult:
-    if dry_run:
-        return _preview(await _aexec(conn, pool, PREVIEW, (age, age)))
-    total = PruneResult()
+    plan = _plan(age, size, dry_run, exclusive, on_batch)
+    step = next(plan)
     while True:
-        row = await _aexec(conn, pool, PRUNE, _prune_params(age, size, exclusive))
-        assert row is not None
-        total, this = _add(total, row)
-        if on_batch is not None:
-            on_batch(this)
-        if _finished(this, size):
-            return total
-        if pause > 0:
+        if step.pause_first and pause > 0:
             await asyncio.sleep(pause)
+        try:
+            step = plan.send(await _aexec(conn, pool, step.sql, step.params))
+        except StopIteration as done:
+            result: PruneResult = done.value
+            return result
 
 
 def prune_sync(
@@ -322,19 +350,16 @@ def prune_sync(
                 return prow
 
     try:
-        if dry_run:
-            return _preview(execute(PREVIEW, (age, age)))
-        total = PruneResult()
+        plan = _plan(age, size, dry_run, exclusive, on_batch)
+        step = next(plan)
         while True:
-            row = execute(PRUNE, _prune_params(age, size, exclusive))
-            assert row is not None
-            total, this = _add(total, row)
-            if on_batch is not None:
-                on_batch(this)
-            if _finished(this, size):
-                return total
-            if pause > 0:
+            if step.pause_first and pause > 0:
                 time.sleep(pause)
+            try:
+                step = plan.send(execute(step.sql, step.params))
+            except StopIteration as done:
+                result: PruneResult = done.value
+                return result
     finally:
         if owned and conn is not None:
             conn.close()

@@ -200,6 +200,11 @@ def _mark_incompatible_params(task: object, revision: object, reason: object) ->
     return (task, revision, reason)
 
 
+def _ids(rows: list[tuple[Any, ...]]) -> list[str]:
+    """Run ids (first column) of a signal call's rows, as strings."""
+    return [str(r[0]) for r in rows]
+
+
 def _one(row: tuple[Any, ...] | None) -> Any:
     """The single value of a one-row, one-column function call."""
     assert row is not None
@@ -453,8 +458,7 @@ class Durable:
         changes nothing.
         """
         params = signal_params(kind, ref, payload, signal_id, ttl, self.max_signal_payload)
-        rows = await self.fetchall(q.SIGNAL, params)
-        return [str(r[0]) for r in rows]
+        return _ids(await self.fetchall(q.SIGNAL, params))
 
     async def signal_run(
         self,
@@ -474,8 +478,7 @@ class Durable:
         ``signal_id`` deduplicates as in :meth:`signal`.
         """
         params = signal_run_params(run_id, kind, payload, signal_id, ttl, self.max_signal_payload)
-        rows = await self.fetchall(q.SIGNAL_RUN, params)
-        return [str(r[0]) for r in rows]
+        return _ids(await self.fetchall(q.SIGNAL_RUN, params))
 
     async def with_idempotency(
         self,
@@ -707,7 +710,7 @@ class DurableClient:
     ) -> list[str]:
         """Send a signal (see :meth:`Durable.signal`); returns the woken run ids."""
         params = signal_params(kind, ref, payload, signal_id, ttl, self.max_signal_payload)
-        return [str(r[0]) for r in self._fetchall(q.SIGNAL, params)]
+        return _ids(self._fetchall(q.SIGNAL, params))
 
     def signal_run(
         self,
@@ -720,7 +723,7 @@ class DurableClient:
     ) -> list[str]:
         """Signal one run (see :meth:`Durable.signal_run`); ``[run_id]`` if it woke."""
         params = signal_run_params(run_id, kind, payload, signal_id, ttl, self.max_signal_payload)
-        return [str(r[0]) for r in self._fetchall(q.SIGNAL_RUN, params)]
+        return _ids(self._fetchall(q.SIGNAL_RUN, params))
 
     def thread_task(
         self,

@@ -144,6 +144,17 @@ def _params(key: object, fn: object, ttl: object, lease: object, wait_timeout: o
     return _Params(k, t, le, None if w is None else w.total_seconds())
 
 
+def _check_target(target: object, pool_cls: type[Any]) -> None:
+    """TypeError unless ``target`` is a ``pool_cls`` (the shell's pool type) or a conninfo str."""
+    if not isinstance(target, pool_cls | str):
+        name = pool_cls.__name__
+        article = "an" if name[0] in "AEIOU" else "a"
+        raise TypeError(
+            f"pool_or_conninfo must be {article} {name} or a conninfo string, not "
+            f"{type(target).__name__}"
+        )
+
+
 def _encode_error(exc: BaseException) -> Jsonb:
     return Jsonb({"type": type(exc).__name__, "message": str(exc).replace("\x00", "\\x00")})
 
@@ -338,11 +349,7 @@ async def with_idempotency(
     of dead owners).
     """
     p = _params(key, fn, ttl, lease, wait_timeout)
-    if not isinstance(pool_or_conninfo, AsyncConnectionPool | str):
-        raise TypeError(
-            "pool_or_conninfo must be an AsyncConnectionPool or a conninfo string, not "
-            f"{type(pool_or_conninfo).__name__}"
-        )
+    _check_target(pool_or_conninfo, AsyncConnectionPool)
     owner = uuid.uuid4().hex
     proto = _protocol(p, owner)
     async with _aconnection(pool_or_conninfo) as conns:
@@ -442,11 +449,7 @@ def with_idempotency_sync(
     The heartbeat runs in a thread while ``fn`` runs.
     """
     p = _params(key, fn, ttl, lease, wait_timeout)
-    if not isinstance(pool_or_conninfo, ConnectionPool | str):
-        raise TypeError(
-            "pool_or_conninfo must be a ConnectionPool or a conninfo string, not "
-            f"{type(pool_or_conninfo).__name__}"
-        )
+    _check_target(pool_or_conninfo, ConnectionPool)
     owner = uuid.uuid4().hex
     proto = _protocol(p, owner)
     with _connection(pool_or_conninfo) as conns:

@@ -259,6 +259,17 @@ class _Base:
         self._opened = False
         self._closed = False
 
+    def _needs_open(self) -> bool:
+        """False when already open (open() is idempotent); ProviderClosed once closed."""
+        if self._closed:
+            raise ProviderClosed("the lease provider is closed")
+        return not self._opened
+
+    def _open_failed(self, exc: BaseException) -> BaseException:
+        """Close a provider whose open failed (build a new one); the error open() raises."""
+        self._closed = True
+        return _opening_error(exc) if isinstance(exc, Exception) else exc
+
     def _live_pool(self) -> Any:
         if self._closed:
             raise ProviderClosed("the lease provider is closed")
@@ -294,9 +305,7 @@ class AsyncPostgresLeaseProvider(_Base):
         Raises :class:`SchemaVersionMismatch` or :class:`DatabaseUnavailable`; a
         provider whose open failed is closed.
         """
-        if self._closed:
-            raise ProviderClosed("the lease provider is closed")
-        if self._opened:
+        if not self._needs_open():
             return
         try:
             if self._owned:
@@ -304,12 +313,12 @@ class AsyncPostgresLeaseProvider(_Base):
             async with self._pool.connection() as conn:
                 await acheck_schema(conn)
         except BaseException as exc:
-            self._closed = True  # a failed open closes the provider: build a new one
+            err = self._open_failed(exc)
             if self._owned:
                 await self._pool.close()
-            if not isinstance(exc, Exception):
+            if err is exc:
                 raise
-            raise _opening_error(exc) from exc
+            raise err from exc
         self._opened = True
 
     async def close(self) -> None:
@@ -403,9 +412,7 @@ class PostgresLeaseProvider(_Base):
         provider whose open failed is closed.
         """
         with self._lock:
-            if self._closed:
-                raise ProviderClosed("the lease provider is closed")
-            if self._opened:
+            if not self._needs_open():
                 return
             try:
                 if self._owned:
@@ -413,12 +420,12 @@ class PostgresLeaseProvider(_Base):
                 with self._pool.connection() as conn:
                     check_schema(conn)
             except BaseException as exc:
-                self._closed = True  # a failed open closes the provider: build a new one
+                err = self._open_failed(exc)
                 if self._owned:
                     self._pool.close()
-                if not isinstance(exc, Exception):
+                if err is exc:
                     raise
-                raise _opening_error(exc) from exc
+                raise err from exc
             self._opened = True
 
     def close(self) -> None:

@@ -93,7 +93,6 @@ if TYPE_CHECKING:
     from .runs import Durable
 
 __all__ = [
-    "EFFECT_BEGIN_V2",
     "DurableRunContext",
     "durable_task_spec",
     "is_terminal",
@@ -108,9 +107,6 @@ _ENTER = (
 )
 # -- mark reconcile step n in flight before it runs (fenced by token)
 _MARK = "SELECT pgdurable.durable_step_mark(%s::uuid, %s::bigint, %s::integer, %s::text)"
-# -- effect_begin with its replay flag (found started by an earlier attempt);
-# fenced. The old name is kept because worker.py imports it.
-EFFECT_BEGIN_V2 = q.EFFECT_BEGIN
 
 
 def mark_terminal(exc: BaseException) -> BaseException:

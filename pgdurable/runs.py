@@ -3,7 +3,8 @@
 
 A run lives in ``pgdurable.runs``; workers (:mod:`pgdurable.worker`) lease it,
 run steps and checkpoint after each one. Every state transition is one SQL
-function of ``sql/0003_runs.sql``; this module validates arguments in Python
+function (``sql/0003_runs.sql``; parking and signals in ``0005_signals.sql``,
+effects in ``0008_durable_runs.sql``, retry in ``0007_operations.sql``); this module validates arguments in Python
 first (bad input changes nothing) and then makes one round trip.
 
 Connections: the app owns an ``AsyncConnectionPool`` of autocommit
@@ -182,10 +183,6 @@ def start_params(
         task, rev, state, queue, priority, attempts, idempotency_key, deadline, budget
     )
 
-
-# Private names kept for integrations that still import them (contrib.sqlalchemy).
-_Registry = TaskRegistry
-_start_params = start_params
 
 # -- retry a failed or cancelled run (0007); returns the new status ('runnable').
 # -- PD002 (RunNotFound) for an unknown id, PD000 (InvalidInput) for any other status

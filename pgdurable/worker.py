@@ -75,7 +75,7 @@ import psycopg
 from . import _runs_sql as q
 from ._db import LIBRARY_OPTIONS
 from ._json import dumps
-from .durable_runs import EFFECT_BEGIN_V2, is_terminal, reconcile_effect
+from .durable_runs import is_terminal, reconcile_effect
 from .errors import (
     BudgetExceeded,
     DeadlineExceeded,
@@ -638,7 +638,7 @@ class Worker:
         self, a: _Active, key: str, fn: EffectFn, reconcile: EffectFn | None = None
     ) -> Any:
         ident = (a.run_id, a.token, self.worker_id)
-        row = await self.app.fetchone(EFFECT_BEGIN_V2, (*ident, key))
+        row = await self.app.fetchone(q.EFFECT_BEGIN, (*ident, key))
         assert row is not None
         status, result, error, replay = row
         if status == "started" and replay and reconcile is not None:

@@ -232,11 +232,9 @@ async def test_async_prune_and_cli_count_thread_messages(
 
 # -- public start parameters for integrations ------------------------------------------------
 
-def test_start_params_is_public_and_the_private_names_remain() -> None:
+def test_start_params_is_public() -> None:
     from pgdurable import runs
 
-    assert runs._start_params is runs.start_params
-    assert runs._Registry is runs.TaskRegistry
     registry = runs.TaskRegistry()
     app = Durable("postgresql://127.0.0.1/unused")
 

@@ -67,7 +67,7 @@ from psycopg.conninfo import conninfo_to_dict
 from ... import _runs_sql as q
 from ...errors import InvalidInput, UnknownTask, translate
 from ...migrations import acheck_schema, check_schema
-from ...runs import Durable, DurableClient, Task, _Registry, _start_params
+from ...runs import Durable, DurableClient, Task, TaskRegistry, start_params
 from ...signals import DEFAULT_MAX_PAYLOAD, DEFAULT_SIGNAL_TTL, signal_params, signal_run_params
 
 if TYPE_CHECKING:
@@ -223,16 +223,16 @@ async def _run_async(
 # -- public API ---------------------------------------------------------------
 
 
-def _registry_for(task: object, app: Durable | DurableClient | None) -> tuple[_Registry, object]:
+def _registry_for(task: object, app: Durable | DurableClient | None) -> tuple[TaskRegistry, object]:
     if isinstance(task, Task):
-        registry = _Registry()
+        registry = TaskRegistry()
         registry.register(task)
         return registry, task.name
     if app is not None:
         if not isinstance(app, Durable | DurableClient):
             raise TypeError(f"app must be a Durable or DurableClient, not {type(app).__name__}")
         return app._registry, task
-    return _Registry(), task
+    return TaskRegistry(), task
 
 
 @overload
@@ -295,7 +295,7 @@ def start_run(
             f"task {name!r}: pass revision=, a Task object, or app= (an app that "
             "registered it); there is no task registry in a SQLAlchemy session"
         )
-    params = _start_params(
+    params = start_params(
         registry, name, state, queue, priority, idempotency_key, deadline, budget,
         revision, max_attempts,
     )

@@ -266,6 +266,10 @@ class RunContext:
         Call ``await ctx.inbox()`` first in the step (it learns the thread key).
         A message that arrives before the run parks wakes it at once.
         """
+        from .threads import encode_thread_key
+
         if self.thread_key is None:
             raise RuntimeError("wait_inbox() needs the thread key: call await ctx.inbox() first")
-        return Wait(signal=("inbox", self.thread_key), timeout=timeout, state=state)
+        # the signal ref is the stored (escaped) key, as send_message signals it
+        return Wait(signal=("inbox", encode_thread_key(self.thread_key)), timeout=timeout,
+                    state=state)

@@ -42,6 +42,7 @@ from . import _runs_sql as q
 from ._db import LIBRARY_OPTIONS
 from ._json import dumps
 from .errors import RunNotFound
+from .threads import encode_thread_key
 
 if TYPE_CHECKING:
     from .runs import Durable
@@ -295,19 +296,19 @@ async def stream_run(
 async def stream_thread(
     app: Durable, thread_key: str, after: Any = None, *, follow: bool = True, poll: float = 1.0
 ) -> AsyncIterator[StreamEvent]:
-    """Events of every run of ``thread_key`` after the cursor, in thread order.
+    """Events of every run of ``thread_key`` (any str key) after the cursor, in thread order.
 
     With ``follow`` (default) it never ends by itself (stop iterating, or
     ``aclose()``); with ``follow=False`` it ends after the replay.
     """
-    q.check_name(thread_key, "thread_key")
+    stored_key = encode_thread_key(thread_key)  # the runs.thread_key form
     no, seq = parse_thread_cursor(after)
     follower = _Follower(app, None, poll) if follow else None
     try:
         if follower is not None:
             await follower.start()
         while True:
-            rows = await app.fetchall(READ_THREAD, (thread_key, no, seq, BATCH))
+            rows = await app.fetchall(READ_THREAD, (stored_key, no, seq, BATCH))
             for row in rows:
                 ev = StreamEvent(str(row[0]), int(row[2]), row[3], bool(row[4]), row[5],
                                  int(row[1]))

@@ -41,10 +41,21 @@ pending (``thread_owners.inbox_depth``) and the next send starts a run. There
 is no per-message attempt limit or dead-letter state.
 
 Sync step functions use ``ctx.inbox_sync()`` / ``ctx.emit_sync()``.
+
+Thread keys are any non-empty ``str`` (NUL, backslashes, quotes, ``%``,
+emoji, any length; Mastra's keys are ``resource + "\\x00" + thread``).
+PostgreSQL ``text`` cannot hold NUL, so the ``thread_key`` columns store an
+escaped form: :func:`encode_thread_key` turns ``\\`` into ``\\\\`` and NUL
+into ``\\0`` (nothing else changes, so ``'chat:42'`` reads as itself in psql),
+and :func:`decode_thread_key` reverses it. They are the only conversion, used
+at every boundary (send, inbox, ``ctx.thread_key``, ``ctx.wait_inbox()``,
+:func:`thread_lease_key`, ``stream_thread``). Prefix routing
+(``thread_task``) compares the original, decoded keys, in Python.
 """
 
 from __future__ import annotations
 
+import re
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -57,7 +68,10 @@ from .errors import UnknownTask
 if TYPE_CHECKING:
     from .steps import RunContext
 
-__all__ = ["Delivery", "Message", "ThreadRoute", "thread_lease_key"]
+__all__ = [
+    "Delivery", "Message", "ThreadRoute", "decode_thread_key", "encode_thread_key",
+    "thread_lease_key",
+]
 
 # -- the ownership decision; returns (action, run_id, seq, duplicate)
 SEND = (
@@ -72,7 +86,7 @@ TAKE = (
 )
 # -- the thread key of a run (NULL: not a thread run)
 RUN_THREAD = "SELECT thread_key FROM pgdurable.runs WHERE id = %s::uuid"
-# -- one row of the thread_owners view
+# -- one row of the thread_owners view (parameter: the stored key, encode_thread_key)
 OWNER = (
     "SELECT thread_key, run_id, lease_owner, lease_token, lease_expires_at, owned, run_status, "
     "inbox_depth, last_message_seq, stream_position, runs_started "
@@ -80,12 +94,49 @@ OWNER = (
 )
 
 _PREFIX = "pgdurable.thread:"
+_ESCAPE = re.compile(r"\\(.?)", re.DOTALL)  # a backslash and the char after it (if any)
+
+
+def encode_thread_key(thread_key: object) -> str:
+    """A thread key as stored in the ``thread_key`` columns: ``\\`` -> ``\\\\``, NUL -> ``\\0``.
+
+    Any non-empty ``str`` is a key; ``TypeError`` for a non-str, ``ValueError``
+    for ``""`` or a lone surrogate (not encodable as UTF-8). The result has no
+    NUL, and a prefix of a key that does not end inside an escape encodes to
+    a prefix of the key's encoding. :func:`decode_thread_key` reverses it.
+    """
+    if not isinstance(thread_key, str):
+        raise TypeError(f"thread_key must be a str, not {type(thread_key).__name__}")
+    if not thread_key:
+        raise ValueError("thread_key must be a non-empty string")
+    try:
+        thread_key.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("thread_key is not valid Unicode (it contains a lone surrogate)") from None
+    return thread_key.replace("\\", "\\\\").replace("\x00", "\\0")
+
+
+def _unescape(m: re.Match[str]) -> str:
+    if m[1] == "\\":
+        return "\\"
+    if m[1] == "0":
+        return "\x00"
+    escape = "\\" + m[1]
+    raise ValueError(f"not an escaped thread key: {escape!r} (the escapes are \\\\ and \\0)")
+
+
+def decode_thread_key(stored: str) -> str:
+    """The original key of a stored (escaped) thread key; ``ValueError`` if malformed."""
+    return _ESCAPE.sub(_unescape, stored) if "\\" in stored else stored
 
 
 def thread_lease_key(thread_key: str) -> str:
-    """The lease key of a thread (for :class:`~pgdurable.PostgresLeaseProvider` calls)."""
-    q.check_name(thread_key, "thread_key")
-    return _PREFIX + thread_key
+    """The lease key of a thread (for :class:`~pgdurable.PostgresLeaseProvider` calls).
+
+    ``"pgdurable.thread:"`` + the escaped key, as the SQL function
+    ``pgdurable.thread_lease_key(stored key)`` computes it.
+    """
+    return _PREFIX + encode_thread_key(thread_key)
 
 
 @dataclass(frozen=True)
@@ -114,12 +165,12 @@ class Message:
     payload: Any
     sender: str | None
     created_at: datetime
-    thread_key: str
+    thread_key: str  # the original key (decoded)
 
 
 @dataclass(frozen=True)
 class ThreadRoute:
-    """Which task runs the threads whose key starts with ``prefix``."""
+    """Which task runs the threads whose key starts with ``prefix`` (original keys, NUL allowed)."""
 
     prefix: str
     task: str
@@ -145,8 +196,8 @@ class ThreadRoutes:
         revision: str | None = None,
     ) -> ThreadRoute:
         """Validate and register a route (replacing one with the same prefix)."""
-        if not isinstance(prefix, str) or "\x00" in prefix:
-            raise ValueError("thread prefix must be a str without NUL ('' = every thread)")
+        if not isinstance(prefix, str):
+            raise TypeError("thread prefix must be a str ('' = every thread)")
         q.check_name(task, "task")
         q.check_name(queue, "queue")
         if isinstance(priority, bool) or not isinstance(priority, int):
@@ -162,7 +213,7 @@ class ThreadRoutes:
         return route
 
     def resolve(self, thread_key: str) -> ThreadRoute:
-        """The route of ``thread_key`` (:class:`UnknownTask` if none matches)."""
+        """The route of ``thread_key`` (the original key; :class:`UnknownTask` if none matches)."""
         best: ThreadRoute | None = None
         for prefix, route in self.routes.items():
             if thread_key.startswith(prefix) and (best is None or len(prefix) > len(best.prefix)):
@@ -193,7 +244,7 @@ def send_params(
     state: object,
 ) -> tuple[tuple[Any, ...], str]:
     """Validate a send (before any SQL); return the SEND parameters and the message id."""
-    q.check_name(thread_key, "thread_key")
+    stored_key = encode_thread_key(thread_key)
     assert isinstance(thread_key, str)
     if message_id is None:
         message_id = uuid.uuid4().hex
@@ -207,7 +258,7 @@ def send_params(
     revision = registry.revision_for(route.task, route.revision)
     attempts = registry.max_attempts_for(route.task)
     params = (
-        thread_key, message_id, payload, sender, route.task, revision, route.queue,
+        stored_key, message_id, payload, sender, route.task, revision, route.queue,
         route.priority, attempts, state_json, route.idle_ttl,
     )
     return params, message_id
@@ -224,7 +275,7 @@ def parse_delivery(row: tuple[Any, ...] | None, message_id: str) -> Delivery:
 
 def parse_message(row: tuple[Any, ...]) -> Message:
     """A TAKE row as :class:`Message`."""
-    return Message(int(row[0]), row[1], row[2], row[3], row[4], row[5])
+    return Message(int(row[0]), row[1], row[2], row[3], row[4], decode_thread_key(row[5]))
 
 
 async def take(ctx: RunContext) -> list[Message]:
@@ -237,5 +288,5 @@ async def take(ctx: RunContext) -> list[Message]:
         ctx.thread_key = messages[0].thread_key
     elif ctx.thread_key is None:
         row = await app.fetchone(RUN_THREAD, (rid,))
-        ctx.thread_key = None if row is None else row[0]
+        ctx.thread_key = None if row is None or row[0] is None else decode_thread_key(row[0])
     return messages

@@ -45,6 +45,22 @@
 -- waits for a runs row lock (it wakes with SKIP LOCKED and otherwise leaves a
 -- pending signal).
 --
+-- THREAD KEYS. A key is any non-empty string, NUL included (Mastra's keys are
+-- resource || NUL || thread), but text cannot hold NUL, so every thread_key
+-- column (threads, thread_messages, runs, thread_owners) and the inbox signal
+-- ref hold an ESCAPED form: a backslash is stored as two backslashes and NUL
+-- as backslash-zero; nothing else changes. Python encodes/decodes it in one
+-- place (pgdurable.threads.encode_thread_key / decode_thread_key), so
+-- ctx.thread_key and Message.thread_key are the original key. In psql,
+-- 'chat:42' reads as itself, Mastra's key 'user-1' NUL 'thread-9' as
+-- 'user-1\0thread-9' and the key 'C:\tmp' as 'C:\\tmp' (with
+-- standard_conforming_strings on, as these literals are written). Only the
+-- two escapes are valid (pgdurable.is_thread_key; send_message raises PD000
+-- for anything else), so every stored key decodes to exactly one string and
+-- equal keys are equal stored texts. The thread lease key is
+-- 'pgdurable.thread:' || the escaped key. Prefix routing (thread_task) is
+-- done in Python on the original keys, never in SQL.
+--
 -- OUTPUT STREAM. emit_event appends to pgdurable.run_events under the run's
 -- lease fence, keyed by (run, step, idx): a retried step re-emitting its
 -- idx-th event overwrites that row in place instead of appending (no
@@ -54,12 +70,26 @@
 -- the same transaction (so a reader sees completion after the last event).
 
 ------------------------------------------------------------------------------
+-- pgdurable.is_thread_key(text) -> boolean
+-- True when the text is a valid stored (escaped) thread key: non-empty, every
+-- backslash starts one of the escapes \\ (a backslash) or \0 (NUL).
+-- From psql: SELECT pgdurable.is_thread_key('user-1\0thread-9');  -- true
+------------------------------------------------------------------------------
+CREATE FUNCTION pgdurable.is_thread_key(p text) RETURNS boolean
+LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE AS $$
+  SELECT p ~ '^([^\\]|\\[\\0])+$'
+$$;
+COMMENT ON FUNCTION pgdurable.is_thread_key(text) IS
+  'True for a valid stored thread key: non-empty, a backslash only in the escapes \\ (backslash) and \0 (NUL).';
+
+------------------------------------------------------------------------------
 -- Schema additions
 ------------------------------------------------------------------------------
 ALTER TABLE pgdurable.runs ADD COLUMN thread_key text CHECK (thread_key <> '');
 ALTER TABLE pgdurable.runs ADD COLUMN thread_no integer;
 COMMENT ON COLUMN pgdurable.runs.thread_key IS
-  'Thread the run owns (or owned) when it was started by send_message or a thread handoff; NULL otherwise.';
+  'Thread the run owns (or owned) when it was started by send_message or a thread handoff (escaped key, '
+  'see threads.thread_key); NULL otherwise.';
 COMMENT ON COLUMN pgdurable.runs.thread_no IS
   'Position of the run among its thread''s runs (1, 2, ...); orders a thread''s output stream.';
 -- never updated after insert: keeps heartbeats HOT
@@ -81,7 +111,7 @@ CREATE UNIQUE INDEX run_events_step_idx ON pgdurable.run_events (run_id, step, i
   WHERE step IS NOT NULL;
 
 CREATE TABLE pgdurable.threads (
-  thread_key      text        PRIMARY KEY CHECK (thread_key <> ''),
+  thread_key      text        PRIMARY KEY CHECK (pgdurable.is_thread_key(thread_key)),
   next_seq        bigint      NOT NULL DEFAULT 1,
   runs            integer     NOT NULL DEFAULT 0,
   idle_ttl        interval    NOT NULL DEFAULT '1 hour',
@@ -93,7 +123,9 @@ CREATE TABLE pgdurable.threads (
 );
 COMMENT ON TABLE pgdurable.threads IS
   'One row per thread key: its message counter; its row lock serialises sends and handoffs of the thread.';
-COMMENT ON COLUMN pgdurable.threads.thread_key IS 'Thread key (any non-empty text without NUL).';
+COMMENT ON COLUMN pgdurable.threads.thread_key IS
+  'Thread key, escaped: a backslash is stored as \\ and NUL as \0, everything else as itself '
+  '(''chat:42''; Mastra''s resource NUL thread reads ''resource\0thread'').';
 COMMENT ON COLUMN pgdurable.threads.next_seq IS 'Sequence number the next message of the thread gets.';
 COMMENT ON COLUMN pgdurable.threads.runs IS 'How many runs the thread has started (the last one''s thread_no).';
 COMMENT ON COLUMN pgdurable.threads.idle_ttl IS
@@ -129,7 +161,7 @@ CREATE TABLE pgdurable.thread_messages (
 );
 COMMENT ON TABLE pgdurable.thread_messages IS
   'Thread inboxes: every message sent to a thread, in order; consumed exactly once by the owning run''s checkpointed step.';
-COMMENT ON COLUMN pgdurable.thread_messages.thread_key IS 'Thread the message was sent to.';
+COMMENT ON COLUMN pgdurable.thread_messages.thread_key IS 'Thread the message was sent to (escaped key).';
 COMMENT ON COLUMN pgdurable.thread_messages.seq IS 'Order within the thread (1, 2, ...; the order of commits of send_message).';
 COMMENT ON COLUMN pgdurable.thread_messages.message_id IS
   'Caller-chosen (or generated) id, unique per thread: the same id is stored once; another payload is a SignalConflict.';
@@ -151,7 +183,8 @@ CREATE INDEX thread_messages_pending_idx ON pgdurable.thread_messages (thread_ke
 
 ------------------------------------------------------------------------------
 -- pgdurable.thread_lease_key(thread_key) -> bytea
--- The pgdurable.leases key of a thread: UTF-8 of 'pgdurable.thread:' || key.
+-- The pgdurable.leases key of a thread: UTF-8 of 'pgdurable.thread:' || key,
+-- the key in its stored (escaped) form, as in threads.thread_key.
 -- From psql: SELECT * FROM pgdurable.acquire_lease(pgdurable.thread_lease_key('chat:1'), ...).
 ------------------------------------------------------------------------------
 CREATE FUNCTION pgdurable.thread_lease_key(p_thread text) RETURNS bytea
@@ -301,6 +334,7 @@ COMMENT ON FUNCTION pgdurable._thread_new_run(uuid, text, text, text, text, inte
 --   (acquire, or transfer from a finished holder); its state is the final
 --   state of the thread's previous run, else state.
 -- * a live lease held by an owner that is not a run attempt -> PD001.
+-- thread is the stored (escaped) key (pgdurable.is_thread_key).
 -- Bad input -> PD000. Never reports delivery without a recipient (run_id is
 -- always a run that exists and is unfinished at commit).
 ------------------------------------------------------------------------------
@@ -330,6 +364,10 @@ BEGIN
      OR (p_idle_ttl IS NOT NULL AND p_idle_ttl <= '0') THEN
     RAISE EXCEPTION 'send_message: thread, message_id, payload, task, revision, queue and '
       'max_attempts >= 1 are required (idle_ttl > 0)' USING ERRCODE = 'PD000';
+  END IF;
+  IF NOT pgdurable.is_thread_key(p_thread) THEN
+    RAISE EXCEPTION 'send_message: thread % is not an escaped thread key (a backslash is only '
+      'valid in \\ for a backslash or \0 for NUL)', p_thread USING ERRCODE = 'PD000';
   END IF;
   lk := pgdurable.thread_lease_key(p_thread);
   INSERT INTO pgdurable.threads AS x (thread_key, idle_ttl)
@@ -752,7 +790,8 @@ CREATE VIEW pgdurable.thread_owners AS
         ORDER BY x.thread_no DESC LIMIT 1));
 COMMENT ON VIEW pgdurable.thread_owners IS
   'One row per thread: the run that owns it (live thread lease), its inbox depth and its stream position.';
-COMMENT ON COLUMN pgdurable.thread_owners.thread_key IS 'Thread key.';
+COMMENT ON COLUMN pgdurable.thread_owners.thread_key IS
+  'Thread key, escaped (\\ is a backslash, \0 is NUL; see threads.thread_key).';
 COMMENT ON COLUMN pgdurable.thread_owners.run_id IS 'Run owning the thread now (NULL when the lease is free or lapsed).';
 COMMENT ON COLUMN pgdurable.thread_owners.lease_owner IS 'Holder (or last holder) of the thread lease, <run id>:<attempt token>.';
 COMMENT ON COLUMN pgdurable.thread_owners.lease_token IS 'Fencing token of the thread lease.';

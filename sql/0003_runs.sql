@@ -138,6 +138,7 @@ COMMENT ON FUNCTION pgdurable.start_run(text, text, jsonb, text, integer, intege
 -- traceback: NULL}. A run whose cancel was requested becomes cancelled.
 -- Failed/cancelled rows are returned with that status and must not be
 -- executed. Rows with status 'leased' are the caller's to run.
+-- p_ttl NULL or <= 0: PD000, nothing claimed.
 ------------------------------------------------------------------------------
 CREATE FUNCTION pgdurable.claim_runs(
   p_owner text, p_queues text[], p_tasks text[], p_revisions text[],
@@ -151,6 +152,12 @@ DECLARE
   v_now  timestamptz := pgdurable.now();
   v_keys text[] := ARRAY(SELECT t || E'\x1f' || v FROM unnest(p_tasks, p_revisions) AS u(t, v));
 BEGIN
+  IF p_ttl IS NULL OR p_ttl <= interval '0' THEN
+    -- a NULL lease_expires_at would leave the run leased forever (never
+    -- renewed, never reclaimed)
+    RAISE EXCEPTION 'claim_runs: ttl must be a positive interval, got %', p_ttl
+      USING ERRCODE = 'PD000';
+  END IF;
   IF p_limit IS NULL OR p_limit < 1 THEN
     RETURN;
   END IF;
@@ -237,16 +244,25 @@ COMMENT ON FUNCTION pgdurable.claim_runs(text, text[], text[], text[], integer, 
 -- never resurrected). Only lease_expires_at changes (not indexed: HOT).
 -- Runs missing from the result are lost: stop them. cancel_requested tells
 -- the worker a cancel is pending (backup for a missed NOTIFY).
+-- p_ttl NULL or <= 0: PD000, nothing renewed (a NULL expiry would strand
+-- the run: leased forever, never reclaimed).
 ------------------------------------------------------------------------------
 CREATE FUNCTION pgdurable.renew_runs(p_owner text, p_ids uuid[], p_tokens bigint[],
                                      p_ttl interval)
 RETURNS TABLE (id uuid, lease_expires_at timestamptz, cancel_requested boolean)
-LANGUAGE sql AS $$
+LANGUAGE plpgsql AS $$
+BEGIN
+  IF p_ttl IS NULL OR p_ttl <= interval '0' THEN
+    RAISE EXCEPTION 'renew_runs: ttl must be a positive interval, got %', p_ttl
+      USING ERRCODE = 'PD000';
+  END IF;
+  RETURN QUERY
   UPDATE pgdurable.runs r SET lease_expires_at = pgdurable.now() + p_ttl
   FROM unnest(p_ids, p_tokens) AS u(id, token)
   WHERE r.id = u.id AND r.lease_token = u.token AND r.lease_owner = p_owner
     AND r.status = 'leased' AND r.lease_expires_at > pgdurable.now()
-  RETURNING r.id, r.lease_expires_at, r.cancel_requested_at IS NOT NULL
+  RETURNING r.id, r.lease_expires_at, r.cancel_requested_at IS NOT NULL;
+END
 $$;
 COMMENT ON FUNCTION pgdurable.renew_runs(text, uuid[], bigint[], interval) IS
   'Heartbeat: renew all of a worker''s live leases in one UPDATE; returns the renewed ones.';
@@ -413,13 +429,30 @@ COMMENT ON FUNCTION pgdurable._checkpoint(pgdurable.runs, bigint, jsonb, numeric
 -- read from the statement's snapshot (under a valid fence nothing else
 -- changes it). One statement and one commit for a whole batch of steps: the
 -- worker sends the steps that finished while its previous batch was in
--- flight (group commit from the client side).
+-- flight (group commit from the client side). Arrays of different lengths,
+-- a repeated id, or a NULL id/token/state/done: PD000, nothing written.
 ------------------------------------------------------------------------------
 CREATE FUNCTION pgdurable.write_steps(p_owner text, p_ids uuid[], p_tokens bigint[],
                                       p_states jsonb[], p_spends numeric[], p_done boolean[],
                                       p_results jsonb[])
 RETURNS TABLE (id uuid, status text)
-LANGUAGE sql AS $$
+LANGUAGE plpgsql AS $$
+DECLARE
+  n integer := cardinality(p_ids);
+BEGIN
+  -- unnest pads shorter arrays with NULL: a missing done[i] would leave run i
+  -- 'leased' with no lease owner or expiry (stranded forever), a duplicate id
+  -- would report a state as written that was not
+  IF n IS NULL OR cardinality(p_tokens) IS DISTINCT FROM n
+     OR cardinality(p_states) IS DISTINCT FROM n OR cardinality(p_spends) IS DISTINCT FROM n
+     OR cardinality(p_done) IS DISTINCT FROM n OR cardinality(p_results) IS DISTINCT FROM n
+     OR array_position(p_ids, NULL) IS NOT NULL OR array_position(p_tokens, NULL) IS NOT NULL
+     OR array_position(p_states, NULL) IS NOT NULL OR array_position(p_done, NULL) IS NOT NULL
+     OR (SELECT count(DISTINCT x) FROM unnest(p_ids) x) <> n THEN
+    RAISE EXCEPTION 'write_steps: ids, tokens, states, spends, done and results must have the '
+      'same length, distinct ids and no NULL id, token, state or done' USING ERRCODE = 'PD000';
+  END IF;
+  RETURN QUERY
   WITH i AS (
     SELECT * FROM unnest(p_ids, p_tokens, p_states, p_spends, p_done, p_results)
                   AS i(id, token, state, spend, done, result)
@@ -451,7 +484,8 @@ LANGUAGE sql AS $$
            (SELECT o.wake FROM pgdurable.runs o WHERE o.id = u.id)
       FROM u
   )
-  SELECT i.id, coalesce(u.status, 'lost') FROM i LEFT JOIN u ON u.id = i.id
+  SELECT i.id, coalesce(u.status, 'lost') FROM i LEFT JOIN u ON u.id = i.id;
+END
 $$;
 COMMENT ON FUNCTION pgdurable.write_steps(text, uuid[], bigint[], jsonb[], numeric[], boolean[], jsonb[]) IS
   'Fenced, batched: checkpoint (and complete) many runs in one statement; fence failures -> lost.';

@@ -32,6 +32,10 @@ COMMENT ON COLUMN pgdurable.signals.woke IS
 -- park_run: pending signals addressed to one run (signal_run), by run.
 CREATE INDEX signals_pending_run_idx ON pgdurable.signals (run_id, kind, id)
   WHERE consumed_at IS NULL AND run_id IS NOT NULL;
+-- Deleting a run (prune_runs) cascades to signals.run_id (ON DELETE CASCADE)
+-- and prune_runs deletes by run_id, consumed ones included: without this
+-- index each deleted run scans the whole signals table.
+CREATE INDEX signals_run_idx ON pgdurable.signals (run_id) WHERE run_id IS NOT NULL;
 
 ------------------------------------------------------------------------------
 -- pgdurable._signal_dup(signal_id, kind, ref, payload, run_id) -> uuid[]
@@ -220,7 +224,8 @@ COMMENT ON FUNCTION pgdurable.signal_run(uuid, text, jsonb, text, interval) IS
 --   -> TABLE(status text, wake_at timestamptz)
 -- FENCED (PD001). Checkpoint the state, then park the run: status 'waiting',
 -- lease released, wait_kind/wait_ref/wait_since/wake_at set. kind/ref both
--- NULL = a plain timer (Sleep); wake_at NULL = no timeout. wake_at is capped
+-- NULL = a plain timer (Sleep), which needs wake_at or wake_in (else PD000);
+-- with a signal, wake_at and wake_in NULL = no timeout. wake_at is capped
 -- at the run's deadline (so a parked run wakes to fail on time). wake_in (an
 -- interval from now, database clock) is used when wake_at is NULL.
 -- With kind/ref: takes pg_advisory_xact_lock(wait_lock_key(kind, ref)) (and
@@ -245,6 +250,11 @@ DECLARE
 BEGIN
   IF (p_kind IS NULL) <> (p_ref IS NULL) OR p_kind = '' OR p_ref = '' THEN
     RAISE EXCEPTION 'park_run: kind and ref must both be non-empty or both NULL'
+      USING ERRCODE = 'PD000';
+  END IF;
+  IF p_kind IS NULL AND p_wake_at IS NULL AND p_wake_in IS NULL THEN
+    -- a timer with no time: parked on nothing, nothing could ever wake it
+    RAISE EXCEPTION 'park_run: a timer (kind and ref NULL) needs wake_at or wake_in'
       USING ERRCODE = 'PD000';
   END IF;
   PERFORM pgdurable._checkpoint(r, p_token, p_state, p_spend);

@@ -128,6 +128,10 @@ COMMENT ON FUNCTION pgdurable.start_run(text, text, jsonb, text, integer, intege
 -- (b) leased with an expired lease (crash recovery), (c) waiting with
 -- wake_at <= now (timers; wake = {type: 'timeout', at}). Only runs whose
 -- (task, revision) pair is in (p_tasks[i], p_revisions[i]) are taken.
+-- The p_limit runs claimed are the best of the three branches together, by
+-- priority DESC, then how long they have been due (available_at,
+-- lease_expires_at or wake_at): a runnable backlog never starves crash
+-- recovery or due timers.
 -- Each claimed run gets lease_token + 1, lease_owner = p_owner,
 -- lease_expires_at = now + p_ttl, claims + 1.
 -- Branch (b) is a reclaim (crash recovery), counted in reclaims, NOT in
@@ -165,7 +169,8 @@ BEGIN
   WITH a AS MATERIALIZED (
     -- per queue an index-ordered, LIMITed scan (no sort of the backlog), then
     -- the best p_limit of those across queues
-    SELECT x.id, 'runnable'::text AS branch, 'run'::text AS verdict, NULL::integer AS bound
+    SELECT x.id, 'runnable'::text AS branch, 'run'::text AS verdict, NULL::integer AS bound,
+           x.priority, x.available_at AS due
       FROM unnest(p_queues) AS qn(name)
      CROSS JOIN LATERAL (
        SELECT r.id, r.priority, r.available_at FROM pgdurable.runs r
@@ -179,23 +184,29 @@ BEGIN
     SELECT r.id, 'expired'::text AS branch,
            CASE WHEN r.cancel_requested_at IS NOT NULL THEN 'cancelled'
                 WHEN r.reclaims >= m.bound THEN 'poison'
-                ELSE 'run' END AS verdict, m.bound
+                ELSE 'run' END AS verdict, m.bound,
+           r.priority, r.lease_expires_at AS due
       FROM pgdurable.runs r
      CROSS JOIN LATERAL (SELECT coalesce(p_max_reclaims[array_position(
                            v_keys, r.task || E'\x1f' || r.revision)], 5) AS bound) m
      WHERE r.status = 'leased' AND r.queue = ANY (p_queues) AND r.lease_expires_at <= v_now
        AND r.task || E'\x1f' || r.revision = ANY (v_keys)
+     ORDER BY r.priority DESC, r.lease_expires_at
      LIMIT p_limit FOR UPDATE SKIP LOCKED
   ), c AS MATERIALIZED (
-    SELECT r.id, 'timer'::text AS branch, 'run'::text AS verdict, NULL::integer AS bound
+    SELECT r.id, 'timer'::text AS branch, 'run'::text AS verdict, NULL::integer AS bound,
+           r.priority, r.wake_at AS due
       FROM pgdurable.runs r
      WHERE r.status = 'waiting' AND r.wake_at IS NOT NULL AND r.queue = ANY (p_queues)
        AND r.wake_at <= v_now AND r.task || E'\x1f' || r.revision = ANY (v_keys)
      ORDER BY r.wake_at
      LIMIT p_limit FOR UPDATE SKIP LOCKED
   ), cand AS MATERIALIZED (
-    SELECT * FROM a UNION ALL SELECT * FROM b UNION ALL SELECT * FROM c
-    LIMIT p_limit
+    -- one order across the branches (priority, then longest due), so that a
+    -- runnable backlog cannot starve crash recovery (b) or due timers (c)
+    SELECT * FROM (SELECT * FROM a UNION ALL SELECT * FROM b UNION ALL SELECT * FROM c) k
+     ORDER BY k.priority DESC, k.due
+     LIMIT p_limit
   ), upd AS (
     -- k.verdict: 'run' | 'cancelled' | 'poison' (decided in branch b)
     UPDATE pgdurable.runs r SET

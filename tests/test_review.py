@@ -155,3 +155,46 @@ def test_park_run_timer_without_a_wake_time_is_rejected(conn: Conn) -> None:
         (rid, token),
     ).fetchone()
     assert row == ("waiting", None)
+
+
+def test_claim_does_not_starve_expired_leases_and_due_timers(conn: Conn) -> None:
+    """claim_runs took runnable runs first and cut the union at p_limit, so
+    while the runnable backlog filled every claim, a run whose worker crashed
+    (expired lease) or whose timer was due was never claimed: its "future"
+    never came (invariant 3; Sleep overshoot without bound). Same priority:
+    the run that has been due the longest is claimed first, whatever the
+    branch; a higher priority still goes first."""
+    crashed, sleeper = _start(conn), _start(conn)
+    tokens = {row[0]: row[2] for row in _claim(conn)}
+    # sleeper: a timer due since 2000; crashed: its worker's lease lapsed in 2000
+    conn.execute(
+        "SELECT * FROM pgdurable.park_run(%s, %s, 'w1', '{}'::jsonb, 0, NULL, NULL, "
+        "'2000-01-01 00:00:00+00', NULL)",
+        (sleeper, tokens[sleeper]),
+    )
+    conn.execute(
+        "UPDATE pgdurable.runs SET lease_expires_at = '2000-01-01 00:00:01+00' WHERE id = %s",
+        (crashed,),
+    )
+    backlog = [_start(conn) for _ in range(3)]  # runnable since now
+    got = []
+    for _ in range(2):
+        [(rid, status, _)] = conn.execute(
+            "SELECT id, status, lease_token FROM pgdurable.claim_runs('w2', ARRAY['default'], "
+            "ARRAY['t'], ARRAY['r1'], 1, '30 s'::interval)"
+        ).fetchall()
+        assert status == "leased"
+        got.append(rid)
+    assert got == [sleeper, crashed]
+    # priority still wins over age
+    high = conn.execute(
+        "SELECT run_id FROM pgdurable.start_run('t', 'r1', '{}'::jsonb, 'default', 5, 3, NULL, "
+        "NULL, NULL, NULL)"
+    ).fetchone()
+    assert high is not None
+    claim = (
+        "SELECT id FROM pgdurable.claim_runs('w2', ARRAY['default'], ARRAY['t'], ARRAY['r1'], "
+        "%s, '30 s'::interval)"
+    )
+    assert conn.execute(claim, (1,)).fetchall() == [(high[0],)]
+    assert {r[0] for r in conn.execute(claim, (10,)).fetchall()} == set(backlog)

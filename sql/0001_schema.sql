@@ -26,7 +26,8 @@ COMMENT ON FUNCTION pgdurable.now() IS
 -- leases: one row per lease key (the seed''s LeaseProvider contract).
 ------------------------------------------------------------------------------
 CREATE TABLE pgdurable.leases (
-  key         bytea       PRIMARY KEY,
+  key         bytea       NOT NULL,
+  key_hash    bytea       GENERATED ALWAYS AS (sha256(key)) STORED PRIMARY KEY,
   owner       bytea,
   token       bigint      NOT NULL DEFAULT 0,
   expires_at  timestamptz,
@@ -42,6 +43,9 @@ COMMENT ON TABLE pgdurable.leases IS
   'A released lease keeps its row so that tokens stay monotonic per key.';
 COMMENT ON COLUMN pgdurable.leases.key IS
   'Lease key as UTF-8 bytes (bytea, so that any string, including NUL, round-trips).';
+COMMENT ON COLUMN pgdurable.leases.key_hash IS
+  'sha256 of key: the primary key, so that keys of any length (B-tree entries are '
+  'limited to about 2.7 kB) are unique; lookups by key use the hash index leases_key_idx.';
 COMMENT ON COLUMN pgdurable.leases.owner IS
   'Current holder as UTF-8 bytes; NULL when released. Live only while expires_at > pgdurable.now().';
 COMMENT ON COLUMN pgdurable.leases.token IS
@@ -52,6 +56,8 @@ COMMENT ON COLUMN pgdurable.leases.acquired_at IS
   'When the current owner was granted the lease (acquire or transfer).';
 COMMENT ON COLUMN pgdurable.leases.renewed_at IS
   'When the current owner last renewed or re-acquired the lease.';
+-- Equality lookups by key of any length (a hash index stores only the hash).
+CREATE INDEX leases_key_idx ON pgdurable.leases USING hash (key);
 
 ------------------------------------------------------------------------------
 -- runs: one row per durable run; its lease, wait and checkpoint live here.

@@ -61,7 +61,7 @@ BEGIN
   FOR attempt IN 1..100 LOOP
     INSERT INTO pgdurable.leases AS l (key, owner, token, expires_at, acquired_at, renewed_at)
     VALUES (p_key, p_owner, 1, v_now + v_ttl, v_now, v_now)
-    ON CONFLICT (key) DO UPDATE SET
+    ON CONFLICT (key_hash) DO UPDATE SET
       owner       = excluded.owner,
       token       = CASE WHEN l.owner = excluded.owner AND l.expires_at > v_now
                          THEN l.token ELSE l.token + 1 END,

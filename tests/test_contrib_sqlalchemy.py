@@ -537,8 +537,10 @@ def drift(insp: Any, table: Table) -> list[str]:
             continue  # view columns are always reported nullable, without defaults
         if col.nullable != r["nullable"]:
             problems.append(f"{where}: nullable {col.nullable} != {r['nullable']}")
-        has_default = r["default"] is not None or r.get("identity") is not None
-        defined = col.server_default is not None or col.identity is not None
+        has_default = (r["default"] is not None or r.get("identity") is not None
+                       or r.get("computed") is not None)
+        defined = (col.server_default is not None or col.identity is not None
+                   or col.computed is not None)
         if defined != has_default:
             problems.append(f"{where}: server default {defined} != {has_default}")
     if is_view:

@@ -439,6 +439,9 @@ STRANGE = [
     "\x00\x00lead and trail\x00",
     "back\\slash \\x00 not a nul",
     "x" * 10_240 + "🙂",
+    # 10 kB that does not compress: too big for a B-tree entry, so the key is
+    # unique through its sha256 (leases.key_hash) and looked up by a hash index.
+    "".join(chr(0x4E00 + (i * 7919) % 20_000) for i in range(3_500)),
 ]
 
 

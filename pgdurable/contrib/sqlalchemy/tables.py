@@ -27,6 +27,7 @@ from sqlalchemy import (
     BigInteger,
     Boolean,
     Column,
+    Computed,
     FetchedValue,
     ForeignKey,
     Identity,
@@ -111,7 +112,8 @@ runs = Table(
 leases = Table(
     "leases",
     metadata,
-    Column("key", BYTEA, primary_key=True),
+    Column("key", BYTEA, nullable=False),
+    Column("key_hash", BYTEA, Computed("sha256(key)", persisted=True), primary_key=True),
     Column("owner", BYTEA),
     Column("token", BigInteger, nullable=False, server_default=FetchedValue()),
     _ts("expires_at"),

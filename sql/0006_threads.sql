@@ -685,6 +685,8 @@ CREATE TRIGGER runs_thread_sync
         OR OLD.lease_expires_at IS DISTINCT FROM NEW.lease_expires_at
         OR OLD.step IS DISTINCT FROM NEW.step))
   EXECUTE FUNCTION pgdurable._runs_thread_sync();
+COMMENT ON TRIGGER runs_thread_sync ON pgdurable.runs IS
+  'Keeps a thread run''s thread lease with its current attempt: moves, renews, extends on park, hands off at the end.';
 
 ------------------------------------------------------------------------------
 -- pgdurable._runs_stream_end(): trigger AFTER UPDATE OF status on
@@ -722,6 +724,8 @@ CREATE TRIGGER runs_stream_end
         AND NEW.status IN ('completed', 'failed', 'cancelled', 'incompatible')
         AND OLD.status NOT IN ('completed', 'failed', 'cancelled', 'incompatible'))
   EXECUTE FUNCTION pgdurable._runs_stream_end();
+COMMENT ON TRIGGER runs_stream_end ON pgdurable.runs IS
+  'Appends the final stream event (type end) in the transaction that makes a run terminal.';
 
 ------------------------------------------------------------------------------
 -- pgdurable.prune_thread_messages(older_than, batch) -> bigint

@@ -171,6 +171,21 @@ async def test_retries_then_failed(app: Durable) -> None:
     assert info.error["message"] == "boom 3" and "Traceback" in info.error["traceback"]
 
 
+async def test_a_delayed_retry_runs_without_waiting_for_the_poll(app: Durable) -> None:
+    """A future retry sends no NOTIFY: the worker learns its time from next_wakeup
+    (with a one-hour poll the run could otherwise only finish an hour later)."""
+    @app.task("retry-soon", revision="1", max_attempts=3, retry_base=0.2, retry_cap=0.2)
+    async def retry_soon(ctx: RunContext, state: Any) -> Any:
+        if ctx.attempt == 1:
+            raise RuntimeError("first attempt fails")
+        return Done("ok")
+
+    rid = await app.start("retry-soon", {})
+    async with running(app.worker(poll_interval=3600)):
+        info = await finished(app, rid)
+    assert info.status == "completed" and info.attempts == 1
+
+
 async def test_retry_is_scheduled_with_backoff(app: Durable) -> None:
     @app.task("slowretry", revision="1", max_attempts=5, retry_base=60)
     async def slowretry(ctx: RunContext, state: Any) -> Any:

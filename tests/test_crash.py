@@ -23,13 +23,13 @@ from typing import Any
 
 import psycopg
 import pytest
+from _waiting import WAIT_LIMIT
 
 from pgdurable import LeaseLost
 from pgdurable.errors import translate
 
 ROOT = Path(__file__).resolve().parent.parent
 TESTS = ROOT / "tests"
-WAIT_LIMIT = 60.0
 START = ("SELECT run_id FROM pgdurable.start_run(%s, %s, %s::jsonb, 'default', 0, 3, "
          "NULL, NULL, NULL, NULL)")
 

@@ -8,13 +8,13 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator
 from datetime import timedelta
 from typing import Any
 
 import psycopg
 import pytest
+from _waiting import finished, running
 
 from pgdurable import (
     Done,
@@ -24,46 +24,11 @@ from pgdurable import (
     DurableStep,
     EffectFailed,
     RunContext,
-    RunInfo,
-    Worker,
     define_durable_task,
 )
 from pgdurable.durable_runs import DurableRunContext
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-WAIT_LIMIT = 30.0  # generous bound for "eventually"; not a timing assertion
-
-
-async def until(pred: Callable[[], Awaitable[bool]], what: str) -> None:
-    loop = asyncio.get_running_loop()
-    end = loop.time() + WAIT_LIMIT
-    while not await pred():
-        if loop.time() > end:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.02)
-
-
-async def finished(app: Durable, rid: str) -> RunInfo:
-    info: RunInfo | None = None
-
-    async def done() -> bool:
-        nonlocal info
-        info = await app.get_run(rid)
-        return info.terminal
-
-    await until(done, f"run {rid} to finish")
-    assert info is not None
-    return info
-
-
-@asynccontextmanager
-async def running(worker: Worker) -> AsyncIterator[Worker]:
-    task = asyncio.create_task(worker.run())
-    try:
-        yield worker
-    finally:
-        await worker.stop(grace=2)
-        await task
 
 
 @pytest.fixture

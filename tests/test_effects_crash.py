@@ -21,14 +21,14 @@ from typing import Any
 
 import psycopg
 import pytest
+from _waiting import WAIT_LIMIT, finished
 
-from pgdurable import Durable, RunInfo, Worker
+from pgdurable import Durable, Worker
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tests"))
 import _effects_app as fx  # noqa: E402
 
-WAIT_LIMIT = 60.0  # generous bound for "eventually"; not a timing assertion
 pytestmark = pytest.mark.crash
 
 
@@ -71,18 +71,6 @@ async def resumed(dsn: str) -> AsyncIterator[Durable]:
         await worker.stop(grace=2)
         await task
         await app.close()
-
-
-async def finished(app: Durable, rid: str) -> RunInfo:
-    loop = asyncio.get_running_loop()
-    end = loop.time() + WAIT_LIMIT
-    while True:
-        info = await app.get_run(rid)
-        if info.terminal:
-            return info
-        if loop.time() > end:
-            raise AssertionError(f"run {rid} never finished ({info.status})")
-        await asyncio.sleep(0.05)
 
 
 def effect_row(conn: psycopg.Connection[Any], rid: str, key: str) -> tuple[Any, ...] | None:

@@ -17,6 +17,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from _waiting import WAIT_LIMIT, until
 
 from pgdurable import (
     Done,
@@ -32,7 +33,6 @@ from pgdurable import (
 from pgdurable.errors import translate
 from pgdurable.signals import parse_payload
 
-WAIT_LIMIT = 30.0
 BASE = datetime(2030, 1, 1, tzinfo=UTC)
 
 
@@ -287,14 +287,6 @@ async def app(dsn: str) -> AsyncIterator[Durable]:
     a = Durable(dsn)
     yield a
     await a.close()
-
-
-async def until(pred: Callable[[], Any], what: str) -> None:
-    end = time.monotonic() + WAIT_LIMIT
-    while not await pred():
-        if time.monotonic() > end:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.02)
 
 
 async def test_r4_retried_step_sees_same_wake(app: Durable) -> None:

@@ -18,11 +18,12 @@ from typing import Any
 
 import psycopg
 import pytest
+from _waiting import WAIT_LIMIT, until_sync
 
 from pgdurable import Continue, Done, Durable, RunContext, RunNotFound
 from pgdurable.stream import StreamEvent
 from tests._thread_procs import EVENTS_PER_STEP, STEPS, create_scratch
-from tests.test_threads import WAIT_LIMIT, q1, stop, until_sync, worker_proc
+from tests.test_threads import q1, stop, worker_proc
 
 ROOT = Path(__file__).resolve().parent.parent
 

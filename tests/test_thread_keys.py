@@ -12,11 +12,12 @@ from typing import Any
 
 import psycopg
 import pytest
+from _waiting import WAIT_LIMIT, until
 
 from pgdurable import Done, Durable, DurableClient, RunContext
 from pgdurable.threads import decode_thread_key, encode_thread_key, thread_lease_key
 from tests.test_stream import collect, running
-from tests.test_threads import WAIT_LIMIT, q1, until
+from tests.test_threads import q1
 
 STRANGE = [
     "resource\x00thread",  # Mastra's resource + NUL + thread

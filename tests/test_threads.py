@@ -9,8 +9,7 @@ import os
 import signal
 import subprocess
 import sys
-import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from datetime import timedelta
 from pathlib import Path
@@ -18,6 +17,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from _waiting import WAIT_LIMIT, until, until_sync
 
 from pgdurable import (
     Continue,
@@ -34,24 +34,6 @@ from tests._thread_procs import create_scratch
 
 ROOT = Path(__file__).resolve().parent.parent
 LEASE_HELPER = str(Path(__file__).resolve().parent / "_lease_procs.py")
-WAIT_LIMIT = 60.0  # generous bound for "eventually"; not a timing assertion
-
-
-async def until(pred: Callable[[], Awaitable[bool]], what: str) -> None:
-    loop = asyncio.get_running_loop()
-    end = loop.time() + WAIT_LIMIT
-    while not await pred():
-        if loop.time() > end:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.02)
-
-
-def until_sync(pred: Callable[[], bool], what: str) -> None:
-    end = time.monotonic() + WAIT_LIMIT
-    while not pred():
-        if time.monotonic() > end:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
 
 
 def q1(conn: psycopg.Connection[Any], sql: str, params: tuple[Any, ...] = ()) -> Any:

@@ -8,49 +8,23 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator
 from datetime import timedelta
 from typing import Any
 
 import psycopg
 import pytest
+from _waiting import WAIT_LIMIT, finished, running, until
 
 from pgdurable import (
     Continue,
     Done,
     Durable,
     RunContext,
-    RunInfo,
     Sleep,
     Wait,
-    Worker,
 )
 from pgdurable import _runs_sql as q
-
-WAIT_LIMIT = 30.0  # generous bound for "eventually"; not a timing assertion
-
-
-async def until(pred: Callable[[], Awaitable[bool]], what: str = "condition") -> None:
-    loop = asyncio.get_running_loop()
-    end = loop.time() + WAIT_LIMIT
-    while not await pred():
-        if loop.time() > end:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.02)
-
-
-async def finished(app: Durable, rid: str) -> RunInfo:
-    info: RunInfo | None = None
-
-    async def done() -> bool:
-        nonlocal info
-        info = await app.get_run(rid)
-        return info.terminal
-
-    await until(done, f"run {rid} to finish")
-    assert info is not None
-    return info
 
 
 async def status_is(app: Durable, rid: str, status: str) -> None:
@@ -58,16 +32,6 @@ async def status_is(app: Durable, rid: str, status: str) -> None:
         return (await app.get_run(rid)).status == status
 
     await until(check, f"run {rid} status {status}")
-
-
-@asynccontextmanager
-async def running(worker: Worker) -> AsyncIterator[Worker]:
-    task = asyncio.create_task(worker.run())
-    try:
-        yield worker
-    finally:
-        await worker.stop(grace=2)
-        await task
 
 
 @pytest.fixture
@@ -172,8 +136,9 @@ async def test_retries_then_failed(app: Durable) -> None:
 
 
 async def test_a_delayed_retry_runs_without_waiting_for_the_poll(app: Durable) -> None:
-    """A future retry sends no NOTIFY: the worker learns its time from next_wakeup
-    (with a one-hour poll the run could otherwise only finish an hour later)."""
+    """A future retry sends no NOTIFY: the worker that scheduled it wakes for it
+    itself (with a one-hour poll the run could otherwise only finish an hour later;
+    next_wakeup alone can run before the retry is written, a race seen in the suite)."""
     @app.task("retry-soon", revision="1", max_attempts=3, retry_base=0.2, retry_cap=0.2)
     async def retry_soon(ctx: RunContext, state: Any) -> Any:
         if ctx.attempt == 1:

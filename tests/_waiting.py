@@ -1,0 +1,57 @@
+"""Waiting helpers shared by the tests: poll until a condition holds, with a
+generous bound for "eventually" (a hang fails the test; not a timing assertion)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+from pgdurable import Durable, RunInfo, Worker
+
+WAIT_LIMIT = 60.0
+
+
+async def until(pred: Callable[[], Awaitable[Any]], what: str = "condition") -> None:
+    """Await ``pred()`` every 20 ms until it is truthy (fail after WAIT_LIMIT)."""
+    end = time.monotonic() + WAIT_LIMIT
+    while not await pred():
+        if time.monotonic() > end:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.02)
+
+
+def until_sync(pred: Callable[[], Any], what: str = "condition") -> None:
+    """Sync twin of :func:`until`."""
+    end = time.monotonic() + WAIT_LIMIT
+    while not pred():
+        if time.monotonic() > end:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.02)
+
+
+async def finished(app: Durable, rid: str) -> RunInfo:
+    """The run's info once it is terminal."""
+    info: RunInfo | None = None
+
+    async def done() -> bool:
+        nonlocal info
+        info = await app.get_run(rid)
+        return info.terminal
+
+    await until(done, f"run {rid} to finish")
+    assert info is not None
+    return info
+
+
+@asynccontextmanager
+async def running(worker: Worker) -> AsyncIterator[Worker]:
+    """Run ``worker`` in this event loop for the block; stop it gracefully after."""
+    task = asyncio.create_task(worker.run())
+    try:
+        yield worker
+    finally:
+        await worker.stop(grace=2)
+        await task

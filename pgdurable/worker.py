@@ -617,10 +617,14 @@ class Worker:
         )
         if row is not None and row[0] == "waiting" and row[1] is not None:
             # our own timer: wake for it without waiting for the poll
-            due = time.monotonic() + max(0.0, float(row[2])) + 0.001
-            if self._due_at is None or due < self._due_at:
-                self._due_at = due
-                self._wake.set()
+            self._note_due(float(row[2]))
+
+    def _note_due(self, seconds: float) -> None:
+        """Wake the claim loop in ``seconds`` (a timer or retry this worker set)."""
+        due = time.monotonic() + max(0.0, seconds) + 0.001
+        if self._due_at is None or due < self._due_at:
+            self._due_at = due
+            self._wake.set()
 
     async def _fail(
         self, a: _Active, task: Task, attempts: int, exc: BaseException, spend: float,
@@ -629,10 +633,13 @@ class Worker:
         delay = min(task.retry_cap, task.retry_base * (2 ** min(attempts, 30)))
         delay *= random.uniform(0.5, 1.5)
         err = dumps(q.error_record(exc), "error")
-        await self.app.fetchone(
+        row = await self.app.fetchone(
             q.FAIL,
             (a.run_id, a.token, self.worker_id, err, spend, timedelta(seconds=delay), terminal),
         )
+        if row is not None and row[0] == "runnable":
+            # our own backoff (no NOTIFY for a future retry): wake for it ourselves
+            self._note_due(delay)
 
     async def _effect(
         self, a: _Active, key: str, fn: EffectFn, reconcile: EffectFn | None = None

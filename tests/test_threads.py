@@ -465,7 +465,10 @@ def test_s8_owner_sigkilled_the_thread_moves_and_queued_messages_are_consumed(
         first = client.send("s8", "one")
         a = worker_proc(dsn, ttl=1.5, env=env)
         try:
-            until_sync(lambda: q1(conn, "SELECT count(*) FROM public.t_steps") == 1, "step started")
+            # wait until the step has recorded "one" (it then blocks): killing it
+            # any earlier would make "step 0 saw one twice" a matter of timing
+            until_sync(lambda: q1(conn, "SELECT count(*) FROM public.t_consumed") == 1,
+                       "step 0 consumed 'one'")
             owner1 = q1(conn, "SELECT lease_owner FROM pgdurable.thread_owners")
             second = client.send("s8", "two")
             assert (second.action, second.run_id) == ("deliver", first.run_id)

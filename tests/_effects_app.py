@@ -12,6 +12,7 @@ so executions are counted by the database, not by the process that died.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 from typing import Any
@@ -48,8 +49,15 @@ def count(dsn: str, what: str, run_id: str | None = None) -> int:
 
 
 def _hang() -> None:
+    """Block this thread for good (sync code runs in a worker thread)."""
     while True:
         time.sleep(60)
+
+
+async def _hang_async() -> None:
+    """Block this coroutine for good without blocking the event loop, so the
+    process's other runs still reach their own crash points."""
+    await asyncio.Event().wait()
 
 
 def is_commit_state(value: Any) -> bool:
@@ -71,7 +79,7 @@ def make_app(dsn: str, *, hang: bool = False) -> Durable:
         result = await ctx.effect("charge", charge)
         if hang:
             log(dsn, "after-effect", ctx.run_id)
-            _hang()
+            await _hang_async()
         return Done(result=result)
 
     @app.task("crash_inside_effect", max_attempts=3)
@@ -138,7 +146,6 @@ app = make_app(_DSN, hang=os.environ.get("PGD_EFFECTS_HANG") == "1") if _DSN els
 
 def _race(dsn: str, key: str, gate: int) -> None:
     """Open an app, wait at the parent's gate, then call app.with_idempotency(key)."""
-    import asyncio
     import json
 
     async def main() -> Any:

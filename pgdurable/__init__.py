@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from ._runs_sql import MAX_NAME_BYTES
 from .durable_runs import DurableRunContext
 from .effects import with_idempotency, with_idempotency_sync
 from .errors import (
@@ -77,6 +78,7 @@ def __getattr__(name: str) -> Any:
 __version__ = "0.1.0"
 
 __all__ = [
+    "MAX_NAME_BYTES",
     "Continue",
     "Done",
     "Durable",

@@ -33,6 +33,8 @@ CANCEL = "SELECT pgdurable.cancel_run(%s::uuid)"
 SIGNAL = "SELECT pgdurable.send_signal(%s::text, %s::text, %s::jsonb, %s::text, %s::interval)"
 # -- signal one run (0005); returns its id if it woke (PD002 if unknown)
 SIGNAL_RUN = "SELECT pgdurable.signal_run(%s::uuid, %s::text, %s::jsonb, %s::text, %s::interval)"
+# -- tell the workers of these queues to look again (a stopping worker's timers)
+NOTIFY_QUEUES = "SELECT pg_notify('pgdurable_wake', q) FROM unnest(%s::text[]) AS q"
 # -- claim up to n runs (see the SQL header); the last array: max_reclaims per task
 CLAIM = (
     "SELECT id, task, revision, queue, status, state, step, attempts, max_attempts, "
@@ -79,13 +81,34 @@ EFFECT_FINISH = (
 TERMINAL = frozenset({"completed", "failed", "cancelled", "incompatible"})
 
 
+MAX_NAME_BYTES = 2000
+"""The longest name or key (task, queue, signal kind/ref/id, idempotency key,
+thread key, message id, ...) in UTF-8 bytes: each is a B-tree index key, and
+Postgres refuses index entries over ~2,700 bytes with an untyped error."""
+
+
 def check_name(value: object, what: str) -> str:
-    """A non-empty str without NUL, else TypeError/ValueError naming ``what``."""
+    """A non-empty str without NUL, valid UTF-8, at most :data:`MAX_NAME_BYTES`
+    bytes; else ``TypeError``/``ValueError`` naming ``what``."""
     if not isinstance(value, str):
         raise TypeError(f"{what} must be a str, not {type(value).__name__}")
     if not value or "\x00" in value:
         raise ValueError(f"{what} must be non-empty and without NUL characters")
+    check_size(value, what)
     return value
+
+
+def check_size(value: str, what: str) -> None:
+    """``ValueError`` naming ``what`` if ``value`` is not UTF-8 encodable or
+    longer than :data:`MAX_NAME_BYTES` bytes."""
+    if len(value) * 4 <= MAX_NAME_BYTES and value.isascii():
+        return
+    try:
+        size = len(value.encode("utf-8"))
+    except UnicodeEncodeError:
+        raise ValueError(f"{what} is not valid Unicode (it contains a lone surrogate)") from None
+    if size > MAX_NAME_BYTES:
+        raise ValueError(f"{what} is {size} bytes long; the limit is {MAX_NAME_BYTES} bytes (UTF-8)")
 
 
 def check_run_id(run_id: object) -> uuid.UUID:

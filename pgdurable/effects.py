@@ -68,6 +68,7 @@ from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 from . import _json
 from ._db import LIBRARY_OPTIONS, connect, translated, validate_dsn
+from ._runs_sql import MAX_NAME_BYTES, check_size
 from .errors import DatabaseUnavailable, DeadlineExceeded, EffectFailed, LeaseLost, first_line
 from .migrations import acheck_schema, check_schema
 
@@ -78,7 +79,7 @@ T = TypeVar("T")
 
 DEFAULT_TTL = timedelta(days=1)
 DEFAULT_LEASE = timedelta(seconds=30)
-MAX_KEY_BYTES = 2000  # a btree entry must stay well under ~2700 bytes
+MAX_KEY_BYTES = MAX_NAME_BYTES  # a btree entry must stay well under ~2700 bytes
 
 # -- claim the key or read it as it stands: (claimed, status, owner, result, error, expires_at)
 _CLAIM = "SELECT * FROM pgdurable.idempotency_claim(%s, %s, %s)"
@@ -128,8 +129,7 @@ def validate_key(key: object) -> str:
         raise ValueError("idempotency key must not be empty")
     if "\x00" in key:
         raise ValueError("idempotency key contains a NUL character (\\x00)")
-    if len(key.encode()) > MAX_KEY_BYTES:
-        raise ValueError(f"idempotency key is longer than {MAX_KEY_BYTES} bytes")
+    check_size(key, "idempotency key")
     return key
 
 

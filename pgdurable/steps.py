@@ -29,6 +29,7 @@ from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
+from ._runs_sql import check_size
 from .errors import BudgetExceeded
 
 if TYPE_CHECKING:
@@ -190,6 +191,7 @@ class RunContext:
         """
         if not isinstance(key, str) or not key or "\x00" in key:
             raise ValueError("effect key must be a non-empty str without NUL")
+        check_size(key, "effect key")
         if not callable(fn):
             raise TypeError("effect fn must be callable")
         if self._effect is None:

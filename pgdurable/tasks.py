@@ -66,6 +66,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from . import _json
 from ._db import LIBRARY_OPTIONS, translated, validate_dsn
+from ._runs_sql import check_size
 from .errors import (
     AttemptsExhausted,
     CorruptCheckpoint,
@@ -117,6 +118,7 @@ def _check_name(value: object, what: str) -> str:
         raise ValueError(f"{what} must not be empty")
     if "\x00" in value:
         raise ValueError(f"{what} contains a NUL character (\\x00)")
+    check_size(value, what)
     return value
 
 

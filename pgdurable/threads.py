@@ -101,7 +101,8 @@ def encode_thread_key(thread_key: object) -> str:
     """A thread key as stored in the ``thread_key`` columns: ``\\`` -> ``\\\\``, NUL -> ``\\0``.
 
     Any non-empty ``str`` is a key; ``TypeError`` for a non-str, ``ValueError``
-    for ``""`` or a lone surrogate (not encodable as UTF-8). The result has no
+    for ``""``, a lone surrogate (not encodable as UTF-8) or an escaped key
+    over :data:`~pgdurable._runs_sql.MAX_NAME_BYTES` bytes. The result has no
     NUL, and a prefix of a key that does not end inside an escape encodes to
     a prefix of the key's encoding. :func:`decode_thread_key` reverses it.
     """
@@ -109,11 +110,9 @@ def encode_thread_key(thread_key: object) -> str:
         raise TypeError(f"thread_key must be a str, not {type(thread_key).__name__}")
     if not thread_key:
         raise ValueError("thread_key must be a non-empty string")
-    try:
-        thread_key.encode("utf-8")
-    except UnicodeEncodeError:
-        raise ValueError("thread_key is not valid Unicode (it contains a lone surrogate)") from None
-    return thread_key.replace("\\", "\\\\").replace("\x00", "\\0")
+    stored = thread_key.replace("\\", "\\\\").replace("\x00", "\\0")
+    q.check_size(stored, "thread_key")  # measured escaped, as stored
+    return stored
 
 
 def _unescape(m: re.Match[str]) -> str:

@@ -210,6 +210,7 @@ class Worker:
         try:
             await self._claim_loop()
             await self._drain()
+            await self._hand_off()
         finally:
             for t in helpers:
                 t.cancel()
@@ -237,6 +238,18 @@ class Worker:
                      self.worker_id, len(self._active), self._grace)
         self._stopping = True
         self._wake.set()
+
+    async def _hand_off(self) -> None:
+        """On a graceful stop, if this worker was waiting for a timer or retry
+        (possibly one it set itself, which no NOTIFY announced), notify its
+        queues so that idle workers re-read ``next_wakeup`` now instead of at
+        their next poll. One statement; a failure is only logged."""
+        if self._due_at is None:
+            return
+        try:
+            await self.app.fetchall(q.NOTIFY_QUEUES, (self.queues,))
+        except _DB_ERRORS as exc:
+            log.warning("hand-off notify failed: %s", exc)
 
     def _poke(self) -> None:
         self._pending = True

@@ -397,6 +397,51 @@ async def test_graceful_stop_gives_leases_back(app: Durable) -> None:
     assert info.state == {"first": True}
 
 
+async def test_stopping_worker_hands_its_timer_to_an_idle_worker(dsn: str) -> None:
+    """A parks a run on a timer (no NOTIFY: the run is not runnable yet) and
+    stops gracefully before it is due. B, idle with a one-hour poll, last read
+    ``next_wakeup`` while A's lease still held the run (due: that lease's
+    expiry, five minutes out). A's stop notifies its queues, so B re-reads
+    and runs the timer; without the hand-off B would sleep past WAIT_LIMIT."""
+    in_step, release = asyncio.Event(), asyncio.Event()
+    ran: list[str] = []
+
+    def make(label: str) -> Durable:
+        app = Durable(dsn, pool_size=2)
+
+        @app.task("nap", revision="1")
+        async def nap(ctx: RunContext, state: Any) -> Any:
+            ran.append(f"{label}:{ctx.step}")
+            if ctx.step == 0:
+                in_step.set()
+                await release.wait()
+                return Sleep(seconds=3)
+            return Done({"woke": ctx.wake["type"]})
+
+        return app
+
+    a_app, b_app = make("a"), make("b")
+    async with a_app, b_app:
+        a = a_app.worker(poll_interval=3600, lease_ttl=300)
+        a_task = asyncio.create_task(a.run())
+        rid = await a_app.start("nap", {})
+        await asyncio.wait_for(in_step.wait(), WAIT_LIMIT)
+        b = b_app.worker(poll_interval=3600, lease_ttl=300)
+        async with running(b):
+            async def b_claimed() -> bool:
+                return b.claim_count >= 1
+
+            await until(b_claimed, "B's first claim")
+            await asyncio.sleep(0.2)  # B's next_wakeup after that claim (sees A's lease)
+            release.set()
+            await status_is(a_app, rid, "waiting")
+            await a.stop(grace=1)
+            await a_task
+            info = await finished(b_app, rid)
+    assert info.status == "completed" and info.result == {"woke": "timeout"}
+    assert ran == ["a:0", "b:1"]
+
+
 def test_worker_module_entry_point_sigterm(dsn: str, tmp_path: Any) -> None:
     mod = tmp_path / "wapp.py"
     mod.write_text(

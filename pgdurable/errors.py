@@ -157,7 +157,8 @@ def translate(exc: BaseException) -> BaseException:
     """Map a psycopg error to its pgdurable error; return other errors unchanged.
 
     Custom SQLSTATEs (``PDnnn``) map to their class with the server's message;
-    connection failures become :class:`DatabaseUnavailable`.
+    a program limit (SQLSTATE 54000, e.g. a key too large to index) becomes
+    :class:`InvalidInput`; connection failures become :class:`DatabaseUnavailable`.
     """
     if isinstance(exc, PgDurableError):
         return exc
@@ -168,6 +169,11 @@ def translate(exc: BaseException) -> BaseException:
             err = PgDurableError._by_sqlstate[code](diag)
             err.__cause__ = exc
             return err
+        if code == "54000":  # program_limit_exceeded: e.g. an index entry over ~2.7 kB
+            err1 = InvalidInput("a value is too large for the database to index "
+                                f"(use a shorter key or name): {first_line(str(exc))}")
+            err1.__cause__ = exc
+            return err1
         if isinstance(exc, psycopg.OperationalError) and (
             code is None or code.startswith(("08", "57P"))
         ):

@@ -56,6 +56,7 @@ at every boundary (send, inbox, ``ctx.thread_key``, ``ctx.wait_inbox()``,
 from __future__ import annotations
 
 import re
+import reprlib
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -101,18 +102,24 @@ def encode_thread_key(thread_key: object) -> str:
     """A thread key as stored in the ``thread_key`` columns: ``\\`` -> ``\\\\``, NUL -> ``\\0``.
 
     Any non-empty ``str`` is a key; ``TypeError`` for a non-str, ``ValueError``
-    for ``""``, a lone surrogate (not encodable as UTF-8) or an escaped key
-    over :data:`~pgdurable._runs_sql.MAX_NAME_BYTES` bytes. The result has no
+    for ``""`` or a lone surrogate (not encodable as UTF-8). The result has no
     NUL, and a prefix of a key that does not end inside an escape encodes to
     a prefix of the key's encoding. :func:`decode_thread_key` reverses it.
+
+    Thread keys have no length limit of their own (a 10 kB key works): the
+    database indexes them compressed, and a key too large even so (several kB
+    of incompressible text) is refused by the database as
+    :class:`~pgdurable.InvalidInput`, with nothing written.
     """
     if not isinstance(thread_key, str):
         raise TypeError(f"thread_key must be a str, not {type(thread_key).__name__}")
     if not thread_key:
         raise ValueError("thread_key must be a non-empty string")
-    stored = thread_key.replace("\\", "\\\\").replace("\x00", "\\0")
-    q.check_size(stored, "thread_key")  # measured escaped, as stored
-    return stored
+    try:
+        thread_key.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("thread_key is not valid Unicode (it contains a lone surrogate)") from None
+    return thread_key.replace("\\", "\\\\").replace("\x00", "\\0")
 
 
 def _unescape(m: re.Match[str]) -> str:
@@ -219,7 +226,7 @@ class ThreadRoutes:
                 best = route
         if best is None:
             raise UnknownTask(
-                f"no thread task for {thread_key!r}: register one with "
+                f"no thread task for {reprlib.repr(thread_key)}: register one with "
                 "app.thread_task(prefix, task_name)"
             )
         return best

@@ -1,11 +1,12 @@
 """Names and keys too long for a B-tree index get a clear ValueError before any SQL.
 
-Task and queue names, signal kinds, refs and ids, idempotency keys, thread
-keys, message ids, effect keys and durable task ids are all index keys;
+Task and queue names, signal kinds, refs and ids, idempotency keys, message
+ids, effect keys and durable task ids are all index keys;
 Postgres refuses an index entry over ~2,700 bytes with a raw
 ``ProgramLimitExceeded``. Every entry point checks the UTF-8 length
 (``MAX_NAME_BYTES``) first, names the argument, and writes nothing.
-(Lease keys are the exception: they may be any length, see test_leases.py.)
+(Lease keys may be any length, see test_leases.py; thread keys have no limit
+of their own, and one the database cannot index is refused by it, typed.)
 """
 
 from __future__ import annotations
@@ -18,7 +19,15 @@ import psycopg
 import pytest
 from _waiting import finished, running
 
-from pgdurable import MAX_NAME_BYTES, Done, Durable, DurableClient, PostgresDurableStore, RunContext
+from pgdurable import (
+    MAX_NAME_BYTES,
+    Done,
+    Durable,
+    DurableClient,
+    InvalidInput,
+    PostgresDurableStore,
+    RunContext,
+)
 
 HUGE = secrets.token_hex(3000)  # 6,000 bytes, incompressible
 AT_LIMIT = "é" * (MAX_NAME_BYTES // 2)  # exactly MAX_NAME_BYTES bytes (2 bytes per char)
@@ -51,7 +60,6 @@ CALLS: dict[str, Callable[[Durable, str], Awaitable[Any]]] = {
     "signal kind": lambda app, v: app.signal(v, "ref"),
     "signal ref": lambda app, v: app.signal("kind", v),
     "signal_id": lambda app, v: app.signal("kind", "ref", signal_id=v),
-    "thread_key": lambda app, v: app.send(v, {"text": "hi"}),
     "message_id": lambda app, v: app.send("thread", {"text": "hi"}, message_id=v),
     "idempotency key": lambda app, v: app.with_idempotency(v, lambda: 1),
 }
@@ -70,21 +78,31 @@ async def test_async_app_rejects_oversized_names(dsn: str, conn: psycopg.Connect
 
 def test_sync_client_rejects_oversized_names(dsn: str, conn: psycopg.Connection[Any]) -> None:
     before = counts(conn)
-    with DurableClient(dsn) as client:
-        for call in (lambda: client.start("t", {}, queue=HUGE, revision="1"),
+    with DurableClient(dsn, app=app_for(dsn)) as client:
+        for call in (lambda: client.start("t", {}, queue=HUGE),
                      lambda: client.signal("kind", HUGE),
-                     lambda: client.send(HUGE, {"text": "hi"})):
+                     lambda: client.send("thread", {"text": "hi"}, message_id=HUGE)):
             with pytest.raises(ValueError, match="bytes long; the limit is 2000"):
                 call()
     assert counts(conn) == before
 
 
-def test_thread_key_limit_counts_the_escaped_form(dsn: str, conn: psycopg.Connection[Any]) -> None:
-    """A backslash is stored as two bytes: 1,001 of them are over the limit."""
-    with DurableClient(dsn) as client:
-        with pytest.raises(ValueError, match="thread_key is 2002 bytes long"):
-            client.send("\\" * 1001, {"text": "hi"})
-    assert counts(conn)["threads"] == 0
+async def test_thread_keys_have_no_limit_of_their_own(dsn: str,
+                                                      conn: psycopg.Connection[Any]) -> None:
+    """A long compressible thread key works (test_thread_keys.py sends a 10 kB one);
+    one the database cannot index even compressed is refused by it, typed, and the
+    transaction leaves nothing behind (no thread, no run, no message)."""
+    before = counts(conn)
+    async with app_for(dsn) as app:
+        with pytest.raises(InvalidInput, match="too large for the database to index"):
+            await app.send(HUGE, {"text": "hi"})
+        assert (await app.send("x" * 20_000, {"text": "hi"})).action == "wake"
+    with DurableClient(dsn, app=app_for(dsn)) as client:
+        with pytest.raises(InvalidInput, match="too large for the database to index"):
+            client.send(HUGE + "sync", {"text": "hi"})
+    after = counts(conn)
+    assert after["threads"] == before["threads"] + 1 and after["runs"] == before["runs"] + 1
+    assert after["thread_messages"] == before["thread_messages"] + 1
 
 
 async def test_effect_key_and_durable_task_id_limits(dsn: str,

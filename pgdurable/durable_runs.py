@@ -67,7 +67,6 @@ Errors that must end a run at once (never retried) carry the attribute
 
 from __future__ import annotations
 
-import asyncio
 import inspect
 import json
 from collections.abc import Callable
@@ -79,7 +78,7 @@ from . import _runs_sql as q
 from ._json import dumps
 from .errors import CorruptCheckpoint, ReconcileFailed
 from .runs import Task
-from .steps import Continue, Done, EffectFn, RunContext
+from .steps import Continue, Done, EffectFn, RunContext, in_thread
 from .tasks import (
     CHECKPOINT_VERSION,
     DurableCheckpoint,
@@ -124,7 +123,7 @@ async def _call(fn: Callable[[], Any]) -> Any:
     """Call a no-argument function: async on the loop, sync in a thread."""
     if inspect.iscoroutinefunction(fn):
         return await fn()
-    value = await asyncio.to_thread(fn)
+    value = await in_thread(fn)
     if inspect.isawaitable(value):
         value = await value
     return value
@@ -175,7 +174,7 @@ def _threaded(fn: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
         return fn
 
     async def call(state: Any, context: Any) -> Any:
-        value = await asyncio.to_thread(fn, state, context)
+        value = await in_thread(fn, state, context)
         if inspect.isawaitable(value):
             value = await value
         return value

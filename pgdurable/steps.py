@@ -22,8 +22,11 @@ on the run before the step runs, so a replay after a crash sees the same one.
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import functools
 import math
 from collections.abc import Awaitable, Callable
+from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from decimal import Decimal
@@ -38,6 +41,21 @@ if TYPE_CHECKING:
 __all__ = ["Continue", "Done", "RunContext", "Sleep", "StepResult", "Wait"]
 
 _UNSET: Any = object()
+
+
+STEP_EXECUTOR: contextvars.ContextVar[Executor | None] = contextvars.ContextVar(
+    "pgdurable_step_executor", default=None
+)
+"""The executor sync step code runs in: set by :meth:`Worker.run` to the
+worker's own thread pool; ``None`` (the loop's default executor) elsewhere."""
+
+
+async def in_thread(fn: Callable[..., Any], *args: Any) -> Any:
+    """Run sync step code in a thread, like ``asyncio.to_thread`` (context
+    copied) but on :data:`STEP_EXECUTOR`, so every busy slot of a worker gets a
+    thread of its own instead of queueing behind the loop's default executor."""
+    call = functools.partial(contextvars.copy_context().run, fn, *args)
+    return await asyncio.get_running_loop().run_in_executor(STEP_EXECUTOR.get(), call)
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,8 @@ run):
 * **run tasks** (:meth:`Worker._execute`): one per claimed run; step after
   step within the lease window, then give the run back.
 
-Step code: sync step functions run in a thread (``asyncio.to_thread``) and so
+Step code: sync step functions run in a thread (the worker's own pool: one per
+busy slot, never queued behind the loop's default executor) and so
 cannot block heartbeats; **async step functions must not block the event
 loop** with CPU-bound work (offload it with ``asyncio.to_thread``), or
 heartbeats starve. A cancelled thread step keeps running to its end, but its
@@ -66,6 +67,7 @@ import sys
 import time
 import uuid
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
@@ -83,7 +85,17 @@ from .errors import (
     LeaseLost,
     PgDurableError,
 )
-from .steps import _UNSET, Continue, Done, EffectFn, RunContext, Sleep, Wait
+from .steps import (
+    _UNSET,
+    STEP_EXECUTOR,
+    Continue,
+    Done,
+    EffectFn,
+    RunContext,
+    Sleep,
+    Wait,
+    in_thread,
+)
 
 if TYPE_CHECKING:
     from .runs import Durable, Task
@@ -196,6 +208,14 @@ class Worker:
             raise ValueError("the app has no registered tasks")
         self._running = True
         self._done.clear()
+        # Not the loop's default executor (min(32, cpus + 4) threads, shared):
+        # every slot's sync step must run at once, and a cancelled thread step
+        # that keeps running must not hold up the steps of other runs. Threads
+        # are started only when none is idle, so the bound is only a backstop.
+        executor = ThreadPoolExecutor(
+            max_workers=max(64, 4 * self.concurrency), thread_name_prefix="pgdurable-step"
+        )
+        executor_token = STEP_EXECUTOR.set(executor)  # inherited by the run tasks
         loop = asyncio.get_running_loop()
         handled: list[signal.Signals] = []
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -219,6 +239,8 @@ class Worker:
                     await t
             for sig in handled:
                 loop.remove_signal_handler(sig)
+            STEP_EXECUTOR.reset(executor_token)
+            executor.shutdown(wait=False, cancel_futures=True)
             self._running = False
             self._done.set()
 
@@ -527,7 +549,12 @@ class Worker:
                         return
                     continue
                 if isinstance(result, Done):
-                    result_json = dumps(result.result, "result")
+                    try:
+                        result_json = dumps(result.result, "result")
+                    except (TypeError, ValueError) as exc:
+                        # like a non-JSON state: a bug of the step, not retried
+                        await self._fail(a, task, attempts, _StepTypeError(str(exc)), spend, True)
+                        return
                     await self._writer.write(a, state_json, spend, result_json)
                     return
                 if isinstance(result, Wait):
@@ -570,23 +597,30 @@ class Worker:
                 if task.is_async:
                     result = await task.fn(ctx, state)
                 else:
-                    result = await asyncio.to_thread(task.fn, ctx, state)
+                    result = await in_thread(task.fn, ctx, state)
                     if inspect.isawaitable(result):
                         result = await result
-        except asyncio.CancelledError:
-            if a.stop_reason is None:
-                raise
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException as exc:  # any other error of the step is recorded
             current = asyncio.current_task()
-            if current is not None:
-                current.uncancel()
-            a.in_step = False
-            await self._settle_stopped(a, ctx._pending_spend)
-            return None
-        except TimeoutError as exc:
-            if timeout_cm is not None and timeout_cm.expired():
+            cancelled = current is not None and current.cancelling() > 0
+            if a.stop_reason is not None and (
+                cancelled or isinstance(exc, asyncio.CancelledError)
+            ):
+                # stopped (cancel/lost/shutdown), also when the step turned
+                # the cancellation into an error of its own: not an attempt
+                if current is not None and cancelled:
+                    current.uncancel()
+                a.in_step = False
+                await self._settle_stopped(a, ctx._pending_spend)
+                return None
+            if isinstance(exc, asyncio.CancelledError) and cancelled:
+                raise  # this task is being cancelled from outside (loop shutdown)
+            if isinstance(exc, TimeoutError) and timeout_cm is not None and timeout_cm.expired():
                 return DeadlineExceeded(f"deadline {deadline_at} passed during step {ctx.step}")
-            return exc
-        except Exception as exc:
+            # includes a CancelledError that the step's own code raised
+            # (nobody cancelled this task): a failed attempt like any other
             return exc
         finally:
             a.in_step = False
@@ -645,7 +679,7 @@ class Worker:
     ) -> None:
         delay = min(task.retry_cap, task.retry_base * (2 ** min(attempts, 30)))
         delay *= random.uniform(0.5, 1.5)
-        err = dumps(q.error_record(exc), "error")
+        err = _error_json(exc)
         row = await self.app.fetchone(
             q.FAIL,
             (a.run_id, a.token, self.worker_id, err, spend, timedelta(seconds=delay), terminal),
@@ -673,12 +707,12 @@ class Worker:
             if inspect.iscoroutinefunction(fn):
                 value = await fn()
             else:
-                value = await asyncio.to_thread(fn)
+                value = await in_thread(fn)
                 if inspect.isawaitable(value):
                     value = await value
             text = dumps(value, f"effect {key!r} result")
         except Exception as exc:
-            err = json.dumps({"type": type(exc).__name__, "message": str(exc)})
+            err = dumps({"type": _jsonb_str(type(exc).__name__), "message": _exc_message(exc)})
             await self.app.fetchone(q.EFFECT_FINISH, (*ident, key, False, None, err))
             raise
         await self.app.fetchone(q.EFFECT_FINISH, (*ident, key, True, text, None))
@@ -750,6 +784,29 @@ class _StepWriter:
 
 class _StepTypeError(TypeError):
     """A step returned something that cannot be checkpointed (not retried)."""
+
+
+def _jsonb_str(text: str) -> str:
+    """``text`` that jsonb can store: NUL and lone surrogates escaped."""
+    if "\x00" in text:
+        text = text.replace("\x00", "\\x00")
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def _exc_message(exc: BaseException) -> str:
+    try:
+        return _jsonb_str(str(exc))
+    except Exception:  # a broken __str__ must not lose the error
+        return f"<str() of {type(exc).__name__} failed>"
+
+
+def _error_json(exc: BaseException) -> str:
+    """The ``runs.error`` JSON of ``exc``; any exception text is storable."""
+    try:
+        record = q.error_record(exc)
+    except Exception:  # a broken __str__ must not lose the error
+        record = {"type": type(exc).__name__, "message": _exc_message(exc), "traceback": ""}
+    return dumps({k: _jsonb_str(v) if isinstance(v, str) else v for k, v in record.items()}, "error")
 
 
 def _as_timedelta(value: timedelta | float | None) -> timedelta | None:

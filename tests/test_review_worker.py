@@ -1,0 +1,282 @@
+"""Review of the worker loop: error paths that must still settle the run.
+
+Every test uses a long lease TTL: a run the worker gives up on locally would
+stay ``leased`` for the whole TTL (then be reclaimed as a crash), so "settled
+by the worker" is observable without any timing threshold.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import AsyncIterator
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from _waiting import WAIT_LIMIT, finished, running, until
+
+from pgdurable import Continue, Done, Durable, DurableStep, RunContext, define_durable_task
+from pgdurable.durable_runs import DurableRunContext
+
+LONG_TTL = timedelta(seconds=600)
+
+
+@pytest.fixture
+async def app(dsn: str) -> AsyncIterator[Durable]:
+    a = Durable(dsn)
+    yield a
+    await a.close()
+
+
+async def test_done_with_a_non_json_result_fails_the_run(app: Durable) -> None:
+    """Done(result=<not JSON>) is a step bug like a non-JSON state: the run
+    ends ``failed`` with the TypeError, not left leased until its lease lapses."""
+
+    @app.task("badresult", revision="1")
+    async def badresult(ctx: RunContext, state: Any) -> Any:
+        return Done(result={"when": object()})
+
+    rid = await app.start("badresult", {})
+    async with running(app.worker(lease_ttl=LONG_TTL, poll_interval=0.5)):
+        info = await finished(app, rid)
+    assert info.status == "failed"
+    assert info.error is not None and info.error["type"] == "_StepTypeError"
+    assert "result" in info.error["message"]
+    assert info.attempts == 1  # not retried: the same step gives the same result
+
+
+async def test_step_error_with_nul_in_its_message_is_recorded(app: Durable) -> None:
+    """An exception whose message holds a NUL (binary data in an error text)
+    is still recorded (NUL replaced): jsonb cannot store \\x00."""
+
+    @app.task("nul", revision="1", max_attempts=1)
+    async def nul(ctx: RunContext, state: Any) -> Any:
+        raise ValueError("bad byte \x00 here")
+
+    rid = await app.start("nul", {})
+    async with running(app.worker(lease_ttl=LONG_TTL, poll_interval=0.5)):
+        info = await finished(app, rid)
+    assert info.status == "failed"
+    assert info.error is not None and info.error["type"] == "ValueError"
+    assert info.error["message"].startswith("bad byte ")
+    assert "here" in info.error["message"]
+
+
+async def test_step_error_with_lone_surrogate_in_its_message_is_recorded(app: Durable) -> None:
+    @app.task("surrogate", revision="1", max_attempts=1)
+    async def surrogate(ctx: RunContext, state: Any) -> Any:
+        raise ValueError("undecodable \udcff name")
+
+    rid = await app.start("surrogate", {})
+    async with running(app.worker(lease_ttl=LONG_TTL, poll_interval=0.5)):
+        info = await finished(app, rid)
+    assert info.status == "failed"
+    assert info.error is not None and info.error["type"] == "ValueError"
+    assert info.error["message"].startswith("undecodable ")
+
+
+async def test_cancelled_error_raised_by_step_code_is_a_step_error(app: Durable) -> None:
+    """A CancelledError that the step raises itself (e.g. it awaited a task
+    someone else cancelled) is not a cancel of the run: the attempt fails and
+    is retried; the worker does not abandon the run to its lease."""
+
+    @app.task("selfcancel", revision="1", max_attempts=2, retry_base=0.01, retry_cap=0.01)
+    async def selfcancel(ctx: RunContext, state: Any) -> Any:
+        if ctx.attempt == 1:
+            inner = asyncio.ensure_future(asyncio.sleep(3600))
+            inner.cancel()
+            await inner  # raises CancelledError into this step
+        return Done({"attempt": ctx.attempt})
+
+    rid = await app.start("selfcancel", {})
+    async with running(app.worker(lease_ttl=LONG_TTL, poll_interval=0.5)):
+        info = await finished(app, rid)
+    assert info.status == "completed" and info.result == {"attempt": 2}
+
+
+async def test_base_exception_subclass_from_a_step_is_a_step_error(app: Durable) -> None:
+    class Abort(BaseException):
+        pass
+
+    @app.task("abort", revision="1", max_attempts=1)
+    def abort(ctx: RunContext, state: Any) -> Any:  # sync: runs in a thread
+        raise Abort("stop it")
+
+    rid = await app.start("abort", {})
+    async with running(app.worker(lease_ttl=LONG_TTL, poll_interval=0.5)):
+        info = await finished(app, rid)
+    assert info.status == "failed"
+    assert info.error is not None and info.error["type"] == "Abort"
+
+
+async def test_effect_failure_with_nul_in_its_message_is_recorded(app: Durable) -> None:
+    """An effect that fails with a NUL in its error text is recorded failed
+    (so a retried step gets EffectFailed and does not perform it again)."""
+    calls: list[int] = []
+
+    def charge() -> Any:
+        calls.append(1)
+        raise RuntimeError("card \x00 declined")
+
+    @app.task("pay", revision="1", max_attempts=2, retry_base=0.01, retry_cap=0.01)
+    async def pay(ctx: RunContext, state: Any) -> Any:
+        await ctx.effect("charge", charge)
+        return Done()
+
+    rid = await app.start("pay", {})
+    async with running(app.worker(lease_ttl=LONG_TTL, poll_interval=0.5)):
+        info = await finished(app, rid)
+    assert info.status == "failed"
+    assert info.error is not None and info.error["type"] == "EffectFailed"
+    assert "declined" in info.error["message"]
+    assert calls == [1]
+
+
+async def test_run_continues_normally_after_errors(app: Durable) -> None:
+    """Sanity: a plain Continue/Done run on the same worker still completes."""
+
+    @app.task("plain", revision="1")
+    async def plain(ctx: RunContext, state: dict[str, Any]) -> Any:
+        if ctx.step == 0:
+            return Continue({"n": 1})
+        return Done(state)
+
+    rid = await app.start("plain", {})
+    async with running(app.worker(lease_ttl=LONG_TTL, poll_interval=0.5)):
+        info = await finished(app, rid)
+    assert info.status == "completed" and info.result == {"n": 1}
+
+
+async def test_sync_steps_of_all_slots_run_at_once(app: Durable) -> None:
+    """``concurrency`` sync steps run at the same time, each in its own thread:
+    they are not queued behind the event loop's default executor (whose size
+    is min(32, cpu_count + 4)); 40 slots > 32 on any machine."""
+    n = 40
+    started: set[str] = set()
+    lock = threading.Lock()
+    gate = threading.Event()
+
+    @app.task("blocking", revision="1")
+    def blocking(ctx: RunContext, state: Any) -> Any:
+        with lock:
+            started.add(ctx.run_id)
+        gate.wait()
+        return Done()
+
+    ids = [await app.start("blocking", {}) for _ in range(n)]
+    try:
+        async with running(app.worker(concurrency=n, lease_ttl=LONG_TTL, poll_interval=0.5)):
+            async def all_started() -> bool:
+                return len(started) == n
+
+            await until(all_started, f"{n} sync steps to run at once")
+            gate.set()
+            for rid in ids:
+                assert (await finished(app, rid)).status == "completed"
+    finally:
+        gate.set()
+
+
+async def test_sync_durable_task_steps_of_all_slots_run_at_once(app: Durable) -> None:
+    """The same for the sync steps of a registered durable task definition."""
+    n = 40
+    started: set[str] = set()
+    lock = threading.Lock()
+    gate = threading.Event()
+
+    def block(state: Any, context: DurableRunContext) -> Any:
+        with lock:
+            started.add(context.run.run_id)
+        gate.wait()
+        return {**state, "done": True}
+
+    app.register(define_durable_task(
+        id="blocking-durable", revision="1", is_state=lambda v: isinstance(v, dict),
+        initial_state={}, steps=[DurableStep(id="block", run=block)],
+    ))
+    ids = [await app.start("blocking-durable") for _ in range(n)]
+    try:
+        async with running(app.worker(concurrency=n, lease_ttl=LONG_TTL, poll_interval=0.5)):
+            async def all_started() -> bool:
+                return len(started) == n
+
+            await until(all_started, f"{n} sync durable steps to run at once")
+            gate.set()
+            for rid in ids:
+                assert (await finished(app, rid)).status == "completed"
+    finally:
+        gate.set()
+
+
+async def test_broken_exception_str_is_still_recorded(app: Durable) -> None:
+    class Weird(Exception):
+        def __str__(self) -> str:
+            raise RuntimeError("no text")
+
+    @app.task("weird", revision="1", max_attempts=1)
+    async def weird(ctx: RunContext, state: Any) -> Any:
+        raise Weird()
+
+    rid = await app.start("weird", {})
+    async with running(app.worker(lease_ttl=LONG_TTL, poll_interval=0.5)):
+        info = await finished(app, rid)
+    assert info.status == "failed"
+    assert info.error is not None and info.error["type"] == "Weird"
+
+
+async def test_shutdown_of_a_step_that_turns_cancel_into_an_error_releases_it(
+    app: Durable,
+) -> None:
+    """A step that converts the worker's cancellation into its own exception
+    (``except CancelledError: raise ToolError``) is still a stop, not a failed
+    attempt: a graceful shutdown gives the run back at its checkpoint."""
+
+    class ToolError(Exception):
+        pass
+
+    started = asyncio.Event()
+
+    @app.task("wrapping", revision="1", max_attempts=1)
+    async def wrapping(ctx: RunContext, state: Any) -> Any:
+        started.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError as exc:
+            raise ToolError("tool call interrupted") from exc
+        return Done()
+
+    rid = await app.start("wrapping", {"v": 1})
+    worker = app.worker(lease_ttl=LONG_TTL, poll_interval=5)
+    task = asyncio.create_task(worker.run())
+    await asyncio.wait_for(started.wait(), WAIT_LIMIT)
+    await worker.stop(grace=0.1)
+    await task
+    info = await app.get_run(rid)
+    assert (info.status, info.attempts, info.lease_owner) == ("runnable", 0, None)
+    assert info.error is None
+
+
+async def test_cancel_of_a_step_that_turns_cancel_into_an_error_is_a_cancel(
+    app: Durable,
+) -> None:
+    class ToolError(Exception):
+        pass
+
+    started = asyncio.Event()
+
+    @app.task("wrapping2", revision="1", max_attempts=3)
+    async def wrapping2(ctx: RunContext, state: Any) -> Any:
+        started.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError as exc:
+            raise ToolError("tool call interrupted") from exc
+        return Done()
+
+    rid = await app.start("wrapping2", {})
+    async with running(app.worker(lease_ttl=LONG_TTL, poll_interval=5)):
+        await asyncio.wait_for(started.wait(), WAIT_LIMIT)
+        await app.cancel(rid)
+        info = await finished(app, rid)
+    assert info.status == "cancelled" and info.attempts == 0

@@ -184,6 +184,9 @@ class Worker:
         # seconds for more to free up (under load: fewer, larger claims)
         self._claim_batch = max(1, concurrency // 8)
         self.claim_delay = 0.005
+        # after the grace period, how long stopped runs get to settle (release,
+        # acknowledge a cancel) before stop() gives up on them
+        self.settle_limit = 10.0
         self.heartbeat_count = 0  # renew statements issued
         self.write_count = 0  # write_steps statements issued (each one batch of steps)
         self._writer = _StepWriter(self)
@@ -387,7 +390,14 @@ class Worker:
             self._stop_run(a, "shutdown")
         tasks = [a.task for a in self._active.values() if a.task is not None]
         if tasks:
-            await asyncio.wait(tasks)
+            _, pending = await asyncio.wait(tasks, timeout=self.settle_limit)
+            if pending:
+                # a step that swallows cancellation, or a write stuck on a dead
+                # socket: do not hang the shutdown; those leases lapse (TTL)
+                # and the runs are recovered like a crashed worker's
+                log.warning("worker %s: %d run(s) did not settle within %.0f s of being "
+                            "stopped; leaving their leases to lapse", self.worker_id,
+                            len(pending), self.settle_limit)
 
     # -- listener ------------------------------------------------------------
 

@@ -280,3 +280,35 @@ async def test_cancel_of_a_step_that_turns_cancel_into_an_error_is_a_cancel(
         await app.cancel(rid)
         info = await finished(app, rid)
     assert info.status == "cancelled" and info.attempts == 0
+
+
+async def test_stop_does_not_hang_on_a_step_that_swallows_cancellation(app: Durable) -> None:
+    """After the grace period and ``settle_limit``, stop() returns even if a step
+    ignores its cancellation; the run keeps its lease until the TTL lapses."""
+    in_step, release = asyncio.Event(), asyncio.Event()
+
+    @app.task("stubborn", revision="1")
+    async def stubborn(ctx: RunContext, state: Any) -> Any:
+        in_step.set()
+        while not release.is_set():
+            try:
+                await release.wait()
+            except asyncio.CancelledError:
+                continue  # swallowed (a bug of the step; the worker must not hang on it)
+        return Done()
+
+    rid = await app.start("stubborn", {})
+    worker = app.worker(lease_ttl=LONG_TTL, poll_interval=0.5)
+    worker.settle_limit = 0.5
+    task = asyncio.create_task(worker.run())
+    try:
+        await asyncio.wait_for(in_step.wait(), WAIT_LIMIT)
+        await asyncio.wait_for(worker.stop(grace=0.1), WAIT_LIMIT)
+        await asyncio.wait_for(task, WAIT_LIMIT)
+        info = await app.get_run(rid)
+        assert info.status == "leased"  # not released: its lease lapses (crash recovery)
+    finally:
+        release.set()
+        left = [a.task for a in worker._active.values() if a.task is not None]
+        if left:  # let the abandoned step end before the app closes
+            await asyncio.wait(left, timeout=WAIT_LIMIT)

@@ -165,6 +165,7 @@ class RunContext:
     _app: Any = field(default=None, repr=False)  # the Durable app (inbox, emit)
     _owner: str | None = field(default=None, repr=False)  # the worker id (lease fence)
     _emitted: int = field(default=0, repr=False)  # events emitted by this step so far
+    _inbox_seen: set[int] = field(default_factory=set, repr=False)  # seqs inbox() returned
     _loop: Any = field(default=None, repr=False)  # the worker's event loop (sync twins)
     #: The run's thread key (thread runs), known after ``await ctx.inbox()``.
     thread_key: str | None = None
@@ -261,7 +262,8 @@ class RunContext:
         Returns :class:`~pgdurable.threads.Message` objects (``[]`` for a run
         without a thread). Consumption is checkpointed with this step: if the
         step is retried the same messages are returned again; once the step is
-        checkpointed, never again. Raises :class:`~pgdurable.LeaseLost` if
+        checkpointed, never again. Within one attempt each message is returned
+        once: a second call returns only what arrived since the first. Raises :class:`~pgdurable.LeaseLost` if
         another run took the thread. See :mod:`pgdurable.threads`.
         """
         from .threads import take

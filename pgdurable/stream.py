@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import weakref
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -57,9 +58,14 @@ BATCH = 500
 
 # -- fenced append/overwrite of the idx-th event of the current step; returns seq
 EMIT = "SELECT pgdurable.emit_event(%s::uuid, %s::bigint, %s::text, %s::integer, %s::jsonb)"
-# -- one snapshot: the run's status/result/error and its events after a cursor
+# -- one snapshot: the run's status/result/error and its events after a cursor; final only
+# -- for the run's current end (an end event of a run revived by retry_run is not final)
 READ_RUN = """
-SELECT r.status, r.result, r.error, e.seq, e.event, e.final, e.created_at
+SELECT r.status, r.result, r.error, e.seq, e.event,
+       e.final AND r.status IN ('completed', 'failed', 'cancelled', 'incompatible')
+         AND NOT EXISTS (SELECT FROM pgdurable.run_events y
+                          WHERE y.run_id = r.id AND y.seq > e.seq),
+       e.created_at
   FROM pgdurable.runs r
   LEFT JOIN LATERAL (
     SELECT x.seq, x.event, x.final, x.created_at FROM pgdurable.run_events x
@@ -67,9 +73,13 @@ SELECT r.status, r.result, r.error, e.seq, e.event, e.final, e.created_at
  WHERE r.id = %s::uuid
  ORDER BY e.seq
 """
-# -- a thread's events after a (thread_no, seq) cursor, in thread order
+# -- a thread's events after a (thread_no, seq) cursor, in thread order (final as in READ_RUN)
 READ_THREAD = """
-SELECT r.id, r.thread_no, e.seq, e.event, e.final, e.created_at
+SELECT r.id, r.thread_no, e.seq, e.event,
+       e.final AND r.status IN ('completed', 'failed', 'cancelled', 'incompatible')
+         AND NOT EXISTS (SELECT FROM pgdurable.run_events y
+                          WHERE y.run_id = r.id AND y.seq > e.seq),
+       e.created_at
   FROM pgdurable.runs r JOIN pgdurable.run_events e ON e.run_id = r.id
  WHERE r.thread_key = %s::text AND (r.thread_no, e.seq) > (%s, %s)
  ORDER BY r.thread_no, e.seq
@@ -82,7 +92,9 @@ class StreamEvent:
     """One event of a run's output stream.
 
     ``seq`` is its position in the run's stream (1, 2, ...); ``final`` marks
-    the run's last event (``{"type": "end", "status", ...}``). ``thread_no``
+    the run's last event (``{"type": "end", "status", ...}``; the end event
+    of an earlier life of a run that ``retry_run`` revived is yielded with
+    ``final=False``: the run goes on after it). ``thread_no``
     is the run's position in its thread (``stream_thread`` only). ``cursor``
     resumes after this event: pass it as ``after=``.
     """
@@ -115,6 +127,15 @@ def _check_after(after: object) -> int:
     if isinstance(after, bool) or not isinstance(after, int) or after < 0:
         raise ValueError("after must be an int >= 0 (a seq from StreamEvent.cursor)")
     return after
+
+
+def _check_poll(poll: object) -> float:
+    """The slow-poll period in seconds: a finite number > 0 (0 would busy-poll)."""
+    if isinstance(poll, bool) or not isinstance(poll, int | float):
+        raise TypeError(f"poll must be a number of seconds, not {type(poll).__name__}")
+    if not math.isfinite(poll) or poll <= 0:
+        raise ValueError(f"poll must be a finite number of seconds > 0, not {poll!r}")
+    return float(poll)
 
 
 def parse_thread_cursor(after: object) -> tuple[int, int]:
@@ -261,6 +282,7 @@ async def stream_run(
     """Events of ``run_id`` with ``seq > after``, then live, until its final event."""
     rid = q.check_run_id(run_id)
     cursor = _check_after(after)
+    poll = _check_poll(poll)
     follower = _Follower(app, str(rid), poll)
     try:
         await follower.start()
@@ -303,6 +325,7 @@ async def stream_thread(
     """
     stored_key = encode_thread_key(thread_key)  # the runs.thread_key form
     no, seq = parse_thread_cursor(after)
+    poll = _check_poll(poll)
     follower = _Follower(app, None, poll) if follow else None
     try:
         if follower is not None:

@@ -20,7 +20,9 @@ Contract (each point is a test in ``tests/test_threads.py``):
   raises :class:`~pgdurable.SignalConflict`.
 * In a step, ``await ctx.inbox()`` drains the thread's unconsumed messages in
   order. They are consumed in the same transaction as the step's checkpoint:
-  a retried step sees them again, a checkpointed one never again.
+  a retried step sees them again, a checkpointed one never again. Within one
+  attempt of a step each message is returned once (a second ``inbox()``
+  returns only the messages sent since the first).
 * The thread lease's owner is the run's current attempt, ``"<run id>:<lease
   token>"``, never the bare run id: a stale attempt cannot release its
   successor's lease. The lease follows the run (renewed with the worker's
@@ -285,13 +287,21 @@ def parse_message(row: tuple[Any, ...]) -> Message:
 
 
 async def take(ctx: RunContext) -> list[Message]:
-    """``ctx.inbox()``: drain the thread inbox for this step (fenced, one round trip)."""
+    """``ctx.inbox()``: drain the thread inbox for this step (fenced, one round trip).
+
+    TAKE returns every message reserved for the run (the earlier calls of this
+    step included: a retried step must see them again), so the messages this
+    ``ctx`` (one attempt of one step) already returned are left out: a second
+    ``inbox()`` in the same step returns only what arrived since.
+    """
     app, owner = ctx._attached()
     rid = q.check_run_id(ctx.run_id)
     rows = await app.fetchall(TAKE, (rid, ctx.token, owner))
-    messages = [parse_message(r) for r in rows]
-    if messages:
-        ctx.thread_key = messages[0].thread_key
+    seen = ctx._inbox_seen
+    messages = [m for m in map(parse_message, rows) if m.seq not in seen]
+    seen.update(m.seq for m in messages)
+    if rows:
+        ctx.thread_key = decode_thread_key(rows[0][5])
     elif ctx.thread_key is None:
         row = await app.fetchone(RUN_THREAD, (rid,))
         ctx.thread_key = None if row is None or row[0] is None else decode_thread_key(row[0])

@@ -1,0 +1,164 @@
+"""Review of threads and the output stream: bugs found by a fresh-eyes review, on a real Postgres."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from datetime import timedelta
+from typing import Any
+
+import psycopg
+import pytest
+from _waiting import WAIT_LIMIT, finished, until
+
+from pgdurable import Continue, Done, Durable, RunContext
+from pgdurable.stream import StreamEvent
+
+LISTENERS = ("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+             "AND query = 'LISTEN pgdurable_events'")
+
+
+def q1(conn: psycopg.Connection[Any], sql: str, params: tuple[Any, ...] = ()) -> Any:
+    row = conn.execute(sql, params).fetchone()
+    return None if row is None else row[0]
+
+
+@asynccontextmanager
+async def running(app: Durable) -> AsyncIterator[Any]:
+    w = app.worker(lease_ttl=timedelta(seconds=10), poll_interval=0.2)
+    t = asyncio.create_task(w.run())
+    try:
+        yield w
+    finally:
+        await w.stop(grace=2)
+        await t
+
+
+async def collect(it: AsyncIterator[StreamEvent]) -> list[StreamEvent]:
+    return [ev async for ev in it]
+
+
+async def test_a_second_inbox_in_the_same_step_returns_only_new_messages(
+    dsn: str, conn: psycopg.Connection[Any]
+) -> None:
+    """``while msgs := await ctx.inbox()`` used to loop forever on the same messages."""
+    app = Durable(dsn)
+    app.thread_task("", "chat")
+    calls: list[list[Any]] = []
+    sent = asyncio.Event()
+
+    @app.task("chat")
+    async def chat(ctx: RunContext, state: Any) -> Any:
+        while len(calls) < 5:  # bound: the bug returned "a" on every call
+            msgs = await ctx.inbox()
+            calls.append([m.payload for m in msgs])
+            if not msgs:
+                break
+            if len(calls) == 1:  # a message that arrives during the step
+                await app.send("t", "b")
+                sent.set()
+        return Done(None)
+
+    async with app:
+        d = await app.send("t", "a")
+        async with running(app):
+            await finished(app, d.run_id)
+    assert sent.is_set()
+    assert calls == [["a"], ["b"], []]
+    # both were consumed by the step's checkpoint, exactly once
+    assert q1(conn, "SELECT count(*) FROM pgdurable.thread_messages "
+                    "WHERE consumed_by = %s", (d.run_id,)) == 2
+
+
+async def test_a_retried_step_still_sees_the_messages_a_failed_attempt_took(
+    dsn: str, conn: psycopg.Connection[Any]
+) -> None:
+    """The per-attempt filter must not hide reserved messages from the retry."""
+    app = Durable(dsn)
+    app.thread_task("", "chat")
+    calls: list[list[Any]] = []
+
+    @app.task("chat", max_attempts=3, retry_base=0.01, retry_cap=0.01)
+    async def chat(ctx: RunContext, state: Any) -> Any:
+        calls.append([m.payload for m in await ctx.inbox()])
+        if len(calls) == 1:
+            raise RuntimeError("transient")
+        return Done(None)
+
+    async with app:
+        d = await app.send("t", "a")
+        async with running(app):
+            info = await finished(app, d.run_id)
+    assert info.status == "completed"
+    assert calls == [["a"], ["a"]]
+
+
+async def test_the_stream_of_a_retried_run_does_not_end_at_its_first_end(
+    dsn: str, conn: psycopg.Connection[Any]
+) -> None:
+    """app.stream() of a run revived by retry_run used to end at once, at the
+    end event of its failed life ("failed"), though the run went on."""
+    app = Durable(dsn)
+    gate = asyncio.Event()
+    calls = {"n": 0}
+
+    @app.task("t", max_attempts=1)
+    async def t(ctx: RunContext, state: Any) -> Any:
+        calls["n"] += 1
+        if ctx.step == 0:
+            await ctx.emit("s0")
+            return Continue(state)
+        if calls["n"] == 2:
+            await ctx.emit("s1-first")
+            raise RuntimeError("boom")
+        await gate.wait()
+        await ctx.emit("s1-again")  # same (step, idx): overwrites seq 2 in place
+        await ctx.emit("s1-more")
+        return Done("ok")
+
+    async with app:
+        rid = await app.start("t")
+        async with running(app):
+            assert (await finished(app, rid)).status == "failed"
+            first = await collect(app.stream(rid, poll=0.2))
+            assert [(e.seq, e.final) for e in first] == [(1, False), (2, False), (3, True)]
+            assert await app.retry(rid) == "runnable"
+            follower = asyncio.create_task(collect(app.stream(rid, poll=0.2)))
+            await until(lambda: asyncio.sleep(0, calls["n"] == 3), "the retry to run")
+            assert not follower.done()
+            gate.set()
+            got = await asyncio.wait_for(follower, WAIT_LIMIT)
+        assert [e.seq for e in got] == [1, 2, 3, 4, 5]
+        assert got[2].event["status"] == "failed" and not got[2].final  # the old end
+        assert got[3].event == "s1-more"
+        assert got[-1].final and got[-1].event["status"] == "completed"
+        assert [e.final for e in got] == [False, False, False, False, True]
+        # replay after the run ended: the same, and a cursor past the old end
+        assert [(e.seq, e.final) for e in await collect(app.stream(rid))] == [
+            (e.seq, e.final) for e in got]
+        assert [e.seq for e in await collect(app.stream(rid, after=3))] == [4, 5]
+
+
+async def test_bad_poll_is_a_typed_error_before_any_listen(
+    dsn: str, conn: psycopg.Connection[Any]
+) -> None:
+    """poll=0 used to busy-poll the database (no error); a non-number failed late."""
+    app = Durable(dsn)
+    app.task("quiet")(lambda ctx, s: Done(None))
+    async with app:
+        rid = await app.start("quiet")
+        async with running(app):
+            await finished(app, rid)  # so that a stream that accepts a bad poll ends
+        for bad in (0, -1, 0.0, float("nan"), float("inf")):
+            with pytest.raises(ValueError):
+                await collect(app.stream(rid, poll=bad))
+            with pytest.raises(ValueError):
+                await collect(app.stream_thread("t", follow=False, poll=bad))
+        for wrong in ("1", None, True):
+            with pytest.raises(TypeError):
+                await collect(app.stream(rid, poll=wrong))  # type: ignore[arg-type]
+            with pytest.raises(TypeError):
+                await collect(app.stream_thread("t", follow=False, poll=wrong))  # type: ignore[arg-type]
+        assert q1(conn, LISTENERS) == 0
+        assert await collect(app.stream_thread("t", follow=False, poll=1)) == []

@@ -119,7 +119,12 @@ CREATE TABLE pgdurable.threads (
   unproductive_runs     integer NOT NULL DEFAULT 0,
   max_unproductive_runs integer NOT NULL DEFAULT 3 CHECK (max_unproductive_runs >= 1),
   created_at      timestamptz NOT NULL DEFAULT pgdurable.now(),
-  last_message_at timestamptz
+  last_message_at timestamptz,
+  route_task         text,
+  route_revision     text,
+  route_queue        text,
+  route_priority     integer,
+  route_max_attempts integer
 );
 COMMENT ON TABLE pgdurable.threads IS
   'One row per thread key: its message counter; its row lock serialises sends and handoffs of the thread.';
@@ -141,6 +146,13 @@ COMMENT ON COLUMN pgdurable.threads.max_unproductive_runs IS
   'next send starts a run.';
 COMMENT ON COLUMN pgdurable.threads.created_at IS 'When the thread''s first message was sent.';
 COMMENT ON COLUMN pgdurable.threads.last_message_at IS 'When the thread''s latest message was sent.';
+COMMENT ON COLUMN pgdurable.threads.route_task IS
+  'Task the latest send routed the thread to (the sender''s app.thread_task); a follow-up run '
+  'started at a handoff runs it, so threads move to a new deploy''s task and revision.';
+COMMENT ON COLUMN pgdurable.threads.route_revision IS 'Revision of route_task the latest send named.';
+COMMENT ON COLUMN pgdurable.threads.route_queue IS 'Queue the latest send named for new runs.';
+COMMENT ON COLUMN pgdurable.threads.route_priority IS 'Priority the latest send named for new runs.';
+COMMENT ON COLUMN pgdurable.threads.route_max_attempts IS 'max_attempts the latest send named for new runs.';
 
 CREATE TABLE pgdurable.thread_messages (
   thread_key    text        NOT NULL REFERENCES pgdurable.threads (thread_key) ON DELETE CASCADE,
@@ -429,7 +441,9 @@ BEGIN
   END IF;
   INSERT INTO pgdurable.thread_messages (thread_key, seq, message_id, payload, sender, action, run_id)
   VALUES (p_thread, t.next_seq, p_message_id, p_payload, p_sender, v_action, v_id);
-  UPDATE pgdurable.threads SET next_seq = next_seq + 1, last_message_at = v_now
+  UPDATE pgdurable.threads SET next_seq = next_seq + 1, last_message_at = v_now,
+         route_task = p_task, route_revision = p_revision, route_queue = p_queue,
+         route_priority = coalesce(p_priority, 0), route_max_attempts = p_max_attempts
    WHERE thread_key = p_thread;
   IF v_action = 'deliver' THEN
     PERFORM pgdurable._thread_wake(v_id, p_thread);
@@ -538,8 +552,10 @@ COMMENT ON FUNCTION pgdurable.emit_event(uuid, bigint, text, integer, jsonb) IS
 -- a terminal status (its row is locked by that transaction). Releases its
 -- unconsumed reservations and counts consecutive unproductive runs
 -- (threads.unproductive_runs); then, under the thread row lock: pending messages
--- -> start the follow-up run (same task, revision, queue, priority,
--- max_attempts; state = this run's final state) and transfer_lease(thread,
+-- -> start the follow-up run (task, revision, queue, priority, max_attempts
+-- of the latest send's route, threads.route_*, so a thread moves to the code
+-- its senders run after a deploy; this run's own where no send recorded one;
+-- state = this run's final state) and transfer_lease(thread,
 -- this attempt, '<next>:0'); transfer failed -> acquire; acquire lost ->
 -- route the pending messages to the winner run (run_id := winner, woken).
 -- Nothing pending, or max_unproductive_runs runs in a row that failed or
@@ -598,8 +614,11 @@ BEGIN
       RETURN;
     END IF;
   END IF;
-  PERFORM pgdurable._thread_new_run(v_next, r.thread_key, r.task, r.revision, r.queue,
-                                    r.priority, r.max_attempts, r.state);
+  PERFORM pgdurable._thread_new_run(
+    v_next, r.thread_key, coalesce(t.route_task, r.task),
+    CASE WHEN t.route_task IS NULL THEN r.revision ELSE t.route_revision END,
+    coalesce(t.route_queue, r.queue), coalesce(t.route_priority, r.priority),
+    coalesce(t.route_max_attempts, r.max_attempts), r.state);
   UPDATE pgdurable.thread_messages m SET run_id = v_next
    WHERE m.thread_key = r.thread_key AND m.consumed_at IS NULL AND m.taken_by IS NULL;
 END

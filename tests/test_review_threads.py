@@ -162,3 +162,49 @@ async def test_bad_poll_is_a_typed_error_before_any_listen(
                 await collect(app.stream_thread("t", follow=False, poll=wrong))  # type: ignore[arg-type]
         assert q1(conn, LISTENERS) == 0
         assert await collect(app.stream_thread("t", follow=False, poll=1)) == []
+
+
+async def test_a_follow_up_run_takes_the_route_of_the_latest_send(
+    dsn: str, conn: psycopg.Connection[Any]
+) -> None:
+    """A deploy: the thread's owner runs revision 1; a sender on the new code
+    (revision 2) delivers to it; the owner completes without consuming that
+    message. The follow-up run must be revision 2 (the latest send's route),
+    which the new workers claim; a revision-1 follow-up would wait forever
+    once the old workers are gone."""
+    old, new = Durable(dsn), Durable(dsn)
+    old.thread_task("", "chat", revision="1")
+    new.thread_task("", "chat", revision="2")
+    in_step, release = asyncio.Event(), asyncio.Event()
+    seen: dict[str, list[Any]] = {"1": [], "2": []}
+
+    @old.task("chat", revision="1")
+    async def chat_v1(ctx: RunContext, state: Any) -> Any:
+        seen["1"] += [m.payload for m in await ctx.inbox()]
+        in_step.set()
+        await release.wait()
+        return Done()  # the message sent meanwhile stays pending: a follow-up
+
+    @new.task("chat", revision="2")
+    async def chat_v2(ctx: RunContext, state: Any) -> Any:
+        seen["2"] += [m.payload for m in await ctx.inbox()]
+        return Done()
+
+    async with old, new:
+        async with running(old):
+            first = await old.send("t", "hello")
+            await asyncio.wait_for(in_step.wait(), WAIT_LIMIT)
+            second = await new.send("t", "after the deploy")
+            assert (first.action, second.action) == ("wake", "deliver")
+            assert second.run_id == first.run_id
+            release.set()
+            assert (await finished(old, first.run_id)).status == "completed"
+        follow_up = q1(conn, "SELECT id::text FROM pgdurable.runs WHERE thread_key = 't' "
+                             "AND thread_no = 2")
+        assert follow_up is not None
+        assert q1(conn, "SELECT revision FROM pgdurable.runs WHERE id = %s", (follow_up,)) == "2"
+        async with running(new):
+            assert (await finished(new, follow_up)).status == "completed"
+    assert seen == {"1": ["hello"], "2": ["after the deploy"]}
+    assert q1(conn, "SELECT count(*) FROM pgdurable.thread_messages "
+                    "WHERE consumed_at IS NULL") == 0

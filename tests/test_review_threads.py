@@ -12,7 +12,7 @@ import psycopg
 import pytest
 from _waiting import WAIT_LIMIT, finished, until
 
-from pgdurable import Continue, Done, Durable, RunContext
+from pgdurable import Continue, Done, Durable, InvalidInput, RunContext
 from pgdurable.stream import StreamEvent
 
 LISTENERS = ("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
@@ -208,3 +208,46 @@ async def test_a_follow_up_run_takes_the_route_of_the_latest_send(
     assert seen == {"1": ["hello"], "2": ["after the deploy"]}
     assert q1(conn, "SELECT count(*) FROM pgdurable.thread_messages "
                     "WHERE consumed_at IS NULL") == 0
+
+
+async def test_only_the_latest_run_of_a_thread_can_be_retried(
+    dsn: str, conn: psycopg.Connection[Any]
+) -> None:
+    """Reviving an older run of a thread would give the thread two live runs
+    competing for it: refused (InvalidInput, nothing changes). The latest run
+    can be retried, takes the thread again and consumes what waits."""
+    app = Durable(dsn)
+    app.thread_task("", "chat")
+    broken = True
+
+    @app.task("chat", max_attempts=1)
+    async def chat(ctx: RunContext, state: Any) -> Any:
+        if broken:
+            raise RuntimeError("broken tool")
+        await ctx.inbox()
+        return Done()
+
+    async with app:
+        async with running(app):
+            first = await app.send("t", "one")
+            # each failed run hands the pending message to a follow-up, until
+            # max_unproductive_runs (3) runs in a row failed
+            await until(lambda: _failed_runs(app, conn, 3), "three failed runs of the thread")
+        ids = [r[0] for r in conn.execute("SELECT id::text FROM pgdurable.runs "
+                                          "WHERE thread_key = 't' ORDER BY thread_no")]
+        assert len(ids) == 3 and ids[0] == first.run_id
+        for older in ids[:2]:
+            with pytest.raises(InvalidInput, match="not the latest run of its thread"):
+                await app.retry(older)
+            assert (await app.get_run(older)).status == "failed"  # unchanged
+        broken = False
+        assert await app.retry(ids[2]) == "runnable"
+        async with running(app):
+            assert (await finished(app, ids[2])).status == "completed"
+    assert q1(conn, "SELECT count(*) FROM pgdurable.thread_messages "
+                    "WHERE consumed_at IS NULL") == 0
+
+
+async def _failed_runs(app: Durable, conn: psycopg.Connection[Any], n: int) -> bool:
+    return bool(q1(conn, "SELECT count(*) FROM pgdurable.runs WHERE thread_key = 't' "
+                         "AND status = 'failed'") == n)

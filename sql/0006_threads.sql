@@ -632,7 +632,9 @@ COMMENT ON FUNCTION pgdurable._thread_handoff(pgdurable.runs) IS
 -- the same transaction as the run's own transition:
 --  * lease_token changed (a claim = a new attempt): transfer the thread lease
 --    '<id>:<old>' -> '<id>:<new>' (acquire if it lapsed; if another owner
---    holds it, the run has lost its thread and take_messages will say so);
+--    holds it, the run has lost its thread and take_messages will say so),
+--    and return the messages an earlier attempt took but never checkpointed
+--    to the inbox (an attempt consumes only what its own inbox() returned);
 --  * leased and lease_expires_at changed (heartbeat): renew the thread lease
 --    to the run lease's expiry;
 --  * step advanced (a checkpoint): the messages reserved by this run become
@@ -671,6 +673,11 @@ BEGIN
   IF NEW.status = 'leased' AND NEW.lease_expires_at IS NOT NULL THEN
     v_ttl := pgdurable._ttl_ms(NEW.lease_expires_at - v_now);
     IF NEW.lease_token IS DISTINCT FROM OLD.lease_token THEN
+      -- a new attempt: what an earlier attempt took but never checkpointed is
+      -- returned to the inbox, so this attempt's checkpoint consumes only what
+      -- this attempt's own inbox() returned (the messages come back in order)
+      UPDATE pgdurable.thread_messages m SET taken_by = NULL, taken_step = NULL
+       WHERE m.thread_key = NEW.thread_key AND m.taken_by = NEW.id AND m.consumed_at IS NULL;
       v_tok := pgdurable.transfer_lease(
         lk, coalesce(pgdurable._thread_holder(lk, NEW.id),
                      pgdurable._thread_owner(OLD.id, OLD.lease_token)), me, v_ttl);

@@ -251,3 +251,32 @@ async def test_only_the_latest_run_of_a_thread_can_be_retried(
 async def _failed_runs(app: Durable, conn: psycopg.Connection[Any], n: int) -> bool:
     return bool(q1(conn, "SELECT count(*) FROM pgdurable.runs WHERE thread_key = 't' "
                          "AND status = 'failed'") == n)
+
+
+async def test_a_message_taken_by_a_failed_attempt_is_not_consumed_by_a_later_one(
+    dsn: str, conn: psycopg.Connection[Any]
+) -> None:
+    """Attempt 1 of step 0 takes "m1" and fails; attempt 2 of step 0 does not
+    call inbox() and checkpoints. "m1" must not be consumed by that checkpoint
+    (the code that checkpointed never saw it): step 1 receives it."""
+    app = Durable(dsn)
+    app.thread_task("", "chat")
+    got: list[tuple[int, int, list[Any]]] = []
+
+    @app.task("chat", max_attempts=3, retry_base=0.0, retry_cap=0.0)
+    async def chat(ctx: RunContext, state: Any) -> Any:
+        if ctx.step == 0 and ctx.attempt == 1:
+            got.append((ctx.step, ctx.attempt, [m.payload for m in await ctx.inbox()]))
+            raise RuntimeError("tool failed after reading the inbox")
+        if ctx.step == 0:
+            return Continue({"skipped_inbox": True})  # this attempt never reads it
+        got.append((ctx.step, ctx.attempt, [m.payload for m in await ctx.inbox()]))
+        return Done()
+
+    async with app:
+        async with running(app):
+            d = await app.send("t", "m1")
+            assert (await finished(app, d.run_id)).status == "completed"
+    assert [(s, m) for s, _, m in got] == [(0, ["m1"]), (1, ["m1"])]
+    assert q1(conn, "SELECT consumed_step FROM pgdurable.thread_messages "
+                    "WHERE message_id IS NOT NULL") == 1

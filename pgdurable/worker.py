@@ -234,6 +234,17 @@ class Worker:
             await self._claim_loop()
             await self._drain()
             await self._hand_off()
+        except asyncio.CancelledError:
+            # run() itself was cancelled (not stop()): stop the runs as well, so
+            # that no step goes on without heartbeats (its lease would lapse
+            # mid-step and another worker could run the step again)
+            self._stopping = True
+            for a in list(self._active.values()):
+                self._stop_run(a, "shutdown")
+            tasks = [a.task for a in self._active.values() if a.task is not None]
+            if tasks:
+                await asyncio.wait(tasks, timeout=self.settle_limit)
+            raise
         finally:
             for t in helpers:
                 t.cancel()

@@ -312,3 +312,32 @@ async def test_stop_does_not_hang_on_a_step_that_swallows_cancellation(app: Dura
         left = [a.task for a in worker._active.values() if a.task is not None]
         if left:  # let the abandoned step end before the app closes
             await asyncio.wait(left, timeout=WAIT_LIMIT)
+
+
+async def test_cancelling_run_stops_the_steps_and_gives_the_runs_back(app: Durable) -> None:
+    """Cancelling the run() task (a TaskGroup, wait_for, a server's lifespan)
+    instead of calling stop(): the steps are cancelled and the runs released,
+    never left executing without heartbeats."""
+    in_step = asyncio.Event()
+    step_cancelled = asyncio.Event()
+
+    @app.task("long", revision="1")
+    async def long(ctx: RunContext, state: Any) -> Any:
+        in_step.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            step_cancelled.set()
+            raise
+        return Done()
+
+    rid = await app.start("long", {})
+    worker = app.worker(lease_ttl=LONG_TTL, poll_interval=0.5)
+    task = asyncio.create_task(worker.run())
+    await asyncio.wait_for(in_step.wait(), WAIT_LIMIT)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert step_cancelled.is_set()
+    info = await app.get_run(rid)
+    assert info.status == "runnable" and info.lease_owner is None  # given back at once

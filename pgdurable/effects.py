@@ -30,7 +30,9 @@ Contract (every clause is a test in ``tests/test_idempotency.py``):
   taken over finds its final write refused and gets
   :class:`~pgdurable.errors.LeaseLost`. An owner interrupted by cancellation
   (``asyncio.CancelledError``, ``KeyboardInterrupt``) releases its claim at
-  once, so the next caller executes without waiting for the lease.
+  once, so the next caller executes without waiting for the lease; so does a
+  caller interrupted in its claim statement (it may have committed before the
+  answer arrived).
 * **Waiting** polls the key with capped exponential backoff and jitter (50 ms
   growing to 1 s, never more than ``lease / 2``), one short statement each, on
   no held connection between polls. ``wait_timeout`` (default ``None``: as long
@@ -50,6 +52,7 @@ connection is opened for the call and closed after it. The Durable app's
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import random
 import threading
@@ -360,7 +363,14 @@ async def with_idempotency(
             except StopIteration as done:
                 return done.value
             if isinstance(op, _Query):
-                reply = await _aone(conns, op.sql, op.args)
+                try:
+                    reply = await _aone(conns, op.sql, op.args)
+                except BaseException as exc:
+                    # interrupted, the claim may have committed unseen: give it up
+                    if op.sql is _CLAIM and not isinstance(exc, Exception):
+                        with contextlib.suppress(Exception):
+                            await _aone(conns, _RELEASE, (p.key, owner))
+                    raise
             elif isinstance(op, _Sleep):
                 await asyncio.sleep(op.seconds)
                 reply = None
@@ -460,7 +470,14 @@ def with_idempotency_sync(
             except StopIteration as done:
                 return done.value  # type: ignore[no-any-return]
             if isinstance(op, _Query):
-                reply = _one(conns, op.sql, op.args)
+                try:
+                    reply = _one(conns, op.sql, op.args)
+                except BaseException as exc:
+                    # interrupted, the claim may have committed unseen: give it up
+                    if op.sql is _CLAIM and not isinstance(exc, Exception):
+                        with contextlib.suppress(Exception):
+                            _one(conns, _RELEASE, (p.key, owner))
+                    raise
             elif isinstance(op, _Sleep):
                 time.sleep(op.seconds)
                 reply = None

@@ -40,6 +40,7 @@ from ._runs_sql import check_name, check_run_id
 __all__ = [
     "DEFAULT_MAX_PAYLOAD",
     "DEFAULT_SIGNAL_TTL",
+    "MAX_SIGNAL_TTL",
     "parse_payload",
     "signal_params",
     "signal_run_params",
@@ -49,6 +50,9 @@ __all__ = [
 DEFAULT_MAX_PAYLOAD = 1024 * 1024
 #: How long a signal that found no waiting run is kept for a later park.
 DEFAULT_SIGNAL_TTL = timedelta(days=1)
+#: The longest TTL accepted (about 1,000 years; ``None`` keeps a signal with no
+#: expiry). ``now() + ttl`` must stay a timestamp that PostgreSQL can store.
+MAX_SIGNAL_TTL = timedelta(days=365_000)
 
 
 def _check_common(
@@ -61,7 +65,13 @@ def _check_common(
             raise TypeError("ttl must be a timedelta or None")
         if ttl.total_seconds() <= 0:
             raise ValueError("ttl must be a positive timedelta (or None: no expiry)")
-    return _json.dumps(payload, "payload", max_bytes=max_bytes)
+        if ttl > MAX_SIGNAL_TTL:
+            raise ValueError(f"ttl must be at most {MAX_SIGNAL_TTL.days} days "
+                             "(or None: no expiry)")
+    try:
+        return _json.dumps(payload, "payload", max_bytes=max_bytes)
+    except RecursionError:  # json.dumps recurses per level of nesting
+        raise ValueError("payload is nested too deeply") from None
 
 
 def signal_params(
@@ -102,8 +112,9 @@ def parse_payload(raw: str | bytes, max_bytes: int = DEFAULT_MAX_PAYLOAD) -> Any
     """Parse a JSON payload given as text (CLI, webhook body).
 
     Empty (or all-whitespace) input is ``None``. Raises ``ValueError`` with a
-    one-line reason for input over ``max_bytes``, invalid UTF-8, invalid JSON,
-    NaN/Infinity or a NUL character (which jsonb cannot store).
+    one-line reason for input over ``max_bytes``, invalid UTF-8, invalid JSON
+    (also JSON nested deeper than Python's recursion limit), NaN/Infinity or a
+    NUL character (which jsonb cannot store).
     """
     size = len(raw.encode() if isinstance(raw, str) else raw)
     if size > max_bytes:
@@ -123,5 +134,7 @@ def parse_payload(raw: str | bytes, max_bytes: int = DEFAULT_MAX_PAYLOAD) -> Any
     except json.JSONDecodeError as exc:
         raise ValueError(f"payload is not valid JSON: {exc.msg} at line {exc.lineno} "
                          f"column {exc.colno}") from None
+    except RecursionError:  # e.g. "[[[[...]]]]": json.loads recurses per level
+        raise ValueError("payload is nested too deeply") from None
     _json.validate(value, "payload")
     return value

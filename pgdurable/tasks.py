@@ -656,10 +656,12 @@ class PostgresDurableStore:
     (``pg_advisory_lock(pgdurable.task_lock_key(task_id))``) on one connection
     dedicated to the call, held while the operation runs, with no transaction
     open (step code never runs inside a transaction), and unlocks it in
-    ``finally`` (a connection whose unlock fails is closed, which releases
-    it). ``load``/``save`` inside the operation go through that same
-    connection, so a save can only succeed while the lock is held: if the
-    connection dies, the lock is gone and so is the ability to write.
+    ``finally`` (a connection whose lock call is interrupted or whose unlock
+    fails is closed, which releases it; a connection of a given pool gets its
+    ``autocommit`` setting back). ``load``/``save`` inside the operation go
+    through that same connection, so a save can only succeed while the lock is
+    held: if the connection dies, the lock is gone and so is the ability to
+    write.
     A crashed process's lock vanishes with its connection.
 
     Session advisory locks need a direct connection (or PgBouncer in *session*
@@ -725,16 +727,29 @@ class PostgresDurableStore:
         _check_name(task_id, "task_id")
         await self.open()
         async with self._pool.connection() as conn:
-            if not conn.autocommit:
+            restore = not conn.autocommit  # a caller's pool gets its connection back as lent
+            if restore:
                 await conn.set_autocommit(True)
-            with translated():
-                await conn.execute(_LOCK, (task_id,))
+            try:
+                with translated():
+                    await conn.execute(_LOCK, (task_id,))
+            except BaseException:
+                # Interrupted (e.g. cancelled) after the server granted the lock,
+                # psycopg still waits for the statement and then raises: the pooled
+                # session would keep the lock forever. Closing it releases any lock.
+                await conn.close()
+                raise
             token = _HELD.set((self, task_id, conn))
             try:
                 return await operation()
             finally:
                 _HELD.reset(token)
                 await _unlock(conn, task_id)
+                if restore and not conn.closed:
+                    try:
+                        await conn.set_autocommit(False)
+                    except Exception:
+                        await conn.close()  # never mask the outcome; the pool drops it
 
     def _held(self, task_id: str) -> psycopg.AsyncConnection[Any] | None:
         held = _HELD.get()

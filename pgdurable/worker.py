@@ -135,7 +135,9 @@ class Worker:
     5 s, jittered ±20%), ``lease_window`` (how long a run may continue in one
     lease before it is given back; default ``lease_ttl``), ``safety_margin``
     (default TTL/6), ``worker_id``, ``listen`` (False = poll only, e.g.
-    behind PgBouncer in transaction mode).
+    behind PgBouncer in transaction mode). The attribute ``settle_limit``
+    (default 10 s) bounds how long :meth:`stop` waits, after the grace
+    period, for stopped runs to settle before leaving their leases to lapse.
     """
 
     def __init__(

@@ -32,7 +32,7 @@ from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
-from ._runs_sql import check_size
+from ._runs_sql import check_name, check_size
 from .errors import BudgetExceeded
 
 if TYPE_CHECKING:
@@ -92,6 +92,9 @@ class Wait:
             or not all(isinstance(p, str) and p and "\x00" not in p for p in sig)
         ):
             raise ValueError("Wait(signal=...) must be a (kind, ref) tuple of non-empty str")
+        # the limits every sender checks: a ref no signal could address never wakes
+        check_name(sig[0], "Wait(signal=...) kind")
+        check_name(sig[1], "Wait(signal=...) ref")
         if self.timeout is not None:
             _seconds(self.timeout, "Wait(timeout=...)")
 
@@ -125,8 +128,13 @@ class Sleep:
 StepResult = Continue | Done | Wait | Sleep
 
 
+#: The longest Wait timeout or Sleep (about 1,000 years): ``now() + it`` must
+#: stay a time that PostgreSQL stores and Python's datetime can load.
+MAX_WAIT = timedelta(days=365_000)
+
+
 def _seconds(value: timedelta | float, what: str) -> float:
-    """``value`` as non-negative finite seconds, else TypeError/ValueError naming ``what``."""
+    """``value`` as seconds in [0, :data:`MAX_WAIT`], else TypeError/ValueError naming ``what``."""
     if isinstance(value, timedelta):
         secs = value.total_seconds()
     elif isinstance(value, int | float) and not isinstance(value, bool):
@@ -135,6 +143,8 @@ def _seconds(value: timedelta | float, what: str) -> float:
         raise TypeError(f"{what} must be a timedelta or a number of seconds")
     if not math.isfinite(secs) or secs < 0:
         raise ValueError(f"{what} must be finite and >= 0, not {value!r}")
+    if secs > MAX_WAIT.total_seconds():
+        raise ValueError(f"{what} must be at most {MAX_WAIT.days} days, not {value!r}")
     return secs
 
 

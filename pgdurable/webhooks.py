@@ -27,7 +27,8 @@ Responses (JSON):
 * ``400`` bad JSON, NUL, empty kind/ref, bad signal id; ``401`` missing or
   bad signature; ``404`` unknown path; ``405`` not POST; ``409`` the signal
   id was used with another payload; ``413`` body over ``max_payload``
-  (default 1 MiB); ``503`` database unavailable. Every error is
+  (default 1 MiB); ``503`` database unavailable or busy (a lock or statement
+  timeout, a deadlock: retry later). Every error is
   ``{"error": "<one line>"}`` and changes nothing.
 
 Lifespan: on startup the app opens the :class:`~pgdurable.Durable` (checks the
@@ -45,11 +46,14 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 from urllib.parse import quote, unquote
 
+import psycopg
+
 from .errors import (
     DatabaseUnavailable,
     PgDurableError,
     ProviderClosed,
     SignalConflict,
+    first_line,
 )
 from .runs import Durable
 from .signals import DEFAULT_MAX_PAYLOAD, parse_payload
@@ -205,6 +209,10 @@ class WebhookApp:
             raise _HTTPError(409, str(exc)) from None
         except (DatabaseUnavailable, ProviderClosed) as exc:
             raise _HTTPError(503, f"database unavailable: {exc}") from None
+        except psycopg.OperationalError as exc:
+            # not translated by pgdurable: a lock or statement timeout, a
+            # deadlock or serialization failure -- rolled back, retry later
+            raise _HTTPError(503, f"database busy: {first_line(str(exc))}") from None
         except (TypeError, ValueError) as exc:  # includes InvalidInput
             raise _HTTPError(400, str(exc)) from None
         except PgDurableError as exc:

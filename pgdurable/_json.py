@@ -16,6 +16,7 @@ from typing import Any
 __all__ = ["DEFAULT_MAX_BYTES", "dumps", "loads", "validate"]
 
 DEFAULT_MAX_BYTES = 64 * 1024 * 1024  # jsonb's own limit is 255 MiB; be saner.
+MAX_DEPTH = 512  # nesting; Python's json cannot (de)serialise ~1,000 levels anyway
 
 
 def _path(root: str, parts: list[str]) -> str:
@@ -26,12 +27,19 @@ def validate(value: Any, what: str = "value") -> None:
     """Raise ``TypeError``/``ValueError`` naming the path if ``value`` is not plain JSON.
 
     Plain JSON: ``None``, ``bool``, ``int``, finite ``float``, ``str`` without
-    NUL, ``list``, and ``dict`` with ``str`` keys (without NUL).
+    NUL, ``list``, and ``dict`` with ``str`` keys (without NUL), nested at most
+    :data:`MAX_DEPTH` levels; the same value may appear in several places.
     """
-    stack: list[tuple[Any, list[str]]] = [(value, [])]
-    seen: set[int] = set()
+    # depth-first; a container's id is on ``path`` while its children are
+    # checked (an exit marker pops it), so a value shared by two branches is
+    # fine and only a container inside itself is circular
+    stack: list[tuple[Any, list[str], bool]] = [(value, [], False)]
+    path: set[int] = set()
     while stack:
-        v, parts = stack.pop()
+        v, parts, leaving = stack.pop()
+        if leaving:
+            path.discard(id(v))
+            continue
         if v is None or isinstance(v, bool | int):
             continue
         if isinstance(v, float):
@@ -46,11 +54,14 @@ def validate(value: Any, what: str = "value") -> None:
                 )
             continue
         if isinstance(v, list | dict):
-            if id(v) in seen:
+            if len(parts) >= MAX_DEPTH:
+                raise ValueError(f"{what} is nested too deeply (more than {MAX_DEPTH} levels)")
+            if id(v) in path:
                 raise ValueError(f"{_path(what, parts)} is a circular reference")
-            seen.add(id(v))
+            path.add(id(v))
+            stack.append((v, parts, True))
             if isinstance(v, list):
-                stack.extend((item, [*parts, f"[{i}]"]) for i, item in enumerate(v))
+                stack.extend((item, [*parts, f"[{i}]"], False) for i, item in enumerate(v))
             else:
                 for k, item in v.items():
                     if not isinstance(k, str):
@@ -60,7 +71,7 @@ def validate(value: Any, what: str = "value") -> None:
                         )
                     if "\x00" in k:
                         raise ValueError(f"{_path(what, parts)} has a key containing NUL (\\x00)")
-                    stack.append((item, [*parts, f"[{k!r}]"]))
+                    stack.append((item, [*parts, f"[{k!r}]"], False))
             continue
         raise TypeError(
             f"{_path(what, parts)} is a {type(v).__name__}, which is not JSON "
@@ -71,7 +82,10 @@ def validate(value: Any, what: str = "value") -> None:
 def dumps(value: Any, what: str = "value", *, max_bytes: int | None = DEFAULT_MAX_BYTES) -> str:
     """Validate ``value`` and serialise it compactly; enforce ``max_bytes`` if given."""
     validate(value, what)
-    text = json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    try:
+        text = json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    except RecursionError:
+        raise ValueError(f"{what} is nested too deeply to serialise as JSON") from None
     if max_bytes is not None and len(text) > max_bytes and len(text.encode()) > max_bytes:
         raise ValueError(f"{what} is {len(text.encode())} bytes of JSON; the limit is {max_bytes}")
     return text

@@ -40,6 +40,32 @@ def test_circular_and_oversized_values_are_refused() -> None:
         _json.dumps("x" * 100, max_bytes=10)
 
 
+def test_shared_values_are_not_circular() -> None:
+    """The same list or dict in two places (or twice in one list) is plain JSON;
+    only a container inside itself is circular, however deep."""
+    shared: list[Any] = [1, {"x": 2}]
+    value = {"a": shared, "b": [shared, shared], "c": {"d": shared}}
+    assert _json.loads(_json.dumps(value)) == {"a": [1, {"x": 2}], "b": [[1, {"x": 2}]] * 2,
+                                               "c": {"d": [1, {"x": 2}]}}
+    inner: dict[str, Any] = {}
+    deep = {"k": [{"inner": inner}]}
+    inner["back"] = deep
+    with pytest.raises(ValueError, match=r"value\['k'\]\[0\]\['inner'\]\['back'\] is a circular"):
+        _json.dumps(deep)
+
+
+def test_too_deeply_nested_values_are_a_value_error() -> None:
+    deep: Any = []
+    for _ in range(100_000):
+        deep = [deep]
+    with pytest.raises(ValueError, match=r"state is nested too deeply \(more than 512 levels\)"):
+        _json.dumps(deep, "state")
+    ok: Any = "leaf"
+    for _ in range(_json.MAX_DEPTH):
+        ok = [ok]
+    assert _json.loads(_json.dumps(ok)) == ok
+
+
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False)
     | st.text().filter(lambda s: "\x00" not in s),

@@ -70,7 +70,7 @@ from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 from . import _json
-from ._db import LIBRARY_OPTIONS, connect, translated, validate_dsn
+from ._db import connect, library_options, translated, validate_dsn
 from ._runs_sql import MAX_NAME_BYTES, check_size
 from .errors import DatabaseUnavailable, DeadlineExceeded, EffectFailed, LeaseLost, first_line
 from .migrations import acheck_schema, check_schema
@@ -125,7 +125,7 @@ def _duration(value: object, name: str, *, allow_none: bool = False) -> timedelt
 
 
 def validate_key(key: object) -> str:
-    """Check an idempotency key: a non-empty ``str`` without NUL, at most 2000 bytes."""
+    """Check an idempotency key: a non-empty ``str`` without NUL, at most MAX_NAME_BYTES (1,000) bytes."""
     if not isinstance(key, str):
         raise TypeError(f"idempotency key must be a str, not {type(key).__name__}")
     if not key:
@@ -285,7 +285,7 @@ async def _aconnection(
     validate_dsn(target)
     try:
         conn = await psycopg.AsyncConnection.connect(
-            target, autocommit=True, options=LIBRARY_OPTIONS, connect_timeout=10
+            target, autocommit=True, options=library_options(target), connect_timeout=10
         )
     except psycopg.OperationalError as exc:
         raise DatabaseUnavailable(f"cannot connect: {first_line(str(exc))}") from None

@@ -65,7 +65,7 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolTimeout
 
 from . import _leases_sql as core
-from ._db import LIBRARY_OPTIONS, validate_dsn
+from ._db import library_options, validate_dsn
 from ._leases_sql import MAX_TTL_MS, LeaseGrant
 from .errors import DatabaseUnavailable, LeaseLost, ProviderClosed, translate
 from .migrations import acheck_schema, check_schema
@@ -228,8 +228,8 @@ class _AsyncLeaseConnection(psycopg.AsyncConnection[Any]):
     lease_cursor: psycopg.AsyncRawCursor[Any] | None = None
 
 
-def _pool_kwargs() -> dict[str, Any]:
-    return {"autocommit": True, "options": LIBRARY_OPTIONS, "connect_timeout": 10}
+def _pool_kwargs(conninfo: str) -> dict[str, Any]:
+    return {"autocommit": True, "options": library_options(conninfo), "connect_timeout": 10}
 
 
 class _Base:
@@ -242,7 +242,7 @@ class _Base:
                  min_size: int, max_size: int, prepare: bool, timeout: float) -> None:
         if isinstance(conninfo_or_pool, str):
             conninfo = validate_dsn(conninfo_or_pool)
-            self._pool = pool_cls(conninfo, kwargs=_pool_kwargs(), min_size=min_size,
+            self._pool = pool_cls(conninfo, kwargs=_pool_kwargs(conninfo), min_size=min_size,
                                   max_size=max_size, open=False, timeout=timeout,
                                   connection_class=conn_cls, name="pgdurable-leases")
             self._owned = True

@@ -49,7 +49,7 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
-from ._db import LIBRARY_OPTIONS, translated, validate_dsn
+from ._db import library_options, translated, validate_dsn
 from .errors import DatabaseUnavailable, InvalidInput, PgDurableError, first_line
 from .migrations import acheck_schema, check_schema
 
@@ -212,8 +212,8 @@ def _plan(
         row = yield _Statement(PRUNE, params, pause_first=True)
 
 
-def _conn_kwargs() -> dict[str, Any]:
-    return {"autocommit": True, "options": LIBRARY_OPTIONS, "connect_timeout": 10}
+def _conn_kwargs(conninfo: str) -> dict[str, Any]:
+    return {"autocommit": True, "options": library_options(conninfo), "connect_timeout": 10}
 
 
 async def prune(
@@ -241,7 +241,7 @@ async def prune(
     if isinstance(target, str):
         validate_dsn(target)
         try:
-            conn = await psycopg.AsyncConnection.connect(target, **_conn_kwargs())
+            conn = await psycopg.AsyncConnection.connect(target, **_conn_kwargs(target))
         except psycopg.OperationalError as exc:
             raise DatabaseUnavailable(f"cannot connect: {first_line(str(exc))}") from None
         async with conn:
@@ -323,7 +323,7 @@ def prune_sync(
     if isinstance(target, str):
         validate_dsn(target)
         try:
-            conn = psycopg.connect(target, **_conn_kwargs())
+            conn = psycopg.connect(target, **_conn_kwargs(target))
         except psycopg.OperationalError as exc:
             raise DatabaseUnavailable(f"cannot connect: {first_line(str(exc))}") from None
         owned = True

@@ -25,7 +25,7 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 from . import _runs_sql as q
-from ._db import LIBRARY_OPTIONS, resolve_dsn, translated, validate_dsn
+from ._db import library_options, resolve_dsn, translated, validate_dsn
 from .effects import DEFAULT_LEASE as DEFAULT_IDEMPOTENCY_LEASE
 from .effects import DEFAULT_TTL as DEFAULT_IDEMPOTENCY_TTL
 from .effects import with_idempotency, with_idempotency_sync
@@ -208,8 +208,8 @@ def _one(row: tuple[Any, ...] | None) -> Any:
     return row[0]
 
 
-def _conn_kwargs() -> dict[str, Any]:
-    return {"autocommit": True, "options": LIBRARY_OPTIONS}
+def _conn_kwargs(conninfo: str) -> dict[str, Any]:
+    return {"autocommit": True, "options": library_options(conninfo)}
 
 
 class Durable:
@@ -242,7 +242,7 @@ class Durable:
                 raise InvalidInput("no DSN: pass conninfo or set PGDURABLE_DSN / DATABASE_URL")
             self.conninfo: str | None = validate_dsn(dsn)
             self._pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
-                dsn, min_size=1, max_size=max(2, pool_size), kwargs=_conn_kwargs(),
+                dsn, min_size=1, max_size=max(2, pool_size), kwargs=_conn_kwargs(dsn),
                 open=False, name="pgdurable",
             )
         else:
@@ -591,7 +591,7 @@ class DurableClient:
         validate_dsn(dsn)
         self._registry = app._registry if app is not None else TaskRegistry()
         self._pool: ConnectionPool[Any] = ConnectionPool(
-            dsn, min_size=1, max_size=max(1, pool_size), kwargs=_conn_kwargs(), open=False,
+            dsn, min_size=1, max_size=max(1, pool_size), kwargs=_conn_kwargs(dsn), open=False,
             name="pgdurable-client",
         )
         self._opened = False

@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 
 from . import _runs_sql as q
-from ._db import LIBRARY_OPTIONS
+from ._db import library_options
 from ._json import dumps
 from .errors import RunNotFound
 from .threads import encode_thread_key
@@ -203,7 +203,8 @@ class _Hub:
             conn: psycopg.AsyncConnection[Any] | None = None
             try:
                 conn = await psycopg.AsyncConnection.connect(
-                    self.conninfo, autocommit=True, options=LIBRARY_OPTIONS, connect_timeout=10
+                    self.conninfo, autocommit=True, options=library_options(self.conninfo),
+                    connect_timeout=10,
                 )
                 await conn.execute(f"LISTEN {CHANNEL}")
                 backoff = 0.1

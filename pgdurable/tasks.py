@@ -65,7 +65,7 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool
 
 from . import _json
-from ._db import LIBRARY_OPTIONS, translated, validate_dsn
+from ._db import library_options, translated, validate_dsn
 from ._runs_sql import check_size
 from .errors import (
     AttemptsExhausted,
@@ -679,7 +679,7 @@ class PostgresDurableStore:
             validate_dsn(pool_or_conninfo)
             self._pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
                 pool_or_conninfo, min_size=1, max_size=max_size, open=False,
-                kwargs={"autocommit": True, "options": LIBRARY_OPTIONS},
+                kwargs={"autocommit": True, "options": library_options(pool_or_conninfo)},
             )
             self._owned = True
         elif isinstance(pool_or_conninfo, AsyncConnectionPool):

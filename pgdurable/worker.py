@@ -75,7 +75,7 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 
 from . import _runs_sql as q
-from ._db import LIBRARY_OPTIONS
+from ._db import library_options
 from ._json import dumps
 from .durable_runs import is_terminal, reconcile_effect
 from .errors import (
@@ -423,7 +423,8 @@ class Worker:
             conn: psycopg.AsyncConnection[Any] | None = None
             try:
                 conn = await psycopg.AsyncConnection.connect(
-                    conninfo, autocommit=True, options=LIBRARY_OPTIONS, connect_timeout=10
+                    conninfo, autocommit=True, options=library_options(conninfo),
+                    connect_timeout=10,
                 )
                 await conn.execute("LISTEN pgdurable_wake")
                 await conn.execute("LISTEN pgdurable_cancel")

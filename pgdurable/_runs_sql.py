@@ -81,10 +81,11 @@ EFFECT_FINISH = (
 TERMINAL = frozenset({"completed", "failed", "cancelled", "incompatible"})
 
 
-MAX_NAME_BYTES = 2000
+MAX_NAME_BYTES = 1000
 """The longest name or key (task, queue, signal kind/ref/id, idempotency key,
-thread key, message id, ...) in UTF-8 bytes: each is a B-tree index key, and
-Postgres refuses index entries over ~2,700 bytes with an untyped error."""
+message id, ...) in UTF-8 bytes: each is a B-tree index key, some in pairs
+(a signal's or a wait's kind and ref), and Postgres refuses index entries over
+~2,700 bytes (after compression) with an untyped error."""
 
 
 def check_name(value: object, what: str) -> str:

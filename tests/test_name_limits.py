@@ -17,7 +17,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from _waiting import finished, running
+from _waiting import finished, running, until
 
 from pgdurable import (
     MAX_NAME_BYTES,
@@ -27,6 +27,7 @@ from pgdurable import (
     InvalidInput,
     PostgresDurableStore,
     RunContext,
+    Wait,
 )
 
 HUGE = secrets.token_hex(3000)  # 6,000 bytes, incompressible
@@ -71,7 +72,7 @@ async def test_async_app_rejects_oversized_names(dsn: str, conn: psycopg.Connect
                                                  what: str, value: str) -> None:
     before = counts(conn)
     async with app_for(dsn) as app:
-        with pytest.raises(ValueError, match=f"{what} is \\d+ bytes long; the limit is 2000"):
+        with pytest.raises(ValueError, match=f"{what} is \\d+ bytes long; the limit is 1000"):
             await CALLS[what](app, value)
     assert counts(conn) == before
 
@@ -82,7 +83,7 @@ def test_sync_client_rejects_oversized_names(dsn: str, conn: psycopg.Connection[
         for call in (lambda: client.start("t", {}, queue=HUGE),
                      lambda: client.signal("kind", HUGE),
                      lambda: client.send("thread", {"text": "hi"}, message_id=HUGE)):
-            with pytest.raises(ValueError, match="bytes long; the limit is 2000"):
+            with pytest.raises(ValueError, match="bytes long; the limit is 1000"):
                 call()
     assert counts(conn) == before
 
@@ -125,7 +126,7 @@ async def test_effect_key_and_durable_task_id_limits(dsn: str,
     async with app, running(app.worker(poll_interval=0.2)):
         info = await finished(app, await app.start("effects", {}))
     assert info.status == "completed" and info.result == 2
-    assert seen == ["effect key is 6000 bytes long; the limit is 2000 bytes (UTF-8)"]
+    assert seen == ["effect key is 6000 bytes long; the limit is 1000 bytes (UTF-8)"]
     assert conn.execute("SELECT key FROM pgdurable.effects").fetchall() == [("short",)]
 
 
@@ -152,3 +153,33 @@ def test_lone_surrogates_are_rejected_by_name(dsn: str, conn: psycopg.Connection
         with pytest.raises(ValueError, match="queue is not valid Unicode"):
             client.start("t", {}, queue="q-\udfff", revision="1")
     assert counts(conn) == before
+
+
+async def test_a_signal_kind_and_ref_both_at_the_limit_wake_a_parked_run(
+        dsn: str, conn: psycopg.Connection[Any]) -> None:
+    """Kind and ref are indexed together (waits and pending signals): both at
+    MAX_NAME_BYTES of incompressible text still fit, on both sides of the race
+    (a run parked first and woken; a signal kept first and consumed at park)."""
+    kind, ref = secrets.token_hex(MAX_NAME_BYTES // 2), secrets.token_hex(MAX_NAME_BYTES // 2)
+    app = Durable(dsn, pool_size=2)
+
+    @app.task("waiter")
+    async def waiter(ctx: RunContext, state: Any) -> Any:
+        if ctx.wake is None:
+            return Wait(signal=(kind, state["ref"]))
+        return Done(result=ctx.wake["payload"])
+
+    async with app:
+        early = await app.signal(kind, ref[:-6] + "-early", {"n": 1})  # kept: no run waits yet
+        assert early == []
+        async with running(app.worker(poll_interval=0.2)):
+            first = await app.start("waiter", {"ref": ref})
+            kept = await app.start("waiter", {"ref": ref[:-6] + "-early"})
+            assert (await finished(app, kept)).result == {"n": 1}
+
+            async def parked() -> bool:
+                return (await app.get_run(first)).status == "waiting"
+
+            await until(parked, "the run to park on the long kind and ref")
+            assert await app.signal(kind, ref, {"n": 2}) == [first]
+            assert (await finished(app, first)).result == {"n": 2}

@@ -92,9 +92,12 @@ class Wait:
             or not all(isinstance(p, str) and p and "\x00" not in p for p in sig)
         ):
             raise ValueError("Wait(signal=...) must be a (kind, ref) tuple of non-empty str")
-        # the limits every sender checks: a ref no signal could address never wakes
+        # the limits every sender checks: a ref no signal could address never
+        # wakes. Not for ("inbox", thread key): that one is signalled by
+        # send_message, and thread keys have no length limit (threads.py)
         check_name(sig[0], "Wait(signal=...) kind")
-        check_name(sig[1], "Wait(signal=...) ref")
+        if sig[0] != "inbox":
+            check_name(sig[1], "Wait(signal=...) ref")
         if self.timeout is not None:
             _seconds(self.timeout, "Wait(timeout=...)")
 

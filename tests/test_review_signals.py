@@ -190,6 +190,7 @@ def test_wait_refuses_a_signal_no_sender_can_address() -> None:
     with pytest.raises(ValueError):
         Wait.approval("x" * 1001)
     Wait(signal=("ci", "x" * 1000))
+    Wait(signal=("inbox", "x" * 10_240))  # a thread's own wait: thread keys have no limit
 
 
 def test_wait_and_sleep_refuse_timeouts_past_what_the_database_stores() -> None:

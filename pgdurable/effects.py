@@ -32,7 +32,11 @@ Contract (every clause is a test in ``tests/test_idempotency.py``):
   (``asyncio.CancelledError``, ``KeyboardInterrupt``) releases its claim at
   once, so the next caller executes without waiting for the lease; so does a
   caller interrupted in its claim statement (it may have committed before the
-  answer arrived).
+  answer arrived). Recording the outcome survives a lost connection: the
+  owner reconnects and retries a few times (about 3 s; the write is
+  idempotent for its owner and fenced by the lease), so a connection that
+  dies right after ``fn`` does not leave the claim to lapse and the effect to
+  run again.
 * **Waiting** polls the key with capped exponential backoff and jitter (50 ms
   growing to 1 s, never more than ``lease / 2``), one short statement each, on
   no held connection between polls. ``wait_timeout`` (default ``None``: as long
@@ -212,10 +216,12 @@ def _lost(key: str) -> LeaseLost:
 # --------------------------------------------------------------------------
 @dataclass(frozen=True)
 class _Query:
-    """Run one statement; send back its first row."""
+    """Run one statement; send back its first row. With ``soft``, a lost
+    connection (:class:`DatabaseUnavailable`) is sent back instead of raised."""
 
     sql: str
     args: tuple[Any, ...]
+    soft: bool = False
 
 
 @dataclass(frozen=True)
@@ -251,15 +257,32 @@ def _protocol(p: _Params, owner: str) -> Generator[_Op, Any, Any]:
         if not isinstance(ran, Exception):  # cancelled or interrupted: no outcome to store
             yield _Query(_RELEASE, (p.key, owner))
             raise ran
-        row = yield _Query(_FAIL, (p.key, owner, _encode_error(ran), p.ttl))
+        row = yield from _settle(_FAIL, (p.key, owner, _encode_error(ran), p.ttl))
         if row is not None and not row[0]:
             raise _lost(p.key) from ran
         raise ran
     value, payload = ran
-    row = yield _Query(_FINISH, (p.key, owner, payload, p.ttl))
+    row = yield from _settle(_FINISH, (p.key, owner, payload, p.ttl))
     if row is not None and not row[0]:
         raise _lost(p.key)
     return value
+
+
+_SETTLE_DELAYS = (0.1, 0.3, 1.0, 2.0)
+
+
+def _settle(sql: str, args: tuple[Any, ...]) -> Generator[_Op, Any, Any]:
+    """Record the outcome, retrying a lost connection a few times (≈ 3.4 s in
+    all): the effect has run, and while the claim is unsettled any caller
+    after its lease would run it again. A write after the lease lapsed is
+    refused by the fence (-> LeaseLost), never applied late."""
+    for delay in _SETTLE_DELAYS:
+        reply = yield _Query(sql, args, soft=True)
+        if not isinstance(reply, DatabaseUnavailable):
+            return reply
+        yield _Sleep(delay)
+    reply = yield _Query(sql, args)
+    return reply
 
 
 # --------------------------------------------------------------------------
@@ -293,7 +316,16 @@ async def _aconnection(
 
     @asynccontextmanager
     async def held() -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+        nonlocal conn
         async with lock:
+            if conn.broken or conn.closed:  # lost: reconnect (settle retries need it)
+                try:
+                    conn = await psycopg.AsyncConnection.connect(
+                        target, autocommit=True, options=library_options(target),
+                        connect_timeout=10,
+                    )
+                except psycopg.OperationalError as exc:
+                    raise DatabaseUnavailable(f"cannot connect: {first_line(str(exc))}") from None
             yield conn
 
     try:
@@ -365,6 +397,10 @@ async def with_idempotency(
             if isinstance(op, _Query):
                 try:
                     reply = await _aone(conns, op.sql, op.args)
+                except DatabaseUnavailable as exc:
+                    if not op.soft:
+                        raise
+                    reply = exc
                 except BaseException as exc:
                     # interrupted, the claim may have committed unseen: give it up
                     if op.sql is _CLAIM and not isinstance(exc, Exception):
@@ -429,7 +465,10 @@ def _connection(target: ConnectionPool[Any] | str) -> Iterator[Callable[[], Any]
 
     @contextmanager
     def held() -> Iterator[psycopg.Connection[Any]]:
+        nonlocal conn
         with lock:
+            if conn.broken or conn.closed:  # lost: reconnect (settle retries need it)
+                conn = connect(target)
             yield conn
 
     try:
@@ -472,6 +511,10 @@ def with_idempotency_sync(
             if isinstance(op, _Query):
                 try:
                     reply = _one(conns, op.sql, op.args)
+                except DatabaseUnavailable as exc:
+                    if not op.soft:
+                        raise
+                    reply = exc
                 except BaseException as exc:
                     # interrupted, the claim may have committed unseen: give it up
                     if op.sql is _CLAIM and not isinstance(exc, Exception):

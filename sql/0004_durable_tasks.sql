@@ -130,6 +130,8 @@ COMMENT ON FUNCTION pgdurable.idempotency_renew(text, text, interval) IS
 -- claim records its outcome, 'succeeded' with result or 'failed' with error,
 -- kept until now() + ttl (ttl must be positive: PD000). False when p_owner
 -- no longer holds the running claim (it was taken over): nothing is written.
+-- Idempotent for its owner: true again when p_owner already settled the key
+-- with this outcome (a retry after a lost answer).
 CREATE FUNCTION pgdurable._idempotency_settle(p_key text, p_owner text, p_succeeded boolean,
                                               p_result jsonb, p_error jsonb, p_ttl interval)
 RETURNS boolean
@@ -143,7 +145,13 @@ BEGIN
          result = p_result, error = p_error,
          expires_at = pgdurable.now() + p_ttl
    WHERE key = p_key AND owner = p_owner AND status = 'running';
-  RETURN FOUND;
+  IF FOUND THEN
+    RETURN true;
+  END IF;
+  -- a retry whose first try committed but lost its answer: already settled so
+  RETURN EXISTS (SELECT FROM pgdurable.idempotency_keys
+                  WHERE key = p_key AND owner = p_owner
+                    AND status = CASE WHEN p_succeeded THEN 'succeeded' ELSE 'failed' END);
 END
 $$;
 COMMENT ON FUNCTION pgdurable._idempotency_settle(text, text, boolean, jsonb, jsonb, interval) IS

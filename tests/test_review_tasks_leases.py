@@ -14,11 +14,13 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg_pool import AsyncConnectionPool
 
 from pgdurable import (
     DurableStep,
     PostgresDurableStore,
     define_durable_task,
+    with_idempotency,
 )
 
 
@@ -155,3 +157,57 @@ async def test_store_on_a_callers_pool_leaves_its_connections_transactional(dsn:
             cur = await c.execute("SELECT count(*) FROM app_rows")
             assert await cur.fetchone() == (0,)
             assert not c.autocommit
+
+
+KILL_LIBRARY_CONNECTIONS = (
+    "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+    "WHERE datname = current_database() AND application_name = 'pgdurable' "
+    "AND pid <> pg_backend_pid()")
+
+
+@pytest.mark.parametrize("target", ["conninfo", "pool"])
+async def test_a_connection_lost_before_the_outcome_is_written_is_retried(
+        dsn: str, conn: psycopg.Connection[Any], target: str) -> None:
+    """The effect ran; the connection that would record its result dies (a
+    server restart, a failover, a proxy). The owner reconnects and records it
+    (a few retries), instead of leaving the claim 'running' until its lease
+    lapses and a later caller executes the effect a second time."""
+    calls: list[int] = []
+
+    async def effect() -> Any:
+        calls.append(1)
+        with psycopg.connect(dsn, autocommit=True, application_name="killer") as k:
+            row = k.execute(KILL_LIBRARY_CONNECTIONS).fetchone()
+            assert row is not None and row[0] >= 1
+        return {"charged": 42}
+
+    pool: AsyncConnectionPool[Any] | None = None
+    if target == "pool":
+        pool = AsyncConnectionPool(dsn, min_size=1, max_size=1, open=False,
+                                   kwargs={"autocommit": True, "application_name": "pgdurable"})
+        await pool.open(wait=True)
+    where: Any = pool if pool is not None else dsn
+    try:
+        assert await with_idempotency(where, "charge-1", effect) == {"charged": 42}
+        assert await with_idempotency(where, "charge-1", effect) == {"charged": 42}
+    finally:
+        if pool is not None:
+            await pool.close()
+    assert calls == [1]
+    assert conn.execute("SELECT status, result FROM pgdurable.idempotency_keys "
+                        "WHERE key = 'charge-1'").fetchone() == ("succeeded", {"charged": 42})
+
+
+def test_a_settle_retried_after_a_lost_answer_is_still_true(conn: psycopg.Connection[Any]) -> None:
+    """The first finish committed but its answer was lost: the retry by the
+    same owner reports success (not a false "taken over"); another owner's or
+    another outcome's settle stays false."""
+    row = conn.execute("SELECT claimed FROM pgdurable.idempotency_claim('k', 'me', "
+                       "interval '30 s')").fetchone()
+    assert row == (True,)
+    finish = "SELECT pgdurable.idempotency_finish('k', %s, '1'::jsonb, interval '1 day')"
+    assert conn.execute(finish, ("me",)).fetchone() == (True,)
+    assert conn.execute(finish, ("me",)).fetchone() == (True,)
+    assert conn.execute(finish, ("someone else",)).fetchone() == (False,)
+    assert conn.execute("SELECT pgdurable.idempotency_fail('k', 'me', '{}'::jsonb, "
+                        "interval '1 day')").fetchone() == (False,)

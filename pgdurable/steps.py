@@ -178,7 +178,6 @@ class RunContext:
     _app: Any = field(default=None, repr=False)  # the Durable app (inbox, emit)
     _owner: str | None = field(default=None, repr=False)  # the worker id (lease fence)
     _emitted: int = field(default=0, repr=False)  # events emitted by this step so far
-    _inbox_seen: set[int] = field(default_factory=set, repr=False)  # seqs inbox() returned
     _loop: Any = field(default=None, repr=False)  # the worker's event loop (sync twins)
     #: The run's thread key (thread runs), known after ``await ctx.inbox()``.
     thread_key: str | None = None

@@ -289,19 +289,15 @@ def parse_message(row: tuple[Any, ...]) -> Message:
 async def take(ctx: RunContext) -> list[Message]:
     """``ctx.inbox()``: drain the thread inbox for this step (fenced, one round trip).
 
-    TAKE returns every message reserved for the run (the earlier calls of this
-    step included: a retried step must see them again), so the messages this
-    ``ctx`` (one attempt of one step) already returned are left out: a second
-    ``inbox()`` in the same step returns only what arrived since.
+    Each message once per attempt: a second ``inbox()`` in the same step
+    returns only what arrived since (see ``pgdurable.take_messages``).
     """
     app, owner = ctx._attached()
     rid = q.check_run_id(ctx.run_id)
     rows = await app.fetchall(TAKE, (rid, ctx.token, owner))
-    seen = ctx._inbox_seen
-    messages = [m for m in map(parse_message, rows) if m.seq not in seen]
-    seen.update(m.seq for m in messages)
-    if rows:
-        ctx.thread_key = decode_thread_key(rows[0][5])
+    messages = [parse_message(r) for r in rows]
+    if messages:
+        ctx.thread_key = messages[0].thread_key
     elif ctx.thread_key is None:
         row = await app.fetchone(RUN_THREAD, (rid,))
         ctx.thread_key = None if row is None or row[0] is None else decode_thread_key(row[0])

@@ -459,9 +459,11 @@ COMMENT ON FUNCTION pgdurable.send_message(text, text, jsonb, text, text, text, 
 -- pgdurable.take_messages(id, token, owner)
 --   -> TABLE(seq bigint, message_id text, payload jsonb, sender text,
 --            created_at timestamptz, thread_key text)
--- FENCED (PD001). ctx.inbox(): the thread's unconsumed messages that are
--- free or already reserved by this run, in seq order, reserved for
--- (run, current step). Consumed when the step's checkpoint commits (trigger).
+-- FENCED (PD001). ctx.inbox(): the thread's unconsumed, unreserved messages,
+-- in seq order, now reserved for (run, current step): each message once per
+-- attempt (a second call returns only what arrived since; a new attempt finds
+-- an earlier attempt's reservations returned by the runs_thread_sync trigger).
+-- Consumed when the step's checkpoint commits (trigger).
 -- The run's attempt must own the thread lease (a lapsed one is re-acquired);
 -- if another owner holds it -> PD001 (the run lost its thread). Pending
 -- ('inbox', key) signals are consumed (the owner has seen its inbox). A run
@@ -504,8 +506,7 @@ BEGIN
   RETURN QUERY
   WITH u AS (
     UPDATE pgdurable.thread_messages m SET taken_by = r.id, taken_step = r.step
-     WHERE m.thread_key = r.thread_key AND m.consumed_at IS NULL
-       AND (m.taken_by IS NULL OR m.taken_by = r.id)
+     WHERE m.thread_key = r.thread_key AND m.consumed_at IS NULL AND m.taken_by IS NULL
     RETURNING m.seq, m.message_id, m.payload, m.sender, m.created_at, m.thread_key)
   SELECT * FROM u ORDER BY u.seq;
 END

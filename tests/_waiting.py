@@ -6,7 +6,8 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from datetime import timedelta
 from typing import Any
 
 from pgdurable import Durable, RunInfo, Worker
@@ -55,3 +56,11 @@ async def running(worker: Worker) -> AsyncIterator[Worker]:
     finally:
         await worker.stop(grace=2)
         await task
+
+
+def app_running(app: Durable, **options: Any) -> AbstractAsyncContextManager[Worker]:
+    """:func:`running` for a worker of ``app`` with test-friendly defaults
+    (lease TTL 10 s, poll 0.2 s; ``options`` go to ``app.worker``)."""
+    options.setdefault("lease_ttl", timedelta(seconds=10))
+    options.setdefault("poll_interval", 0.2)
+    return running(app.worker(**options))

@@ -3,40 +3,19 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
-from datetime import timedelta
 from typing import Any
 
 import psycopg
 import pytest
 from _waiting import WAIT_LIMIT, finished, until
+from _waiting import app_running as running
 
 from pgdurable import Continue, Done, Durable, InvalidInput, RunContext
-from pgdurable.stream import StreamEvent
+from tests.test_stream import collect
+from tests.test_threads import q1
 
 LISTENERS = ("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
              "AND query = 'LISTEN pgdurable_events'")
-
-
-def q1(conn: psycopg.Connection[Any], sql: str, params: tuple[Any, ...] = ()) -> Any:
-    row = conn.execute(sql, params).fetchone()
-    return None if row is None else row[0]
-
-
-@asynccontextmanager
-async def running(app: Durable) -> AsyncIterator[Any]:
-    w = app.worker(lease_ttl=timedelta(seconds=10), poll_interval=0.2)
-    t = asyncio.create_task(w.run())
-    try:
-        yield w
-    finally:
-        await w.stop(grace=2)
-        await t
-
-
-async def collect(it: AsyncIterator[StreamEvent]) -> list[StreamEvent]:
-    return [ev async for ev in it]
 
 
 async def test_a_second_inbox_in_the_same_step_returns_only_new_messages(

@@ -11,14 +11,13 @@ import subprocess
 import sys
 import threading
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
 from _waiting import WAIT_LIMIT, until_sync
+from _waiting import app_running as running
 
 from pgdurable import Continue, Done, Durable, RunContext, RunNotFound
 from pgdurable.stream import StreamEvent
@@ -26,17 +25,6 @@ from tests._thread_procs import EVENTS_PER_STEP, STEPS, create_scratch
 from tests.test_threads import q1, stop, worker_proc
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-@asynccontextmanager
-async def running(app: Durable) -> AsyncIterator[Any]:
-    w = app.worker(lease_ttl=timedelta(seconds=10), poll_interval=0.2)
-    t = asyncio.create_task(w.run())
-    try:
-        yield w
-    finally:
-        await w.stop(grace=2)
-        await t
 
 
 async def collect(it: AsyncIterator[StreamEvent]) -> list[StreamEvent]:

@@ -9,8 +9,7 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -18,6 +17,7 @@ from typing import Any
 import psycopg
 import pytest
 from _waiting import WAIT_LIMIT, until, until_sync
+from _waiting import app_running as running
 
 from pgdurable import (
     Continue,
@@ -86,17 +86,6 @@ def thread_idle(conn: psycopg.Connection[Any], thread: str) -> Callable[[], bool
         return bool(q1(conn, "SELECT NOT EXISTS (SELECT FROM pgdurable.runs WHERE thread_key = %s "
                              "AND status NOT IN ('completed','failed','cancelled'))", (thread,)))
     return check
-
-
-@asynccontextmanager
-async def running(app: Durable, **kw: Any) -> AsyncIterator[Any]:
-    w = app.worker(lease_ttl=kw.pop("lease_ttl", timedelta(seconds=10)), poll_interval=0.2, **kw)
-    t = asyncio.create_task(w.run())
-    try:
-        yield w
-    finally:
-        await w.stop(grace=2)
-        await t
 
 
 # -- SQL and API basics ----------------------------------------------------------

@@ -24,9 +24,10 @@ async def until(pred: Callable[[], Awaitable[Any]], what: str = "condition") -> 
         await asyncio.sleep(0.02)
 
 
-def until_sync(pred: Callable[[], Any], what: str = "condition") -> None:
-    """Sync twin of :func:`until`."""
-    end = time.monotonic() + WAIT_LIMIT
+def until_sync(pred: Callable[[], Any], what: str = "condition",
+               timeout: float = WAIT_LIMIT) -> None:
+    """Sync twin of :func:`until` (``timeout``: a longer bound for slow setups)."""
+    end = time.monotonic() + timeout
     while not pred():
         if time.monotonic() > end:
             raise AssertionError(f"timed out waiting for {what}")

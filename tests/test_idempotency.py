@@ -13,14 +13,14 @@ import signal
 import subprocess
 import sys
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
+from _waiting import until_sync as wait_until
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 from pgdurable import (
@@ -54,13 +54,6 @@ def key_row(c: psycopg.Connection[Any], key: str) -> tuple[Any, ...] | None:
                      "WHERE key = %s", (key,)).fetchone()
 
 
-def wait_until(predicate: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
-    """Poll ``predicate`` (a liveness guard, not a timing assertion)."""
-    end = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > end:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
 
 
 def spawn(*args: str) -> subprocess.Popen[str]:

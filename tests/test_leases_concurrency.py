@@ -6,12 +6,12 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
+from _waiting import until_sync as wait_until
 
 from pgdurable import PostgresLeaseProvider
 
@@ -34,13 +34,6 @@ def read_json(p: subprocess.Popen[str]) -> Any:
     return json.loads(line)
 
 
-def wait_until(pred: Any, what: str, timeout: float = 60.0) -> None:
-    """Poll a database condition (not a timing assertion: a generous deadline)."""
-    deadline = time.monotonic() + timeout
-    while not pred():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
 
 
 @pytest.mark.slow

@@ -8,12 +8,11 @@ then cancelling the task before it can read the answer.
 from __future__ import annotations
 
 import asyncio
-import time
-from collections.abc import Callable
 from typing import Any
 
 import psycopg
 import pytest
+from _waiting import until_sync as wait_until
 from psycopg_pool import AsyncConnectionPool
 
 from pgdurable import (
@@ -22,19 +21,7 @@ from pgdurable import (
     define_durable_task,
     with_idempotency,
 )
-
-
-def is_count(value: Any) -> bool:
-    return isinstance(value, dict) and isinstance(value.get("count"), int)
-
-
-def wait_until(predicate: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
-    """Poll ``predicate`` (a liveness guard, not a timing assertion)."""
-    end = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > end:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
+from tests.test_tasks import is_count
 
 
 def advisory_locks(c: psycopg.Connection[Any], *, granted: bool) -> int:

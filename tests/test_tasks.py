@@ -20,6 +20,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from _waiting import until_sync as wait_until
 
 import pgdurable
 from pgdurable import (
@@ -75,13 +76,6 @@ async def stored(store: DurableStore, task_id: str) -> dict[str, Any] | None:
     return None if rec is None else dict(rec)
 
 
-def wait_until(predicate: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
-    """Poll ``predicate`` (a liveness guard, not a timing assertion)."""
-    end = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > end:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
 
 
 def spawn(*args: str) -> subprocess.Popen[str]:

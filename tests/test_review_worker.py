@@ -148,65 +148,67 @@ async def test_run_continues_normally_after_errors(app: Durable) -> None:
     assert info.status == "completed" and info.result == {"n": 1}
 
 
-async def test_sync_steps_of_all_slots_run_at_once(app: Durable) -> None:
-    """``concurrency`` sync steps run at the same time, each in its own thread:
-    they are not queued behind the event loop's default executor (whose size
-    is min(32, cpu_count + 4)); 40 slots > 32 on any machine."""
-    n = 40
-    started: set[str] = set()
-    lock = threading.Lock()
-    gate = threading.Event()
+SLOTS = 40  # more than the loop's default executor (min(32, cpu_count + 4)) on any machine
 
-    @app.task("blocking", revision="1")
-    def blocking(ctx: RunContext, state: Any) -> Any:
-        with lock:
-            started.add(ctx.run_id)
-        gate.wait()
-        return Done()
 
-    ids = [await app.start("blocking", {}) for _ in range(n)]
+class _Gate:
+    """Records which runs entered a blocking sync step; holds them until opened."""
+
+    def __init__(self) -> None:
+        self.started: set[str] = set()
+        self._lock = threading.Lock()
+        self.open = threading.Event()
+
+    def enter(self, run_id: str) -> None:
+        with self._lock:
+            self.started.add(run_id)
+        self.open.wait()
+
+
+async def _all_slots_run_at_once(app: Durable, task: str, gate: _Gate) -> None:
+    """Start SLOTS runs of ``task`` on a worker with SLOTS slots: every sync step
+    must be running at the same time (each in its own thread), then all complete."""
+    ids = [await app.start(task) for _ in range(SLOTS)]
     try:
-        async with running(app.worker(concurrency=n, lease_ttl=LONG_TTL, poll_interval=0.5)):
+        async with running(app.worker(concurrency=SLOTS, lease_ttl=LONG_TTL,
+                                      poll_interval=0.5)):
             async def all_started() -> bool:
-                return len(started) == n
+                return len(gate.started) == SLOTS
 
-            await until(all_started, f"{n} sync steps to run at once")
-            gate.set()
+            await until(all_started, f"{SLOTS} sync steps of {task} to run at once")
+            gate.open.set()
             for rid in ids:
                 assert (await finished(app, rid)).status == "completed"
     finally:
-        gate.set()
+        gate.open.set()
+
+
+async def test_sync_steps_of_all_slots_run_at_once(app: Durable) -> None:
+    """``concurrency`` sync steps run at the same time, each in its own thread:
+    they are not queued behind the event loop's default executor."""
+    gate = _Gate()
+
+    @app.task("blocking", revision="1")
+    def blocking(ctx: RunContext, state: Any) -> Any:
+        gate.enter(ctx.run_id)
+        return Done()
+
+    await _all_slots_run_at_once(app, "blocking", gate)
 
 
 async def test_sync_durable_task_steps_of_all_slots_run_at_once(app: Durable) -> None:
     """The same for the sync steps of a registered durable task definition."""
-    n = 40
-    started: set[str] = set()
-    lock = threading.Lock()
-    gate = threading.Event()
+    gate = _Gate()
 
     def block(state: Any, context: DurableRunContext) -> Any:
-        with lock:
-            started.add(context.run.run_id)
-        gate.wait()
+        gate.enter(context.run.run_id)
         return {**state, "done": True}
 
     app.register(define_durable_task(
         id="blocking-durable", revision="1", is_state=lambda v: isinstance(v, dict),
         initial_state={}, steps=[DurableStep(id="block", run=block)],
     ))
-    ids = [await app.start("blocking-durable") for _ in range(n)]
-    try:
-        async with running(app.worker(concurrency=n, lease_ttl=LONG_TTL, poll_interval=0.5)):
-            async def all_started() -> bool:
-                return len(started) == n
-
-            await until(all_started, f"{n} sync durable steps to run at once")
-            gate.set()
-            for rid in ids:
-                assert (await finished(app, rid)).status == "completed"
-    finally:
-        gate.set()
+    await _all_slots_run_at_once(app, "blocking-durable", gate)
 
 
 async def test_broken_exception_str_is_still_recorded(app: Durable) -> None:

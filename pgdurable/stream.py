@@ -58,14 +58,9 @@ BATCH = 500
 
 # -- fenced append/overwrite of the idx-th event of the current step; returns seq
 EMIT = "SELECT pgdurable.emit_event(%s::uuid, %s::bigint, %s::text, %s::integer, %s::jsonb)"
-# -- one snapshot: the run's status/result/error and its events after a cursor; final only
-# -- for the run's current end (an end event of a run revived by retry_run is not final)
+# -- one snapshot: the run's status/result/error and its events after a cursor
 READ_RUN = """
-SELECT r.status, r.result, r.error, e.seq, e.event,
-       e.final AND r.status IN ('completed', 'failed', 'cancelled', 'incompatible')
-         AND NOT EXISTS (SELECT FROM pgdurable.run_events y
-                          WHERE y.run_id = r.id AND y.seq > e.seq),
-       e.created_at
+SELECT r.status, r.result, r.error, e.seq, e.event, e.final, e.created_at
   FROM pgdurable.runs r
   LEFT JOIN LATERAL (
     SELECT x.seq, x.event, x.final, x.created_at FROM pgdurable.run_events x
@@ -73,13 +68,9 @@ SELECT r.status, r.result, r.error, e.seq, e.event,
  WHERE r.id = %s::uuid
  ORDER BY e.seq
 """
-# -- a thread's events after a (thread_no, seq) cursor, in thread order (final as in READ_RUN)
+# -- a thread's events after a (thread_no, seq) cursor, in thread order
 READ_THREAD = """
-SELECT r.id, r.thread_no, e.seq, e.event,
-       e.final AND r.status IN ('completed', 'failed', 'cancelled', 'incompatible')
-         AND NOT EXISTS (SELECT FROM pgdurable.run_events y
-                          WHERE y.run_id = r.id AND y.seq > e.seq),
-       e.created_at
+SELECT r.id, r.thread_no, e.seq, e.event, e.final, e.created_at
   FROM pgdurable.runs r JOIN pgdurable.run_events e ON e.run_id = r.id
  WHERE r.thread_key = %s::text AND (r.thread_no, e.seq) > (%s, %s)
  ORDER BY r.thread_no, e.seq

@@ -106,7 +106,8 @@ COMMENT ON COLUMN pgdurable.run_events.idx IS
   'Index of the event within its step (0, 1, ...): a retried step overwrites (step, idx) instead of appending.';
 COMMENT ON COLUMN pgdurable.run_events.token IS 'Lease token of the attempt that wrote the event.';
 COMMENT ON COLUMN pgdurable.run_events.final IS
-  'True for the run''s last event, written in the transaction that made the run terminal.';
+  'True for the run''s last event, written in the transaction that made the run terminal '
+  '(cleared by retry_run, which revives the run).';
 CREATE UNIQUE INDEX run_events_step_idx ON pgdurable.run_events (run_id, step, idx)
   WHERE step IS NOT NULL;
 

@@ -127,7 +127,8 @@ COMMENT ON COLUMN pgdurable.queue_stats.oldest_runnable_age IS
 -- (state and step kept): attempts, reclaims and claims reset to 0, error, wake, wait,
 -- lease, cancel request and finished_at cleared, available now; NOTIFY
 -- pgdurable_wake(queue). The deadline is kept (a run past its deadline fails
--- again at its next boundary). Unknown id: PD002. Any other status: PD000,
+-- again at its next boundary). The run's end event stays in its stream with
+-- final = false (the run goes on after it). Unknown id: PD002. Any other status: PD000,
 -- nothing changes. A thread run can be retried only while it is its thread's
 -- latest run (else PD000): a thread has one owner at a time, and a revived
 -- older run would compete with its successor for the thread.
@@ -158,6 +159,8 @@ BEGIN
          lease_owner = NULL, lease_expires_at = NULL, cancel_requested_at = NULL,
          available_at = pgdurable.now(), finished_at = NULL, updated_at = pgdurable.now()
    WHERE id = p_id;
+  -- its end event is no longer its end: streams follow the revived run past it
+  UPDATE pgdurable.run_events SET final = false WHERE run_id = p_id AND final;
   PERFORM pg_notify('pgdurable_wake', r.queue);
   RETURN 'runnable';
 END

@@ -227,19 +227,16 @@ async def test_broken_exception_str_is_still_recorded(app: Durable) -> None:
     assert info.error is not None and info.error["type"] == "Weird"
 
 
-async def test_shutdown_of_a_step_that_turns_cancel_into_an_error_releases_it(
-    app: Durable,
-) -> None:
-    """A step that converts the worker's cancellation into its own exception
-    (``except CancelledError: raise ToolError``) is still a stop, not a failed
-    attempt: a graceful shutdown gives the run back at its checkpoint."""
+class ToolError(Exception):
+    pass
 
-    class ToolError(Exception):
-        pass
 
+def register_cancel_wrapper(app: Durable, name: str, max_attempts: int) -> asyncio.Event:
+    """A task whose step turns its cancellation into its own error
+    (``except CancelledError: raise ToolError``); returns the "in step" event."""
     started = asyncio.Event()
 
-    @app.task("wrapping", revision="1", max_attempts=1)
+    @app.task(name, revision="1", max_attempts=max_attempts)
     async def wrapping(ctx: RunContext, state: Any) -> Any:
         started.set()
         try:
@@ -248,6 +245,16 @@ async def test_shutdown_of_a_step_that_turns_cancel_into_an_error_releases_it(
             raise ToolError("tool call interrupted") from exc
         return Done()
 
+    return started
+
+
+async def test_shutdown_of_a_step_that_turns_cancel_into_an_error_releases_it(
+    app: Durable,
+) -> None:
+    """A step that converts the worker's cancellation into its own exception
+    is still a stop, not a failed attempt: a graceful shutdown gives the run
+    back at its checkpoint."""
+    started = register_cancel_wrapper(app, "wrapping", max_attempts=1)
     rid = await app.start("wrapping", {"v": 1})
     worker = app.worker(lease_ttl=LONG_TTL, poll_interval=5)
     task = asyncio.create_task(worker.run())
@@ -262,20 +269,7 @@ async def test_shutdown_of_a_step_that_turns_cancel_into_an_error_releases_it(
 async def test_cancel_of_a_step_that_turns_cancel_into_an_error_is_a_cancel(
     app: Durable,
 ) -> None:
-    class ToolError(Exception):
-        pass
-
-    started = asyncio.Event()
-
-    @app.task("wrapping2", revision="1", max_attempts=3)
-    async def wrapping2(ctx: RunContext, state: Any) -> Any:
-        started.set()
-        try:
-            await asyncio.Event().wait()
-        except asyncio.CancelledError as exc:
-            raise ToolError("tool call interrupted") from exc
-        return Done()
-
+    started = register_cancel_wrapper(app, "wrapping2", max_attempts=3)
     rid = await app.start("wrapping2", {})
     async with running(app.worker(lease_ttl=LONG_TTL, poll_interval=5)):
         await asyncio.wait_for(started.wait(), WAIT_LIMIT)

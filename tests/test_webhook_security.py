@@ -192,6 +192,34 @@ def test_secrets_shorter_than_32_bytes_are_refused() -> None:
     app(durable, secret="é" * 16, kinds=["ci"])  # 32 bytes of UTF-8
 
 
+def test_bad_arguments_are_typed_errors() -> None:
+    durable = Durable("postgresql://localhost/none")
+    for kw, error in (
+        ({"secret": CI, "kinds": "ci"}, TypeError),            # a str is not a list of kinds
+        ({"secret": CI, "kinds": []}, ValueError),
+        ({"secret": CI, "kinds": [""]}, ValueError),
+        ({"secrets": {}}, TypeError),
+        ({"secrets": [("ci", CI)]}, TypeError),
+        ({"secrets": {"ci": []}}, TypeError),
+        ({"secrets": {"ci": 42}}, TypeError),
+        ({"secrets": {"ci": CI}, "kinds": ["ci"]}, TypeError),
+        ({"secret": CI, "kinds": ["ci"], "tolerance": timedelta(0)}, ValueError),
+        ({"secret": CI, "kinds": ["ci"], "tolerance": 300}, ValueError),
+    ):
+        with pytest.raises(error):
+            app(durable, **kw)
+    for args, kw, error in (
+        (("ci", "x", "not bytes"), {}, TypeError),
+        (("ci", "x", b""), {"signal_id": "a\r\nX-Evil: 1"}, ValueError),  # header injection
+        (("ci", "x", b""), {"signal_id": ""}, ValueError),
+        (("", "x", b""), {}, ValueError),
+        (("ci", "\ud800", b""), {}, ValueError),
+        (("ci", "x", b""), {"timestamp": 1.5}, TypeError),
+    ):
+        with pytest.raises(error):
+            sign_request(CI, *args, **kw)
+
+
 async def test_a_rotation_accepts_either_secret(dsn: str, conn: psycopg.Connection[Any]) -> None:
     new = "new-" + "n" * 32
     async with serving(app(Durable(dsn), secrets={"ci": [new, CI]})) as client:

@@ -2,16 +2,21 @@
 
 Serve the ASGI app (e.g. behind your reverse proxy)::
 
-    PGDURABLE_DSN=postgresql://... PGDURABLE_WEBHOOK_SECRET=... \\
+    PGDURABLE_DSN=postgresql://... \\
+    PGDURABLE_CI_SECRET=$(python -c 'import secrets; print(secrets.token_hex(32))') \\
+    PGDURABLE_APPROVAL_SECRET=$(python -c 'import secrets; print(secrets.token_hex(32))') \\
         uvicorn examples.webhook_app:hooks --host 127.0.0.1 --port 8080
 
-or mount it in FastAPI / Starlette: ``api.mount("/hooks", hooks)``. A sender
-signs the raw body: ``X-Pgdurable-Signature: sha256=<HMAC-SHA256(secret, body)>``
-and may set ``Idempotency-Key`` (retries are then delivered once).
+or mount it in FastAPI / Starlette: ``api.mount("/hooks", hooks)``. Each kind
+has its own secret (the CI system cannot sign approvals). A sender signs
+timestamp, path, signal id and body: ``webhooks.sign_request(secret, kind,
+ref, body, signal_id=...)`` returns the headers (``docs/webhooks.md``;
+``examples/webhook_sender.py`` computes them by hand).
 
 Run as a script, it serves the app with uvicorn on a free port of 127.0.0.1,
-starts a run that waits for CI, and plays the CI system: one unsigned request
-(401) and one signed request (200, the run wakes and completes).
+starts a run that waits for CI, and plays the CI system: an unsigned request
+(401), a request signed with the CI secret for an approval (401), then the
+signed CI callback (200: the run wakes and completes).
 """
 
 from __future__ import annotations
@@ -19,8 +24,10 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import secrets
 import socket
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from typing import Any
 
 import httpx
@@ -30,8 +37,11 @@ import pgdurable
 from pgdurable import Done, RunContext, Wait, webhooks
 
 app = pgdurable.Durable()  # DSN from PGDURABLE_DSN / DATABASE_URL
-SECRET = os.environ.get("PGDURABLE_WEBHOOK_SECRET", "change-me")
-hooks = webhooks.app(app, secret=SECRET)  # the ASGI app: POST /signals/{kind}/{ref}
+# at least 32 bytes each; a fresh random secret when none is configured (the demo)
+CI_SECRET = os.environ.get("PGDURABLE_CI_SECRET") or secrets.token_hex(32)
+APPROVAL_SECRET = os.environ.get("PGDURABLE_APPROVAL_SECRET") or secrets.token_hex(32)
+# the ASGI app: POST /signals/{kind}/{ref}, one secret per kind
+hooks = webhooks.app(app, secrets={"ci": CI_SECRET, "approval": APPROVAL_SECRET})
 
 
 @app.task("deploy", revision="1")
@@ -51,12 +61,14 @@ async def eventually(check: Callable[[], Awaitable[bool]]) -> None:
     raise TimeoutError("condition not reached")
 
 
-async def main() -> None:
+@asynccontextmanager
+async def serving() -> AsyncIterator[str]:
+    """Serve :data:`hooks` with uvicorn and run a worker; yield the base URL."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     server = uvicorn.Server(uvicorn.Config(hooks, host="127.0.0.1", port=port, log_level="warning"))
-    serving = asyncio.create_task(server.serve())
+    serve = asyncio.create_task(server.serve())
     worker = app.worker()
     working = asyncio.create_task(worker.run())
     try:
@@ -64,35 +76,54 @@ async def main() -> None:
             return server.started
 
         await eventually(started)
-        run_id = await app.start("deploy", {"build": "build/42"})
-        async def parked() -> bool:
-            return (await app.get_run(run_id)).status == "waiting"
-
-        await eventually(parked)
-        body = json.dumps({"conclusion": "success"}).encode()
-        url = f"http://127.0.0.1:{port}/signals/ci/build%2F42"  # ref "build/42"
-        async with httpx.AsyncClient(timeout=30) as http:
-            unsigned = await http.post(url, content=body)
-            print("unsigned:", unsigned.status_code, unsigned.json())
-            assert unsigned.status_code == 401
-            signed = await http.post(url, content=body, headers={
-                webhooks.SIGNATURE_HEADER: webhooks.sign(SECRET, body),
-                "Idempotency-Key": "ci-delivery-1"})
-            print("signed:", signed.status_code, signed.json())
-            assert signed.status_code == 200 and signed.json()["woken"] == [run_id]
-        async def finished() -> bool:
-            return (await app.get_run(run_id)).terminal
-
-        await eventually(finished)
-        info = await app.get_run(run_id)
-        print("result:", info.result)
-        assert info.result == {"build": "build/42", "ci": {"conclusion": "success"}}
+        yield f"http://127.0.0.1:{port}"
     finally:
         await worker.stop()
         await working
         server.should_exit = True
-        await serving
+        await serve
         await app.close()
+
+
+async def deploy_and_wait(post: Callable[[str], Awaitable[None]]) -> None:
+    """Start a deploy of build ``build/42``, let ``post(run_id)`` deliver the CI
+    callback, and check that the run completes with it."""
+    run_id = await app.start("deploy", {"build": "build/42"})
+
+    async def parked() -> bool:
+        return (await app.get_run(run_id)).status == "waiting"
+
+    await eventually(parked)
+    await post(run_id)
+
+    async def finished() -> bool:
+        return (await app.get_run(run_id)).terminal
+
+    await eventually(finished)
+    info = await app.get_run(run_id)
+    print("result:", info.result)
+    assert info.result == {"build": "build/42", "ci": {"conclusion": "success"}}
+
+
+async def main() -> None:
+    async with serving() as base, httpx.AsyncClient(base_url=base, timeout=30) as http:
+        async def post(run_id: str) -> None:
+            body = json.dumps({"conclusion": "success"}).encode()
+            path = webhooks.request_path("ci", "build/42")  # /signals/ci/build%2F42
+            unsigned = await http.post(path, content=body)
+            print("unsigned:", unsigned.status_code, unsigned.json())
+            assert unsigned.status_code == 401
+            forged = await http.post(webhooks.request_path("approval", "build/42"), content=body,
+                                     headers=webhooks.sign_request(CI_SECRET, "approval",
+                                                                   "build/42", body))
+            print("CI secret on an approval:", forged.status_code, forged.json())
+            assert forged.status_code == 401
+            signed = await http.post(path, content=body, headers=webhooks.sign_request(
+                CI_SECRET, "ci", "build/42", body, signal_id="ci-delivery-1"))
+            print("signed:", signed.status_code, signed.json())
+            assert signed.status_code == 200 and signed.json()["woken"] == [run_id]
+
+        await deploy_and_wait(post)
 
 
 if __name__ == "__main__":

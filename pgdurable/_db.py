@@ -54,7 +54,8 @@ def validate_dsn(dsn: str) -> str:
     """Check that ``dsn`` is a PostgreSQL conninfo or URL; return it unchanged.
 
     Raises :class:`InvalidInput` for a URL of another database (``mysql://``),
-    an empty string or a conninfo that does not parse.
+    an empty string or a conninfo that does not parse (libpq's reason, with the
+    tokens it quotes masked: they can be pieces of the password).
     """
     if not isinstance(dsn, str):
         raise TypeError(f"DSN must be a str, not {type(dsn).__name__}")
@@ -67,11 +68,24 @@ def validate_dsn(dsn: str) -> str:
         raise InvalidInput(
             f"DSN is not a PostgreSQL URL (scheme {m.group(1)!r}; expected postgresql://)"
         )
+    problem = None
     try:
         _conninfo.conninfo_to_dict(dsn)
     except psycopg.ProgrammingError as exc:
-        raise InvalidInput(f"DSN does not parse: {first_line(str(exc))}") from None
+        problem = mask_dsn_error(first_line(str(exc)))
+    if problem is not None:  # raised outside the handler: no __context__ holding libpq's text
+        raise InvalidInput(f"DSN does not parse: {problem}")
     return dsn
+
+
+# a token libpq quotes in a parse error ("missing "=" after "<token>"", "invalid
+# percent-encoded token: "<token>"", ...): it may be a piece of the password
+_QUOTED = re.compile(r'"([^"]*)"')
+
+
+def mask_dsn_error(message: str) -> str:
+    """libpq's DSN parse error with every quoted token but ``"="`` masked as ``"***"``."""
+    return _QUOTED.sub(lambda m: m.group() if m.group(1) == "=" else '"***"', message)
 
 
 def connect(dsn: str, *, autocommit: bool = True, **kwargs: Any) -> psycopg.Connection[Any]:

@@ -13,7 +13,7 @@ import json
 import math
 from typing import Any
 
-__all__ = ["DEFAULT_MAX_BYTES", "dumps", "loads", "validate"]
+__all__ = ["DEFAULT_MAX_BYTES", "dumps", "loads", "reject_lone_surrogates", "validate"]
 
 DEFAULT_MAX_BYTES = 64 * 1024 * 1024  # jsonb's own limit is 255 MiB; be saner.
 MAX_DEPTH = 512  # nesting; Python's json cannot (de)serialise ~1,000 levels anyway
@@ -94,3 +94,24 @@ def dumps(value: Any, what: str = "value", *, max_bytes: int | None = DEFAULT_MA
 def loads(text: str | bytes | None) -> Any:
     """Parse JSON text from the database (``None`` stays ``None``)."""
     return None if text is None else json.loads(text)
+
+
+def reject_lone_surrogates(value: Any, path: str = "value") -> None:
+    """``ValueError`` naming the path if a string or key in ``value`` holds a lone
+    surrogate (``"\\ud800"``: truncated LLM output, undecodable bytes from
+    ``argv``), which UTF-8, and so PostgreSQL, cannot encode."""
+    stack: list[tuple[Any, str]] = [(value, path)]
+    while stack:
+        v, where = stack.pop()
+        if isinstance(v, str):
+            try:
+                v.encode("utf-8")
+            except UnicodeEncodeError:
+                raise ValueError(f"{where} contains a lone surrogate, which UTF-8 cannot "
+                                 "encode") from None
+        elif isinstance(v, list | tuple):
+            stack.extend((item, f"{where}[{i}]") for i, item in enumerate(v))
+        elif isinstance(v, dict):
+            for k, item in v.items():
+                stack.append((k, f"{where} (a key)"))
+                stack.append((item, f"{where}[{k!r}]"))

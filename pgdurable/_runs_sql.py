@@ -82,6 +82,18 @@ TERMINAL = frozenset({"completed", "failed", "cancelled", "incompatible"})
 
 
 MAX_NAME_BYTES = 1000
+#: The largest ``max_attempts`` (the column is a 32-bit integer).
+MAX_ATTEMPTS = 2**31 - 1
+#: The furthest relative deadline accepted (about 1,000 years, as
+#: ``MAX_SIGNAL_TTL``): ``now() + deadline`` must stay a timestamp PostgreSQL stores.
+MAX_DEADLINE = timedelta(days=365_000)
+
+
+def check_max_attempts(value: object) -> int:
+    """``value`` if it is an int in 1 .. :data:`MAX_ATTEMPTS`, else ``ValueError``."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_ATTEMPTS:
+        raise ValueError(f"max_attempts must be an int from 1 to {MAX_ATTEMPTS}")
+    return value
 """The longest name or key (task, queue, signal kind/ref/id, idempotency key,
 message id, ...) in UTF-8 bytes: each is a B-tree index key, some in pairs
 (a signal's or a wait's kind and ref), and Postgres refuses index entries over
@@ -138,6 +150,7 @@ def start_params(
     """Validate start arguments (before any SQL) and return the START parameters."""
     check_name(task, "task")
     check_name(queue, "queue")
+    check_max_attempts(max_attempts)
     if isinstance(priority, bool) or not isinstance(priority, int):
         raise TypeError("priority must be an int")
     if not -(2**31) <= priority < 2**31:
@@ -151,6 +164,8 @@ def start_params(
     elif isinstance(deadline, timedelta):
         if deadline.total_seconds() <= 0:
             raise ValueError("deadline must be a positive timedelta")
+        if deadline > MAX_DEADLINE:
+            raise ValueError(f"deadline must be at most {MAX_DEADLINE.days} days away")
         deadline_in = deadline
     elif isinstance(deadline, datetime):
         if deadline.tzinfo is None:

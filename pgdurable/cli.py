@@ -33,9 +33,11 @@ from rich import box
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from rich.text import Text
 
 from . import _runs_sql, migrations
 from ._db import connect, resolve_dsn, translated, validate_dsn
+from ._text import escape_controls, escape_json_controls, plain
 from .errors import PgDurableError, RunNotFound
 from .runs import RETRY
 
@@ -117,9 +119,19 @@ Q_RETRY = RETRY
 
 def fail(message: str, code: int = EXIT_BAD_INPUT) -> NoReturn:
     """Print a one-line error and exit (2 = bad input or unusable database)."""
-    line = " ".join(str(message).split())
-    err.print(f"[bold red]error:[/] {line}", highlight=False, soft_wrap=True, markup=True)
+    err.print(_error_line(message), highlight=False, soft_wrap=True)
     raise typer.Exit(code)
+
+
+def _error_line(message: object, suffix: str = "") -> Text:
+    """``error: <message>`` on one line, the message as plain text (never markup)."""
+    line = escape_controls(" ".join(str(message).split()))
+    return Text.assemble(("error:", "bold red"), f" {line}{suffix}")
+
+
+def _row(table: Table, *cells: object) -> None:
+    """Add a row of data: each cell plain text (not markup), controls escaped."""
+    table.add_row(*(c if isinstance(c, Text) else plain(c) for c in cells))
 
 
 def need_dsn(dsn: str | None) -> str:
@@ -176,7 +188,8 @@ def _jsonable(value: Any) -> Any:
 
 def print_json(value: Any) -> None:
     """One JSON document on stdout (datetimes ISO 8601, intervals in seconds)."""
-    sys.stdout.write(json.dumps(_jsonable(value), indent=2, ensure_ascii=False) + "\n")
+    text = json.dumps(_jsonable(value), indent=2, ensure_ascii=False)
+    sys.stdout.write(escape_json_controls(text) + "\n")
 
 
 def _rows(cur: psycopg.Cursor[Any]) -> list[dict[str, Any]]:
@@ -230,7 +243,8 @@ def migrate(
             states = migrations.migration_status(target)
             table = Table("version", "name", "status", "applied at")
             for s in states:
-                table.add_row(
+                _row(
+                    table,
                     f"{s.migration.version:04d}",
                     s.migration.name,
                     s.status,
@@ -251,7 +265,7 @@ def migrate(
 
             def applied_one(m: migrations.Migration) -> None:
                 progress.advance(bar)
-                out.print(f"applied {m.name}", highlight=False)
+                out.print(f"applied {m.name}", highlight=False, markup=False)
 
             applied = migrations.migrate(target, on_apply=applied_one)
         if not applied:
@@ -284,8 +298,9 @@ def runs(
         table.add_column(name, justify="right" if name in ("step", "attempts") else "left")
     for r in rows:
         where = ""
+        expired = Text(" (lease expired)", "red") if r["lease_expired"] else Text()
         if r["status"] == "leased":
-            where = f"{r['worker']}" + (" [red](lease expired)[/]" if r["lease_expired"] else "")
+            where = f"{r['worker']}"
         elif r["status"] == "waiting":
             where = f"{r['wait_kind']}:{r['wait_ref']}" if r["wait_kind"] else "timer"
             if r["wake_at"]:
@@ -293,9 +308,10 @@ def runs(
         error = ""
         if r["error_type"] and r["status"] in _ERROR_SHOWN:  # a completed run may keep one
             error = f"{r['error_type']}: {r['error_message']}"
-        table.add_row(str(r["id"]), _short(r["task"], 24), _short(r["queue"], 16), r["status"],
-                      str(r["step"]), f"{r['attempts']}/{r['max_attempts']}", _short(where, 30),
-                      human_age(r["age"]), _short(error, 50))
+        _row(table, str(r["id"]), _short(r["task"], 24), _short(r["queue"], 16), r["status"],
+             str(r["step"]), f"{r['attempts']}/{r['max_attempts']}",
+             Text.assemble(plain(_short(where, 30)), expired if r["status"] == "leased" else ""),
+             human_age(r["age"]), _short(error, 50))
     out.print(table)
 
 
@@ -324,41 +340,41 @@ def run(
     head.add_column()
     for key in ("task", "revision", "queue", "status", "step", "attempts", "max_attempts",
                 "created_at", "updated_at", "finished_at"):
-        head.add_row(key, _short(info.get(key), 80))
+        _row(head, key, _short(info.get(key), 80))
     if info.get("status") == "leased":
-        head.add_row("lease", f"{info['lease_owner']} token {info['lease_token']} "
-                              f"until {info['lease_expires_at']}")
+        _row(head, "lease", f"{info['lease_owner']} token {info['lease_token']} "
+                            f"until {info['lease_expires_at']}")
     if info.get("status") == "waiting":
         what = f"{info['wait_kind']}:{info['wait_ref']}" if info.get("wait_kind") else "timer"
-        head.add_row("waits on", f"{what} since {info['wait_since']}"
-                                 + (f" until {info['wake_at']}" if info.get("wake_at") else ""))
+        _row(head, "waits on", f"{what} since {info['wait_since']}"
+                               + (f" until {info['wake_at']}" if info.get("wake_at") else ""))
     if info.get("error"):
         e = info["error"]
         label = "error" if info.get("status") in _ERROR_SHOWN else "last error"
-        head.add_row(label, f"{e.get('type')}: {_short(e.get('message'), 100)}")
+        _row(head, label, f"{e.get('type')}: {_short(e.get('message'), 100)}")
     if info.get("result") is not None:
-        head.add_row("result", _short(json.dumps(info["result"]), 100))
-    head.add_row("state", _short(json.dumps(info.get("state")), 100))
+        _row(head, "result", _short(json.dumps(info["result"]), 100))
+    _row(head, "state", _short(json.dumps(info.get("state")), 100))
     out.print(head)
     steps_t = Table("step", "token", "at", "woken by", "state", title="steps",
                     box=box.SIMPLE_HEAD, pad_edge=False)
     for s in steps:
         wake = s["wake"] or {}
         woke = f"{wake.get('type')} {wake.get('kind') or ''}:{wake.get('ref') or ''}" if wake else ""
-        steps_t.add_row(str(s["step"]), str(s["token"]), f"{s['created_at']:%H:%M:%S.%f}"[:-3],
-                        woke, _short(json.dumps(s["state"]), 60))
+        _row(steps_t, str(s["step"]), str(s["token"]), f"{s['created_at']:%H:%M:%S.%f}"[:-3],
+             woke, _short(json.dumps(s["state"]), 60))
     out.print(steps_t)
     if effects:
         eff_t = Table("effect", "status", "token", "result / error", title="effects", box=box.SIMPLE_HEAD, pad_edge=False)
         for e in effects:
-            eff_t.add_row(e["key"], e["status"], str(e["token"]),
-                          _short(json.dumps(e["result"] if e["error"] is None else e["error"]), 60))
+            _row(eff_t, e["key"], e["status"], str(e["token"]),
+                 _short(json.dumps(e["result"] if e["error"] is None else e["error"]), 60))
         out.print(eff_t)
     if evs:
         ev_t = Table("seq", "at", "event", title="events", box=box.SIMPLE_HEAD, pad_edge=False)
         for ev in evs:
-            ev_t.add_row(str(ev["seq"]), f"{ev['created_at']:%H:%M:%S}",
-                         _short(json.dumps(ev["event"]), 80))
+            _row(ev_t, str(ev["seq"]), f"{ev['created_at']:%H:%M:%S}",
+                 _short(json.dumps(ev["event"]), 80))
         out.print(ev_t)
 
 
@@ -373,13 +389,13 @@ def leases(dsn: DsnOption = None, as_json: JsonOption = False) -> None:
         return
     t = Table("key", "owner", "token", "expires in", title=f"{len(keys)} lease(s)", box=box.SIMPLE_HEAD, pad_edge=False)
     for k in keys:
-        t.add_row(_short(k["key"], 50), _short(k["owner"], 40), str(k["token"]),
-                  human_age(k["ttl_remaining"]))
+        _row(t, _short(k["key"], 50), _short(k["owner"], 40), str(k["token"]),
+             human_age(k["ttl_remaining"]))
     out.print(t)
     r = Table("run", "task", "queue", "worker", "expires in", title=f"{len(held)} leased run(s)", box=box.SIMPLE_HEAD, pad_edge=False)
     for h in held:
-        r.add_row(str(h["id"]), h["task"], h["queue"], str(h["worker"]),
-                  "[red]expired[/]" if h["lease_expired"] else human_age(h["ttl_remaining"]))
+        _row(r, str(h["id"]), h["task"], h["queue"], str(h["worker"]),
+             Text("expired", "red") if h["lease_expired"] else human_age(h["ttl_remaining"]))
     out.print(r)
 
 
@@ -428,7 +444,8 @@ def signal(
     for rid in woken:
         sys.stdout.write(rid + "\n")
     if not woken:
-        err.print(f"no run waits on {kind}:{ref}; the signal is kept pending for the next one "
+        err.print(f"no run waits on {escape_controls(kind)}:{escape_controls(ref)}; the signal "
+                  "is kept pending for the next one "
                   f"(for {DEFAULT_SIGNAL_TTL})", highlight=False, markup=False)
 
 
@@ -486,9 +503,9 @@ def stats(dsn: DsnOption = None, as_json: JsonOption = False) -> None:
     t = Table("queue", "runnable", "due", "leased", "expired", "waiting", "done", "failed",
               "cancelled", "oldest due", title="queues (expired = leases of dead workers)", box=box.SIMPLE_HEAD, pad_edge=False)
     for r in rows:
-        t.add_row(r["queue"], str(r["runnable"]), str(r["due"]), str(r["leased"]),
-                  str(r["expired_leases"]), str(r["waiting"]), str(r["completed"]),
-                  str(r["failed"]), str(r["cancelled"]), human_age(r["oldest_runnable_age"]))
+        _row(t, r["queue"], str(r["runnable"]), str(r["due"]), str(r["leased"]),
+             str(r["expired_leases"]), str(r["waiting"]), str(r["completed"]),
+             str(r["failed"]), str(r["cancelled"]), human_age(r["oldest_runnable_age"]))
     out.print(t)
 
 
@@ -509,9 +526,21 @@ def worker(
 
     if prune_older_than is not None:
         _start_pruner(app_spec, prune_older_than, prune_every)
-    worker_main([app_spec, "--concurrency", str(concurrency), "--queues", queues,
-                 "--lease-ttl", str(lease_ttl), "--poll", str(poll), "--grace", str(grace)]
-                + (["--no-listen"] if no_listen else []))
+    with _one_line_exit():
+        worker_main([app_spec, "--concurrency", str(concurrency), "--queues", queues,
+                     "--lease-ttl", str(lease_ttl), "--poll", str(poll), "--grace", str(grace)]
+                    + (["--no-listen"] if no_listen else []))
+
+
+@contextmanager
+def _one_line_exit() -> Iterator[None]:
+    """``SystemExit("message")`` (the worker's "cannot load the app") as a one-line error."""
+    try:
+        yield
+    except SystemExit as exc:
+        if isinstance(exc.code, str):
+            fail(exc.code)
+        raise
 
 
 def _start_pruner(app_spec: str, older_than: str, every: float) -> None:
@@ -528,7 +557,8 @@ def _start_pruner(app_spec: str, older_than: str, every: float) -> None:
         fail(str(exc))
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
-    target = need_dsn(_load_app(app_spec).conninfo)
+    with _one_line_exit():
+        target = need_dsn(_load_app(app_spec).conninfo)
     threading.Thread(
         target=retention.run_pruner_sync, name="pgdurable-pruner", daemon=True,
         kwargs={"target": target, "every": every, "older_than": age},
@@ -568,8 +598,7 @@ def main(argv: list[str] | None = None) -> None:
             sys.exit(code)
         where = getattr(getattr(exc, "ctx", None), "command_path", None) or "pgdurable"
         line = " ".join(str(exc.format_message()).split())  # type: ignore[attr-defined]
-        err.print(f"[bold red]error:[/] {line} (see '{where} --help')", highlight=False,
-                  soft_wrap=True, markup=True)
+        err.print(_error_line(line, f" (see '{where} --help')"), highlight=False, soft_wrap=True)
         sys.exit(code)
     except typer.Abort:
         err.print("[bold red]error:[/] aborted", highlight=False)

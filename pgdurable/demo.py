@@ -239,7 +239,8 @@ class _WorkerProc:
 
 def _deliver_webhook(client: DurableClient, dsn: str, kind: str, ref: str,
                      payload: dict[str, Any]) -> tuple[str, list[str]]:
-    """Simulated webhook: a CI system POSTs ``/signals/{kind}/{ref}``, HMAC-signed.
+    """Simulated webhook: a CI system POSTs ``/signals/{kind}/{ref}``, signed
+    (``webhooks.sign_request``: HMAC-SHA256 over timestamp, path, signal id and body).
 
     The request goes through the ASGI app of :mod:`pgdurable.webhooks` (called
     in process, no HTTP server needed); where that module is not available the
@@ -249,22 +250,22 @@ def _deliver_webhook(client: DurableClient, dsn: str, kind: str, ref: str,
         webhooks: Any = importlib.import_module("pgdurable.webhooks")
     except ImportError:
         return "app.signal", client.signal(kind, ref, payload, signal_id=f"{kind}:{ref}")
-    return "ASGI webhook app, HMAC-signed", asyncio.run(_asgi_post(webhooks, dsn, kind, ref, payload))
+    return "ASGI webhook app, signed v1", asyncio.run(_asgi_post(webhooks, dsn, kind, ref, payload))
 
 
 async def _asgi_post(webhooks: Any, dsn: str, kind: str, ref: str,
                      payload: dict[str, Any]) -> list[str]:
-    secret = uuid.uuid4().hex
+    secret = uuid.uuid4().hex + uuid.uuid4().hex  # 64 bytes; the app needs >= 32
     body = json.dumps(payload).encode()
-    path = f"/signals/{kind}/{ref}"
+    path = webhooks.request_path(kind, ref)  # the canonical path the sender signs
+    signed = webhooks.sign_request(secret, kind, ref, body, signal_id=f"{kind}:{ref}")
     scope = {
         "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
         "scheme": "http", "path": path, "raw_path": path.encode(), "root_path": "",
         "query_string": b"", "server": ("demo", 80), "client": ("ci", 0),
         "headers": [(b"content-type", b"application/json"),
                     (b"content-length", str(len(body)).encode()),
-                    (webhooks.SIGNATURE_HEADER.lower().encode(), webhooks.sign(secret, body).encode()),
-                    (b"idempotency-key", f"{kind}:{ref}".encode())],
+                    *((k.lower().encode(), v.encode()) for k, v in signed.items())],
     }
     sent: list[dict[str, Any]] = []
     delivered = False
@@ -280,7 +281,7 @@ async def _asgi_post(webhooks: Any, dsn: str, kind: str, ref: str,
         sent.append(dict(message))
 
     async with Durable(dsn, pool_size=2) as durable:
-        await webhooks.app(durable, secret=secret)(scope, receive, send)
+        await webhooks.app(durable, secret=secret, kinds=[kind])(scope, receive, send)
     status = next(m["status"] for m in sent if m["type"] == "http.response.start")
     answer = json.loads(b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body"))
     if status >= 400:

@@ -26,6 +26,7 @@ __all__ = [
     "InvalidInput",
     "LeaseLost",
     "MigrationError",
+    "PermissionDenied",
     "PgDurableError",
     "ProviderClosed",
     "ReconcileFailed",
@@ -66,7 +67,12 @@ class SchemaVersionMismatch(PgDurableError):
 
 
 class DatabaseUnavailable(PgDurableError):
-    """The database could not be reached (wrong host, port, database, or it went away)."""
+    """The database could not be reached (wrong host, port, database, or it went away).
+
+    Raised by a write (``start``, ``signal``, ``send``, ...), the outcome is
+    unknown: the connection may have dropped after the commit. Retry with the
+    same ``idempotency_key`` / ``signal_id`` / ``message_id``: it takes effect once.
+    """
 
 
 class ProviderClosed(PgDurableError):
@@ -153,10 +159,18 @@ class AttemptsExhausted(PgDurableError):
     sqlstate = "PD012"
 
 
+class PermissionDenied(PgDurableError):
+    """The database role lacks a privilege for this operation (SQLSTATE 42501,
+    ``insufficient_privilege``): grant it, or connect as the role that has it."""
+
+    sqlstate = "42501"
+
+
 def translate(exc: BaseException) -> BaseException:
     """Map a psycopg error to its pgdurable error; return other errors unchanged.
 
-    Custom SQLSTATEs (``PDnnn``) map to their class with the server's message;
+    Custom SQLSTATEs (``PDnnn``) and 42501 (:class:`PermissionDenied`) map to
+    their class with the server's message;
     a program limit (SQLSTATE 54000, e.g. a key too large to index) becomes
     :class:`InvalidInput`; connection failures become :class:`DatabaseUnavailable`.
     """

@@ -88,12 +88,15 @@ def _prune_params(age: timedelta, size: int, exclusive: bool) -> tuple[Any, ...]
 
 _AGE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|sec|m|min|h|d|w)?\s*$", re.IGNORECASE)
 _UNIT = {"s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600, "d": 86400, "w": 604800}
+#: The largest age accepted (about 1,000 years, as ``MAX_SIGNAL_TTL``).
+MAX_AGE = timedelta(days=365_000)
 
 
 def parse_age(text: str) -> timedelta:
     """``"7d"``/``"12h"``/``"30m"``/``"90s"``/``"2w"`` (bare number = seconds) as a timedelta.
 
-    Anything else raises :class:`InvalidInput` naming the accepted forms.
+    Anything else, or an age over :data:`MAX_AGE`, raises :class:`InvalidInput`
+    naming the accepted forms.
     """
     if not isinstance(text, str):
         raise TypeError(f"age must be a str like '7d', not {type(text).__name__}")
@@ -101,7 +104,10 @@ def parse_age(text: str) -> timedelta:
     if not m:
         raise InvalidInput(f"bad age {text!r}: use a number with s, m, h, d or w (e.g. 7d, 12h)")
     unit = (m.group(2) or "s").lower()
-    return timedelta(seconds=float(m.group(1)) * _UNIT[unit])
+    seconds = float(m.group(1)) * _UNIT[unit]
+    if seconds > MAX_AGE.total_seconds():  # also inf: now() - age must stay a timestamp
+        raise InvalidInput(f"age {text.strip()!r} is too large: at most {MAX_AGE.days}d")
+    return timedelta(seconds=seconds)
 
 
 @dataclass(frozen=True)

@@ -129,8 +129,7 @@ def _task_decorator(
 ) -> Callable[[F], F]:
     q.check_name(name, "task name")
     q.check_name(revision, "revision")
-    if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1:
-        raise ValueError("max_attempts must be an int >= 1")
+    q.check_max_attempts(max_attempts)
     if retry_base < 0 or retry_cap < 0:
         raise ValueError("retry_base and retry_cap must be >= 0")
     if isinstance(max_reclaims, bool) or not isinstance(max_reclaims, int) or max_reclaims < 0:
@@ -171,8 +170,7 @@ def start_params(
     rev = registry.revision_for(task, revision)
     assert isinstance(task, str)
     attempts = registry.max_attempts_for(task) if max_attempts is None else max_attempts
-    if isinstance(attempts, bool) or not isinstance(attempts, int) or attempts < 1:
-        raise ValueError("max_attempts must be an int >= 1")
+    q.check_max_attempts(attempts)
     spec = registry.tasks.get(task)
     if spec is not None and spec.revision == rev:
         if spec.prepare_state is not None:

@@ -113,10 +113,10 @@ def parse_payload(raw: str | bytes, max_bytes: int = DEFAULT_MAX_PAYLOAD) -> Any
 
     Empty (or all-whitespace) input is ``None``. Raises ``ValueError`` with a
     one-line reason for input over ``max_bytes``, invalid UTF-8, invalid JSON
-    (also JSON nested deeper than Python's recursion limit), NaN/Infinity or a
-    NUL character (which jsonb cannot store).
+    (also JSON nested deeper than Python's recursion limit), NaN/Infinity, a
+    NUL character (which jsonb cannot store) or a lone surrogate (``"\\ud800"``).
     """
-    size = len(raw.encode() if isinstance(raw, str) else raw)
+    size = len(raw.encode("utf-8", "surrogatepass") if isinstance(raw, str) else raw)
     if size > max_bytes:
         raise ValueError(f"payload is {size} bytes; the limit is {max_bytes}")
     try:
@@ -137,4 +137,5 @@ def parse_payload(raw: str | bytes, max_bytes: int = DEFAULT_MAX_PAYLOAD) -> Any
     except RecursionError:  # e.g. "[[[[...]]]]": json.loads recurses per level
         raise ValueError("payload is nested too deeply") from None
     _json.validate(value, "payload")
+    _json.reject_lone_surrogates(value, "payload")
     return value

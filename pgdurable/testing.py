@@ -36,7 +36,7 @@ import time
 import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
@@ -46,7 +46,7 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from . import _runs_sql as q
-from ._db import connect, translated
+from ._db import connect, translated, validate_dsn
 from .migrations import migrate
 from .runs import Durable, DurableClient
 
@@ -105,15 +105,18 @@ SELECT (SELECT count(*) FROM moved WHERE due), (SELECT count(*) FROM woken)
 
 @dataclass(frozen=True)
 class TestServer:
-    """A PostgreSQL server for tests: ``dsn`` names its maintenance database."""
+    """A PostgreSQL server for tests: ``dsn`` names its maintenance database.
+
+    Its repr shows host, port and user only: never the password or the DSN.
+    """
 
     __test__ = False  # not a test class, whatever pytest thinks of the name
 
     host: str
     port: int
     user: str
-    password: str | None
-    dsn: str
+    password: str | None = field(repr=False)  # never in a repr (test logs, tracebacks)
+    dsn: str = field(repr=False)  # it may hold the password too
 
     def dsn_for(self, dbname: str) -> str:
         """The conninfo of database ``dbname`` on this server."""
@@ -151,7 +154,7 @@ def test_server(dsn: str | None = None) -> Iterator[TestServer]:
     The embedded server (pgserver) lives in a temporary directory that is
     deleted when the context exits.
     """
-    dsn = dsn or os.environ.get("PGDURABLE_TEST_DSN") or DEFAULT_TEST_DSN
+    dsn = validate_dsn(dsn or os.environ.get("PGDURABLE_TEST_DSN") or DEFAULT_TEST_DSN)
     server = None
     if not _reachable(dsn):
         from .embedded import start_embedded

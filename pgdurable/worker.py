@@ -845,7 +845,12 @@ def _load_app(spec: str) -> Durable:
     module_name, _, attr = spec.partition(":")
     if not module_name or not attr:
         raise SystemExit(f"expected module:app, got {spec!r}")
-    module = importlib.import_module(module_name)
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:  # the named module itself (not one it imports)
+        if exc.name is None or not (module_name + ".").startswith(exc.name + "."):
+            raise
+        raise SystemExit(f"cannot import {module_name!r} for {spec}: {exc}") from None
     app = getattr(module, attr, None)
     if not isinstance(app, Durable):
         raise SystemExit(f"{spec} is not a pgdurable.Durable app")

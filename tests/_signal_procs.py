@@ -77,7 +77,7 @@ def webhook_app() -> WebhookApp:
     durable = Durable(os.environ["PGDURABLE_DSN"])
     max_payload = int(os.environ.get("PGDURABLE_WEBHOOK_MAX", str(1024 * 1024)))
     return make_webhook_app(durable, secret=os.environ["PGDURABLE_WEBHOOK_SECRET"],
-                            max_payload=max_payload)
+                            kinds=["ci"], max_payload=max_payload)
 
 
 if __name__ == "__main__":

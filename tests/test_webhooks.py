@@ -18,9 +18,9 @@ import psycopg
 import pytest
 
 from pgdurable import Durable, ProviderClosed
-from pgdurable.webhooks import SIGNATURE_HEADER, app, sign
+from pgdurable.webhooks import app, request_path, sign_request
 
-SECRET = "s3cret-for-tests"
+SECRET = "s3cret-for-tests-" + "x" * 32
 
 
 def free_port() -> int:
@@ -66,12 +66,11 @@ def park_one(conn: psycopg.Connection[Any], kind: str, ref: str) -> uuid.UUID:
     return rid  # type: ignore[no-any-return]
 
 
-def post(client: httpx.Client, path: str, body: bytes, *, signed: bool = True,
-         headers: dict[str, str] | None = None) -> httpx.Response:
-    h = dict(headers or {})
-    if signed:
-        h[SIGNATURE_HEADER] = sign(SECRET, body)
-    return client.post(path, content=body, headers=h)
+def post(client: httpx.Client, kind: str, ref: str, body: bytes, *, signed: bool = True,
+         signal_id: str | None = None, secret: str = SECRET) -> httpx.Response:
+    """POST ``body`` to ``request_path(kind, ref)``, signed with ``secret`` unless not ``signed``."""
+    h = sign_request(secret, kind, ref, body, signal_id=signal_id) if signed else {}
+    return client.post(request_path(kind, ref), content=body, headers=h)
 
 
 def signals(conn: psycopg.Connection[Any]) -> int:
@@ -84,42 +83,49 @@ def test_webhook_end_to_end(server: str, conn: psycopg.Connection[Any]) -> None:
     with httpx.Client(base_url=server, timeout=30) as client:
         # errors first: each changes nothing
         body = b'{"conclusion": "success"}'
-        r = post(client, "/signals/ci/build-7", body, signed=False)
+        r = post(client, "ci", "build-7", body, signed=False)
         assert r.status_code == 401 and "missing" in r.json()["error"]
-        r = post(client, "/signals/ci/build-7", body,
-                 headers={SIGNATURE_HEADER: sign("wrong", body)}, signed=False)
+        r = post(client, "ci", "build-7", body, secret="wrong-" + "y" * 32)
         assert r.status_code == 401 and "does not match" in r.json()["error"]
         r = client.post("/signals/ci/build-7", content=body + b" ",
-                        headers={SIGNATURE_HEADER: sign(SECRET, body)})  # body tampered
+                        headers=sign_request(SECRET, "ci", "build-7", body))  # body tampered
         assert r.status_code == 401
-        assert post(client, "/signals/ci/build-7", b"{not json").status_code == 400
-        assert post(client, "/signals/ci/build-7", b'"nul \\u0000"').status_code == 400
-        assert post(client, "/signals/ci/build-7", b"[NaN]").status_code == 400
+        assert post(client, "ci", "build-7", b"{not json").status_code == 400
+        assert post(client, "ci", "build-7", b'"nul \\u0000"').status_code == 400
+        assert post(client, "ci", "build-7", b'"lone \\ud800"').status_code == 400
+        assert post(client, "ci", "build-7", b"[NaN]").status_code == 400
         big = json.dumps({"x": "y" * 2000}).encode()
-        assert post(client, "/signals/ci/build-7", big).status_code == 413
+        assert post(client, "ci", "build-7", big).status_code == 413
         assert client.get("/signals/ci/build-7").status_code == 405
         assert client.get("/signals/ci/build-7").headers["allow"] == "POST"
-        assert post(client, "/nope", body).status_code == 404
-        assert post(client, "/signals/ci", body).status_code == 404
-        r = post(client, "/signals//build-7", body)
+        assert client.post("/nope", content=body).status_code == 404
+        assert client.post("/signals/ci", content=body).status_code == 404
+        r = client.post("/signals//build-7", content=body)
         assert r.status_code == 400 and r.json()["error"]
-        r = post(client, "/signals/ci/build-7", body, headers={"Idempotency-Key": ""})
-        assert r.status_code == 400
+        r = client.post("/signals/ci/build-7", content=body,
+                        headers={**sign_request(SECRET, "ci", "build-7", body),
+                                 "Idempotency-Key": ""})
+        assert r.status_code == 400 and "empty" in r.json()["error"]
+        r = post(client, "approval", "build-7", body)  # a kind this secret may not send
+        assert r.status_code == 403
         assert signals(conn) == 0
         assert conn.execute("SELECT status FROM pgdurable.runs WHERE id = %s",
                             (rid,)).fetchone() == ("waiting",)
         # a signed signal wakes the run; a retry with the same key gets the same answer
-        r = post(client, "/signals/ci/build-7", body, headers={"Idempotency-Key": "gh-1"})
+        r = post(client, "ci", "build-7", body, signal_id="gh-1")
         assert r.status_code == 200 and r.json() == {"woken": [str(rid)], "pending": False}
-        r = post(client, "/signals/ci/build-7", body, headers={"Idempotency-Key": "gh-1"})
+        r = post(client, "ci", "build-7", body, signal_id="gh-1")
         assert r.status_code == 200 and r.json()["woken"] == [str(rid)]
-        r = post(client, "/signals/ci/build-7", b"{}", headers={"X-Signal-Id": "gh-1"})
+        r = client.post("/signals/ci/build-7", content=b"{}", headers={
+            **{k: v for k, v in sign_request(SECRET, "ci", "build-7", b"{}",
+                                             signal_id="gh-1").items()
+               if k != "Idempotency-Key"}, "X-Signal-Id": "gh-1"})
         assert r.status_code == 409
         assert signals(conn) == 1
         # percent-encoded ref; no waiting run -> 202, kept pending
-        r = post(client, "/signals/ci/feature%2Fx", b"")
+        r = post(client, "ci", "feature/x", b"")
         assert r.status_code == 200 and r.json()["woken"] == [str(slash)]
-        r = post(client, "/signals/ci/not-yet", b'{"early": true}')
+        r = post(client, "ci", "not-yet", b'{"early": true}')
         assert r.status_code == 202 and r.json() == {"woken": [], "pending": True}
     wake = conn.execute("SELECT wake FROM pgdurable.runs WHERE id = %s", (rid,)).fetchone()[0]  # type: ignore[index]
     assert wake["payload"] == {"conclusion": "success"} and wake["kind"] == "ci"
@@ -150,7 +156,7 @@ def http_scope(path: str, root_path: str = "", headers: list[tuple[bytes, bytes]
 
 async def test_lifespan_and_mounting(dsn: str, conn: psycopg.Connection[Any]) -> None:
     durable = Durable(dsn)
-    hooks = app(durable, secret=SECRET, close_on_shutdown=True)
+    hooks = app(durable, secret=SECRET, kinds=["approval"], close_on_shutdown=True)
     inbox = [{"type": "lifespan.startup"}, {"type": "lifespan.shutdown"}]
     out: list[dict[str, Any]] = []
 
@@ -165,7 +171,7 @@ async def test_lifespan_and_mounting(dsn: str, conn: psycopg.Connection[Any]) ->
             body = b'{"approved": true}'
             status, answer = await call(hooks, http_scope(
                 "/hooks/signals/approval/pr-5", "/hooks",
-                [(SIGNATURE_HEADER.lower().encode(), sign(SECRET, body).encode())]), body)
+                signed_headers("approval", "pr-5", body)), body)
             assert (status, answer) == (200, {"woken": [str(rid)], "pending": False})
 
     await hooks({"type": "lifespan"}, receive, send)
@@ -174,18 +180,26 @@ async def test_lifespan_and_mounting(dsn: str, conn: psycopg.Connection[Any]) ->
         await durable.signal("k", "r")
 
 
+def signed_headers(kind: str, ref: str, body: bytes, secret: str = SECRET,
+                   **kw: Any) -> list[tuple[bytes, bytes]]:
+    """ASGI headers of a request signed by :func:`sign_request`."""
+    return [(k.lower().encode(), v.encode())
+            for k, v in sign_request(secret, kind, ref, body, **kw).items()]
+
+
 def test_app_arguments() -> None:
     with pytest.raises(TypeError):
-        app(object(), secret="x")  # type: ignore[arg-type]
+        app(object(), secret=SECRET, kinds=["ci"])  # type: ignore[arg-type]
     durable = Durable("postgresql://localhost/none")
     with pytest.raises(ValueError):
-        app(durable, secret="")
+        app(durable, secret="", kinds=["ci"])
     with pytest.raises(ValueError):
-        app(durable, secret="x", max_payload=0)
+        app(durable, secret=SECRET, kinds=["ci"], max_payload=0)
 
 
 async def test_streamed_body_over_limit_is_refused(dsn: str, conn: psycopg.Connection[Any]) -> None:
-    hooks = app(Durable(dsn), secret=SECRET, max_payload=100, close_on_shutdown=True)
+    hooks = app(Durable(dsn), secret=SECRET, kinds=["ci"], max_payload=100,
+                close_on_shutdown=True)
     chunks = [b"[" + b"1," * 30, b"1," * 30, b"1]"]  # no Content-Length, 125 bytes in 3 parts
     sent: list[dict[str, Any]] = []
 
@@ -196,8 +210,8 @@ async def test_streamed_body_over_limit_is_refused(dsn: str, conn: psycopg.Conne
         sent.append(message)
 
     body = b"".join(chunks)
-    await hooks(http_scope("/signals/ci/x", headers=[
-        (SIGNATURE_HEADER.lower().encode(), sign(SECRET, body).encode())]), receive, send)
+    await hooks(http_scope("/signals/ci/x", headers=signed_headers("ci", "x", body)),
+                receive, send)
     assert sent[0]["status"] == 413
     assert conn.execute("SELECT count(*) FROM pgdurable.signals").fetchone() == (0,)
     await hooks.durable.close()

@@ -54,6 +54,7 @@ __all__ = [
     "DEFAULT_TEST_DSN",
     "TestServer",
     "afire_due_timers",
+    "enable_test_clock",
     "fire_due_timers",
     "pgdurable_dsn",
     "pgdurable_server",
@@ -192,9 +193,31 @@ def pgdurable_template(pgdurable_server: TestServer) -> Iterator[str]:
     dsn = pgdurable_server.create_database(name)
     try:
         migrate(dsn)
+        enable_test_clock(dsn)
         yield name
     finally:
         pgdurable_server.drop_database(name)
+
+
+# -- make pgdurable.now() honour SET [LOCAL] pgdurable.now (owner or superuser only; 0009)
+_TEST_CLOCK = "SELECT pgdurable.set_test_clock(%s)"
+
+
+def enable_test_clock(target: str | psycopg.Connection[Any], enabled: bool = True) -> None:
+    """Let ``SET LOCAL pgdurable.now = '...'`` move this database's clock (tests only).
+
+    Production databases ignore the ``pgdurable.now`` setting: only the schema
+    owner or a superuser can enable the test clock (it redefines
+    ``pgdurable.now()``), so an app role cannot take a live lease by moving the
+    clock. The plugin's template database has it enabled.
+    """
+    conn = connect(target) if isinstance(target, str) else target
+    try:
+        with translated():
+            conn.execute(_TEST_CLOCK, (enabled,))
+    finally:
+        if isinstance(target, str):
+            conn.close()
 
 
 @pytest.fixture

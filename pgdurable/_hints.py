@@ -42,8 +42,9 @@ async def cancel_requested(app: _Fetch, run_id: uuid.UUID, token: int) -> bool:
 class WakeLimiter:
     """Token bucket for claims triggered by wake-up notifications.
 
-    ``take()`` returns 0.0 and spends a token when a claim may run now, else
-    the seconds until the next token (the caller defers its claim that long).
+    ``take()`` spends a token and returns 0.0 when a claim may run now, else
+    reserves the next token and returns the seconds until it is there (the
+    caller defers its claim that long, and asks again only after it ran).
     """
 
     def __init__(self, rate: float = 20.0, burst: int = 20) -> None:
@@ -58,7 +59,6 @@ class WakeLimiter:
         now = time.monotonic()
         self._tokens = min(self.burst, self._tokens + (now - self._at) * self.rate)
         self._at = now
-        if self._tokens >= 1.0:
-            self._tokens -= 1.0
-            return 0.0
-        return (1.0 - self._tokens) / self.rate
+        delay = 0.0 if self._tokens >= 1.0 else (1.0 - self._tokens) / self.rate
+        self._tokens -= 1.0
+        return delay

@@ -55,8 +55,10 @@ MIGRATION_LOCK_KEY = 0x70676475726162
 
 _NAME = re.compile(r"^(\d{4})_([a-z0-9]+(?:_[a-z0-9]+)*)\.sql$")
 
+# -- first install only (an existing schema is judged by _schema_trust first)
+_CREATE_SCHEMA = "CREATE SCHEMA pgdurable"
+_HAS_SCHEMA = "SELECT to_regnamespace('pgdurable') IS NOT NULL"
 _BOOTSTRAP = """
-CREATE SCHEMA IF NOT EXISTS pgdurable;
 CREATE TABLE IF NOT EXISTS pgdurable.schema_migrations (
   version    integer     PRIMARY KEY,
   name       text        NOT NULL,
@@ -239,9 +241,14 @@ def migrate(
         for m in migrations:
             with conn.transaction(), conn.cursor() as cur:
                 cur.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK_KEY,))
-                if not adopt:
+                if adopt:
+                    cur.execute(_HAS_SCHEMA)
+                    exists = bool((cur.fetchone() or (False,))[0])
+                else:
                     # judged from the catalogs before anything of the schema runs
-                    _schema_trust.check_adoptable(cur, _shipped_names())
+                    exists = _schema_trust.check_adoptable(cur, _shipped_names())
+                if not exists:
+                    cur.execute(_CREATE_SCHEMA)
                 cur.execute(_BOOTSTRAP)
                 applied = _read_applied(cur, adopt=True)
                 _drift(applied, migrations)

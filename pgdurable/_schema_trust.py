@@ -7,7 +7,9 @@ could be a view) it checks the catalogs only:
 * the schema is owned by the migrating role (``current_user``) or by a role it
   is a member of through ``pg_auth_members`` (its owner role, entered with
   ``SET ROLE``); superuser rights do not count as membership here, so a
-  superuser's ``migrate`` refuses a schema a squatter created;
+  superuser's ``migrate`` refuses a schema a squatter created (a schema of
+  another owner that is complete and consistent passes when nothing is to be
+  applied: an app role's ``migrate`` at start-up changes nothing);
 * ``schema_migrations`` is an ordinary table owned by the schema's owner;
 * no rules on any table of the schema, and every trigger on them calls a
   function of the schema owned by the schema's owner;
@@ -99,15 +101,20 @@ def check_adoptable(cur: psycopg.Cursor[Any], shipped: Mapping[int, str]) -> boo
         return False
     advice = ("; nothing was applied. If this schema really is pgdurable's, "
               "run `pgdurable migrate --adopt` (migrate(adopt=True))")
-    if not mine:
+    problem = table_problem(row)
+    applied: dict[int, str] = {}
+    if problem is None:
+        # a plain table without rules or triggers: reading it runs nothing planted
+        cur.execute("SELECT version, name FROM pgdurable.schema_migrations")
+        applied = {v: n for v, n in cur.fetchall()}
+        problem = names_problem(applied, shipped)
+    if not mine and not (problem is None and set(shipped) <= set(applied)):
+        # nothing to apply in a schema of another owner is fine (an app role's
+        # migrate at start-up); applying anything there is adopting it
         raise MigrationError(
             f"schema pgdurable exists and is owned by {owner!r}, not by the migrating role "
             f"or a role it belongs to{advice}"
         )
-    problem = table_problem(row)
-    if problem is None:
-        cur.execute("SELECT version, name FROM pgdurable.schema_migrations")
-        problem = names_problem({v: n for v, n in cur.fetchall()}, shipped)
     if problem is not None:
         raise MigrationError(f"schema pgdurable is not pgdurable's: {problem}{advice}")
     return True

@@ -249,7 +249,9 @@ def migrate(
                     exists = _schema_trust.check_adoptable(cur, _shipped_names())
                 if not exists:
                     cur.execute(_CREATE_SCHEMA)
-                cur.execute(_BOOTSTRAP)
+                cur.execute(_HAS_TABLE)
+                if not (cur.fetchone() or (False,))[0]:
+                    cur.execute(_BOOTSTRAP)
                 applied = _read_applied(cur, adopt=True)
                 _drift(applied, migrations)
                 if m.version in applied:

@@ -20,6 +20,10 @@
 --   calls it after every migration it applies, so functions added by later
 --   migrations are covered too. See SECURITY.md and docs/security.md.
 --
+-- MERGE NOTE: claim_runs, next_wakeup and ack_cancel are redefined here from
+-- their 0003 text. A migration that changes them must keep the pair matching
+-- and the ack_cancel refusal (tests/test_security_boundary.py checks both).
+--
 -- No role is created here: roles are cluster-wide, their names are the
 -- operator's choice (`pgdurable grant --owner-role ... --app-role ...`).
 

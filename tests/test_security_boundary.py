@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import subprocess
 import sys
 import time
@@ -88,6 +89,24 @@ def test_every_function_pins_search_path_or_is_an_allowed_inlinable_helper(
     allowed = [r for r in rows if r[4]]
     assert {r[0] for r in allowed} >= {"pgdurable.now()", "pgdurable.wait_lock_key(text,text)"}
     assert all(r[1] == "sql" and r[3] is None and not r[2] for r in allowed), allowed
+
+
+def test_inlinable_helpers_call_only_schema_qualified_builtins(conn: psycopg.Connection[Any]) -> None:
+    """Static check of the allow-list: every function call is qualified
+    (pg_catalog. or pgdurable.) and no bare operator is used (only
+    OPERATOR(pg_catalog.x) or a pg_catalog function), so nothing resolves
+    through the caller's search_path."""
+    rows = conn.execute("SELECT p.oid::regprocedure::text, p.prosrc FROM pg_proc p "
+                        "WHERE p.oid IN (SELECT * FROM pgdurable.security_inlinable())").fetchall()
+    assert rows
+    for name, src in rows:
+        body = re.sub(r"E?'(?:[^']|'')*'", "''", src)  # string literals out
+        body = re.sub(r"::\s*pg_catalog\.\w+", "", body)  # qualified casts out
+        calls = re.findall(r"(?<![.\w])(\w+)\s*\(", body)
+        assert set(calls) <= {"coalesce", "SELECT", "select"}, (name, calls)
+        assert not re.search(r"::\s*(?!pg_catalog\.)\w", body), (name, "unqualified cast")
+        ops = re.sub(r"OPERATOR\(pg_catalog\.[^)]*\)", "", body)
+        assert not re.search(r"[<>=~!+*/|&^%-]", ops), (name, ops)
 
 
 _SHADOWS = """

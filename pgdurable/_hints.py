@@ -11,7 +11,8 @@ pgdurable_cancel`` (no privilege is needed, and run ids are broadcast on
 * claims on ``pgdurable_wake`` notifications at a bounded rate
   (:class:`WakeLimiter`): a flood of forged wake-ups costs at most ``burst``
   claims plus ``rate`` claims a second, and a wake-up over the limit is not
-  lost but deferred until a claim is allowed again.
+  lost but deferred until a claim is allowed again. A claim that found work
+  gives its token back, so real wake-ups (each finds its run) are never slowed.
 """
 
 from __future__ import annotations
@@ -62,3 +63,7 @@ class WakeLimiter:
         delay = 0.0 if self._tokens >= 1.0 else (1.0 - self._tokens) / self.rate
         self._tokens -= 1.0
         return delay
+
+    def refund(self) -> None:
+        """A claim found work: its wake-up was real, give the token back."""
+        self._tokens = min(self.burst, self._tokens + 1.0)

@@ -362,6 +362,8 @@ class Worker:
                     if self._due_at is None or time.monotonic() < self._due_at:
                         continue
             claimed = await self._claim(free)
+            if claimed:
+                self.wake_limit.refund()  # real work: wake-ups that find some are free
             self._pending = claimed == free
             if claimed < free:
                 await self._next_wakeup(min_delay=0.05)

@@ -620,3 +620,16 @@ def test_task_and_revision_are_matched_as_pairs(conn: psycopg.Connection[Any]) -
                            "%s, %s, 5, '1 min', '{7, 9}')",
                            (["a", "a\x1fb"], ["b\x1fc", "c"])).fetchall()
     assert claimed == [("a\x1fb", "c")]
+
+
+def test_wake_limiter_spends_defers_and_refunds() -> None:
+    from pgdurable._hints import WakeLimiter
+
+    lim = WakeLimiter(rate=0.001, burst=3)  # refills a token in ~17 minutes
+    assert [lim.take() for _ in range(3)] == [0.0, 0.0, 0.0]
+    assert lim.take() > 0  # the 4th is deferred (its token reserved)
+    lim.refund()
+    lim.refund()  # two claims found work
+    assert lim.take() == 0.0
+    with pytest.raises(ValueError):
+        WakeLimiter(rate=0, burst=1)

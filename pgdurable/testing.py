@@ -12,7 +12,8 @@ Fixtures:
   answers there, an embedded server (``pip install 'pgdurable[embedded]'``)
   started for the session in a temporary directory and deleted after it.
 * ``pgdurable_template`` (session): a database migrated once per session, used
-  as the template of every ``pgdurable_dsn``.
+  as the template of every ``pgdurable_dsn``; its test clock is enabled, so
+  ``SET LOCAL pgdurable.now = '...'`` moves ``pgdurable.now()`` there.
 * ``pgdurable_dsn``: a fresh, migrated database for this test (cloned from the
   template with ``CREATE DATABASE ... TEMPLATE``, dropped afterwards); its conninfo.
 
@@ -22,6 +23,8 @@ Helpers (plain functions; they run real workers and real SQL, no mocks):
   app's tasks is runnable now, leased, or parked with a due timer.
 * :func:`fire_due_timers` / :func:`afire_due_timers` -- **test-only**: make
   parked timers and retry backoffs due now (or ``advance`` them) without waiting.
+* :func:`enable_test_clock` -- let ``SET pgdurable.now`` move the clock of a
+  database you migrated yourself (production databases ignore the setting).
 
 See ``examples/test_with_pgdurable.py``.
 """

@@ -1,6 +1,6 @@
 """The ``pgdurable`` command line.
 
-Commands: ``migrate``, ``runs``, ``run ID``, ``leases``, ``cancel ID``,
+Commands: ``migrate``, ``grant``, ``runs``, ``run ID``, ``leases``, ``cancel ID``,
 ``retry ID``, ``signal KIND REF``, ``prune``, ``worker``, ``stats``, ``demo``. Every listing takes
 ``--json`` (one JSON document on stdout). The database comes from ``--dsn``,
 else ``$PGDURABLE_DSN``, else ``$DATABASE_URL``.

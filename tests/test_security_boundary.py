@@ -26,7 +26,7 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 import pgdurable
-from pgdurable import Done, Durable, RunContext, Wait, migrations
+from pgdurable import Continue, Done, Durable, RunContext, Wait, migrations
 from pgdurable.errors import InvalidInput, LeaseLost, MigrationError, SchemaVersionMismatch
 
 CLI = [sys.executable, "-m", "pgdurable.cli"]
@@ -356,9 +356,14 @@ async def test_app_role_runs_the_lifecycle_through_functions_only(dsn: str) -> N
 
         @app.task("lifecycle", revision="1")
         async def lifecycle(ctx: RunContext, state: dict[str, Any]) -> Any:
-            if ctx.step == 0:
+            if ctx.step == 0:  # a checkpoint and a recorded side effect
+                async def act() -> str:
+                    return "sent"
+
+                return Continue({**state, "mail": await ctx.effect("mail", act)})
+            if ctx.step == 1:
                 return Wait(signal=("approval", state["ref"]), timeout=timedelta(hours=1))
-            return Done({"approved": (ctx.wake or {}).get("payload")})
+            return Done({"approved": (ctx.wake or {}).get("payload"), "mail": state["mail"]})
 
         try:
             rid = await app.start("lifecycle", {"ref": "x"})
@@ -369,7 +374,8 @@ async def test_app_role_runs_the_lifecycle_through_functions_only(dsn: str) -> N
                 await until(parked, "the run to park")
                 await app.signal("approval", "x", {"by": "alice"})
                 info = await finished(app, rid)
-            assert info.status == "completed" and info.result == {"approved": {"by": "alice"}}
+            assert info.status == "completed", info.error
+            assert info.result == {"approved": {"by": "alice"}, "mail": "sent"}
         finally:
             await app.close()
         with psycopg.connect(app_dsn, autocommit=True) as c:

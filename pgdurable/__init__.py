@@ -48,6 +48,7 @@ from .leases import (
     resolve_lease_provider,
 )
 from .migrations import check_schema, migrate, migration_status, required_version
+from .roles import grant_roles
 from .runs import Durable, DurableClient, RunInfo, Task
 from .steps import Continue, Done, RunContext, Sleep, StepResult, Wait
 from .stream import StreamEvent
@@ -129,6 +130,7 @@ __all__ = [
     "UnknownTask",
     "check_schema",
     "migrate",
+    "grant_roles",
     "migration_status",
     "required_version",
     "DurableCheckpoint",

@@ -1,6 +1,6 @@
 """The ``pgdurable`` command line.
 
-Commands: ``migrate``, ``runs``, ``run ID``, ``leases``, ``cancel ID``,
+Commands: ``migrate``, ``grant``, ``runs``, ``run ID``, ``leases``, ``cancel ID``,
 ``retry ID``, ``signal KIND REF``, ``prune``, ``worker``, ``stats``, ``demo``. Every listing takes
 ``--json`` (one JSON document on stdout). The database comes from ``--dsn``,
 else ``$PGDURABLE_DSN``, else ``$DATABASE_URL``.
@@ -231,12 +231,35 @@ def _progress() -> Progress:
 
 # ---------------------------------------------------------------------------------------
 @app.command()
+def grant(
+    dsn: DsnOption = None,
+    owner_role: Annotated[str | None, typer.Option("--owner-role", help="NOLOGIN role that owns the schema and runs migrations.")] = None,
+    app_role: Annotated[str | None, typer.Option("--app-role", help="Role of the application and workers: EXECUTE + SELECT, no table DML.")] = None,
+    readonly_role: Annotated[str | None, typer.Option("--readonly-role", help="Operators' role: SELECT on the views only.")] = None,
+) -> None:
+    """Set up the role model on existing roles (run as a superuser; see docs/security.md)."""
+    from .roles import grant_roles
+
+    try:
+        grant_roles(need_dsn(dsn), owner_role=owner_role, app_role=app_role,
+                    readonly_role=readonly_role)
+    except (PgDurableError, ValueError, TypeError) as exc:
+        fail(str(exc))
+    out.print("roles granted", highlight=False)
+
+
+# ---------------------------------------------------------------------------------------
+@app.command()
 def migrate(
     dsn: DsnOption = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the SQL of pending migrations; apply nothing.")] = False,
     status: Annotated[bool, typer.Option("--status", help="Show each migration's state; apply nothing.")] = False,
+    adopt: Annotated[bool, typer.Option("--adopt", help="Migrate an existing pgdurable schema even if it does not look like ours.")] = False,
 ) -> None:
-    """Apply pending schema migrations (safe to run from many processes at once)."""
+    """Apply pending schema migrations (safe to run from many processes at once).
+
+    An existing pgdurable schema that is not ours (another owner, a foreign
+    schema_migrations, triggers or rules on it) is refused unless --adopt."""
     target = need_dsn(dsn)
     try:
         if status:
@@ -254,7 +277,7 @@ def migrate(
             if any(s.drifted for s in states):
                 raise typer.Exit(EXIT_PROBLEM)
             return
-        pending = migrations.migrate(target, dry_run=True)
+        pending = migrations.migrate(target, dry_run=True, adopt=adopt)
         if dry_run:
             if not pending:
                 out.print("-- nothing to apply", highlight=False)
@@ -267,7 +290,7 @@ def migrate(
                 progress.advance(bar)
                 out.print(f"applied {m.name}", highlight=False, markup=False)
 
-            applied = migrations.migrate(target, on_apply=applied_one)
+            applied = migrations.migrate(target, on_apply=applied_one, adopt=adopt)
         if not applied:
             out.print(f"schema is up to date (version {migrations.required_version()})")
     except PgDurableError as exc:

@@ -11,7 +11,14 @@ Contract:
 * An applied file whose checksum changed raises :class:`MigrationError` naming
   the file, before anything is applied.
 * The library refuses to work on a schema older than it ships
-  (:class:`SchemaVersionMismatch`): :func:`check_schema`.
+  (:class:`SchemaVersionMismatch`): :func:`check_schema`, which also refuses a
+  ``schema_migrations`` that is not pgdurable's (see ``_schema_trust``).
+* An existing ``pgdurable`` schema is migrated only if it is ours (owned by the
+  migrating role or its owner role, our version table, no planted triggers or
+  rules, recorded names that match the shipped files); ``adopt=True`` overrides.
+* After applying anything, ``pgdurable.secure_schema()`` (0009) re-pins
+  ``search_path``, SECURITY DEFINER and grants on every function, so functions
+  added by later migrations follow the role model (docs/security.md).
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ from typing import Any
 
 import psycopg
 
+from . import _schema_trust
 from ._db import connect, validate_dsn
 from .errors import DatabaseUnavailable, MigrationError, SchemaVersionMismatch, first_line
 
@@ -47,8 +55,10 @@ MIGRATION_LOCK_KEY = 0x70676475726162
 
 _NAME = re.compile(r"^(\d{4})_([a-z0-9]+(?:_[a-z0-9]+)*)\.sql$")
 
+# -- first install only (an existing schema is judged by _schema_trust first)
+_CREATE_SCHEMA = "CREATE SCHEMA pgdurable"
+_HAS_SCHEMA = "SELECT to_regnamespace('pgdurable') IS NOT NULL"
 _BOOTSTRAP = """
-CREATE SCHEMA IF NOT EXISTS pgdurable;
 CREATE TABLE IF NOT EXISTS pgdurable.schema_migrations (
   version    integer     PRIMARY KEY,
   name       text        NOT NULL,
@@ -69,8 +79,6 @@ SELECT version, name, sha256, applied_at FROM pgdurable.schema_migrations ORDER 
 """
 # -- does the migrations table exist?
 _HAS_TABLE = "SELECT to_regclass('pgdurable.schema_migrations') IS NOT NULL"
-# -- the highest applied version (run only after _HAS_TABLE said the table exists)
-_VERSION = "SELECT coalesce(max(version), 0) FROM pgdurable.schema_migrations"
 
 
 @dataclass(frozen=True)
@@ -173,7 +181,17 @@ def _drift(applied: dict[int, tuple[str, str]], migrations: Sequence[Migration])
             )
 
 
-def _read_applied(cur: psycopg.Cursor[Any]) -> dict[int, tuple[str, str]]:
+def _shipped_names() -> dict[int, str]:
+    return {m.version: m.name for m in load_migrations()}
+
+
+# -- does pgdurable.secure_schema() (0009) exist yet?
+_HAS_SECURE = "SELECT to_regprocedure('pgdurable.secure_schema()') IS NOT NULL"
+
+
+def _read_applied(cur: psycopg.Cursor[Any], adopt: bool = False) -> dict[int, tuple[str, str]]:
+    if not adopt and not _schema_trust.check_adoptable(cur, _shipped_names()):
+        return {}
     cur.execute(_HAS_TABLE)
     row = cur.fetchone()
     if not row or not row[0]:
@@ -188,6 +206,7 @@ def migrate(
     dry_run: bool = False,
     on_apply: Callable[[Migration], None] | None = None,
     in_transaction: bool = False,
+    adopt: bool = False,
 ) -> list[Migration]:
     """Apply pending migrations; return those applied (or, with ``dry_run``, pending).
 
@@ -200,6 +219,11 @@ def migrate(
     the advisory lock is taken first and held until the caller's transaction
     ends, each file runs in a savepoint, and everything commits (or rolls
     back) with the caller's transaction.
+
+    An existing ``pgdurable`` schema that is not ours (another owner, a
+    foreign ``schema_migrations``, planted triggers or rules, other migration
+    names) raises :class:`MigrationError` before anything runs;
+    ``adopt=True`` takes it over anyway (``pgdurable migrate --adopt``).
     """
     migrations = load_migrations()
     if in_transaction and not isinstance(target, psycopg.Connection):
@@ -211,14 +235,24 @@ def migrate(
     try:
         if dry_run:
             with conn.cursor() as cur:
-                applied = _read_applied(cur)
+                applied = _read_applied(cur, adopt)
             _drift(applied, migrations)
             return [m for m in migrations if m.version not in applied]
         for m in migrations:
             with conn.transaction(), conn.cursor() as cur:
                 cur.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK_KEY,))
-                cur.execute(_BOOTSTRAP)
-                applied = _read_applied(cur)
+                if adopt:
+                    cur.execute(_HAS_SCHEMA)
+                    exists = bool((cur.fetchone() or (False,))[0])
+                else:
+                    # judged from the catalogs before anything of the schema runs
+                    exists = _schema_trust.check_adoptable(cur, _shipped_names())
+                if not exists:
+                    cur.execute(_CREATE_SCHEMA)
+                cur.execute(_HAS_TABLE)
+                if not (cur.fetchone() or (False,))[0]:
+                    cur.execute(_BOOTSTRAP)
+                applied = _read_applied(cur, adopt=True)
                 _drift(applied, migrations)
                 if m.version in applied:
                     continue
@@ -231,6 +265,8 @@ def migrate(
             applied_now.append(m)
             if on_apply is not None:
                 on_apply(m)
+        if applied_now:
+            _secure(conn)
     except psycopg.errors.InsufficientPrivilege as exc:
         who = conn.info.user if not conn.closed else "this role"
         raise MigrationError(
@@ -248,6 +284,16 @@ def migrate(
         if owned:
             conn.close()
     return applied_now
+
+
+def _secure(conn: psycopg.Connection[Any]) -> None:
+    """Re-apply the function rules of 0009 to every function (later migrations' too)."""
+    with conn.transaction(), conn.cursor() as cur:
+        cur.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK_KEY,))
+        cur.execute(_HAS_SECURE)
+        row = cur.fetchone()
+        if row and row[0]:
+            cur.execute("SELECT pgdurable.secure_schema()")
 
 
 def _enter_caller_transaction(conn: psycopg.Connection[Any]) -> None:
@@ -275,9 +321,12 @@ def migration_status(target: ConnOrDsn) -> list[MigrationState]:
     conn, owned = _open(target)
     try:
         with conn.cursor() as cur:
-            cur.execute(_HAS_TABLE)
-            row = cur.fetchone()
             rows: dict[int, tuple[str, datetime]] = {}
+            if _schema_trust.check_adoptable(cur, _shipped_names()):
+                cur.execute(_HAS_TABLE)
+                row = cur.fetchone()
+            else:
+                row = None
             if row and row[0]:
                 cur.execute(_APPLIED)
                 rows = {v: (s, at) for v, _n, s, at in cur.fetchall()}
@@ -307,24 +356,43 @@ def _judge(version: int | None, dbname: str) -> None:
         )
 
 
+# -- every recorded (version, name) of a trusted schema_migrations
+_NAMES = "SELECT version, name FROM pgdurable.schema_migrations"
+
+
+def _trusted_version(
+    state: Sequence[Any] | None, names: Sequence[tuple[int, str]] | None, dbname: str
+) -> int | None:
+    """The schema version, None when there is no schema, or SchemaVersionMismatch
+    when ``schema_migrations`` is not pgdurable's (never trust a foreign one)."""
+    if state is None or not state[0] or state[3] == _schema_trust.NO_TABLE:
+        return None
+    problem = _schema_trust.table_problem(state)
+    if problem is None and names is not None:
+        problem = _schema_trust.names_problem(dict(names), _shipped_names())
+    if problem is not None:
+        raise SchemaVersionMismatch(
+            f"database {dbname!r}: the pgdurable schema's version cannot be trusted: {problem}"
+        )
+    return max((v for v, _ in names or ()), default=0)
+
+
+def _needs_names(state: Sequence[Any] | None) -> bool:
+    return bool(state and state[0] and state[3] is None)
+
+
 def check_schema(conn: psycopg.Connection[Any]) -> None:
-    """Raise :class:`SchemaVersionMismatch` unless the schema is new enough."""
-    version: int | None = None
-    row = conn.execute(_HAS_TABLE).fetchone()
-    if row and row[0]:
-        row = conn.execute(_VERSION).fetchone()
-        version = row[0] if row else 0
-    _judge(version, conn.info.dbname)
+    """Raise :class:`SchemaVersionMismatch` unless the schema is new enough (and ours)."""
+    state = conn.execute(_schema_trust.SCHEMA_STATE).fetchone()
+    names = conn.execute(_NAMES).fetchall() if _needs_names(state) else None
+    _judge(_trusted_version(state, names, conn.info.dbname), conn.info.dbname)
 
 
 async def acheck_schema(conn: psycopg.AsyncConnection[Any]) -> None:
     """Async twin of :func:`check_schema` (same queries, same judgement)."""
-    version: int | None = None
-    row = await (await conn.execute(_HAS_TABLE)).fetchone()
-    if row and row[0]:
-        row = await (await conn.execute(_VERSION)).fetchone()
-        version = row[0] if row else 0
-    _judge(version, conn.info.dbname)
+    state = await (await conn.execute(_schema_trust.SCHEMA_STATE)).fetchone()
+    names = await (await conn.execute(_NAMES)).fetchall() if _needs_names(state) else None
+    _judge(_trusted_version(state, names, conn.info.dbname), conn.info.dbname)
 
 
 def pending_sql(migrations: Sequence[Migration]) -> str:

@@ -12,7 +12,8 @@ Fixtures:
   answers there, an embedded server (``pip install 'pgdurable[embedded]'``)
   started for the session in a temporary directory and deleted after it.
 * ``pgdurable_template`` (session): a database migrated once per session, used
-  as the template of every ``pgdurable_dsn``.
+  as the template of every ``pgdurable_dsn``; its test clock is enabled, so
+  ``SET LOCAL pgdurable.now = '...'`` moves ``pgdurable.now()`` there.
 * ``pgdurable_dsn``: a fresh, migrated database for this test (cloned from the
   template with ``CREATE DATABASE ... TEMPLATE``, dropped afterwards); its conninfo.
 
@@ -22,6 +23,8 @@ Helpers (plain functions; they run real workers and real SQL, no mocks):
   app's tasks is runnable now, leased, or parked with a due timer.
 * :func:`fire_due_timers` / :func:`afire_due_timers` -- **test-only**: make
   parked timers and retry backoffs due now (or ``advance`` them) without waiting.
+* :func:`enable_test_clock` -- let ``SET pgdurable.now`` move the clock of a
+  database you migrated yourself (production databases ignore the setting).
 
 See ``examples/test_with_pgdurable.py``.
 """
@@ -54,6 +57,7 @@ __all__ = [
     "DEFAULT_TEST_DSN",
     "TestServer",
     "afire_due_timers",
+    "enable_test_clock",
     "fire_due_timers",
     "pgdurable_dsn",
     "pgdurable_server",
@@ -195,9 +199,31 @@ def pgdurable_template(pgdurable_server: TestServer) -> Iterator[str]:
     dsn = pgdurable_server.create_database(name)
     try:
         migrate(dsn)
+        enable_test_clock(dsn)
         yield name
     finally:
         pgdurable_server.drop_database(name)
+
+
+# -- make pgdurable.now() honour SET [LOCAL] pgdurable.now (owner or superuser only; 0009)
+_TEST_CLOCK = "SELECT pgdurable.set_test_clock(%s)"
+
+
+def enable_test_clock(target: str | psycopg.Connection[Any], enabled: bool = True) -> None:
+    """Let ``SET LOCAL pgdurable.now = '...'`` move this database's clock (tests only).
+
+    Production databases ignore the ``pgdurable.now`` setting: only the schema
+    owner or a superuser can enable the test clock (it redefines
+    ``pgdurable.now()``), so an app role cannot take a live lease by moving the
+    clock. The plugin's template database has it enabled.
+    """
+    conn = connect(target) if isinstance(target, str) else target
+    try:
+        with translated():
+            conn.execute(_TEST_CLOCK, (enabled,))
+    finally:
+        if isinstance(target, str):
+            conn.close()
 
 
 @pytest.fixture

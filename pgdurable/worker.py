@@ -28,8 +28,10 @@ loop** with CPU-bound work (offload it with ``asyncio.to_thread``), or
 heartbeats starve. A cancelled thread step keeps running to its end, but its
 results are never written (every write is fenced).
 
-Cancel: ``pgdurable_cancel`` NOTIFY (and, as a backup, the heartbeat's
-``cancel_requested`` flag) cancels the step task if a step is running; the run
+Cancel: ``pgdurable_cancel`` NOTIFY -- only a hint: the worker first checks
+that the run's ``cancel_requested_at`` is set (``_hints``) -- (and, as a backup,
+the heartbeat's ``cancel_requested`` flag) cancels the step task if a step is
+running; the run
 is recorded ``cancelled`` by ``ack_cancel``. Between steps nothing needs to be
 done: the next fenced write sees the request and ends the run ``cancelled``.
 
@@ -76,6 +78,7 @@ import psycopg
 
 from . import _runs_sql as q
 from ._db import library_options
+from ._hints import WakeLimiter, cancel_requested
 from ._json import dumps
 from .durable_runs import is_terminal, reconcile_effect
 from .errors import (
@@ -195,6 +198,11 @@ class Worker:
         # heartbeat and step batches both lock many run rows: never at once
         # (one worker's two multi-row UPDATEs could otherwise deadlock)
         self._write_lock = asyncio.Lock()
+        # NOTIFYs are hints anyone can send: wake-up claims are rate-limited,
+        # cancels checked against the database first (pgdurable/_hints.py)
+        self.wake_limit = WakeLimiter()
+        self._deferred_wake: asyncio.TimerHandle | None = None
+        self._cancel_checks: dict[uuid.UUID, asyncio.Task[None]] = {}
 
     # -- public --------------------------------------------------------------
 
@@ -354,6 +362,8 @@ class Worker:
                     if self._due_at is None or time.monotonic() < self._due_at:
                         continue
             claimed = await self._claim(free)
+            if claimed:
+                self.wake_limit.refund()  # real work: wake-ups that find some are free
             self._pending = claimed == free
             if claimed < free:
                 await self._next_wakeup(min_delay=0.05)
@@ -436,7 +446,7 @@ class Worker:
                         got = True
                         if n.channel == "pgdurable_wake":
                             if n.payload in self.queues:
-                                self._poke()
+                                self._wake_notified()
                         elif n.channel == "pgdurable_cancel":
                             self._cancel_notified(n.payload)
                     if not got:
@@ -452,13 +462,43 @@ class Worker:
                     with contextlib.suppress(Exception):
                         await conn.close()
 
+    def _wake_notified(self) -> None:
+        """A wake-up NOTIFY: claim, at most at the wake limiter's rate (a forged
+        flood costs bounded claims); one over the limit is deferred, not lost."""
+        if self._wake.is_set() or self._deferred_wake is not None:
+            return  # a claim is already coming
+        delay = self.wake_limit.take()
+        if delay <= 0:
+            self._poke()
+            return
+
+        def deferred() -> None:
+            self._deferred_wake = None
+            self._poke()
+
+        self._deferred_wake = asyncio.get_running_loop().call_later(delay, deferred)
+
     def _cancel_notified(self, payload: str) -> None:
         try:
             rid = uuid.UUID(payload)
         except ValueError:
             return
         a = self._active.get(rid)
-        if a is not None:
+        if a is None or a.stop_reason is not None or rid in self._cancel_checks:
+            return
+        # a hint only: stop the step once the database confirms the request
+        check = asyncio.create_task(self._confirm_cancel(a))
+        self._cancel_checks[rid] = check
+        check.add_done_callback(lambda _t: self._cancel_checks.pop(rid, None))
+
+    async def _confirm_cancel(self, a: _Active) -> None:
+        try:
+            requested = await cancel_requested(self.app, a.run_id, a.token)
+        except _DB_ERRORS as exc:
+            log.warning("run %s: cancel check failed (%s); the heartbeat checks again",
+                        a.run_id, exc)
+            return
+        if requested and self._active.get(a.run_id) is a:
             self._stop_run(a, "cancel")
 
     def _stop_run(self, a: _Active, reason: str) -> None:

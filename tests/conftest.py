@@ -22,7 +22,7 @@ from psycopg.conninfo import make_conninfo
 from pytest_postgresql.janitor import DatabaseJanitor
 
 import pgdurable
-from pgdurable.testing import test_server
+from pgdurable.testing import enable_test_clock, test_server
 
 DEFAULT_TEST_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"
 _counter = itertools.count()
@@ -61,6 +61,7 @@ def template_db(pg_server: PgServer) -> Iterator[str]:
     janitor.init()
     try:
         pgdurable.migrate(pg_server.dsn_for(name))
+        enable_test_clock(pg_server.dsn_for(name))  # SET LOCAL pgdurable.now works in tests
         yield name
     finally:
         janitor.drop()

@@ -1,0 +1,69 @@
+"""Private: notifications are hints, never orders.
+
+Anyone who can connect may ``NOTIFY pgdurable_wake`` or ``NOTIFY
+pgdurable_cancel`` (no privilege is needed, and run ids are broadcast on
+``pgdurable_events``). So a worker:
+
+* stops a step on a ``pgdurable_cancel`` notification only after the database
+  says the run's ``cancel_requested_at`` is set under the worker's lease token
+  (:func:`cancel_requested`); ``ack_cancel`` refuses a run nobody asked to
+  cancel as well (0009);
+* claims on ``pgdurable_wake`` notifications at a bounded rate
+  (:class:`WakeLimiter`): a flood of forged wake-ups costs at most ``burst``
+  claims plus ``rate`` claims a second, and a wake-up over the limit is not
+  lost but deferred until a claim is allowed again. A claim that found work
+  gives its token back, so real wake-ups (each finds its run) are never slowed.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any, Protocol
+
+__all__ = ["WakeLimiter", "cancel_requested"]
+
+# -- is a cancel of this run requested, under this lease token? (no row: not ours any more)
+CANCEL_REQUESTED = (
+    "SELECT cancel_requested_at IS NOT NULL FROM pgdurable.runs "
+    "WHERE id = %s::uuid AND lease_token = %s::bigint"
+)
+
+
+class _Fetch(Protocol):
+    async def fetchone(self, sql: str, params: tuple[Any, ...]) -> tuple[Any, ...] | None: ...
+
+
+async def cancel_requested(app: _Fetch, run_id: uuid.UUID, token: int) -> bool:
+    """True when the database holds a cancel request for this attempt of the run."""
+    row = await app.fetchone(CANCEL_REQUESTED, (run_id, token))
+    return bool(row and row[0])
+
+
+class WakeLimiter:
+    """Token bucket for claims triggered by wake-up notifications.
+
+    ``take()`` spends a token and returns 0.0 when a claim may run now, else
+    reserves the next token and returns the seconds until it is there (the
+    caller defers its claim that long, and asks again only after it ran).
+    """
+
+    def __init__(self, rate: float = 20.0, burst: int = 20) -> None:
+        if rate <= 0 or burst < 1:
+            raise ValueError("rate must be > 0 and burst >= 1")
+        self.rate = rate
+        self.burst = float(burst)
+        self._tokens = float(burst)
+        self._at = time.monotonic()
+
+    def take(self) -> float:
+        now = time.monotonic()
+        self._tokens = min(self.burst, self._tokens + (now - self._at) * self.rate)
+        self._at = now
+        delay = 0.0 if self._tokens >= 1.0 else (1.0 - self._tokens) / self.rate
+        self._tokens -= 1.0
+        return delay
+
+    def refund(self) -> None:
+        """A claim found work: its wake-up was real, give the token back."""
+        self._tokens = min(self.burst, self._tokens + 1.0)

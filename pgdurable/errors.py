@@ -29,7 +29,9 @@ __all__ = [
     "PgDurableError",
     "ProviderClosed",
     "ReconcileFailed",
+    "ResultTimeout",
     "RunCancelled",
+    "RunFailed",
     "RunNotFound",
     "SchemaVersionMismatch",
     "SignalConflict",
@@ -151,6 +153,24 @@ class AttemptsExhausted(PgDurableError):
     """A task or run was attempted more than its ``max_attempts``; it is failed, not retried."""
 
     sqlstate = "PD012"
+
+
+class RunFailed(PgDurableError):
+    """The awaited run ended ``failed`` (or ``incompatible``); ``error`` is its recorded error.
+
+    Raised by ``result()``. ``error`` is ``{"type", "message", "traceback"}``
+    as stored in ``runs.error``; ``run_id`` the run's id.
+    """
+
+    def __init__(self, message: str, error: dict[str, Any] | None = None,
+                 run_id: str | None = None) -> None:
+        super().__init__(message)
+        self.error = error
+        self.run_id = run_id
+
+
+class ResultTimeout(PgDurableError, TimeoutError):
+    """``result()`` gave up: the run was not finished within the timeout (it goes on)."""
 
 
 def translate(exc: BaseException) -> BaseException:

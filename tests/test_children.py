@@ -5,6 +5,7 @@ bad input. The real-process tests are in tests/test_children_procs.py."""
 from __future__ import annotations
 
 import asyncio
+import json
 import uuid
 from collections.abc import AsyncIterator
 from datetime import timedelta
@@ -13,6 +14,7 @@ from typing import Any
 import psycopg
 import pytest
 from _waiting import app_running, finished, until
+from typer.testing import CliRunner
 
 from pgdurable import (
     Done,
@@ -29,6 +31,7 @@ from pgdurable import (
     Wait,
 )
 from pgdurable.children import start_child
+from pgdurable.cli import app as cli_app
 from pgdurable.errors import translate
 
 
@@ -313,7 +316,9 @@ async def test_result_timeout_not_found_and_sync(app: Durable, dsn: str) -> None
         client.close()
 
 
-async def test_child_deadline_capped_and_tree_sql(app: Durable, conn: psycopg.Connection[Any]) -> None:
+async def test_child_deadline_capped_and_tree_sql(
+    app: Durable, conn: psycopg.Connection[Any], dsn: str
+) -> None:
     @app.task("leaf")
     async def leaf(ctx: RunContext, state: Any) -> Any:
         return Done(None)
@@ -336,3 +341,15 @@ async def test_child_deadline_capped_and_tree_sql(app: Durable, conn: psycopg.Co
     assert rows == [(0, "p", "completed"), (1, "leaf", "completed")]
     with pytest.raises(RunNotFound):
         await app.run_tree(str(uuid.uuid4()))
+    # the command line: pgdurable run ID --tree
+    res = CliRunner().invoke(cli_app, ["run", pid, "--tree", "--json", "--dsn", dsn],
+                             catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    tree = json.loads(res.output)["tree"]
+    assert [(n["depth"], n["task"], n["child_key"]) for n in tree] == [(0, "p", None),
+                                                                       (1, "leaf", "x")]
+    res = CliRunner().invoke(cli_app, ["run", pid, "--tree", "--dsn", dsn], catch_exceptions=False)
+    assert res.exit_code == 0 and "leaf" in res.output
+    res = CliRunner().invoke(cli_app, ["run", str(uuid.uuid4()), "--tree", "--dsn", dsn],
+                             catch_exceptions=False)
+    assert res.exit_code == 3

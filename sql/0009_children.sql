@@ -219,10 +219,8 @@ BEGIN
   -- a child finishing now wait for our commit: its trigger then counts it)
   SELECT count(*) INTO v_done FROM pgdurable.runs c
    WHERE c.id = ANY (p_ids) AND c.status IN ('completed', 'failed', 'cancelled', 'incompatible');
-  INSERT INTO pgdurable.child_wait_sets AS s (parent_run_id, remaining, ids)
-  VALUES (p_id, p_need - v_done, p_ids)
-  ON CONFLICT (parent_run_id) DO UPDATE SET remaining = excluded.remaining, ids = excluded.ids;
   IF v_done >= p_need THEN
+    DELETE FROM pgdurable.child_wait_sets s WHERE s.parent_run_id = p_id;
     UPDATE pgdurable.runs x SET status = 'runnable', available_at = pgdurable.now(),
            lease_owner = NULL, lease_expires_at = NULL,
            wake = jsonb_build_object('type', 'children', 'at', pgdurable.now(),
@@ -233,6 +231,9 @@ BEGIN
     RETURN QUERY SELECT 'runnable'::text, NULL::timestamptz;
     RETURN;
   END IF;
+  INSERT INTO pgdurable.child_wait_sets AS s (parent_run_id, remaining, ids)
+  VALUES (p_id, p_need - v_done, p_ids)
+  ON CONFLICT (parent_run_id) DO UPDATE SET remaining = excluded.remaining, ids = excluded.ids;
   INSERT INTO pgdurable.child_waits (child_run_id, parent_run_id)
   SELECT c.id, p_id FROM pgdurable.runs c
    WHERE c.id = ANY (p_ids) AND c.status NOT IN ('completed', 'failed', 'cancelled', 'incompatible')
@@ -407,9 +408,12 @@ COMMENT ON TRIGGER runs_child_end ON pgdurable.runs IS
 
 ------------------------------------------------------------------------------
 -- pgdurable.run_tree(id) -> rows of the tree below (and including) a run
--- The run and all its descendants, depth-first by (depth, created_at):
+-- The run and all its descendants, depth-first:
 -- id, parent_run_id, depth (0 = the given run), child_key, task, status,
--- parent_policy, created_at, finished_at, error_type. Unknown id: no rows.
+-- parent_policy, created_at, finished_at, error_type, path (the ids from the
+-- given run down to this one; rows are ordered by it, so every run comes
+-- right after its parent's subtree starts). At most 100 levels. Unknown id:
+-- no rows.
 -- From psql: SELECT * FROM pgdurable.run_tree('...');
 ------------------------------------------------------------------------------
 CREATE FUNCTION pgdurable.run_tree(p_id uuid)

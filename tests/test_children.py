@@ -353,3 +353,22 @@ async def test_child_deadline_capped_and_tree_sql(
     res = CliRunner().invoke(cli_app, ["run", str(uuid.uuid4()), "--tree", "--dsn", dsn],
                              catch_exceptions=False)
     assert res.exit_code == 3
+
+
+async def test_sync_step_starts_children(app: Durable) -> None:
+    @app.task("leaf")
+    def leaf(ctx: RunContext, state: Any) -> Any:
+        return Done(state * 2)
+
+    @app.task("syncparent")
+    def syncparent(ctx: RunContext, state: Any) -> Any:
+        if ctx.step == 0:
+            ids = [ctx.start_child_sync("leaf", i, key=str(i)) for i in range(3)]
+            assert ids == [ctx.start_child_sync("leaf", i, key=str(i)) for i in range(3)]
+            return Wait.children(ids, state=ids)
+        assert ctx.wake is not None
+        return Done([ctx.wake["children"][i]["result"] for i in state])
+
+    pid = await app.start("syncparent")
+    async with app_running(app):
+        assert await app.result(pid, timeout=60) == [0, 2, 4]

@@ -39,7 +39,8 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal
 
 from . import _runs_sql as q
-from .errors import InvalidInput
+from ._db import translated
+from .errors import InvalidInput, RunNotFound
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -173,8 +174,6 @@ async def start_child(
         max_attempts=max_attempts, policy=policy,
     )
     if conn is not None:
-        from ._db import translated
-
         with translated():
             cur = await conn.execute(START_CHILD, params)
             row = await cur.fetchone()
@@ -253,8 +252,6 @@ def parse_tree(rows: list[tuple[Any, ...]]) -> list[TreeNode]:
 
 async def run_tree(app: Durable, run_id: object) -> list[TreeNode]:
     """The run and all its descendants, in tree order (:class:`~pgdurable.RunNotFound` if none)."""
-    from .errors import RunNotFound
-
     rid = q.check_run_id(run_id)
     rows = await app.fetchall(RUN_TREE, (rid,))
     if not rows:

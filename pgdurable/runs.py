@@ -29,7 +29,7 @@ from ._db import library_options, resolve_dsn, translated, validate_dsn
 from .effects import DEFAULT_LEASE as DEFAULT_IDEMPOTENCY_LEASE
 from .effects import DEFAULT_TTL as DEFAULT_IDEMPOTENCY_TTL
 from .effects import with_idempotency, with_idempotency_sync
-from .errors import InvalidInput, ProviderClosed, UnknownTask
+from .errors import InvalidInput, ProviderClosed, RunNotFound, UnknownTask
 from .migrations import acheck_schema, check_schema
 from .signals import DEFAULT_MAX_PAYLOAD, DEFAULT_SIGNAL_TTL, signal_params, signal_run_params
 
@@ -712,6 +712,16 @@ class DurableClient:
         if self._closed:
             raise ProviderClosed("this DurableClient is closed")
         return result_sync(self._dsn, run_id, timeout)
+
+    def run_tree(self, run_id: Any) -> list[TreeNode]:
+        """Sync twin of :meth:`Durable.run_tree`."""
+        from .children import RUN_TREE, parse_tree
+
+        rid = q.check_run_id(run_id)
+        rows = self._fetchall(RUN_TREE, (rid,))
+        if not rows:
+            raise RunNotFound(f"no run {rid}")
+        return parse_tree(rows)
 
     def cancel(self, run_id: Any) -> str:
         """Cancel a run; returns the resulting status (see :meth:`Durable.cancel`)."""

@@ -305,6 +305,9 @@ async def test_result_timeout_not_found_and_sync(app: Durable, dsn: str) -> None
         async with app_running(app):
             got = await asyncio.to_thread(client.result, rid, 60)
         assert got == {"i": 3, "sq": 9}
+        assert [n.id for n in client.run_tree(rid)] == [rid]
+        with pytest.raises(RunNotFound):
+            client.run_tree(str(uuid.uuid4()))
         assert client.result(rid, 0) == {"i": 3, "sq": 9}  # already final: at once
         cancelled = await app.start("leaf", {"i": 1})
         await app.cancel(cancelled)

@@ -371,8 +371,11 @@ BEGIN
       END IF;
     END IF;
   END IF;
-  DELETE FROM pgdurable.child_wait_sets s WHERE s.parent_run_id = NEW.id;
-  DELETE FROM pgdurable.child_waits w WHERE w.parent_run_id = NEW.id;
+  IF OLD.wait_kind = 'children' THEN
+    -- ended while waiting on its children (a wake clears these rows itself)
+    DELETE FROM pgdurable.child_wait_sets s WHERE s.parent_run_id = NEW.id;
+    DELETE FROM pgdurable.child_waits w WHERE w.parent_run_id = NEW.id;
+  END IF;
   FOR c IN
     SELECT x.id, x.status, x.cancel_requested_at FROM pgdurable.runs x
      WHERE x.parent_run_id = NEW.id AND x.parent_policy = 'cancel'

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ._runs_sql import MAX_NAME_BYTES
+from .children import TreeNode
 from .durable_runs import DurableRunContext
 from .effects import with_idempotency, with_idempotency_sync
 from .errors import (
@@ -26,7 +27,9 @@ from .errors import (
     PgDurableError,
     ProviderClosed,
     ReconcileFailed,
+    ResultTimeout,
     RunCancelled,
+    RunFailed,
     RunNotFound,
     SchemaVersionMismatch,
     SignalConflict,
@@ -123,8 +126,11 @@ __all__ = [
     "PgDurableError",
     "ProviderClosed",
     "ReconcileFailed",
+    "ResultTimeout",
     "RunCancelled",
+    "RunFailed",
     "RunNotFound",
+    "TreeNode",
     "SchemaVersionMismatch",
     "SignalConflict",
     "UnknownTask",

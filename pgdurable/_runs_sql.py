@@ -24,8 +24,11 @@ GET_RUN = """
 SELECT id, task, revision, queue, priority, status, state, step, attempts, max_attempts,
        claims, idempotency_key, available_at, deadline_at, budget, spent, lease_owner,
        lease_token, lease_expires_at, wait_kind, wait_ref, wait_since, wake_at, wake,
-       result, error, cancel_requested_at, created_at, updated_at, finished_at, reclaims
-  FROM pgdurable.runs WHERE id = %s::uuid
+       result, error, cancel_requested_at, created_at, updated_at, finished_at, reclaims,
+       parent_run_id, root_run_id, child_key, parent_policy,
+       ARRAY(SELECT c.id::text FROM pgdurable.runs c WHERE c.parent_run_id = r.id
+              ORDER BY c.created_at, c.id)
+  FROM pgdurable.runs r WHERE id = %s::uuid
 """
 # -- cancel; returns the resulting status (PD002 if unknown)
 CANCEL = "SELECT pgdurable.cancel_run(%s::uuid)"
@@ -220,6 +223,16 @@ class RunInfo:
     updated_at: datetime
     finished_at: datetime | None
     reclaims: int = 0  # expired-lease reclaims since the last checkpoint
+    #: The run whose step started this one (``ctx.start_child``), else None.
+    parent_run_id: str | None = None
+    #: The top-level run of its tree (None for a top-level run).
+    root_run_id: str | None = None
+    #: Its key within its parent.
+    child_key: str | None = None
+    #: What happens to it when its parent ends first: "cancel" | "abandon".
+    parent_policy: str | None = None
+    #: Ids of its children, oldest first.
+    children: tuple[str, ...] = ()
 
     @property
     def terminal(self) -> bool:
@@ -239,6 +252,10 @@ def parse_run(row: tuple[Any, ...] | None, run_id: uuid.UUID) -> RunInfo:
     v[0] = str(v[0])
     v[14] = _num(v[14])
     v[15] = float(v[15])
+    if len(v) > 31:
+        v[31] = None if v[31] is None else str(v[31])
+        v[32] = None if v[32] is None else str(v[32])
+        v[35] = tuple(v[35] or ())
     return RunInfo(*v)
 
 

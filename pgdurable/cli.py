@@ -38,6 +38,7 @@ from rich.text import Text
 from . import _runs_sql, migrations
 from ._db import connect, resolve_dsn, translated, validate_dsn
 from ._text import escape_controls, escape_json_controls, plain
+from .children import RUN_TREE
 from .errors import PgDurableError, RunNotFound
 from .runs import RETRY
 
@@ -338,19 +339,37 @@ def runs(
     out.print(table)
 
 
+def _show_tree(nodes: list[dict[str, Any]], as_json: bool) -> None:
+    """``run ID --tree``: the run and its descendants (pgdurable.run_tree), indented."""
+    if as_json:
+        print_json({"tree": nodes})
+        return
+    table = Table("run", "key", "task", "status", "policy", "error", box=box.SIMPLE_HEAD,
+                  pad_edge=False, title=f"tree of {nodes[0]['id']}", title_justify="left")
+    for n in nodes:
+        _row(table, "  " * n["depth"] + str(n["id"]), _short(n["child_key"], 20),
+             _short(n["task"], 24), n["status"], n["parent_policy"] or "",
+             n["error_type"] or "")
+    out.print(table)
+
+
 @app.command()
 def run(
     run_id: Annotated[str, typer.Argument(help="The run's id.")],
     dsn: DsnOption = None,
     events: Annotated[int, typer.Option("--events", min=0, help="Show the last N events.")] = 20,
     as_json: JsonOption = False,
+    tree: Annotated[bool, typer.Option("--tree", help="Show the run's tree of child runs.")] = False,
 ) -> None:
-    """Show one run: state, steps, events, effects, lease, wait, error."""
+    """Show one run: state, steps, events, effects, lease, wait, error (or --tree)."""
     rid = _run_id(run_id)
     with database(dsn) as conn:
         row = conn.execute(Q_RUN, (rid,)).fetchone()
         if row is None:
             fail(f"no run {rid}", EXIT_NOT_FOUND)
+        if tree:
+            _show_tree(_rows(conn.execute(RUN_TREE, (rid,))), as_json)
+            return
         info: dict[str, Any] = row[0]
         steps = _rows(conn.execute(Q_CHECKPOINTS, (rid,)))
         evs = _rows(conn.execute(Q_EVENTS, (rid, events)))

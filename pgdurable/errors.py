@@ -30,7 +30,9 @@ __all__ = [
     "PgDurableError",
     "ProviderClosed",
     "ReconcileFailed",
+    "ResultTimeout",
     "RunCancelled",
+    "RunFailed",
     "RunNotFound",
     "SchemaVersionMismatch",
     "SignalConflict",
@@ -164,6 +166,22 @@ class PermissionDenied(PgDurableError):
     ``insufficient_privilege``): grant it, or connect as the role that has it."""
 
     sqlstate = "42501"
+class RunFailed(PgDurableError):
+    """The awaited run ended ``failed`` (or ``incompatible``); ``error`` is its recorded error.
+
+    Raised by ``result()``. ``error`` is ``{"type", "message", "traceback"}``
+    as stored in ``runs.error``; ``run_id`` the run's id.
+    """
+
+    def __init__(self, message: str, error: dict[str, Any] | None = None,
+                 run_id: str | None = None) -> None:
+        super().__init__(message)
+        self.error = error
+        self.run_id = run_id
+
+
+class ResultTimeout(PgDurableError, TimeoutError):
+    """``result()`` gave up: the run was not finished within the timeout (it goes on)."""
 
 
 def translate(exc: BaseException) -> BaseException:

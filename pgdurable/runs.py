@@ -29,13 +29,14 @@ from ._db import library_options, resolve_dsn, translated, validate_dsn
 from .effects import DEFAULT_LEASE as DEFAULT_IDEMPOTENCY_LEASE
 from .effects import DEFAULT_TTL as DEFAULT_IDEMPOTENCY_TTL
 from .effects import with_idempotency, with_idempotency_sync
-from .errors import InvalidInput, ProviderClosed, UnknownTask
+from .errors import InvalidInput, ProviderClosed, RunNotFound, UnknownTask
 from .migrations import acheck_schema, check_schema
 from .signals import DEFAULT_MAX_PAYLOAD, DEFAULT_SIGNAL_TTL, signal_params, signal_run_params
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
 
+    from .children import TreeNode
     from .stream import StreamEvent
     from .tasks import DurableTask
     from .threads import Delivery, ThreadRoute
@@ -397,6 +398,26 @@ class Durable:
         rid = q.check_run_id(run_id)
         return q.parse_run(await self.fetchone(q.GET_RUN, (rid,)), rid)
 
+    async def result(self, run_id: Any, timeout: timedelta | float | None = None) -> Any:  # noqa: ASYNC109
+        """Wait for the run to end and return its result (from any process).
+
+        A run already finished returns at once. ``failed``/``incompatible``
+        raises :class:`~pgdurable.RunFailed` (``.error`` is the recorded error),
+        ``cancelled`` raises :class:`~pgdurable.RunCancelled`, no end within
+        ``timeout`` seconds raises :class:`~pgdurable.ResultTimeout`. Waits with
+        LISTEN, not polling (see :mod:`pgdurable.results`).
+        """
+        from .results import await_result
+
+        await self._ready()
+        return await await_result(self, run_id, timeout)
+
+    async def run_tree(self, run_id: Any) -> list[TreeNode]:
+        """The run and its descendants in tree order (see :mod:`pgdurable.children`)."""
+        from .children import run_tree
+
+        return await run_tree(self, run_id)
+
     async def cancel(self, run_id: Any) -> str:
         """Cancel a run; return the resulting status.
 
@@ -570,7 +591,7 @@ class Durable:
 
 
 class DurableClient:
-    """Sync twin of the run API: start, get_run, cancel, retry, mark_incompatible, signal, send.
+    """Sync twin of the run API: start, get_run, result, cancel, retry, mark_incompatible, signal, send.
 
     Shares SQL, validation and parsing with :class:`Durable`. Pass ``app=`` to
     use its task registry (revisions, max_attempts); otherwise ``start`` needs
@@ -587,6 +608,7 @@ class DurableClient:
         if dsn is None:
             raise InvalidInput("no DSN: pass conninfo or set PGDURABLE_DSN / DATABASE_URL")
         validate_dsn(dsn)
+        self._dsn = dsn
         self._registry = app._registry if app is not None else TaskRegistry()
         self._pool: ConnectionPool[Any] = ConnectionPool(
             dsn, min_size=1, max_size=max(1, pool_size), kwargs=_conn_kwargs(dsn), open=False,
@@ -680,6 +702,24 @@ class DurableClient:
         """The run as :class:`RunInfo` (:class:`RunNotFound` if none)."""
         rid = q.check_run_id(run_id)
         return q.parse_run(self._fetchone(q.GET_RUN, (rid,)), rid)
+
+    def result(self, run_id: Any, timeout: timedelta | float | None = None) -> Any:
+        """Sync twin of :meth:`Durable.result` (a connection of its own while it waits)."""
+        from .results import result_sync
+
+        if self._closed:
+            raise ProviderClosed("this DurableClient is closed")
+        return result_sync(self._dsn, run_id, timeout)
+
+    def run_tree(self, run_id: Any) -> list[TreeNode]:
+        """Sync twin of :meth:`Durable.run_tree`."""
+        from .children import RUN_TREE, parse_tree
+
+        rid = q.check_run_id(run_id)
+        rows = self._fetchall(RUN_TREE, (rid,))
+        if not rows:
+            raise RunNotFound(f"no run {rid}")
+        return parse_tree(rows)
 
     def cancel(self, run_id: Any) -> str:
         """Cancel a run; returns the resulting status (see :meth:`Durable.cancel`)."""

@@ -25,7 +25,7 @@ import asyncio
 import contextvars
 import functools
 import math
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -36,6 +36,7 @@ from ._runs_sql import check_name, check_size
 from .errors import BudgetExceeded
 
 if TYPE_CHECKING:
+    from .children import ChildPolicy
     from .threads import Message
 
 __all__ = ["Continue", "Done", "RunContext", "Sleep", "StepResult", "Wait"]
@@ -83,6 +84,10 @@ class Wait:
     signal: tuple[str, str]
     timeout: timedelta | float | None = None
     state: Any = _UNSET
+    #: Child run ids to wait on (:meth:`children`); empty for a signal wait.
+    child_ids: tuple[str, ...] = ()
+    #: How many of ``child_ids`` must finish before the run wakes.
+    need: int = 0
 
     def __post_init__(self) -> None:
         sig = self.signal
@@ -100,6 +105,35 @@ class Wait:
             check_name(sig[1], "Wait(signal=...) ref")
         if self.timeout is not None:
             _seconds(self.timeout, "Wait(timeout=...)")
+
+    @classmethod
+    def children(
+        cls,
+        ids: Iterable[Any],
+        *,
+        any: bool = False,
+        at_least: int | None = None,
+        timeout: timedelta | float | None = None,
+        state: Any = _UNSET,
+    ) -> Wait:
+        """Park until children of this run finish: all of ``ids`` (default), the
+        first one (``any=True``) or ``at_least`` of them; or until ``timeout``.
+
+        The next step finds ``ctx.wake["children"]`` = ``{id: {"status",
+        "result", "error"}}`` for every id (unfinished ones with their current
+        status). A failed child is reported there; it does not fail this run.
+        Ids must be distinct run ids (TypeError/ValueError here); that they are
+        children of this run (and not the run itself) is checked when the run
+        parks: otherwise the run fails with :class:`~pgdurable.InvalidInput` (a
+        ``ValueError``) and nothing is written. ``await ctx.wait_children(...)``
+        checks that inside the step instead.
+        """
+        from .children import _ids, need_of
+
+        uids = _ids(ids)
+        need = need_of(uids, any, at_least)
+        return cls(signal=("children", "*"), timeout=timeout, state=state,
+                   child_ids=tuple(str(u) for u in uids), need=need)
 
     @classmethod
     def approval(
@@ -291,6 +325,61 @@ class RunContext:
         from .stream import emit
 
         return await emit(self, event)
+
+    async def start_child(
+        self,
+        task: str,
+        state: Any = None,
+        *,
+        key: str,
+        queue: str = "default",
+        priority: int = 0,
+        deadline: Any = None,
+        budget: float | None = None,
+        revision: str | None = None,
+        max_attempts: int | None = None,
+        policy: ChildPolicy = "cancel",
+    ) -> str:
+        """Start a child run of ``task`` (once per this run and ``key``); return its id.
+
+        A retried or replayed step calling this again with the same ``key``
+        gets the same child, never a second one; the start is fenced by this
+        attempt's lease (:class:`~pgdurable.LeaseLost` if it was lost). The
+        child's deadline is capped by this run's; ``policy`` says what happens
+        to it if this run ends first: ``"cancel"`` (default) or ``"abandon"``.
+        Wait for children with :meth:`Wait.children`. See :mod:`pgdurable.children`.
+        """
+        from .children import start_child
+
+        app, _owner = self._attached()
+        return await start_child(
+            app, self.run_id, self.token, task, state, key=key, queue=queue, priority=priority,
+            deadline=deadline, budget=budget, revision=revision, max_attempts=max_attempts,
+            policy=policy,
+        )
+
+    def start_child_sync(self, task: str, state: Any = None, *, key: str, **options: Any) -> str:
+        """:meth:`start_child` for sync step functions (which the worker runs in a thread)."""
+        return str(self._call_sync(self.start_child(task, state, key=key, **options)))
+
+    async def wait_children(
+        self,
+        ids: Iterable[Any],
+        *,
+        any: bool = False,
+        at_least: int | None = None,
+        timeout: timedelta | float | None = None,  # noqa: ASYNC109 (the Wait's timeout)
+        state: Any = _UNSET,
+    ) -> Wait:
+        """:meth:`Wait.children`, checked now: :class:`~pgdurable.InvalidInput`
+        (a ``ValueError``) in this step if an id is not a child of this run or
+        is this run itself."""
+        from .children import check_children
+
+        wait = Wait.children(ids, any=any, at_least=at_least, timeout=timeout, state=state)
+        app, _owner = self._attached()
+        await check_children(app, self.run_id, wait.child_ids)
+        return wait
 
     def wait_inbox(
         self, *, timeout: timedelta | float | None = None, state: Any = _UNSET

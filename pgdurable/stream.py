@@ -157,8 +157,9 @@ class _Hub:
     connection end when the last subscriber leaves.
     """
 
-    def __init__(self, conninfo: str) -> None:
+    def __init__(self, conninfo: str, channel: str = CHANNEL) -> None:
         self.conninfo = conninfo
+        self.channel = channel
         self.subs: dict[str | None, set[asyncio.Event]] = {}
         self.listening = asyncio.Event()
         self.task: asyncio.Task[None] | None = None
@@ -197,7 +198,7 @@ class _Hub:
                     self.conninfo, autocommit=True, options=library_options(self.conninfo),
                     connect_timeout=10,
                 )
-                await conn.execute(f"LISTEN {CHANNEL}")
+                await conn.execute(f"LISTEN {self.channel}")
                 backoff = 0.1
                 self.listening.set()
                 self._wake_all()  # re-read: notifications may have been missed
@@ -225,17 +226,20 @@ class _Hub:
                         await conn.close()
 
 
-_hubs: weakref.WeakKeyDictionary[
+_hubs: dict[str, weakref.WeakKeyDictionary[
     Any, weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Hub]
-] = weakref.WeakKeyDictionary()
+]] = {}
 
 
-def _hub(app: Durable) -> _Hub:
-    per_loop = _hubs.setdefault(app, weakref.WeakKeyDictionary())
+def _hub(app: Durable, channel: str = CHANNEL) -> _Hub:
+    """The app's shared listener on ``channel`` for the running event loop
+    (``pgdurable_events`` for streams, ``pgdurable_done`` for results)."""
+    by_app = _hubs.setdefault(channel, weakref.WeakKeyDictionary())
+    per_loop = by_app.setdefault(app, weakref.WeakKeyDictionary())
     loop = asyncio.get_running_loop()
     hub = per_loop.get(loop)
     if hub is None:
-        hub = per_loop[loop] = _Hub(_conninfo(app))
+        hub = per_loop[loop] = _Hub(_conninfo(app), channel)
     return hub
 
 

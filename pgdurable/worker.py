@@ -80,11 +80,13 @@ from . import _runs_sql as q
 from ._db import library_options
 from ._hints import WakeLimiter, cancel_requested
 from ._json import dumps
+from .children import park_children
 from .durable_runs import is_terminal, reconcile_effect
 from .errors import (
     BudgetExceeded,
     DeadlineExceeded,
     EffectFailed,
+    InvalidInput,
     LeaseLost,
     PgDurableError,
 )
@@ -621,6 +623,9 @@ class Worker:
                         return
                     await self._writer.write(a, state_json, spend, result_json)
                     return
+                if isinstance(result, Wait) and result.child_ids:
+                    await self._park_children(a, task, attempts, ident, state_json, spend, result)
+                    return
                 if isinstance(result, Wait):
                     kind, ref = result.signal
                     wake_in = _as_timedelta(result.timeout)
@@ -728,6 +733,21 @@ class Worker:
         )
         if row is not None and row[0] == "waiting" and row[1] is not None:
             # our own timer: wake for it without waiting for the poll
+            self._note_due(float(row[2]))
+
+    async def _park_children(
+        self, a: _Active, task: Task, attempts: int, ident: tuple[Any, ...], state_json: str,
+        spend: float, wait: Wait,
+    ) -> None:
+        """Wait.children: the fenced park of pgdurable.children; ids that are not
+        this run's children fail the run (InvalidInput, nothing written)."""
+        try:
+            row = await park_children(self.app, ident, state_json, spend, wait.child_ids,
+                                      wait.need, _as_timedelta(wait.timeout))
+        except InvalidInput as exc:
+            await self._fail(a, task, attempts, exc, spend, True)
+            return
+        if row[0] == "waiting" and row[1] is not None:
             self._note_due(float(row[2]))
 
     def _note_due(self, seconds: float) -> None:

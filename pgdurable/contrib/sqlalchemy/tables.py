@@ -106,6 +106,10 @@ runs = Table(
     Column("reclaims", Integer, nullable=False, server_default=FetchedValue()),
     Column("thread_key", Text),
     Column("thread_no", Integer),
+    Column("parent_run_id", UUID(as_uuid=True)),
+    Column("root_run_id", UUID(as_uuid=True)),
+    Column("child_key", Text),
+    Column("parent_policy", Text),
     comment="Durable runs: the run lives here, workers only lease it. state is the latest checkpoint.",
 )
 

@@ -649,8 +649,10 @@ async def test_save_needs_the_lock_connection(dsn: str) -> None:
 
     def kill_lock_session(state: Any, _c: Any) -> Any:
         with psycopg.connect(dsn, autocommit=True) as c:
+            # this database's advisory locks only: pg_locks spans the whole cluster
             c.execute("SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = "
-                      "'advisory' AND granted AND pid <> pg_backend_pid()")
+                      "'advisory' AND granted AND pid <> pg_backend_pid() AND database = "
+                      "(SELECT oid FROM pg_database WHERE datname = current_database())")
         return {"count": state["count"] + 1}
 
     task = define_durable_task(

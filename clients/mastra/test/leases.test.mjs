@@ -3,7 +3,8 @@
 import assert from 'node:assert/strict';
 import { after, before, describe, test } from 'node:test';
 
-import { NoopLeaseProvider, isLeaseProvider } from '@mastra/core/events';
+import { InMemoryServerCache } from '@mastra/core/cache';
+import { NoopLeaseProvider, isLeaseProvider, withCaching } from '@mastra/core/events';
 
 import { InvalidInputError, MAX_TTL_MS, PgDurablePubSub, ProviderClosedError } from '../dist/esm/index.js';
 import { atBarrier, expire, freshDatabase, leaseRow, sql } from './helpers.mjs';
@@ -31,6 +32,12 @@ describe('lease provider: the five methods', () => {
     for (const m of ['acquireLease', 'getLeaseOwner', 'releaseLease', 'renewLease', 'transferLease']) {
       assert.equal(typeof p[m], 'function');
     }
+  });
+
+  test('C2 Mastra\'s CachingPubSub wrapper exposes it through getLeaseProvider()', async () => {
+    const cached = withCaching(p, new InMemoryServerCache());
+    assert.equal(cached.getLeaseProvider(), p);
+    assert.equal((await cached.getLeaseProvider().acquireLease('c2', 'a', 1000)).acquired, true);
   });
 
   test('L1 acquire on a free key: acquired, owner me, getLeaseOwner me', async () => {

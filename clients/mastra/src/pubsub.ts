@@ -167,6 +167,7 @@ export class PgDurablePubSub extends PubSub implements LeaseProvider {
   readonly #maxAttempts: number;
   readonly #logger: PgDurableLogger | undefined;
   #closed = false;
+  #schemaOk = false;
   #schemaChecked: Promise<void> | undefined;
 
   readonly #topics = new Map<string, TopicState>();
@@ -275,7 +276,7 @@ export class PgDurablePubSub extends PubSub implements LeaseProvider {
     for (let attempt = 0; ; attempt++) {
       if (this.#closed) throw new ProviderClosedError('the lease provider is closed');
       try {
-        await this.#checkSchema();
+        if (!this.#schemaOk) await this.#checkSchema();
         const result = await this.#pool.query({ name: call.name, text: call.text, values: call.values });
         return call.parse(result.rows[0] as Record<string, unknown> | undefined);
       } catch (err) {
@@ -295,6 +296,7 @@ export class PgDurablePubSub extends PubSub implements LeaseProvider {
         throw new SchemaVersionMismatchError(
           'the pgdurable schema lacks the lease/pubsub functions: run `pgdurable migrate`');
       }
+      this.#schemaOk = true;
     }).catch((err: unknown) => {
       this.#schemaChecked = undefined;
       throw err;

@@ -31,10 +31,11 @@ function withDatabase(dsn, name) {
 let counter = 0;
 
 /**
- * Create a fresh database, migrate it with `python -m pgdurable.cli migrate`,
+ * Create a fresh database, migrate it with `python -m pgdurable.cli migrate` (unless
+ * `migrate: false`),
  * return `{ dsn, drop }`. Names include the pid (parallel runs are fine).
  */
-export async function freshDatabase(label = 'db') {
+export async function freshDatabase(label = 'db', { migrate = true } = {}) {
   const name = `pgdm_${label}_${process.pid}_${Date.now() % 100000}_${counter++}`;
   const admin = new pg.Client({ connectionString: BASE_DSN });
   await admin.connect();
@@ -44,10 +45,12 @@ export async function freshDatabase(label = 'db') {
     await admin.end();
   }
   const dsn = withDatabase(BASE_DSN, name);
-  const r = spawnSync(python(), ['-m', 'pgdurable.cli', 'migrate', '--dsn', dsn], {
-    cwd: REPO_DIR, encoding: 'utf8',
-  });
-  if (r.status !== 0) throw new Error(`pgdurable migrate failed: ${r.stderr}${r.stdout}`);
+  if (migrate) {
+    const r = spawnSync(python(), ['-m', 'pgdurable.cli', 'migrate', '--dsn', dsn], {
+      cwd: REPO_DIR, encoding: 'utf8',
+    });
+    if (r.status !== 0) throw new Error(`pgdurable migrate failed: ${r.stderr}${r.stdout}`);
+  }
   return {
     dsn,
     async drop() {

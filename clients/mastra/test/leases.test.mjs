@@ -6,7 +6,9 @@ import { after, before, describe, test } from 'node:test';
 import { InMemoryServerCache } from '@mastra/core/cache';
 import { NoopLeaseProvider, isLeaseProvider, withCaching } from '@mastra/core/events';
 
-import { InvalidInputError, MAX_TTL_MS, PgDurablePubSub, ProviderClosedError } from '../dist/esm/index.js';
+import {
+  InvalidInputError, MAX_TTL_MS, PgDurablePubSub, ProviderClosedError, SchemaVersionMismatchError,
+} from '../dist/esm/index.js';
 import { atBarrier, expire, freshDatabase, leaseRow, sql } from './helpers.mjs';
 
 let db;
@@ -223,6 +225,18 @@ describe('lease provider: the five methods', () => {
     await assert.rejects(() => admin.query("SELECT pgdurable.acquire_lease(''::bytea, 'a'::bytea, 10)"),
                          (err) => err.code === 'PD000');
     assert.ok(new InvalidInputError('x') instanceof Error);
+  });
+
+  test('an unmigrated database is a SchemaVersionMismatchError, not a silent failure', async () => {
+    const empty = await freshDatabase('empty', { migrate: false });
+    const q = new PgDurablePubSub({ connectionString: empty.dsn });
+    try {
+      await assert.rejects(() => q.acquireLease('k', 'a', 1000), SchemaVersionMismatchError);
+      await assert.rejects(() => q.publish('t', { type: 't', runId: 'r', data: {} }), SchemaVersionMismatchError);
+    } finally {
+      await q.close();
+      await empty.drop();
+    }
   });
 
   test('a broken connection is retried once for idempotent calls', async () => {

@@ -99,6 +99,34 @@ describe('PgDurablePubSub events', () => {
     assert.deepEqual(late.events.map((e) => e.index), Array.from({ length: 50 }, (_, i) => 250 + i));
   });
 
+  test('offsets commit in order: a second publisher waits for the first one\'s transaction', async () => {
+    const a = await sql(db.dsn);
+    const b = await sql(db.dsn);
+    const reader = open();
+    const ev = (id) => [JSON.stringify({ id, type: 't', runId: 'r', data: {} })];
+    try {
+      await a.query('BEGIN');
+      const first = await a.query('SELECT pgdurable.pubsub_publish($1, $2::json[]) AS o', ['ordered', ev('a')]);
+      assert.equal(Number(first.rows[0].o), 0);
+      const bPid = (await b.query('SELECT pg_backend_pid() AS pid')).rows[0].pid;
+      const second = b.query('SELECT pgdurable.pubsub_publish($1, $2::json[]) AS o', ['ordered', ev('b')]);
+      // b must queue behind a's uncommitted offset (on the topic's counter row), not
+      // take offset 1 and commit first: a reader past 1 would then never see 0.
+      for (;;) {
+        const w = await admin.query('SELECT wait_event_type FROM pg_stat_activity WHERE pid = $1', [bPid]);
+        if (w.rows[0]?.wait_event_type === 'Lock') break;
+        await new Promise((r) => setTimeout(r, 20));
+      }
+      assert.deepEqual(await reader.getHistory('ordered'), []);
+      await a.query('COMMIT');
+      assert.equal(Number((await second).rows[0].o), 1);
+      assert.deepEqual((await reader.getHistory('ordered')).map((e) => [e.index, e.id]), [[0, 'a'], [1, 'b']]);
+    } finally {
+      await a.end();
+      await b.end();
+    }
+  });
+
   test('concurrent publishes to a topic share one statement and one NOTIFY', async () => {
     const listener = await sql(db.dsn);
     const notes = [];

@@ -46,10 +46,16 @@ export async function freshDatabase(label = 'db', { migrate = true } = {}) {
   }
   const dsn = withDatabase(BASE_DSN, name);
   if (migrate) {
-    const r = spawnSync(python(), ['-m', 'pgdurable.cli', 'migrate', '--dsn', dsn], {
-      cwd: REPO_DIR, encoding: 'utf8',
-    });
-    if (r.status !== 0) throw new Error(`pgdurable migrate failed: ${r.stderr}${r.stdout}`);
+    // Migrating is idempotent; on a shared server another suite may terminate our
+    // connection (pg_terminate_backend), so a migration that lost it runs again.
+    for (let attempt = 1; ; attempt++) {
+      const r = spawnSync(python(), ['-m', 'pgdurable.cli', 'migrate', '--dsn', dsn], {
+        cwd: REPO_DIR, encoding: 'utf8',
+      });
+      if (r.status === 0) break;
+      const lost = /database went away|terminating connection|connection.*(closed|lost)/i.test(r.stderr + r.stdout);
+      if (!lost || attempt === 3) throw new Error(`pgdurable migrate failed: ${r.stderr}${r.stdout}`);
+    }
   }
   return {
     dsn,

@@ -45,6 +45,15 @@ export async function freshDatabase(label = 'db', { migrate = true } = {}) {
     await admin.end();
   }
   const dsn = withDatabase(BASE_DSN, name);
+  const drop = async () => {
+    const c = new pg.Client({ connectionString: BASE_DSN });
+    await c.connect();
+    try {
+      await c.query(`DROP DATABASE IF EXISTS ${name} WITH (FORCE)`);
+    } finally {
+      await c.end();
+    }
+  };
   if (migrate) {
     // Migrating is idempotent; on a shared server another suite may terminate our
     // connection (pg_terminate_backend), so a migration that lost it runs again.
@@ -54,21 +63,13 @@ export async function freshDatabase(label = 'db', { migrate = true } = {}) {
       });
       if (r.status === 0) break;
       const lost = /database went away|terminating connection|connection.*(closed|lost)/i.test(r.stderr + r.stdout);
-      if (!lost || attempt === 3) throw new Error(`pgdurable migrate failed: ${r.stderr}${r.stdout}`);
+      if (!lost || attempt === 3) {
+        await drop();
+        throw new Error(`pgdurable migrate failed: ${r.stderr}${r.stdout}`);
+      }
     }
   }
-  return {
-    dsn,
-    async drop() {
-      const c = new pg.Client({ connectionString: BASE_DSN });
-      await c.connect();
-      try {
-        await c.query(`DROP DATABASE IF EXISTS ${name} WITH (FORCE)`);
-      } finally {
-        await c.end();
-      }
-    },
-  };
+  return { dsn, drop };
 }
 
 /** A connected pg.Client on `dsn` (close with `.end()`). */

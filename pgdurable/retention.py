@@ -3,9 +3,11 @@
 Finished runs (``completed``, ``failed``, ``cancelled``, ``incompatible``)
 older than a cut-off are deleted with their checkpoints, effects, events and
 signals, and consumed thread messages (inboxes, :mod:`pgdurable.threads`)
-older than the same cut-off. Each batch is ONE statement in its own autocommit
-transaction, calling the SQL functions ``pgdurable.prune_runs`` and
-``pgdurable.prune_thread_messages``: it deletes at most ``batch`` runs
+older than the same cut-off, and the events of pubsub topics nobody published
+to for as long (clients/mastra's ``PgDurablePubSub``). Each batch is ONE
+statement in its own autocommit transaction, calling the SQL functions
+``pgdurable.prune_runs``, ``pgdurable.prune_thread_messages`` and
+``pgdurable.prune_pubsub``: it deletes at most ``batch`` runs
 (default 1,000; at most 100,000) and at most ``batch`` messages, skips rows
 someone else holds locked and never touches live runs or pending messages, so
 workers claiming and checkpointing are not held up (pitfall 18: unbounded
@@ -31,6 +33,7 @@ From psql::
 
     SELECT * FROM pgdurable.prune_runs('7 days', 1000);            -- one batch of runs
     SELECT pgdurable.prune_thread_messages('7 days', 1000);        -- one batch of messages
+    SELECT pgdurable.prune_pubsub('7 days', 1000);                 -- one batch of pubsub rows
     SELECT * FROM pgdurable.prune_preview('7 days');               -- counts only (runs)
 """
 
@@ -65,26 +68,32 @@ MAX_BATCH = 100_000
 
 # -- one batch, one transaction: delete up to n old terminal runs and their
 # -- history, then (unless an exclusive batch found the pruner lock taken) up to n
-# -- consumed thread messages older than the cut-off; the counts
-# -- params: (older_than, batch, older_than, batch, exclusive)
+# -- consumed thread messages older than the cut-off and up to n rows of pubsub
+# -- topics idle that long; the counts
+# -- params: (older_than, batch, older_than, batch, older_than, batch, exclusive)
 PRUNE = (
     "SELECT p.runs, p.checkpoints, p.effects, p.events, p.signals, p.locked, "
     "CASE WHEN p.locked THEN pgdurable.prune_thread_messages(%s::interval, %s::integer) "
-    "ELSE 0 END "
+    "ELSE 0 END, "
+    "CASE WHEN p.locked THEN pgdurable.prune_pubsub(%s::interval, %s::integer) ELSE 0 END "
     "FROM pgdurable.prune_runs(%s::interval, %s::integer, %s::boolean) p"
 )
-# -- dry run: how many rows prune_runs and prune_thread_messages would delete in total
-# -- params: (older_than, older_than)
+# -- dry run: how many rows prune_runs, prune_thread_messages and prune_pubsub would
+# -- delete in total
+# -- params: (older_than, older_than, older_than)
 PREVIEW = (
     "SELECT p.runs, p.checkpoints, p.effects, p.events, p.signals, "
     "(SELECT count(*) FROM pgdurable.thread_messages m WHERE m.consumed_at IS NOT NULL "
-    "   AND m.consumed_at <= pgdurable.now() - %s::interval) "
+    "   AND m.consumed_at <= pgdurable.now() - %s::interval), "
+    "(SELECT count(*) + coalesce(sum((SELECT count(*) FROM pgdurable.pubsub_events e "
+    "                                  WHERE e.topic = t.topic)), 0) "
+    "   FROM pgdurable.pubsub_topics t WHERE t.updated_at < pgdurable.now() - %s::interval) "
     "FROM pgdurable.prune_preview(%s::interval) p"
 )
 
 
 def _prune_params(age: timedelta, size: int, exclusive: bool) -> tuple[Any, ...]:
-    return (age, size, age, size, exclusive)
+    return (age, size, age, size, age, size, exclusive)
 
 _AGE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|sec|m|min|h|d|w)?\s*$", re.IGNORECASE)
 _UNIT = {"s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600, "d": 86400, "w": 604800}
@@ -116,7 +125,8 @@ class PruneResult:
 
     ``batches`` counts the batches (``prune_runs`` calls); ``skipped`` is True
     when an exclusive prune found another pruner at work and did nothing;
-    ``messages`` counts consumed thread messages (``prune_thread_messages``).
+    ``messages`` counts consumed thread messages (``prune_thread_messages``);
+    ``pubsub`` counts events and topics of abandoned pubsub topics (``prune_pubsub``).
     """
 
     runs: int = 0
@@ -128,19 +138,20 @@ class PruneResult:
     dry_run: bool = False
     skipped: bool = False
     messages: int = 0
+    pubsub: int = 0
 
     @property
     def rows(self) -> int:
-        """All rows deleted (runs and their history, thread messages)."""
+        """All rows deleted (runs and their history, thread messages, pubsub rows)."""
         return (self.runs + self.checkpoints + self.effects + self.events + self.signals
-                + self.messages)
+                + self.messages + self.pubsub)
 
     def as_dict(self) -> dict[str, Any]:
         """The counts as a JSON-ready dict."""
         return {
             "runs": self.runs, "checkpoints": self.checkpoints, "effects": self.effects,
             "events": self.events, "signals": self.signals, "messages": self.messages,
-            "batches": self.batches,
+            "pubsub": self.pubsub, "batches": self.batches,
             "dry_run": self.dry_run, "skipped": self.skipped,
         }
 
@@ -166,25 +177,26 @@ def _check(older_than: object, batch: object) -> tuple[timedelta, int]:
 def _add(total: PruneResult, row: tuple[Any, ...]) -> tuple[PruneResult, PruneResult]:
     """Fold one prune_runs row into the running total; return (total, this batch)."""
     this = PruneResult(int(row[0]), int(row[1]), int(row[2]), int(row[3]), int(row[4]), 1,
-                       skipped=not row[5], messages=int(row[6]))
+                       skipped=not row[5], messages=int(row[6]), pubsub=int(row[7]))
     total = PruneResult(
         total.runs + this.runs, total.checkpoints + this.checkpoints,
         total.effects + this.effects, total.events + this.events,
         total.signals + this.signals, total.batches + 1, skipped=this.skipped,
-        messages=total.messages + this.messages,
+        messages=total.messages + this.messages, pubsub=total.pubsub + this.pubsub,
     )
     return total, this
 
 
 def _finished(this: PruneResult, batch: int) -> bool:
     """The loop ends on a short batch (nothing more is old enough) or when skipped."""
-    return this.skipped or (this.runs < batch and this.signals < batch and this.messages < batch)
+    return this.skipped or (this.runs < batch and this.signals < batch and this.messages < batch
+                            and this.pubsub < batch)
 
 
 def _preview(row: tuple[Any, ...] | None) -> PruneResult:
     assert row is not None
     return PruneResult(int(row[0]), int(row[1]), int(row[2]), int(row[3]), int(row[4]),
-                       dry_run=True, messages=int(row[5]))
+                       dry_run=True, messages=int(row[5]), pubsub=int(row[6]))
 
 
 @dataclass(frozen=True)
@@ -204,7 +216,7 @@ def _plan(
     Yields each statement to run, receives its row, returns the total.
     """
     if dry_run:
-        return _preview((yield _Statement(PREVIEW, (age, age))))
+        return _preview((yield _Statement(PREVIEW, (age, age, age))))
     total = PruneResult()
     params = _prune_params(age, size, exclusive)
     row = yield _Statement(PRUNE, params)

@@ -14,7 +14,23 @@ from psycopg import conninfo as _conninfo
 
 from .errors import DatabaseUnavailable, InvalidInput, first_line, translate
 
-__all__ = ["connect", "library_options", "resolve_dsn", "translated", "validate_dsn"]
+__all__ = ["CONNECT_TIMEOUT", "connect", "connect_timeout", "library_options", "resolve_dsn",
+           "translated", "validate_dsn"]
+
+CONNECT_TIMEOUT = 10  # seconds, unless the DSN (or PGCONNECT_TIMEOUT) sets one
+
+
+def connect_timeout(conninfo: str | None) -> dict[str, Any]:
+    """``{"connect_timeout": CONNECT_TIMEOUT}`` unless ``conninfo`` or
+    ``PGCONNECT_TIMEOUT`` sets one: a connection attempt to an unreachable
+    host then fails instead of hanging for the OS's TCP timeout."""
+    try:
+        params = _conninfo.conninfo_to_dict(conninfo or "")
+    except psycopg.ProgrammingError:
+        params = {}
+    if params.get("connect_timeout") or os.environ.get("PGCONNECT_TIMEOUT"):
+        return {}
+    return {"connect_timeout": CONNECT_TIMEOUT}
 
 def library_options(conninfo: str | None) -> str:
     """The ``options`` of a library connection: our settings, then the user's.

@@ -75,6 +75,7 @@ from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 from . import _json
 from ._db import connect, library_options, translated, validate_dsn
+from ._retry import SETTLE_DELAYS
 from ._runs_sql import MAX_NAME_BYTES, check_size
 from .errors import DatabaseUnavailable, DeadlineExceeded, EffectFailed, LeaseLost, first_line
 from .migrations import acheck_schema, check_schema
@@ -268,15 +269,12 @@ def _protocol(p: _Params, owner: str) -> Generator[_Op, Any, Any]:
     return value
 
 
-_SETTLE_DELAYS = (0.1, 0.3, 1.0, 2.0)
-
-
 def _settle(sql: str, args: tuple[Any, ...]) -> Generator[_Op, Any, Any]:
     """Record the outcome, retrying a lost connection a few times (≈ 3.4 s in
     all): the effect has run, and while the claim is unsettled any caller
     after its lease would run it again. A write after the lease lapsed is
     refused by the fence (-> LeaseLost), never applied late."""
-    for delay in _SETTLE_DELAYS:
+    for delay in SETTLE_DELAYS:
         reply = yield _Query(sql, args, soft=True)
         if not isinstance(reply, DatabaseUnavailable):
             return reply

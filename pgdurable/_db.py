@@ -5,17 +5,19 @@ from __future__ import annotations
 
 import os
 import re
+import select
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import psycopg
 from psycopg import conninfo as _conninfo
+from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 from .errors import DatabaseUnavailable, InvalidInput, first_line, translate
 
-__all__ = ["CONNECT_TIMEOUT", "connect", "connect_timeout", "library_options", "resolve_dsn",
-           "translated", "validate_dsn"]
+__all__ = ["CONNECT_TIMEOUT", "acheck_connection", "check_connection", "connect",
+           "connect_timeout", "library_options", "resolve_dsn", "translated", "validate_dsn"]
 
 CONNECT_TIMEOUT = 10  # seconds, unless the DSN (or PGCONNECT_TIMEOUT) sets one
 
@@ -112,3 +114,33 @@ def translated() -> Iterator[None]:
         if err is exc:
             raise
         raise err from exc
+
+
+def _quiet(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> bool:
+    """True if the idle connection's socket has nothing to read: the server
+    has neither closed it nor sent anything (no round trip, one poll)."""
+    try:
+        readable, _, _ = select.select([conn.pgconn.socket], [], [], 0)
+    except (OSError, ValueError, psycopg.Error):
+        return False
+    return not readable
+
+
+async def acheck_connection(conn: psycopg.AsyncConnection[Any]) -> None:
+    """The ``check=`` of the library's async pools: hand out no dead connection.
+
+    A connection that the server closed while it sat idle in the pool (a
+    restart, a failover, ``pg_terminate_backend``, a pooler) has a readable
+    socket (the termination notice, then EOF): only then is it checked with a
+    round trip (psycopg's ``check_connection``), which raises for a dead one
+    so the pool replaces it. A quiet socket costs one poll, not a round trip.
+    """
+    if conn.closed or conn.broken or not _quiet(conn):
+        await AsyncConnectionPool.check_connection(conn)
+
+
+def check_connection(conn: psycopg.Connection[Any]) -> None:
+    """Sync twin of :func:`acheck_connection` (the ``check=`` of sync pools)."""
+    if conn.closed or conn.broken or not _quiet(conn):
+        ConnectionPool.check_connection(conn)
+

@@ -25,7 +25,15 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 from . import _runs_sql as q
-from ._db import connect_timeout, library_options, resolve_dsn, translated, validate_dsn
+from ._db import (
+    acheck_connection,
+    check_connection,
+    connect_timeout,
+    library_options,
+    resolve_dsn,
+    translated,
+    validate_dsn,
+)
 from .effects import DEFAULT_LEASE as DEFAULT_IDEMPOTENCY_LEASE
 from .effects import DEFAULT_TTL as DEFAULT_IDEMPOTENCY_TTL
 from .effects import with_idempotency, with_idempotency_sync
@@ -301,7 +309,7 @@ class Durable:
         # failover, pooler) is replaced, not handed out to fail a statement
         return AsyncConnectionPool(
             dsn, min_size=1, max_size=size, kwargs=_conn_kwargs(dsn), open=False,
-            name="pgdurable", check=AsyncConnectionPool.check_connection,
+            name="pgdurable", check=acheck_connection,
         )
 
     async def open(self) -> None:
@@ -647,7 +655,7 @@ class DurableClient:
         # check=: see Durable._new_pool
         return ConnectionPool(
             dsn, min_size=1, max_size=size, kwargs=_conn_kwargs(dsn), open=False,
-            name="pgdurable-client", check=ConnectionPool.check_connection,
+            name="pgdurable-client", check=check_connection,
         )
 
     def close(self) -> None:

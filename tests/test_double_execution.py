@@ -40,8 +40,9 @@ sys.path.insert(0, os.path.join(ROOT, "tests"))
 import _effects_app as fx  # noqa: E402
 from test_effects_crash import kill, spawn_hanging_worker, wait_for  # noqa: E402
 
-# -- terminate every connection of the library to this database (not the test's own)
-KILL_LIBRARY = ("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+# -- terminate every connection of the library to this database (not the test's own),
+# -- and wait (up to 10 s) until those backends are gone: their sockets are closed
+KILL_LIBRARY = ("SELECT count(pg_terminate_backend(pid, 10000)) FROM pg_stat_activity "
                 "WHERE datname = current_database() AND application_name = 'pgdurable' "
                 "AND pid <> pg_backend_pid()")
 

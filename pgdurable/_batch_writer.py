@@ -8,12 +8,13 @@ once). Each caller gets its own run's status; a run whose fence failed raises
 :class:`~pgdurable.errors.LeaseLost` in its caller only.
 
 One bad run cannot fail its neighbours: when a batch fails for anything but a
-lost connection (a value the database refuses, a trigger, ...), its runs are
+transient error (a value the database refuses, a trigger, ...), its runs are
 written again one statement each, so only the run that fails alone gets the
-error. A lost connection is not a failure of the step: the caller writes again
-on a fresh connection while its lease is trusted, after reading the run to
-see whether the lost write committed (``write_steps`` advances the step, so
-sending a committed Continue twice would skip a step).
+error. A transient error (a lost connection, a deadlock, a statement timeout:
+:func:`~pgdurable._retry.is_transient`) is not a failure of the step: the
+caller writes again on a fresh connection while its lease is trusted, after
+reading the run to see whether the lost write committed (``write_steps``
+advances the step, so sending a committed Continue twice would skip a step).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from . import _runs_sql as q
-from ._retry import backoff, is_lost_connection
+from ._retry import backoff, is_transient
 from .errors import LeaseLost
 
 if TYPE_CHECKING:
@@ -81,7 +82,7 @@ class StepWriter:
             except LeaseLost:
                 raise
             except Exception as exc:
-                if not is_lost_connection(exc) or not trusted():
+                if not is_transient(exc) or not trusted():
                     raise
             await asyncio.sleep(next(delays))
 
@@ -132,7 +133,7 @@ class StepWriter:
                 try:
                     rows = await self._send(batch)
                 except Exception as exc:
-                    if len(batch) == 1 or is_lost_connection(exc):
+                    if len(batch) == 1 or is_transient(exc):
                         _settle(batch, exc)
                         continue
                     # one run's value may have failed the whole statement: each alone

@@ -13,7 +13,8 @@ be running the same work.
 * :data:`SETTLE_DELAYS` -- the fixed schedule of :func:`pgdurable.with_idempotency`'s
   settle (its claim lease is renewed elsewhere, so it retries ~3.4 s in all);
 * :func:`backoff` -- 0.1 s doubling to 2 s, with jitter;
-* :func:`retry_while` -- await a call again after a lost connection for as
+* :func:`retry_while` -- await a call again after a transient error (a lost
+  connection, a deadlock, a statement timeout: :func:`is_transient`) for as
   long as a ``trusted()`` predicate holds (the worker's lease check).
 """
 
@@ -26,7 +27,7 @@ from typing import TypeVar
 
 from .errors import DatabaseUnavailable, translate
 
-__all__ = ["SETTLE_DELAYS", "backoff", "is_lost_connection", "retry_while"]
+__all__ = ["SETTLE_DELAYS", "backoff", "is_lost_connection", "is_transient", "retry_while"]
 
 T = TypeVar("T")
 
@@ -38,6 +39,19 @@ def is_lost_connection(exc: BaseException) -> bool:
     return isinstance(translate(exc), DatabaseUnavailable)
 
 
+def is_transient(exc: BaseException) -> bool:
+    """A lost connection, or an error that says nothing about the statement:
+    SQLSTATE class 40 (serialization failure, deadlock), 53 (insufficient
+    resources) or 57014 (statement timeout, ``pg_cancel_backend``). A
+    transaction failed with one of these did not commit."""
+    if is_lost_connection(exc):
+        return True
+    code = getattr(exc, "sqlstate", None)
+    if not isinstance(code, str):
+        code = getattr(exc.__cause__, "sqlstate", None)
+    return isinstance(code, str) and (code.startswith(("40", "53")) or code == "57014")
+
+
 def backoff(first: float = 0.1, cap: float = 2.0) -> Iterator[float]:
     """Delays between retries: ``first`` doubling up to ``cap``, each jittered ±25%."""
     delay = first
@@ -47,14 +61,15 @@ def backoff(first: float = 0.1, cap: float = 2.0) -> Iterator[float]:
 
 
 async def retry_while(call: Callable[[], Awaitable[T]], trusted: Callable[[], bool]) -> T:
-    """``await call()``; after a lost connection, call again (with :func:`backoff`)
-    as long as ``trusted()`` holds. Any other error, or a lost connection once
-    ``trusted()`` is false, is raised."""
+    """``await call()``; after a transient error (:func:`is_transient`: a lost
+    connection, a deadlock, a statement timeout, ...), call again (with
+    :func:`backoff`) as long as ``trusted()`` holds. Any other error, or a
+    transient one once ``trusted()`` is false, is raised."""
     delays = backoff()
     while True:
         try:
             return await call()
         except Exception as exc:
-            if not is_lost_connection(exc) or not trusted():
+            if not is_transient(exc) or not trusted():
                 raise
         await asyncio.sleep(next(delays))

@@ -78,7 +78,7 @@ from . import _runs_sql as q
 from ._batch_writer import StepWriter
 from ._db import library_options
 from ._json import dumps
-from ._retry import backoff, is_lost_connection, retry_while
+from ._retry import backoff, is_lost_connection, is_transient, retry_while
 from .durable_runs import call_effect, is_terminal, mark_terminal, reconcile_effect
 from .errors import (
     BudgetExceeded,
@@ -617,8 +617,8 @@ class Worker:
         except LeaseLost:
             log.info("run %s: lease lost; dropped", a.run_id)
         except Exception as exc:
-            if is_lost_connection(exc):
-                log.warning("run %s: database unreachable (%s) and the lease no longer "
+            if is_transient(exc):
+                log.warning("run %s: database error (%s) and the lease no longer "
                             "trusted; the lease will lapse", a.run_id, exc)
                 return
             # a bug, or a value the database refused: end this run, do not

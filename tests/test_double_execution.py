@@ -473,3 +473,20 @@ def test_pool_connections_have_a_connect_timeout(dsn: str) -> None:
     assert app.pool.kwargs["connect_timeout"] == 10
     own = DurableClient(make_conninfo(dsn, connect_timeout="3"))
     assert "connect_timeout" not in own._pool.kwargs  # the DSN's own wins
+
+
+def test_transient_errors_are_told_from_the_statement_s_own(conn: psycopg.Connection[Any]) -> None:
+    """What the worker retries (while its lease is trusted) instead of failing
+    the run: lost connections, deadlocks and serialization failures, lack of
+    resources, statement timeouts; not an error of the statement's values."""
+    from pgdurable._retry import is_transient
+
+    def error_of(code: str) -> BaseException:
+        with pytest.raises(psycopg.Error) as info:
+            conn.execute(f"DO $$ BEGIN RAISE EXCEPTION 'x' USING ERRCODE = '{code}'; END $$")
+        return info.value
+
+    for code in ("40P01", "40001", "53100", "57014", "57P01", "08006"):
+        assert is_transient(error_of(code)), code
+    for code in ("23514", "22P02", "42501", "PD001"):
+        assert not is_transient(error_of(code)), code

@@ -131,29 +131,35 @@ class StepWriter:
             while self._queue:
                 batch, self._queue = self._queue, []
                 try:
-                    rows = await self._send(batch)
-                except Exception as exc:
-                    if len(batch) == 1 or is_transient(exc):
-                        _settle(batch, exc)
-                        continue
-                    # one run's value may have failed the whole statement: each alone
-                    for b in batch:
-                        try:
-                            rows = await self._send([b])
-                        except Exception as exc1:
-                            _settle([b], exc1)
-                            continue
-                        _answer([b], rows)
-                    continue
+                    await self._write(batch)
                 except BaseException:
-                    for b in batch:
-                        b.done.cancel()
+                    for b in batch:  # cancelled mid-way: nobody waits forever
+                        if not b.done.done():
+                            b.done.cancel()
                     raise
-                _answer(batch, rows)
         finally:
             self._flusher = None
             for b in self._queue:  # only if cancelled mid-way
                 b.done.cancel()
+
+    async def _write(self, batch: list[_Write]) -> None:
+        """Send ``batch``; answer each of its futures with a status or an error."""
+        try:
+            rows = await self._send(batch)
+        except Exception as exc:
+            if len(batch) == 1 or is_transient(exc):
+                _settle(batch, exc)
+                return
+            # one run's value may have failed the whole statement: each alone
+            for b in batch:
+                try:
+                    rows = await self._send([b])
+                except Exception as exc1:
+                    _settle([b], exc1)
+                    continue
+                _answer([b], rows)
+            return
+        _answer(batch, rows)
 
 
 def _answer(batch: list[_Write], rows: list[tuple[Any, ...]]) -> None:

@@ -274,6 +274,44 @@ async def test_lost_connections_between_steps_are_not_step_failures(
         assert [fx.count(dsn, f"step{s}", rid) for s in range(3)] == [1, 1, 1]
 
 
+async def test_step_write_killed_mid_statement_is_sent_again_once(
+    app: Durable, dsn: str, conn: psycopg.Connection[Any]
+) -> None:
+    """write_steps dies under its statement (backend terminated while it waits
+    for the run's row lock): the worker reads the run, sees the write did not
+    apply and sends it again; no step is executed twice or skipped."""
+    gate = asyncio.Event()
+    arrived = asyncio.Event()
+
+    @app.task("two", revision="1", max_attempts=1)
+    async def two(ctx: RunContext, state: Any) -> Any:
+        await asyncio.to_thread(fx.log, dsn, f"step{ctx.step}", ctx.run_id)
+        if ctx.step == 0:
+            arrived.set()
+            await gate.wait()
+            return Continue({"n": 1})
+        return Done(state)
+
+    rid = await app.start("two", {"n": 0})
+    async with running(app.worker(poll_interval=0.2)):
+        await asyncio.wait_for(arrived.wait(), WAIT_LIMIT)
+        with psycopg.connect(dsn, autocommit=True) as locker:
+            with locker.transaction():
+                locker.execute("SELECT 1 FROM pgdurable.runs WHERE id = %s FOR UPDATE", (rid,))
+                gate.set()
+                killed = ("SELECT count(pg_terminate_backend(pid, 10000)) FROM pg_stat_activity "
+                          "WHERE datname = current_database() AND wait_event_type = 'Lock' "
+                          "AND query LIKE '%%write_steps%%'")
+                await until(lambda: _is(conn.execute(killed).fetchone() == (1,)),
+                            "write_steps to wait for the row lock, then be terminated")
+        info = await finished(app, rid)
+    assert info.status == "completed" and info.result == {"n": 1}
+    assert run_row(conn, rid)[:2] == ("completed", 0)
+    assert [fx.count(dsn, f"step{s}", rid) for s in range(2)] == [1, 1]
+    assert conn.execute("SELECT array_agg(step ORDER BY step) FROM pgdurable.checkpoints "
+                        "WHERE run_id = %s", (rid,)).fetchone() == ([1, 2],)
+
+
 async def test_step_whose_statement_loses_its_connection_uses_no_attempt(
     app: Durable, dsn: str, conn: psycopg.Connection[Any]
 ) -> None:

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from ._runs_sql import MAX_NAME_BYTES
 from .children import TreeNode
-from .durable_runs import DurableRunContext
+from .durable_runs import NOT_PERFORMED, DurableRunContext
 from .effects import with_idempotency, with_idempotency_sync
 from .errors import (
     AttemptsExhausted,
@@ -84,6 +84,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "MAX_NAME_BYTES",
+    "NOT_PERFORMED",
     "Continue",
     "Done",
     "Durable",

@@ -5,16 +5,34 @@ from __future__ import annotations
 
 import os
 import re
+import select
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import psycopg
 from psycopg import conninfo as _conninfo
+from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 from .errors import DatabaseUnavailable, InvalidInput, first_line, translate
 
-__all__ = ["connect", "library_options", "resolve_dsn", "translated", "validate_dsn"]
+__all__ = ["CONNECT_TIMEOUT", "acheck_connection", "check_connection", "connect",
+           "connect_timeout", "library_options", "resolve_dsn", "translated", "validate_dsn"]
+
+CONNECT_TIMEOUT = 10  # seconds, unless the DSN (or PGCONNECT_TIMEOUT) sets one
+
+
+def connect_timeout(conninfo: str | None) -> dict[str, Any]:
+    """``{"connect_timeout": CONNECT_TIMEOUT}`` unless ``conninfo`` or
+    ``PGCONNECT_TIMEOUT`` sets one: a connection attempt to an unreachable
+    host then fails instead of hanging for the OS's TCP timeout."""
+    try:
+        params = _conninfo.conninfo_to_dict(conninfo or "")
+    except psycopg.ProgrammingError:
+        params = {}
+    if params.get("connect_timeout") or os.environ.get("PGCONNECT_TIMEOUT"):
+        return {}
+    return {"connect_timeout": CONNECT_TIMEOUT}
 
 def library_options(conninfo: str | None) -> str:
     """The ``options`` of a library connection: our settings, then the user's.
@@ -110,3 +128,33 @@ def translated() -> Iterator[None]:
         if err is exc:
             raise
         raise err from exc
+
+
+def _quiet(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> bool:
+    """True if the idle connection's socket has nothing to read: the server
+    has neither closed it nor sent anything (no round trip, one poll)."""
+    try:
+        readable, _, _ = select.select([conn.pgconn.socket], [], [], 0)
+    except (OSError, ValueError, psycopg.Error):
+        return False
+    return not readable
+
+
+async def acheck_connection(conn: psycopg.AsyncConnection[Any]) -> None:
+    """The ``check=`` of the library's async pools: hand out no dead connection.
+
+    A connection that the server closed while it sat idle in the pool (a
+    restart, a failover, ``pg_terminate_backend``, a pooler) has a readable
+    socket (the termination notice, then EOF): only then is it checked with a
+    round trip (psycopg's ``check_connection``), which raises for a dead one
+    so the pool replaces it. A quiet socket costs one poll, not a round trip.
+    """
+    if conn.closed or conn.broken or not _quiet(conn):
+        await AsyncConnectionPool.check_connection(conn)
+
+
+def check_connection(conn: psycopg.Connection[Any]) -> None:
+    """Sync twin of :func:`acheck_connection` (the ``check=`` of sync pools)."""
+    if conn.closed or conn.broken or not _quiet(conn):
+        ConnectionPool.check_connection(conn)
+

@@ -1,7 +1,9 @@
 """JSON values crossing into JSONB: validated in Python before any SQL runs.
 
-PostgreSQL ``jsonb`` cannot hold NaN/Infinity or ``\\u0000`` in strings, and
-Python's ``json`` silently turns tuples into lists and int keys into strings.
+PostgreSQL ``jsonb`` cannot hold NaN/Infinity or ``\\u0000`` in strings, a
+lone surrogate (``"\\ud800"``, common in truncated LLM output) cannot even be
+encoded as UTF-8 to send it, and Python's ``json`` silently turns tuples into
+lists and int keys into strings.
 pgdurable refuses all of that with a ``TypeError``/``ValueError`` that names the
 path of the offending value (``state['messages'][3]['text']``), so bad input
 changes nothing.
@@ -23,11 +25,28 @@ def _path(root: str, parts: list[str]) -> str:
     return root + "".join(parts)
 
 
+def reject_lone_surrogates(text: str, what: str) -> None:
+    """Raise ``ValueError`` naming ``what`` if ``text`` holds a lone surrogate.
+
+    A lone surrogate (U+D800..U+DFFF outside a pair) is not valid Unicode:
+    ``text`` cannot be encoded as UTF-8, so the database never receives it.
+    The value itself is not repeated in the message.
+    """
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(
+            f"{what} contains a lone surrogate ({text[exc.start]!a} at index {exc.start}), "
+            "which is not valid Unicode and cannot be stored"
+        ) from None
+
+
 def validate(value: Any, what: str = "value") -> None:
     """Raise ``TypeError``/``ValueError`` naming the path if ``value`` is not plain JSON.
 
     Plain JSON: ``None``, ``bool``, ``int``, finite ``float``, ``str`` without
-    NUL, ``list``, and ``dict`` with ``str`` keys (without NUL), nested at most
+    NUL or lone surrogates, ``list``, and ``dict`` with ``str`` keys (without
+    NUL or lone surrogates), nested at most
     :data:`MAX_DEPTH` levels; the same value may appear in several places.
     """
     # depth-first; a container's id is on ``path`` while its children are
@@ -52,6 +71,7 @@ def validate(value: Any, what: str = "value") -> None:
                     f"{_path(what, parts)} contains a NUL character (\\x00), which "
                     "PostgreSQL jsonb cannot store"
                 )
+            reject_lone_surrogates(v, _path(what, parts))
             continue
         if isinstance(v, list | dict):
             if len(parts) >= MAX_DEPTH:
@@ -71,6 +91,7 @@ def validate(value: Any, what: str = "value") -> None:
                         )
                     if "\x00" in k:
                         raise ValueError(f"{_path(what, parts)} has a key containing NUL (\\x00)")
+                    reject_lone_surrogates(k, f"{_path(what, parts)} key {k!a}")
                     stack.append((item, [*parts, f"[{k!r}]"], False))
             continue
         raise TypeError(
@@ -95,23 +116,3 @@ def loads(text: str | bytes | None) -> Any:
     """Parse JSON text from the database (``None`` stays ``None``)."""
     return None if text is None else json.loads(text)
 
-
-def reject_lone_surrogates(value: Any, path: str = "value") -> None:
-    """``ValueError`` naming the path if a string or key in ``value`` holds a lone
-    surrogate (``"\\ud800"``: truncated LLM output, undecodable bytes from
-    ``argv``), which UTF-8, and so PostgreSQL, cannot encode."""
-    stack: list[tuple[Any, str]] = [(value, path)]
-    while stack:
-        v, where = stack.pop()
-        if isinstance(v, str):
-            try:
-                v.encode("utf-8")
-            except UnicodeEncodeError:
-                raise ValueError(f"{where} contains a lone surrogate, which UTF-8 cannot "
-                                 "encode") from None
-        elif isinstance(v, list | tuple):
-            stack.extend((item, f"{where}[{i}]") for i, item in enumerate(v))
-        elif isinstance(v, dict):
-            for k, item in v.items():
-                stack.append((k, f"{where} (a key)"))
-                stack.append((item, f"{where}[{k!r}]"))

@@ -64,6 +64,8 @@ WRITE_STEPS = (
     "SELECT id, status FROM pgdurable.write_steps(%s::text, %s::uuid[], %s::bigint[], "
     "%s::text[]::jsonb[], %s::numeric[], %s::boolean[], %s::text[]::jsonb[])"
 )
+# -- after a write_steps whose answer was lost: did it apply? (step, status, token, owner)
+RUN_STEP = "SELECT step, status, lease_token, lease_owner FROM pgdurable.runs WHERE id = %s::uuid"
 PARK = (
     "SELECT status, wake_at, extract(epoch FROM wake_at - pgdurable.now())::float8 "
     "FROM pgdurable.park_run(%s::uuid, %s::bigint, %s::text, %s::jsonb, %s::numeric, "

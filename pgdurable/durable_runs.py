@@ -57,9 +57,10 @@ success returns its stored result; a recorded failure raises
 earlier attempt (crashed between ``effect_begin`` and ``effect_finish``, so
 its outcome is unknown) follows its replay policy: without ``reconcile``
 ("safe") ``fn`` runs again; with ``reconcile`` that callable is called instead
-of ``fn`` and must return the real outcome (recorded like a result of ``fn``);
-if it raises, the run ends ``failed`` with :class:`ReconcileFailed` and the
-effect stays ``started``.
+of ``fn`` and must return the real outcome (recorded like a result of ``fn``),
+or :data:`NOT_PERFORMED` when the effect provably never happened: ``fn`` then
+runs once under the current lease token; if it raises, the run ends ``failed``
+with :class:`ReconcileFailed` and the effect stays ``started``.
 
 Errors that must end a run at once (never retried) carry the attribute
 ``pgdurable_terminal = True`` (see :func:`mark_terminal`); the worker honours it.
@@ -67,14 +68,13 @@ Errors that must end a run at once (never retried) carry the attribute
 
 from __future__ import annotations
 
+import enum
 import inspect
-import json
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from . import _runs_sql as q
 from ._json import dumps
 from .errors import CorruptCheckpoint, ReconcileFailed
 from .runs import Task
@@ -92,7 +92,10 @@ if TYPE_CHECKING:
     from .runs import Durable
 
 __all__ = [
+    "NOT_PERFORMED",
     "DurableRunContext",
+    "NotPerformed",
+    "call_effect",
     "durable_task_spec",
     "is_terminal",
     "mark_terminal",
@@ -119,7 +122,7 @@ def is_terminal(exc: BaseException) -> bool:
     return getattr(exc, "pgdurable_terminal", False) is True
 
 
-async def _call(fn: Callable[[], Any]) -> Any:
+async def call_effect(fn: Callable[[], Any]) -> Any:
     """Call a no-argument function: async on the loop, sync in a thread."""
     if inspect.iscoroutinefunction(fn):
         return await fn()
@@ -129,25 +132,41 @@ async def _call(fn: Callable[[], Any]) -> Any:
     return value
 
 
-async def reconcile_effect(app: Durable, ident: tuple[Any, ...], key: str,
-                           reconcile: EffectFn) -> Any:
+class NotPerformed(enum.Enum):
+    """The type of :data:`NOT_PERFORMED` (one member)."""
+
+    NOT_PERFORMED = "not performed"
+
+    def __repr__(self) -> str:
+        return "pgdurable.NOT_PERFORMED"
+
+
+#: What an effect's ``reconcile`` returns to say "the effect never happened":
+#: ``fn`` then runs (once) under the current lease token, and its outcome is
+#: recorded as usual.
+NOT_PERFORMED = NotPerformed.NOT_PERFORMED
+
+
+async def reconcile_effect(key: str, reconcile: EffectFn) -> str | NotPerformed:
     """Replay policy "reconcile" of an effect found started by an earlier attempt.
 
-    Calls ``reconcile`` (never ``fn``) and records its JSON result as the
-    effect's result (fenced ``effect_finish``). If it raises (or returns
-    non-JSON), raises a terminal :class:`ReconcileFailed` and records nothing:
-    the effect stays ``started`` for the application to inspect.
+    Calls ``reconcile`` (never ``fn``): returns the JSON text of the real
+    outcome it reports (to record as the effect's result), or
+    :data:`NOT_PERFORMED` when it says the effect never happened (the caller
+    then runs ``fn``). If it raises (or returns non-JSON), raises a terminal
+    :class:`ReconcileFailed`: nothing is recorded and the effect stays
+    ``started`` for the application to inspect.
     """
     try:
-        value = await _call(reconcile)
-        text = dumps(value, f"effect {key!r} reconciled result")
+        value = await call_effect(reconcile)
+        if value is NOT_PERFORMED:
+            return NotPerformed.NOT_PERFORMED
+        return dumps(value, f"effect {key!r} reconciled result")
     except Exception as exc:
         raise mark_terminal(ReconcileFailed(
             f"reconcile of effect {key!r} failed: {type(exc).__name__}: {exc}; its first "
             "attempt started and never recorded an outcome, so it is not re-run"
         )) from exc
-    await app.fetchone(q.EFFECT_FINISH, (*ident, key, True, text, None))
-    return json.loads(text)
 
 
 @dataclass(frozen=True)

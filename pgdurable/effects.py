@@ -28,11 +28,16 @@ Contract (every clause is a test in ``tests/test_idempotency.py``):
   owners live, at least once across owner deaths*: an effect that must never
   repeat even then needs its own reconciliation. An owner whose claim was
   taken over finds its final write refused and gets
-  :class:`~pgdurable.errors.LeaseLost`. An owner interrupted by cancellation
-  (``asyncio.CancelledError``, ``KeyboardInterrupt``) releases its claim at
-  once, so the next caller executes without waiting for the lease; so does a
-  caller interrupted in its claim statement (it may have committed before the
-  answer arrived). Recording the outcome survives a lost connection: the
+  :class:`~pgdurable.errors.LeaseLost`.
+* **An interrupted owner never opens the door to a second execution.** A
+  caller interrupted (``asyncio.CancelledError``, ``KeyboardInterrupt``, e.g.
+  a worker's heartbeat cancelling a stalled step) in its claim statement,
+  before ``fn`` started, releases its claim at once (it may have committed
+  before the answer arrived), so the next caller executes without waiting.
+  Once ``fn`` has started it may have acted, so an owner interrupted while
+  ``fn`` runs records the key *failed* (type ``Interrupted``, "outcome
+  unknown"): later callers get :class:`~pgdurable.errors.EffectFailed` until
+  ``ttl``, and ``fn`` is not executed again behind its back. Recording the outcome survives a lost connection: the
   owner reconnects and retries a few times (about 3 s; the write is
   idempotent for its owner and fenced by the lease), so a connection that
   dies right after ``fn`` does not leave the claim to lapse and the effect to
@@ -75,6 +80,7 @@ from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 from . import _json
 from ._db import connect, library_options, translated, validate_dsn
+from ._retry import SETTLE_DELAYS
 from ._runs_sql import MAX_NAME_BYTES, check_size
 from .errors import DatabaseUnavailable, DeadlineExceeded, EffectFailed, LeaseLost, first_line
 from .migrations import acheck_schema, check_schema
@@ -166,6 +172,14 @@ def _encode_error(exc: BaseException) -> Jsonb:
     return Jsonb({"type": type(exc).__name__, "message": str(exc).replace("\x00", "\\x00")})
 
 
+def _interrupted(exc: BaseException) -> Jsonb:
+    return Jsonb({
+        "type": "Interrupted",
+        "message": f"fn was interrupted ({type(exc).__name__}) after it started; its outcome "
+                   "is unknown, so it is not executed again",
+    })
+
+
 def _outcome(key: str, row: tuple[Any, ...] | None) -> tuple[str, Any]:
     """Judge a claim row: ('execute', None) | ('done', result) | ('wait', None).
 
@@ -254,10 +268,12 @@ def _protocol(p: _Params, owner: str) -> Generator[_Op, Any, Any]:
         yield _Sleep(next(delays))
     ran: _Ran = yield _Execute()
     if isinstance(ran, BaseException):
-        if not isinstance(ran, Exception):  # cancelled or interrupted: no outcome to store
-            yield _Query(_RELEASE, (p.key, owner))
+        # fn has started (it is called at once), so it may have acted: even an
+        # interrupted fn is settled as failed, never released for a re-run
+        error = _encode_error(ran) if isinstance(ran, Exception) else _interrupted(ran)
+        row = yield from _settle(_FAIL, (p.key, owner, error, p.ttl))
+        if not isinstance(ran, Exception):
             raise ran
-        row = yield from _settle(_FAIL, (p.key, owner, _encode_error(ran), p.ttl))
         if row is not None and not row[0]:
             raise _lost(p.key) from ran
         raise ran
@@ -268,15 +284,12 @@ def _protocol(p: _Params, owner: str) -> Generator[_Op, Any, Any]:
     return value
 
 
-_SETTLE_DELAYS = (0.1, 0.3, 1.0, 2.0)
-
-
 def _settle(sql: str, args: tuple[Any, ...]) -> Generator[_Op, Any, Any]:
     """Record the outcome, retrying a lost connection a few times (≈ 3.4 s in
     all): the effect has run, and while the claim is unsettled any caller
     after its lease would run it again. A write after the lease lapsed is
     refused by the fence (-> LeaseLost), never applied late."""
-    for delay in _SETTLE_DELAYS:
+    for delay in SETTLE_DELAYS:
         reply = yield _Query(sql, args, soft=True)
         if not isinstance(reply, DatabaseUnavailable):
             return reply

@@ -25,7 +25,15 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 from . import _runs_sql as q
-from ._db import library_options, resolve_dsn, translated, validate_dsn
+from ._db import (
+    acheck_connection,
+    check_connection,
+    connect_timeout,
+    library_options,
+    resolve_dsn,
+    translated,
+    validate_dsn,
+)
 from .effects import DEFAULT_LEASE as DEFAULT_IDEMPOTENCY_LEASE
 from .effects import DEFAULT_TTL as DEFAULT_IDEMPOTENCY_TTL
 from .effects import with_idempotency, with_idempotency_sync
@@ -208,7 +216,7 @@ def _one(row: tuple[Any, ...] | None) -> Any:
 
 
 def _conn_kwargs(conninfo: str) -> dict[str, Any]:
-    return {"autocommit": True, "options": library_options(conninfo)}
+    return {"autocommit": True, "options": library_options(conninfo), **connect_timeout(conninfo)}
 
 
 class Durable:
@@ -222,6 +230,8 @@ class Durable:
 
     #: Largest signal payload (bytes of JSON) :meth:`signal` accepts; set it on the app.
     max_signal_payload: int = DEFAULT_MAX_PAYLOAD
+    #: Seconds :meth:`open` waits for the database before it raises (and retries next time).
+    open_timeout: float = 30.0
 
     def __init__(
         self,
@@ -240,10 +250,7 @@ class Durable:
             if dsn is None:
                 raise InvalidInput("no DSN: pass conninfo or set PGDURABLE_DSN / DATABASE_URL")
             self.conninfo: str | None = validate_dsn(dsn)
-            self._pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
-                dsn, min_size=1, max_size=max(2, pool_size), kwargs=_conn_kwargs(dsn),
-                open=False, name="pgdurable",
-            )
+            self._pool: AsyncConnectionPool[Any] = self._new_pool(dsn, max(2, pool_size))
         else:
             self.conninfo = conninfo
             self._pool = pool
@@ -295,18 +302,40 @@ class Durable:
         ))
         return task
 
+    @staticmethod
+    def _new_pool(dsn: str, size: int) -> AsyncConnectionPool[Any]:
+        # check=: a connection the server closed while it sat idle (restart,
+        # failover, pooler) is replaced, not handed out to fail a statement
+        return AsyncConnectionPool(
+            dsn, min_size=1, max_size=size, kwargs=_conn_kwargs(dsn), open=False,
+            name="pgdurable", check=acheck_connection,
+        )
+
     async def open(self) -> None:
-        """Open the pool (if owned) and check the schema version once."""
+        """Open the pool (if owned) and check the schema version once.
+
+        Waits up to :attr:`open_timeout` seconds (default 30) for a first
+        connection; on failure raises :class:`DatabaseUnavailable` and the
+        next call tries again with a fresh pool.
+        """
         if self._closed:
             raise ProviderClosed("this Durable app is closed")
         async with self._open_lock:
             if self._opened:
                 return
-            with translated():
-                if self._own_pool:
-                    await self._pool.open(wait=True, timeout=30)
-                async with self._pool.connection() as conn:
-                    await acheck_schema(conn)
+            try:
+                with translated():
+                    if self._own_pool:
+                        await self._pool.open(wait=True, timeout=self.open_timeout)
+                    async with self._pool.connection() as conn:
+                        await acheck_schema(conn)
+            except BaseException:
+                if self._own_pool and self.conninfo is not None:
+                    # a pool that failed to open is closed for good: start afresh
+                    failed = self._pool
+                    self._pool = self._new_pool(self.conninfo, failed.max_size)
+                    await failed.close()
+                raise
             self._opened = True
 
     async def close(self) -> None:
@@ -600,6 +629,8 @@ class DurableClient:
 
     #: Largest signal payload (bytes of JSON) :meth:`signal` accepts.
     max_signal_payload: int = DEFAULT_MAX_PAYLOAD
+    #: Seconds :meth:`open` waits for the database before it raises (and retries next time).
+    open_timeout: float = 30.0
 
     def __init__(
         self, conninfo: str | None = None, *, app: Durable | None = None, pool_size: int = 4
@@ -610,24 +641,42 @@ class DurableClient:
         validate_dsn(dsn)
         self._dsn = dsn
         self._registry = app._registry if app is not None else TaskRegistry()
-        self._pool: ConnectionPool[Any] = ConnectionPool(
-            dsn, min_size=1, max_size=max(1, pool_size), kwargs=_conn_kwargs(dsn), open=False,
-            name="pgdurable-client",
-        )
+        self._dsn = dsn
+        self._pool: ConnectionPool[Any] = self._new_pool(dsn, max(1, pool_size))
         self._opened = False
         self._closed = False
 
     def open(self) -> None:
-        """Open the pool and check the schema (done lazily by the first call)."""
+        """Open the pool and check the schema (done lazily by the first call).
+
+        Waits up to :attr:`open_timeout` seconds for a first connection; on
+        failure raises :class:`DatabaseUnavailable` and the next call tries
+        again with a fresh pool.
+        """
         if self._closed:
             raise ProviderClosed("this DurableClient is closed")
         if self._opened:
             return
-        with translated():
-            self._pool.open(wait=True, timeout=30)
-            with self._pool.connection() as conn:
-                check_schema(conn)
+        try:
+            with translated():
+                self._pool.open(wait=True, timeout=self.open_timeout)
+                with self._pool.connection() as conn:
+                    check_schema(conn)
+        except BaseException:
+            # a pool that failed to open is closed for good: start afresh
+            failed = self._pool
+            self._pool = self._new_pool(self._dsn, failed.max_size)
+            failed.close()
+            raise
         self._opened = True
+
+    @staticmethod
+    def _new_pool(dsn: str, size: int) -> ConnectionPool[Any]:
+        # check=: see Durable._new_pool
+        return ConnectionPool(
+            dsn, min_size=1, max_size=size, kwargs=_conn_kwargs(dsn), open=False,
+            name="pgdurable-client", check=check_connection,
+        )
 
     def close(self) -> None:
         """Close the pool; later calls raise ProviderClosed."""

@@ -136,6 +136,5 @@ def parse_payload(raw: str | bytes, max_bytes: int = DEFAULT_MAX_PAYLOAD) -> Any
                          f"column {exc.colno}") from None
     except RecursionError:  # e.g. "[[[[...]]]]": json.loads recurses per level
         raise ValueError("payload is nested too deeply") from None
-    _json.validate(value, "payload")
-    _json.reject_lone_surrogates(value, "payload")
+    _json.validate(value, "payload")  # also refuses lone surrogates, naming the path
     return value

@@ -251,8 +251,14 @@ class RunContext:
         performed again (make it idempotent on the remote side where you can);
         with ``reconcile`` (a no-argument callable, sync or async) that is
         called instead of ``fn`` and must return the real outcome, recorded as
-        the effect's result; if it raises, the run ends ``failed`` with
-        :class:`~pgdurable.ReconcileFailed` (never re-run blindly).
+        the effect's result, or :data:`~pgdurable.NOT_PERFORMED` when the effect
+        never happened (``fn`` then runs once, under the current lease token);
+        if it raises, the run ends ``failed`` with
+        :class:`~pgdurable.ReconcileFailed` (never re-run blindly). Recording the
+        outcome survives lost connections (retried while the lease is trusted);
+        a result that is not JSON (e.g. a lone surrogate) is recorded as a
+        failure and ends the run with :class:`~pgdurable.EffectFailed`: ``fn``
+        is never performed again.
         """
         if not isinstance(key, str) or not key or "\x00" in key:
             raise ValueError("effect key must be a non-empty str without NUL")

@@ -65,7 +65,7 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool
 
 from . import _json
-from ._db import library_options, translated, validate_dsn
+from ._db import acheck_connection, connect_timeout, library_options, translated, validate_dsn
 from ._runs_sql import check_size
 from .errors import (
     AttemptsExhausted,
@@ -679,7 +679,9 @@ class PostgresDurableStore:
             validate_dsn(pool_or_conninfo)
             self._pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
                 pool_or_conninfo, min_size=1, max_size=max_size, open=False,
-                kwargs={"autocommit": True, "options": library_options(pool_or_conninfo)},
+                kwargs={"autocommit": True, "options": library_options(pool_or_conninfo),
+                        **connect_timeout(pool_or_conninfo)},
+                check=acheck_connection,
             )
             self._owned = True
         elif isinstance(pool_or_conninfo, AsyncConnectionPool):

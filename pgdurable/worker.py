@@ -68,7 +68,7 @@ import socket
 import sys
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -77,11 +77,13 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 
 from . import _runs_sql as q
+from ._batch_writer import StepWriter
 from ._db import library_options
 from ._hints import WakeLimiter, cancel_requested
 from ._json import dumps
+from ._retry import backoff, is_lost_connection, is_transient, retry_while
 from .children import park_children
-from .durable_runs import is_terminal, reconcile_effect
+from .durable_runs import call_effect, is_terminal, mark_terminal, reconcile_effect
 from .errors import (
     BudgetExceeded,
     DeadlineExceeded,
@@ -195,8 +197,6 @@ class Worker:
         # acknowledge a cancel) before stop() gives up on them
         self.settle_limit = 10.0
         self.heartbeat_count = 0  # renew statements issued
-        self.write_count = 0  # write_steps statements issued (each one batch of steps)
-        self._writer = _StepWriter(self)
         # heartbeat and step batches both lock many run rows: never at once
         # (one worker's two multi-row UPDATEs could otherwise deadlock)
         self._write_lock = asyncio.Lock()
@@ -205,6 +205,12 @@ class Worker:
         self.wake_limit = WakeLimiter()
         self._deferred_wake: asyncio.TimerHandle | None = None
         self._cancel_checks: dict[uuid.UUID, asyncio.Task[None]] = {}
+        self._writer = StepWriter(app, self.worker_id, self._write_lock)
+
+    @property
+    def write_count(self) -> int:
+        """write_steps statements issued (each one batch of steps)."""
+        return self._writer.count
 
     # -- public --------------------------------------------------------------
 
@@ -579,6 +585,11 @@ class Worker:
         async def effect(key: str, fn: EffectFn, reconcile: EffectFn | None = None) -> Any:
             return await self._effect(a, key, fn, reconcile)
 
+        db_delays = backoff()
+
+        def trusted() -> bool:
+            return self._trusted(a)
+
         try:
             while True:
                 if deadline_at is not None and db_clock() >= deadline_at:
@@ -593,6 +604,12 @@ class Worker:
                 outcome = await self._run_step(a, task, ctx, state, deadline_at, db_clock)
                 if outcome is None:
                     return  # settled (failed, cancelled, lost)
+                if isinstance(outcome, BaseException) and is_lost_connection(outcome):
+                    # the database, not the step: not an attempt; run it again
+                    # from the same checkpoint while the lease is trusted
+                    if await self._step_again(a, window_end, db_delays):
+                        continue
+                    return
                 if isinstance(outcome, BaseException):
                     terminal = isinstance(
                         outcome, BudgetExceeded | DeadlineExceeded | EffectFailed | _StepTypeError
@@ -603,15 +620,17 @@ class Worker:
                 spend = ctx._pending_spend
                 ident = (a.run_id, a.token, self.worker_id)
                 if isinstance(result, Continue):
-                    st = await self._writer.write(a, state_json, spend, None)
+                    st = await self._writer.write(
+                        a.run_id, a.token, step, state_json, spend, None, trusted
+                    )
                     if st != "leased":
                         return
                     state, step, wake, spent = new_state, step + 1, None, spent + spend
                     if a.stop_reason == "cancel":
-                        await self.app.fetchone(q.ACK_CANCEL, (*ident, 0))
+                        await self._fenced(a, q.ACK_CANCEL, (*ident, 0))
                         return
                     if self._stopping or a.stop_reason or time.monotonic() >= window_end:
-                        await self.app.fetchone(q.RELEASE, ident)
+                        await self._fenced(a, q.RELEASE, ident)
                         return
                     continue
                 if isinstance(result, Done):
@@ -621,7 +640,9 @@ class Worker:
                         # like a non-JSON state: a bug of the step, not retried
                         await self._fail(a, task, attempts, _StepTypeError(str(exc)), spend, True)
                         return
-                    await self._writer.write(a, state_json, spend, result_json)
+                    await self._writer.write(
+                        a.run_id, a.token, step, state_json, spend, result_json, trusted
+                    )
                     return
                 if isinstance(result, Wait) and result.child_ids:
                     await self._park_children(a, task, attempts, ident, state_json, spend, result)
@@ -640,8 +661,40 @@ class Worker:
                 return
         except LeaseLost:
             log.info("run %s: lease lost; dropped", a.run_id)
-        except _DB_ERRORS as exc:
-            log.warning("run %s: database error %s; the lease will lapse", a.run_id, exc)
+        except Exception as exc:
+            if is_transient(exc):
+                log.warning("run %s: database error (%s) and the lease no longer "
+                            "trusted; the lease will lapse", a.run_id, exc)
+                return
+            # a bug, or a value the database refused: end this run, do not
+            # leave its lease to lapse and its step to be executed again
+            log.exception("run %s: unexpected error; the run is failed", a.run_id)
+            with contextlib.suppress(Exception):
+                await self._fail(a, task, attempts, exc, 0.0, terminal=True)
+
+    def _trusted(self, a: _Active) -> bool:
+        """Whether ``a``'s lease is still ours to act on (see the heartbeat)."""
+        return a.stop_reason != "lease_lost" and time.monotonic() < a.trust_until
+
+    async def _fenced(self, a: _Active, sql: str, params: tuple[Any, ...]) -> tuple[Any, ...] | None:
+        """One fenced statement of run ``a``, sent again after a lost connection
+        while its lease is trusted (they are idempotent for their token)."""
+        return await retry_while(lambda: self.app.fetchone(sql, params), lambda: self._trusted(a))
+
+    async def _step_again(self, a: _Active, window_end: float, delays: Iterator[float]) -> bool:
+        """After a step failed on a lost connection: True to run it again here;
+        False when the lease window is over (the run is given back, attempts
+        unchanged) or the lease is no longer trusted (left to lapse)."""
+        await asyncio.sleep(next(delays))
+        if not self._trusted(a):
+            return False
+        if a.stop_reason is not None:
+            await self._settle_stopped(a, 0.0)
+            return False
+        if self._stopping or time.monotonic() >= window_end:
+            await self._fenced(a, q.RELEASE, (a.run_id, a.token, self.worker_id))
+            return False
+        return True
 
     async def _run_step(
         self,
@@ -712,9 +765,9 @@ class Worker:
     async def _settle_stopped(self, a: _Active, spend: float) -> None:
         ident = (a.run_id, a.token, self.worker_id)
         if a.stop_reason == "cancel":
-            await self.app.fetchone(q.ACK_CANCEL, (*ident, spend))
+            await self._fenced(a, q.ACK_CANCEL, (*ident, spend))
         elif a.stop_reason == "shutdown":
-            await self.app.fetchone(q.RELEASE, ident)
+            await self._fenced(a, q.RELEASE, ident)
         # lease_lost: drop, no further writes
 
     async def _park(
@@ -728,8 +781,8 @@ class Worker:
         until: datetime | None,
         wake_in: timedelta | None,
     ) -> None:
-        row = await self.app.fetchone(
-            q.PARK, (*ident, state_json, spend, kind, ref, until, wake_in)
+        row = await self._fenced(
+            a, q.PARK, (*ident, state_json, spend, kind, ref, until, wake_in)
         )
         if row is not None and row[0] == "waiting" and row[1] is not None:
             # our own timer: wake for it without waiting for the poll
@@ -764,8 +817,8 @@ class Worker:
         delay = min(task.retry_cap, task.retry_base * (2 ** min(attempts, 30)))
         delay *= random.uniform(0.5, 1.5)
         err = _error_json(exc)
-        row = await self.app.fetchone(
-            q.FAIL,
+        row = await self._fenced(
+            a, q.FAIL,
             (a.run_id, a.token, self.worker_id, err, spend, timedelta(seconds=delay), terminal),
         )
         if row is not None and row[0] == "runnable":
@@ -776,94 +829,44 @@ class Worker:
         self, a: _Active, key: str, fn: EffectFn, reconcile: EffectFn | None = None
     ) -> Any:
         ident = (a.run_id, a.token, self.worker_id)
-        row = await self.app.fetchone(q.EFFECT_BEGIN, (*ident, key))
+        row = await self._fenced(a, q.EFFECT_BEGIN, (*ident, key))
         assert row is not None
         status, result, error, replay = row
         if status == "started" and replay and reconcile is not None:
             # started by an earlier attempt, outcome unknown: policy "reconcile"
-            return await reconcile_effect(self.app, ident, key, reconcile)
-        if status == "succeeded":
+            text = await reconcile_effect(key, reconcile)
+            if isinstance(text, str):
+                await self._fenced(a, q.EFFECT_FINISH, (*ident, key, True, text, None))
+                return json.loads(text)
+            # NOT_PERFORMED: fn runs now, under this token (effect_begin took the row over)
+        elif status == "succeeded":
             return result
-        if status == "failed":
+        elif status == "failed":
             msg = (error or {}).get("message", "")
             raise EffectFailed(f"effect {key!r} failed earlier: {(error or {}).get('type')}: {msg}")
+        # from here on the effect may have happened: its outcome is recorded
+        # (retried over lost connections while the lease is trusted), never
+        # left 'started' for a replay to perform it again
         try:
-            if inspect.iscoroutinefunction(fn):
-                value = await fn()
-            else:
-                value = await in_thread(fn)
-                if inspect.isawaitable(value):
-                    value = await value
-            text = dumps(value, f"effect {key!r} result")
+            value = await call_effect(fn)
         except Exception as exc:
-            err = dumps({"type": _jsonb_str(type(exc).__name__), "message": _exc_message(exc)})
-            await self.app.fetchone(q.EFFECT_FINISH, (*ident, key, False, None, err))
+            await self._fenced(a, q.EFFECT_FINISH, (*ident, key, False, None, _effect_error(exc)))
             raise
-        await self.app.fetchone(q.EFFECT_FINISH, (*ident, key, True, text, None))
+        try:
+            text = dumps(value, f"effect {key!r} result")
+        except (TypeError, ValueError) as exc:
+            await self._fenced(a, q.EFFECT_FINISH, (*ident, key, False, None, _effect_error(exc)))
+            raise mark_terminal(EffectFailed(
+                f"effect {key!r} ran but its result cannot be stored ({exc}); it is recorded "
+                "as failed and not performed again"
+            )) from exc
+        await self._fenced(a, q.EFFECT_FINISH, (*ident, key, True, text, None))
         return json.loads(text)
 
 
-class _StepWriter:
-    """Batches the fenced step writes of one worker (``pgdurable.write_steps``).
-
-    A Continue checkpoint or a Done completion is queued; while one batch is
-    in flight, the steps that finish meanwhile wait and go together in the
-    next one: one round trip and one commit for many steps (group commit from
-    the client side), and no added delay when the worker is quiet (a lone
-    step is sent at once). Each caller gets its own run's status; a run whose
-    fence failed raises :class:`LeaseLost` in its caller only.
-    """
-
-    def __init__(self, worker: Worker) -> None:
-        self._worker = worker
-        self._queue: list[tuple[_Active, str, float, str | None, asyncio.Future[str]]] = []
-        self._flusher: asyncio.Task[None] | None = None
-
-    async def write(self, a: _Active, state_json: str, spend: float, result_json: str | None) -> str:
-        """Checkpoint (``result_json`` None) or complete the run; its new status."""
-        fut: asyncio.Future[str] = asyncio.get_running_loop().create_future()
-        self._queue.append((a, state_json, spend, result_json, fut))
-        if self._flusher is None:
-            self._flusher = asyncio.create_task(self._flush())
-        # shielded: a write that was sent is awaited to its end (it is fenced anyway)
-        status = await asyncio.shield(fut)
-        if status == "lost":
-            raise LeaseLost(f"lease lost on run {a.run_id} (token {a.token})")
-        return status
-
-    async def _flush(self) -> None:
-        w = self._worker
-        try:
-            while self._queue:
-                batch, self._queue = self._queue, []
-                params = (
-                    w.worker_id, [b[0].run_id for b in batch], [b[0].token for b in batch],
-                    [b[1] for b in batch], [b[2] for b in batch], [b[3] is not None for b in batch],
-                    [b[3] for b in batch],
-                )
-                try:
-                    w.write_count += 1
-                    async with w._write_lock:
-                        rows = await w.app.fetchall(q.WRITE_STEPS, params)
-                except BaseException as exc:
-                    for b in batch:
-                        if b[4].done():
-                            continue
-                        if isinstance(exc, Exception):
-                            b[4].set_exception(exc)
-                        else:
-                            b[4].cancel()
-                    if not isinstance(exc, Exception):
-                        raise
-                    continue
-                got = {r[0]: str(r[1]) for r in rows}
-                for b in batch:
-                    if not b[4].done():
-                        b[4].set_result(got.get(b[0].run_id, "lost"))
-        finally:
-            self._flusher = None
-            for b in self._queue:  # only if cancelled mid-way
-                b[4].cancel()
+def _effect_error(exc: BaseException) -> str:
+    """The ``effects.error`` JSON of ``exc`` (any exception text is storable)."""
+    return dumps({"type": _jsonb_str(type(exc).__name__), "message": _exc_message(exc)})
 
 
 class _StepTypeError(TypeError):

@@ -19,7 +19,7 @@ from typing import Any
 
 import psycopg
 
-from pgdurable import Done, Durable, DurableStep, RunContext, define_durable_task
+from pgdurable import NOT_PERFORMED, Done, Durable, DurableStep, RunContext, define_durable_task
 from pgdurable.durable_runs import DurableRunContext
 
 SCRATCH = "CREATE TABLE public.effect_log (id serial PRIMARY KEY, what text NOT NULL, run_id text)"
@@ -104,6 +104,24 @@ def make_app(dsn: str, *, hang: bool = False) -> Durable:
         else:
             result = await ctx.effect("send", send)
         return Done(result=result)
+
+    @app.task("crash_before_send", max_attempts=3)
+    async def crash_before_send(ctx: RunContext, state: Any) -> Any:
+        """An effect recorded started whose process dies before fn performed it;
+        reconcile finds no trace of it and says NOT_PERFORMED."""
+
+        def send() -> Any:
+            if hang:
+                log(dsn, "entered", ctx.run_id)
+                _hang()
+            log(dsn, "send", ctx.run_id)
+            return {"sent": True}
+
+        def reconcile() -> Any:
+            log(dsn, "reconcile", ctx.run_id)
+            return NOT_PERFORMED if count(dsn, "send", ctx.run_id) == 0 else {"sent": "found"}
+
+        return Done(result=await ctx.effect("send", send, reconcile=reconcile))
 
     def prepare(state: Any, context: DurableRunContext) -> Any:
         log(dsn, "prepare", context.run.run_id)

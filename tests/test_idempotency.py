@@ -155,8 +155,11 @@ async def test_non_json_result_is_refused_and_leaves_no_stuck_key(
     assert row is not None and row[0] == "failed"
 
 
-async def test_cancelled_owner_releases_its_claim(dsn: str, scratch: psycopg.Connection[Any]
-                                                  ) -> None:
+async def test_owner_cancelled_while_fn_runs_keeps_the_key(
+    dsn: str, scratch: psycopg.Connection[Any]
+) -> None:
+    """fn had started (it may have acted): the key is settled failed with an
+    unknown outcome, never released for a second execution."""
     started = asyncio.Event()
 
     async def slow() -> Any:
@@ -168,8 +171,10 @@ async def test_cancelled_owner_releases_its_claim(dsn: str, scratch: psycopg.Con
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
-    assert key_row(scratch, "k") is None
-    assert await with_idempotency(dsn, "k", lambda: 7, wait_timeout=5) == 7
+    row = key_row(scratch, "k")
+    assert row is not None and row[0] == "failed" and row[3]["type"] == "Interrupted"
+    with pytest.raises(EffectFailed, match="outcome is unknown"):
+        await with_idempotency(dsn, "k", lambda: 7, wait_timeout=5)
 
 
 async def test_wait_timeout_raises_deadline_exceeded(dsn: str, scratch: psycopg.Connection[Any]

@@ -23,12 +23,26 @@ from pgdurable import _json
         ({"o": object()}, TypeError, "state['o']"),
         ({"t": (1, 2)}, TypeError, "state['t']"),
         ({"b": b"bytes"}, TypeError, "state['b']"),
+        ({"m": [{"text": "truncated \ud83d"}]}, ValueError, "state['m'][0]['text']"),
+        ({"m": ["\udc00"]}, ValueError, "state['m'][0]"),
+        ({"m": {"k\ud800": 1}}, ValueError, "state['m'] key 'k\\ud800'"),
+        ("\udfff", ValueError, "state contains a lone surrogate"),
     ],
 )
 def test_non_json_is_refused_with_its_path(value: Any, exc: type[Exception], where: str) -> None:
     with pytest.raises(exc) as info:
         _json.dumps(value, "state")
     assert where in str(info.value)
+
+
+def test_lone_surrogates_are_refused_but_pairs_and_astral_text_pass() -> None:
+    """A lone surrogate cannot be encoded to reach jsonb: a ValueError naming
+    the path (the message itself stays encodable); real astral text passes."""
+    with pytest.raises(ValueError, match="lone surrogate") as info:
+        _json.dumps({"reply": "ok \ud83d"}, "state")
+    str(info.value).encode("utf-8")
+    assert _json.loads(_json.dumps({"emoji \U0001f600": "\U0001f600"})) == {
+        "emoji \U0001f600": "\U0001f600"}
 
 
 def test_circular_and_oversized_values_are_refused() -> None:

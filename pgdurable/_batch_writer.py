@@ -1,0 +1,175 @@
+"""The worker's batched, fenced step writes (``pgdurable.write_steps``).
+
+A Continue checkpoint or a Done completion is queued; while one batch is in
+flight, the steps that finish meanwhile wait and go together in the next one:
+one round trip and one commit for many steps (group commit from the client
+side), and no added delay when the worker is quiet (a lone step is sent at
+once). Each caller gets its own run's status; a run whose fence failed raises
+:class:`~pgdurable.errors.LeaseLost` in its caller only.
+
+One bad run cannot fail its neighbours: when a batch fails for anything but a
+transient error (a value the database refuses, a trigger, ...), its runs are
+written again one statement each, so only the run that fails alone gets the
+error. A transient error (a lost connection, a deadlock, a statement timeout:
+:func:`~pgdurable._retry.is_transient`) is not a failure of the step: the
+caller writes again on a fresh connection while its lease is trusted, after
+reading the run to see whether the lost write committed (``write_steps``
+advances the step, so sending a committed Continue twice would skip a step).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from . import _runs_sql as q
+from ._retry import backoff, is_transient
+from .errors import LeaseLost
+
+if TYPE_CHECKING:
+    from .runs import Durable
+
+__all__ = ["StepWriter"]
+
+
+@dataclass
+class _Write:
+    run_id: uuid.UUID
+    token: int
+    state_json: str
+    spend: float
+    result_json: str | None
+    done: asyncio.Future[str]
+
+
+class StepWriter:
+    """Batches the fenced step writes of one worker (see the module docstring)."""
+
+    def __init__(self, app: Durable, owner: str, lock: asyncio.Lock) -> None:
+        self._app = app
+        self._owner = owner
+        self._lock = lock  # shared with the heartbeat: one write statement at a time
+        self._queue: list[_Write] = []
+        self._flusher: asyncio.Task[None] | None = None
+        self.count = 0  # statements sent (tests check the batching)
+
+    async def write(
+        self, run_id: uuid.UUID, token: int, step: int, state_json: str, spend: float,
+        result_json: str | None, trusted: Callable[[], bool],
+    ) -> str:
+        """Checkpoint step ``step`` (``result_json`` None) or complete the run; its new status.
+
+        After a lost connection, looks whether the write applied and otherwise
+        sends it again, while ``trusted()`` holds.
+        """
+        delays = backoff()
+        sent = False
+        while True:
+            try:
+                if sent:
+                    row = await self._app.fetchone(q.RUN_STEP, (run_id,))
+                    status = self._applied(row, token, step)
+                    if status is not None:
+                        return self._checked(status, run_id, token)
+                sent = True
+                return self._checked(
+                    await self._enqueue(run_id, token, state_json, spend, result_json),
+                    run_id, token,
+                )
+            except LeaseLost:
+                raise
+            except Exception as exc:
+                if not is_transient(exc) or not trusted():
+                    raise
+            await asyncio.sleep(next(delays))
+
+    def _applied(self, row: tuple[Any, ...] | None, token: int, step: int) -> str | None:
+        """The status if the lost write of ``step`` applied, None if it did not, else 'lost'."""
+        if row is None:
+            return "lost"
+        now_step, status, now_token, owner = row
+        if now_token != token:
+            return "lost"
+        if now_step == step + 1:  # applied: its verdict is the run's status now
+            return "lost" if status == "leased" and owner != self._owner else str(status)
+        if now_step == step and status == "leased" and owner == self._owner:
+            return None
+        return "lost"
+
+    @staticmethod
+    def _checked(status: str, run_id: uuid.UUID, token: int) -> str:
+        if status == "lost":
+            raise LeaseLost(f"lease lost on run {run_id} (token {token})")
+        return status
+
+    async def _enqueue(
+        self, run_id: uuid.UUID, token: int, state_json: str, spend: float,
+        result_json: str | None,
+    ) -> str:
+        fut: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        self._queue.append(_Write(run_id, token, state_json, spend, result_json, fut))
+        if self._flusher is None:
+            self._flusher = asyncio.create_task(self._flush())
+        # shielded: a write that was sent is awaited to its end (it is fenced anyway)
+        return await asyncio.shield(fut)
+
+    async def _send(self, batch: list[_Write]) -> list[tuple[Any, ...]]:
+        params = (
+            self._owner, [b.run_id for b in batch], [b.token for b in batch],
+            [b.state_json for b in batch], [b.spend for b in batch],
+            [b.result_json is not None for b in batch], [b.result_json for b in batch],
+        )
+        self.count += 1
+        async with self._lock:
+            return await self._app.fetchall(q.WRITE_STEPS, params)
+
+    async def _flush(self) -> None:
+        try:
+            while self._queue:
+                batch, self._queue = self._queue, []
+                try:
+                    await self._write(batch)
+                except BaseException:
+                    for b in batch:  # cancelled mid-way: nobody waits forever
+                        if not b.done.done():
+                            b.done.cancel()
+                    raise
+        finally:
+            self._flusher = None
+            for b in self._queue:  # only if cancelled mid-way
+                b.done.cancel()
+
+    async def _write(self, batch: list[_Write]) -> None:
+        """Send ``batch``; answer each of its futures with a status or an error."""
+        try:
+            rows = await self._send(batch)
+        except Exception as exc:
+            if len(batch) == 1 or is_transient(exc):
+                _settle(batch, exc)
+                return
+            # one run's value may have failed the whole statement: each alone
+            for b in batch:
+                try:
+                    rows = await self._send([b])
+                except Exception as exc1:
+                    _settle([b], exc1)
+                    continue
+                _answer([b], rows)
+            return
+        _answer(batch, rows)
+
+
+def _answer(batch: list[_Write], rows: list[tuple[Any, ...]]) -> None:
+    got = {r[0]: str(r[1]) for r in rows}
+    for b in batch:
+        if not b.done.done():
+            b.done.set_result(got.get(b.run_id, "lost"))
+
+
+def _settle(batch: list[_Write], exc: Exception) -> None:
+    for b in batch:
+        if not b.done.done():
+            b.done.set_exception(exc)

@@ -1,0 +1,75 @@
+"""Retrying a statement over a lost connection while it is still safe to.
+
+A lost connection (a restart, a failover, a proxy or PgBouncer closing idle
+server connections, ``pg_terminate_backend``) is not a failure of the work:
+the next connection usually works. The callers here retry only writes that
+are fenced and idempotent for their owner (``effect_finish``,
+``idempotency_finish``, ``fail_run``, ...), so a write that committed before
+its answer was lost is harmless to send again, and a write whose lease was
+taken over meanwhile is refused by the fence, never applied late. They retry
+only while their lease is still trusted: past that, another owner may already
+be running the same work.
+
+* :data:`SETTLE_DELAYS` -- the fixed schedule of :func:`pgdurable.with_idempotency`'s
+  settle (its claim lease is renewed elsewhere, so it retries ~3.4 s in all);
+* :func:`backoff` -- 0.1 s doubling to 2 s, with jitter;
+* :func:`retry_while` -- await a call again after a transient error (a lost
+  connection, a deadlock, a statement timeout: :func:`is_transient`) for as
+  long as a ``trusted()`` predicate holds (the worker's lease check).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Awaitable, Callable, Iterator
+from typing import TypeVar
+
+from .errors import DatabaseUnavailable, translate
+
+__all__ = ["SETTLE_DELAYS", "backoff", "is_lost_connection", "is_transient", "retry_while"]
+
+T = TypeVar("T")
+
+SETTLE_DELAYS = (0.1, 0.3, 1.0, 2.0)
+
+
+def is_lost_connection(exc: BaseException) -> bool:
+    """True for a lost or unobtainable connection (SQLSTATE class 08, 57P, or none)."""
+    return isinstance(translate(exc), DatabaseUnavailable)
+
+
+def is_transient(exc: BaseException) -> bool:
+    """A lost connection, or an error that says nothing about the statement:
+    SQLSTATE class 40 (serialization failure, deadlock), 53 (insufficient
+    resources) or 57014 (statement timeout, ``pg_cancel_backend``). A
+    transaction failed with one of these did not commit."""
+    if is_lost_connection(exc):
+        return True
+    code = getattr(exc, "sqlstate", None)
+    if not isinstance(code, str):
+        code = getattr(exc.__cause__, "sqlstate", None)
+    return isinstance(code, str) and (code.startswith(("40", "53")) or code == "57014")
+
+
+def backoff(first: float = 0.1, cap: float = 2.0) -> Iterator[float]:
+    """Delays between retries: ``first`` doubling up to ``cap``, each jittered ±25%."""
+    delay = first
+    while True:
+        yield delay * random.uniform(0.75, 1.25)
+        delay = min(delay * 2, cap)
+
+
+async def retry_while(call: Callable[[], Awaitable[T]], trusted: Callable[[], bool]) -> T:
+    """``await call()``; after a transient error (:func:`is_transient`: a lost
+    connection, a deadlock, a statement timeout, ...), call again (with
+    :func:`backoff`) as long as ``trusted()`` holds. Any other error, or a
+    transient one once ``trusted()`` is false, is raised."""
+    delays = backoff()
+    while True:
+        try:
+            return await call()
+        except Exception as exc:
+            if not is_transient(exc) or not trusted():
+                raise
+        await asyncio.sleep(next(delays))

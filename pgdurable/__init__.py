@@ -61,6 +61,13 @@ from .tasks import (
     define_durable_task,
 )
 from .threads import Delivery, Message, ThreadRoute
+from .workflows import (
+    NonDeterministicWorkflow,
+    StepFailed,
+    StepPolicy,
+    WaitTimeout,
+    WorkflowContext,
+)
 
 if TYPE_CHECKING:
     from .worker import Worker
@@ -140,4 +147,9 @@ __all__ = [
     "define_durable_task",
     "with_idempotency",
     "with_idempotency_sync",
+    "NonDeterministicWorkflow",
+    "StepFailed",
+    "StepPolicy",
+    "WaitTimeout",
+    "WorkflowContext",
 ]

@@ -92,6 +92,8 @@ from .steps import (
     Done,
     EffectFn,
     RunContext,
+    RunIO,
+    RunSettled,
     Sleep,
     Wait,
     in_thread,
@@ -537,6 +539,13 @@ class Worker:
         async def effect(key: str, fn: EffectFn, reconcile: EffectFn | None = None) -> Any:
             return await self._effect(a, key, fn, reconcile)
 
+        io = RunIO(
+            checkpoint=lambda state_json, spend: self._writer.write(a, state_json, spend, None),
+            release=lambda: self.app.fetchone(q.RELEASE, (a.run_id, a.token, self.worker_id)),
+            should_yield=lambda: (self._stopping or a.stop_reason is not None
+                                  or time.monotonic() >= window_end),
+        )
+
         try:
             while True:
                 if deadline_at is not None and db_clock() >= deadline_at:
@@ -546,7 +555,7 @@ class Worker:
                 ctx = RunContext(
                     run_id=str(a.run_id), task=task.name, step=step, attempt=attempts + 1,
                     token=a.token, wake=wake, deadline=deadline_at, budget=budget, spent=spent,
-                    _effect=effect, _app=self.app, _owner=self.worker_id,
+                    _effect=effect, _app=self.app, _owner=self.worker_id, _io=io,
                 )
                 outcome = await self._run_step(a, task, ctx, state, deadline_at, db_clock)
                 if outcome is None:
@@ -626,6 +635,8 @@ class Worker:
                         result = await result
         except (KeyboardInterrupt, SystemExit):
             raise
+        except RunSettled:
+            return None  # a workflow's own write ended or gave back the run
         except BaseException as exc:  # any other error of the step is recorded
             current = asyncio.current_task()
             cancelled = current is not None and current.cancelling() > 0

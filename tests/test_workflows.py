@@ -1,0 +1,264 @@
+"""Workflows (pgdurable.workflows): recorded steps, inline waits, replay, the
+determinism guard and bad input, with in-process workers on a real Postgres.
+Crash tests with real processes are in tests/test_workflows_crash.py."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import psycopg
+import pytest
+from _waiting import app_running, finished, until
+
+import pgdurable
+from pgdurable import (
+    NonDeterministicWorkflow,
+    StepFailed,
+    StepPolicy,
+    WaitTimeout,
+    WorkflowContext,
+)
+
+
+def _names(dsn: str, rid: str) -> list[str]:
+    with psycopg.connect(dsn) as c:
+        rows = c.execute(
+            "SELECT state->'workflow'->>'name' FROM pgdurable.checkpoints "
+            "WHERE run_id = %s ORDER BY step", (rid,)).fetchall()
+    return [r[0] for r in rows]
+
+
+async def _status(app: pgdurable.Durable, rid: str, status: str) -> None:
+    async def check() -> bool:
+        return (await app.get_run(rid)).status == status
+
+    await until(check, f"run {rid} {status}")
+
+
+async def test_steps_waits_and_replay(dsn: str) -> None:
+    app = pgdurable.Durable(dsn)
+    calls: dict[str, int] = {}
+
+    def tool(name: str, value: Any) -> Any:
+        calls[name] = calls.get(name, 0) + 1
+        return value
+
+    async def atool(value: int) -> int:
+        calls["async"] = calls.get("async", 0) + 1
+        return value * 2
+
+    @app.workflow("agent", revision="1")
+    async def agent(ctx: WorkflowContext, topic: str) -> dict[str, Any]:
+        await ctx.emit({"topic": topic})
+        sources = await ctx.step("search", tool, "search", [f"{topic}-a", f"{topic}-b"])
+        notes = [await ctx.step(f"read:{s}", tool, f"read:{s}", s.upper()) for s in sources]
+        doubled = await ctx.step("double", atool, 21)
+        ci = await ctx.wait_signal("ci", f"build-{topic}", timeout=timedelta(hours=1))
+        await ctx.sleep(0.05)
+        ok = await ctx.approval(f"report:{topic}")
+        return {"notes": notes, "doubled": doubled, "ci": ci, "ok": ok}
+
+    async with app, app_running(app):
+        rid = await app.start("agent", "pg")
+        await app.signal("ci", "build-pg", {"green": True})      # kept: sent before the wait
+        await _status(app, rid, "waiting")
+        info = await app.get_run(rid)
+        while info.wait_kind != "approval":
+            await _status(app, rid, "waiting")
+            info = await app.get_run(rid)
+        await app.signal("approval", "report:pg", {"by": "alice"})
+        info = await finished(app, rid)
+        events = [e async for e in app.stream(rid)]  # emitted once, not once per replay
+    assert info.status == "completed", info.error
+    assert info.result == {"notes": ["PG-A", "PG-B"], "doubled": 42, "ci": {"green": True},
+                           "ok": {"by": "alice"}}
+    assert calls == {"search": 1, "read:pg-a": 1, "read:pg-b": 1, "async": 1}
+    assert _names(dsn, rid) == ["search", "read:pg-a", "read:pg-b", "double",
+                                "signal:ci#1", "sleep#1", "signal:approval#1", "return"]
+    assert [e.event for e in events if not e.final] == [{"topic": "pg"}]
+
+
+async def test_history_is_one_query_per_claim(dsn: str) -> None:
+    """A run resumed after N recorded steps issues the same statements as one
+    resumed after 1: claim, ONE history load, the new step, completion."""
+    app = pgdurable.Durable(dsn)
+
+    @app.workflow("long", revision="1")
+    async def long(ctx: WorkflowContext, n: int) -> int:
+        total = 0
+        for i in range(n):
+            total += await ctx.step(f"s{i}", lambda i=i: i)
+        await ctx.wait_signal("go", f"long-{n}")
+        return await ctx.step("after", lambda: total)
+
+    counted: list[str] = []
+    fetchone, fetchall = app.fetchone, app.fetchall
+
+    async def one(sql: str, params: tuple[Any, ...], **kw: Any) -> Any:
+        counted.append(sql)
+        return await fetchone(sql, params, **kw)
+
+    async def many(sql: str, params: tuple[Any, ...], **kw: Any) -> Any:
+        counted.append(sql)
+        return await fetchall(sql, params, **kw)
+
+    app.fetchone, app.fetchall = one, many  # type: ignore[method-assign]
+    per_resume: dict[int, list[str]] = {}
+    async with app, app_running(app, poll_interval=60):
+        for n in (1, 60):
+            rid = await app.start("long", n)
+            await _status(app, rid, "waiting")
+            counted.clear()
+            await app.signal("go", f"long-{n}")
+            info = await finished(app, rid)
+            assert info.status == "completed" and info.result == sum(range(n))
+            per_resume[n] = [s.split("(")[0] for s in counted
+                             if "checkpoints" in s or "write_steps" in s or "claim_runs" in s]
+    assert per_resume[1] == per_resume[60]
+    assert sum("checkpoints" in s for s in per_resume[60]) == 1
+    assert long.workflow.history_loads == 2  # type: ignore[attr-defined]
+
+
+async def test_nondeterminism_is_detected(dsn: str) -> None:
+    app = pgdurable.Durable(dsn)
+    flip = {"v": "a"}
+
+    @app.workflow("nd", revision="1")
+    async def nd(ctx: WorkflowContext, _: Any) -> str:
+        await ctx.step(flip["v"], lambda: 1)
+        await ctx.wait_signal("go", "nd")
+        return "done"
+
+    async with app, app_running(app):
+        rid = await app.start("nd", None)
+        await _status(app, rid, "waiting")
+        flip["v"] = "b"  # the code changed under a running revision
+        await app.signal("go", "nd")
+        info = await finished(app, rid)
+    assert info.status == "failed"
+    assert info.error is not None and info.error["type"] == "NonDeterministicWorkflow"
+    assert "'b'" in info.error["message"] and "'a'" in info.error["message"]
+    assert issubclass(NonDeterministicWorkflow, pgdurable.PgDurableError)
+
+
+async def test_patched_keeps_old_runs_on_the_old_path(dsn: str) -> None:
+    app = pgdurable.Durable(dsn)
+    patched = {"on": False}
+
+    @app.workflow("p", revision="1")
+    async def p(ctx: WorkflowContext, tag: str) -> str:
+        await ctx.wait_signal("go", tag)
+        if patched["on"] and await ctx.patched("v2"):
+            return await ctx.step("new", lambda: "new")
+        return await ctx.step("old", lambda: "old")
+
+    async with app, app_running(app):
+        old = await app.start("p", "old")
+        await _status(app, old, "waiting")
+        await app.signal("go", "old")
+        assert (await finished(app, old)).result == "old"
+        # an old run parked before the patch, resumed after it
+        parked = await app.start("p", "parked")
+        await _status(app, parked, "waiting")
+        patched["on"] = True
+        new = await app.start("p", "new")
+        await _status(app, new, "waiting")
+        await app.signal("go", "parked")
+        await app.signal("go", "new")
+        assert (await finished(app, parked)).result == "new"  # past its history: new path
+        assert (await finished(app, new)).result == "new"
+    assert "v2" in _names(dsn, new)
+
+
+async def test_step_retries_then_records_failure(dsn: str) -> None:
+    app = pgdurable.Durable(dsn)
+    tries = {"n": 0}
+
+    def flaky() -> str:
+        tries["n"] += 1
+        if tries["n"] < 3:
+            raise ConnectionError(f"try {tries['n']}")
+        return "ok"
+
+    def broken() -> None:
+        raise KeyError("nope")
+
+    @app.workflow("r", revision="1")
+    async def r(ctx: WorkflowContext, _: Any) -> Any:
+        fast = StepPolicy(max_attempts=3, retry_base=0.01)
+        got = await ctx.step("flaky", flaky, policy=fast)
+        try:
+            await ctx.step("broken", broken, policy=StepPolicy(max_attempts=2, retry_base=0.01))
+        except StepFailed as exc:
+            return [got, exc.step, exc.error_type]
+        return None
+
+    async with app, app_running(app):
+        info = await finished(app, await app.start("r", None))
+    assert info.result == ["ok", "broken", "KeyError"]
+    assert tries["n"] == 3
+
+
+async def test_bad_input_changes_nothing(dsn: str) -> None:
+    app = pgdurable.Durable(dsn)
+
+    @app.workflow("nonjson", revision="1")
+    async def nonjson(ctx: WorkflowContext, _: Any) -> Any:
+        await ctx.step("ok", lambda: 1)
+        return await ctx.step("bad", lambda: {"when": {1, 2}})
+
+    @app.workflow("dup", revision="1")
+    async def dup(ctx: WorkflowContext, _: Any) -> Any:
+        await ctx.step("same", lambda: 1)
+        a = await ctx.step("same", lambda: 2, repeat=True)   # explicit: recorded as same#2
+        return [a, await ctx.step("same", lambda: 3)]         # not explicit: ValueError
+
+    async with app, app_running(app):
+        bad = await finished(app, await app.start("nonjson", None))
+        d = await finished(app, await app.start("dup", None))
+    assert bad.status == "failed" and bad.error is not None
+    assert bad.error["type"] == "TypeError"
+    assert "step 'bad' result['when']" in bad.error["message"]
+    assert _names(dsn, bad.id) == ["ok"]                     # nothing checkpointed for 'bad'
+    assert d.status == "failed" and d.error is not None and d.error["type"] == "ValueError"
+    assert "'same'" in d.error["message"]
+    assert _names(dsn, d.id) == ["same", "same#2"]
+    with pytest.raises(TypeError):
+        app.workflow("sync")(lambda ctx, x: x)
+    with pytest.raises(ValueError):
+        StepPolicy(max_attempts=0)
+    with pytest.raises(ValueError):
+        StepPolicy(replay="reconcile")
+
+
+async def test_wait_timeout_and_budget_and_cancel(dsn: str) -> None:
+    app = pgdurable.Durable(dsn)
+
+    @app.workflow("t", revision="1")
+    async def t(ctx: WorkflowContext, _: Any) -> Any:
+        try:
+            await ctx.wait_signal("never", "x", timeout=0.05)
+        except WaitTimeout:
+            return "timed out"
+        return "signalled"
+
+    @app.workflow("spender", revision="1")
+    async def spender(ctx: WorkflowContext, _: Any) -> Any:
+        for i in range(10):
+            ctx.spend(1)
+            await ctx.step(f"s{i}", lambda: None)
+        return "never"
+
+    @app.workflow("forever", revision="1")
+    async def forever(ctx: WorkflowContext, _: Any) -> Any:
+        await ctx.step("first", lambda: 1)
+        await ctx.wait_signal("never", "y")
+
+    async with app, app_running(app):
+        assert (await finished(app, await app.start("t", None))).result == "timed out"
+        s = await finished(app, await app.start("spender", None, budget=3))
+        f = await app.start("forever", None)
+        await _status(app, f, "waiting")
+        assert await app.cancel(f) == "cancelled"
+    assert s.status == "failed" and s.error is not None and s.error["type"] == "BudgetExceeded"

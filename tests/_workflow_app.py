@@ -59,7 +59,7 @@ def _kill_once(rid: str, point: str) -> None:
 
 def tool(rid: str, name: str, spec: dict[str, Any], value: Any) -> Any:
     """A step's fn: ledger row, optional kill in flight, then its result."""
-    n = _ledger(rid, name)
+    _ledger(rid, name)
     if spec.get("kill_in") == name:
         _kill_once(rid, f"in:{name}")
     return value
@@ -73,7 +73,7 @@ async def slow(rid: str, spec: dict[str, Any], value: Any) -> Any:
     if spec.get("kill_in") == "slow":
         _kill_once(rid, "in:slow")
     if n == 1 and spec.get("stall"):
-        time.sleep(float(spec["stall"]))
+        time.sleep(float(spec["stall"]))  # noqa: ASYNC251 (deliberate: a stalled loop)
         _ledger(rid, "slow:returned")
     return value
 

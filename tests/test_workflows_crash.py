@@ -39,7 +39,7 @@ class Workers:
     def start(self, queue: str, *, ttl: float = 1.0) -> subprocess.Popen[bytes]:
         env = {**os.environ, "PYTHONPATH": f"{TESTS}{os.pathsep}{ROOT}",
                "PGDURABLE_DSN": self.dsn, "PGDURABLE_LOG": "INFO"}
-        log = open(self.log_dir / f"{queue}-{len(self.all)}.log", "wb")  # noqa: SIM115
+        log = open(self.log_dir / f"{queue}-{len(self.all)}.log", "wb")
         proc = subprocess.Popen(
             [sys.executable, "-m", "pgdurable.worker", "_workflow_app:app", "--queues", queue,
              "--lease-ttl", str(ttl), "--poll", "0.2", "--concurrency", "2",

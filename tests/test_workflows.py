@@ -262,3 +262,30 @@ async def test_wait_timeout_and_budget_and_cancel(dsn: str) -> None:
         await _status(app, f, "waiting")
         assert await app.cancel(f) == "cancelled"
     assert s.status == "failed" and s.error is not None and s.error["type"] == "BudgetExceeded"
+
+
+async def test_wait_inbox_parks_a_thread_run_until_messages_come(dsn: str) -> None:
+    app = pgdurable.Durable(dsn)
+    seen: list[Any] = []
+
+    @app.workflow("chat", revision="1")
+    async def chat(ctx: WorkflowContext, _: Any) -> list[Any]:
+        got: list[Any] = []
+        while len(got) < 3:
+            msgs = await ctx.wait_inbox()
+            got += [m.payload["text"] for m in msgs]
+            await ctx.step("reply", seen.append, got[-1], repeat=True)
+        return got
+
+    app.thread_task("chat:", "chat")
+    async with app, app_running(app):
+        first = await app.send("chat:1", {"text": "hi"})
+        await _status(app, first.run_id, "waiting")          # drained 'hi', parked on its inbox
+        await app.send("chat:1", {"text": "more"})
+        await app.send("chat:1", {"text": "bye"})
+        info = await finished(app, first.run_id)
+    assert info.status == "completed", info.error
+    assert info.result == ["hi", "more", "bye"]
+    assert seen in (["hi", "bye"], ["hi", "more", "bye"])  # each reply recorded once
+    kinds = [n for n in _names(dsn, first.run_id) if n.startswith("inbox")]
+    assert kinds[0] == "inbox#1" and "inbox-wait#1" in kinds

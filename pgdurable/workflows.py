@@ -325,15 +325,20 @@ class WorkflowContext:
             ))
         return entry
 
-    async def _record(self, body: dict[str, Any]) -> None:
-        """Checkpoint one entry (fenced, batched); give the run back if it should go."""
+    async def _record(self, body: dict[str, Any], body_json: str | None = None) -> None:
+        """Checkpoint one entry (fenced, batched); give the run back if it should go.
+
+        ``body_json``: ``body`` already serialised (a step's result is
+        validated and encoded once, not twice).
+        """
         io: RunIO | None = self.run._io
         if io is None:
             raise RuntimeError("this WorkflowContext is not attached to a worker")
-        state: dict[str, Any] = {"workflow": body}
+        text = dumps(body, "workflow checkpoint") if body_json is None else body_json
         if self._rows == 0:
-            state = {"input": self.input, "workflow": body}
-        text = dumps(state, "workflow checkpoint")
+            text = '{"input":' + dumps(self.input, "input") + ',"workflow":' + text + "}"
+        else:
+            text = '{"workflow":' + text + "}"
         spend = self.run._pending_spend
         try:
             status = await io.checkpoint(text, spend)
@@ -398,13 +403,16 @@ class WorkflowContext:
             call = functools.partial(fn, *args, **kwargs)
             rec = None if policy.reconcile is None else functools.partial(
                 policy.reconcile, *args, **kwargs)
-            ok, value = await self._attempts(key, call, rec, policy)
+            ok, value = await self._attempts(key, call, rec, policy,
+                                             inspect.iscoroutinefunction(fn))
             if ok:
                 try:
-                    dumps(value, f"step {key!r} result")
+                    result_json = dumps(value, f"step {key!r} result")
                 except (TypeError, ValueError) as exc:
                     raise mark_terminal(type(exc)(str(exc))) from None
-                await self._record({"kind": "step", "name": key, "result": value})
+                await self._record({"kind": "step", "name": key, "result": value},
+                                   f'{{"kind":"step","name":{json.dumps(key)},'
+                                   f'"result":{result_json}}}')
                 return value
             await self._record({"kind": "step", "name": key, "error": value})
             raise mark_terminal(StepFailed(key, value["type"], value["message"]))
@@ -412,7 +420,7 @@ class WorkflowContext:
             self._busy = False
 
     async def _attempts(self, key: str, call: Callable[[], Any], rec: Callable[[], Any] | None,
-                        policy: StepPolicy) -> tuple[bool, Any]:
+                        policy: StepPolicy, is_async: bool) -> tuple[bool, Any]:
         """(True, result) or (False, error body) after up to max_attempts attempts."""
         error: dict[str, str] = {"type": "StepFailed", "message": "no attempt"}
         for n in range(1, policy.max_attempts + 1):
@@ -422,7 +430,7 @@ class WorkflowContext:
                     # started-and-unfinished attempt is reconciled, not re-run
                     return True, await self.run.effect(f"workflow:{key}#{n}", call,
                                                        reconcile=rec)
-                return True, await _call(call)
+                return True, await (call() if is_async else _call(call))
             except EffectFailed as exc:
                 error = {"type": "EffectFailed", "message": str(exc)}
                 continue  # an earlier claim's attempt n failed: not called again

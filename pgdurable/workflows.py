@@ -60,6 +60,7 @@ a failed attempt of the run, retried from the top like a task step.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import inspect
 import json
@@ -199,6 +200,8 @@ def _history(rows: list[tuple[Any, Any]], wake: dict[str, Any] | None,
         if not isinstance(body, dict) or not isinstance(body.get("kind"), str):
             raise CorruptCheckpoint(f"run {run_id}: checkpoint {i + 1} is not a workflow entry")
         entry = _Entry(body["kind"], str(body.get("name")), body)
+        if entry.kind == "return":
+            continue  # a completion whose run was failed by its verdict, then retried
         if (body.get("repark") and entries and entries[-1].kind == entry.kind
                 and entries[-1].name == entry.name):
             entries[-1], at_row[-1] = entry, i  # parked again on the same wait (no wake came)
@@ -489,8 +492,9 @@ class WorkflowContext:
                 self._pos += 1
                 return entry.outcome
             body: dict[str, Any] = {"kind": kind, "name": key}
-            if isinstance(wait, Wait):
-                body["signal"] = list(wait.signal)
+            signal = getattr(wait, "signal", None)
+            if signal is not None:
+                body["signal"] = list(signal)
             if entry is not None:
                 if self._pos != len(self._entries) - 1:
                     raise CorruptCheckpoint(
@@ -501,9 +505,9 @@ class WorkflowContext:
             if self._rows == 0:
                 state = {"input": self.input, "workflow": body}
             dumps(state, "workflow checkpoint")
-            if isinstance(wait, Wait):
-                raise _Park(Wait(signal=wait.signal, timeout=wait.timeout, state=state))
-            raise _Park(Sleep(seconds=wait.seconds, until=wait.until, state=state))
+            # the same engine result with the entry as its checkpoint state
+            # (any extra fields it has, e.g. a wait on children, are kept)
+            raise _Park(dataclasses.replace(wait, state=state))
         finally:
             self._busy = False
 

@@ -313,3 +313,24 @@ async def test_wait_inbox_parks_a_thread_run_until_messages_come(dsn: str) -> No
     assert seen in (["hi", "bye"], ["hi", "more", "bye"])  # each reply recorded once
     kinds = [n for n in _names(dsn, first.run_id) if n.startswith("inbox")]
     assert kinds[0] == "inbox#1" and "inbox-wait#1" in kinds
+
+
+async def test_lease_window_gives_the_run_back_at_step_boundaries(dsn: str) -> None:
+    """With a lease window used up after every step, the run is given back at
+    each boundary and replayed by the next claim: every fn still runs once."""
+    app = pgdurable.Durable(dsn)
+    calls: list[int] = []
+
+    @app.workflow("windowed", revision="1")
+    async def windowed(ctx: WorkflowContext, n: int) -> int:
+        total = 0
+        for i in range(n):
+            total += await ctx.step(f"s{i}", lambda i=i: calls.append(i) or i)
+        return total
+
+    async with app, app_running(app, lease_window=0.001):
+        info = await finished(app, await app.start("windowed", 5))
+    assert info.status == "completed" and info.result == 10
+    assert calls == [0, 1, 2, 3, 4]
+    assert windowed.workflow.history_loads == 5  # type: ignore[attr-defined]
+    assert info.claims == 6  # the last release comes before the return

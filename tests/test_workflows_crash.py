@@ -36,7 +36,7 @@ class Workers:
         self.dsn, self.log_dir = dsn, log_dir
         self.all: list[subprocess.Popen[bytes]] = []
 
-    def start(self, queue: str, *, ttl: float = 1.0) -> subprocess.Popen[bytes]:
+    def start(self, queue: str, *, ttl: float = 4.0) -> subprocess.Popen[bytes]:
         env = {**os.environ, "PYTHONPATH": f"{TESTS}{os.pathsep}{ROOT}",
                "PGDURABLE_DSN": self.dsn, "PGDURABLE_LOG": "INFO"}
         log = open(self.log_dir / f"{queue}-{len(self.all)}.log", "wb")
@@ -140,7 +140,12 @@ def test_sigkill_at_every_step_boundary(db: psycopg.Connection[Any], workers: Wo
             expected["reconcile:push"] = 1          # reconciled, never re-run
         elif point.startswith("in:"):
             expected[point[3:]] = 2                 # a safe fn in flight: at most twice
-        assert counts == expected, point
+        # a lease that lapses WITHOUT a kill (a CPU-starved worker missing its
+        # heartbeats for a whole TTL) legitimately re-runs a safe step: the TTL
+        # is generous for a loaded machine, and the logs say when it happened
+        logs = "".join(p.read_text(errors="replace")
+                       for p in workers.log_dir.glob(f"q{list(runs).index(point)}-*.log"))
+        assert counts == expected, (point, "no longer trusted" in logs)
         if point != "none":
             assert _one(db, "SELECT count(*) FROM wf_kills WHERE run_id = %s", rid) == 1, point
             assert started[point] >= 2, point
@@ -152,35 +157,36 @@ def test_sigkill_at_every_step_boundary(db: psycopg.Connection[Any], workers: Wo
     assert all(r == results["none"] for r in results.values()), results
 
 
+def _until(pred: Any, what: str) -> None:
+    """Poll ``pred()`` until true (a hang guard of WAIT_LIMIT per phase, not a timing assert)."""
+    end = time.monotonic() + WAIT_LIMIT
+    while not pred():
+        assert time.monotonic() < end, f"timed out waiting for {what}"
+        time.sleep(0.02)
+
+
 def test_zombie_cannot_record_a_step(db: psycopg.Connection[Any], workers: Workers) -> None:
     """A worker SIGSTOPped inside step 'slow' past its lease TTL, then SIGCONTed
     after another worker finished the run: its checkpoint is refused."""
     rid = _one(db, START, json.dumps({"topic": "z", "stall": 3}), "zq")
     db.execute("SELECT pgdurable.signal_run(%s, 'ci', 'true', NULL, NULL)", (rid,))
     db.execute("SELECT pgdurable.signal_run(%s, 'approval', 'true', NULL, NULL)", (rid,))
-    zombie = workers.start("zq", ttl=1.0)
-    end = time.monotonic() + WAIT_LIMIT
-    while not _ledger(db, rid).get("slow"):
-        assert time.monotonic() < end
-        time.sleep(0.02)
+    zombie = workers.start("zq", ttl=2.0)
+    _until(lambda: _ledger(db, rid).get("slow"), "the zombie to enter step slow")
     zombie.send_signal(signal.SIGSTOP)
     token = _one(db, "SELECT lease_token FROM pgdurable.runs WHERE id = %s", rid)
-    while _one(db, "SELECT lease_expires_at > now() FROM pgdurable.runs WHERE id = %s", rid):
-        assert time.monotonic() < end
-        time.sleep(0.05)
+    _until(lambda: not _one(db, "SELECT lease_expires_at > now() FROM pgdurable.runs "
+                                "WHERE id = %s", rid), "the zombie's lease to expire")
     workers.start("zq", ttl=5.0)
-    while _one(db, "SELECT status FROM pgdurable.runs WHERE id = %s", rid) != "completed":
-        assert time.monotonic() < end
-        time.sleep(0.05)
+    _until(lambda: _one(db, "SELECT status FROM pgdurable.runs WHERE id = %s", rid)
+           == "completed", "the second worker to complete the run")
     rows_before = db.execute("SELECT step, token, state FROM pgdurable.checkpoints "
                              "WHERE run_id = %s ORDER BY step", (rid,)).fetchall()
     zombie.send_signal(signal.SIGCONT)
     # the zombie's stalled fn returns straight into its fenced checkpoint
     # (the loop was blocked: no heartbeat ran first); then a graceful stop
     # makes it settle every write it has started before it exits
-    while not _ledger(db, rid).get("slow:returned"):
-        assert time.monotonic() < end
-        time.sleep(0.02)
+    _until(lambda: _ledger(db, rid).get("slow:returned"), "the zombie's step to return")
     zombie.send_signal(signal.SIGTERM)
     assert zombie.wait(timeout=WAIT_LIMIT) == 0
     rows_after = db.execute("SELECT step, token, state FROM pgdurable.checkpoints "

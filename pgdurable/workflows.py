@@ -64,6 +64,7 @@ import dataclasses
 import functools
 import inspect
 import json
+import logging
 import random
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -101,6 +102,8 @@ __all__ = [
 ]
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+log = logging.getLogger("pgdurable.workflows")
 
 # -- a workflow run's whole history (the memo), ONE query per claim: a JSON
 # -- array of [state, wake] per checkpoint, in order, as ONE text value (one
@@ -443,7 +446,10 @@ class WorkflowContext:
                 error = _error_body(exc)
             if n < policy.max_attempts:
                 delay = min(policy.retry_cap, policy.retry_base * 2 ** (n - 1))
-                await asyncio.sleep(delay * random.uniform(0.5, 1.5))
+                delay *= random.uniform(0.5, 1.5)
+                log.warning("run %s: step %r attempt %d failed (%s: %s); retrying in %.2f s",
+                            self.run_id, key, n, error["type"], error["message"], delay)
+                await asyncio.sleep(delay)
         return False, error
 
     async def patched(self, change_id: str) -> bool:

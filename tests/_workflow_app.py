@@ -38,13 +38,21 @@ def _db() -> psycopg.Connection[Any]:
     return psycopg.connect(resolve_dsn() or "", autocommit=True)
 
 
-def _ledger(rid: str, name: str) -> int:
-    """Record one execution of ``name``; how many there were (this one included)."""
-    with _db() as c:
+def _ledger(rid: str, name: str, kill: str | None = None) -> int:
+    """Record one execution of ``name`` (and, with ``kill``, the kill point if
+    it is the first time) in ONE transaction; SIGKILL this process if the kill
+    point was new. How many executions there were (this one included). A
+    database error leaves no row (a retried attempt is not counted twice)."""
+    with _db() as c, c.transaction():
         c.execute("INSERT INTO wf_ledger (run_id, name, pid) VALUES (%s, %s, %s)",
                   (rid, name, os.getpid()))
         row = c.execute("SELECT count(*) FROM wf_ledger WHERE run_id = %s AND name = %s",
                         (rid, name)).fetchone()
+        first = kill is not None and c.execute(
+            "INSERT INTO wf_kills VALUES (%s, %s) ON CONFLICT DO NOTHING RETURNING 1",
+            (rid, kill)).fetchone()
+    if first:
+        os.kill(os.getpid(), signal.SIGKILL)
     assert row is not None
     return int(row[0])
 
@@ -58,10 +66,8 @@ def _kill_once(rid: str, point: str) -> None:
 
 
 def tool(rid: str, name: str, spec: dict[str, Any], value: Any) -> Any:
-    """A step's fn: ledger row, optional kill in flight, then its result."""
-    _ledger(rid, name)
-    if spec.get("kill_in") == name:
-        _kill_once(rid, f"in:{name}")
+    """A step's fn: ledger row (and the kill in flight, if it is this step's)."""
+    _ledger(rid, name, f"in:{name}" if spec.get("kill_in") == name else None)
     return value
 
 
@@ -69,9 +75,7 @@ async def slow(rid: str, spec: dict[str, Any], value: Any) -> Any:
     """Step 'slow' (async): the first time, with ``stall``, it BLOCKS THE EVENT
     LOOP (a stalled process: no heartbeat runs), then returns straight into
     its fenced checkpoint, after a ledger row 'slow:returned'."""
-    n = _ledger(rid, "slow")
-    if spec.get("kill_in") == "slow":
-        _kill_once(rid, "in:slow")
+    n = _ledger(rid, "slow", "in:slow" if spec.get("kill_in") == "slow" else None)
     if n == 1 and spec.get("stall"):
         time.sleep(float(spec["stall"]))  # noqa: ASYNC251 (deliberate: a stalled loop)
         _ledger(rid, "slow:returned")
@@ -80,12 +84,10 @@ async def slow(rid: str, spec: dict[str, Any], value: Any) -> Any:
 
 def push(rid: str, spec: dict[str, Any], notes: list[str]) -> str:
     """A side effect (reconcile policy): the 'remote' row is written before the kill."""
-    _ledger(rid, "push")
     ref = f"build-{rid[:8]}-{len(notes)}"
-    with _db() as c:
+    with _db() as c:  # the remote side effect, then the ledger (and the kill)
         c.execute("INSERT INTO wf_remote VALUES (%s, %s) ON CONFLICT DO NOTHING", (rid, ref))
-    if spec.get("kill_in") == "push":
-        _kill_once(rid, "in:push")
+    _ledger(rid, "push", "in:push" if spec.get("kill_in") == "push" else None)
     return ref
 
 

@@ -145,7 +145,8 @@ def test_sigkill_at_every_step_boundary(db: psycopg.Connection[Any], workers: Wo
         # is generous for a loaded machine, and the logs say when it happened
         logs = "".join(p.read_text(errors="replace")
                        for p in workers.log_dir.glob(f"q{list(runs).index(point)}-*.log"))
-        assert counts == expected, (point, "no longer trusted" in logs)
+        assert counts == expected, (point, [line for line in logs.splitlines()
+                                            if "trusted" in line or "attempt" in line])
         if point != "none":
             assert _one(db, "SELECT count(*) FROM wf_kills WHERE run_id = %s", rid) == 1, point
             assert started[point] >= 2, point

@@ -4,6 +4,7 @@ Crash tests with real processes are in tests/test_workflows_crash.py."""
 
 from __future__ import annotations
 
+import asyncio
 from datetime import timedelta
 from typing import Any
 
@@ -334,3 +335,31 @@ async def test_lease_window_gives_the_run_back_at_step_boundaries(dsn: str) -> N
     assert calls == [0, 1, 2, 3, 4]
     assert windowed.workflow.history_loads == 5  # type: ignore[attr-defined]
     assert info.claims == 6  # the last release comes before the return
+
+
+async def test_cancel_and_deadline_stop_a_running_workflow(dsn: str) -> None:
+    """A cancel reaches a workflow mid-step (NOTIFY: the coroutine is cancelled,
+    the run recorded cancelled); a deadline passing mid-step fails the run."""
+    app = pgdurable.Durable(dsn)
+    entered: list[str] = []
+
+    async def hang(tag: str) -> None:
+        entered.append(tag)
+        await asyncio.Event().wait()
+
+    @app.workflow("hang", revision="1")
+    async def hanging(ctx: WorkflowContext, tag: str) -> None:
+        await ctx.step("first", lambda: 1)
+        await ctx.step("hang", hang, tag)
+
+    async with app, app_running(app):
+        c = await app.start("hang", "c")
+        await until(lambda: asyncio.sleep(0, "c" in entered), "the step to start")
+        assert await app.cancel(c) == "leased"
+        cancelled = await finished(app, c)
+        d = await app.start("hang", "d", deadline=timedelta(milliseconds=300))
+        late = await finished(app, d)
+    assert cancelled.status == "cancelled"
+    assert late.status == "failed" and late.error is not None
+    assert late.error["type"] == "DeadlineExceeded"
+    assert _names(dsn, c) == ["first"]

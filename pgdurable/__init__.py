@@ -66,6 +66,13 @@ from .tasks import (
     define_durable_task,
 )
 from .threads import Delivery, Message, ThreadRoute
+from .workflows import (
+    NonDeterministicWorkflow,
+    StepFailed,
+    StepPolicy,
+    WaitTimeout,
+    WorkflowContext,
+)
 
 if TYPE_CHECKING:
     from .worker import Worker
@@ -151,4 +158,9 @@ __all__ = [
     "define_durable_task",
     "with_idempotency",
     "with_idempotency_sync",
+    "NonDeterministicWorkflow",
+    "StepFailed",
+    "StepPolicy",
+    "WaitTimeout",
+    "WorkflowContext",
 ]

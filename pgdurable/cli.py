@@ -403,8 +403,13 @@ def run(
     for s in steps:
         wake = s["wake"] or {}
         woke = f"{wake.get('type')} {wake.get('kind') or ''}:{wake.get('ref') or ''}" if wake else ""
+        entry = s["state"].get("workflow") if isinstance(s["state"], dict) else None
+        shown = (  # a workflow's entry by name (pgdurable.workflows)
+            f"{entry.get('kind')} {entry.get('name')} "
+            + _short(json.dumps(entry.get("error", entry.get("result"))), 40)
+            if isinstance(entry, dict) else _short(json.dumps(s["state"]), 60))
         _row(steps_t, str(s["step"]), str(s["token"]), f"{s['created_at']:%H:%M:%S.%f}"[:-3],
-             woke, _short(json.dumps(s["state"]), 60))
+             woke, shown)
     out.print(steps_t)
     if effects:
         eff_t = Table("effect", "status", "token", "result / error", title="effects", box=box.SIMPLE_HEAD, pad_edge=False)

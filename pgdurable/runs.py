@@ -279,6 +279,29 @@ class Durable:
             self._registry, name, revision, max_attempts, retry_base, retry_cap, max_reclaims
         )
 
+    def workflow(
+        self,
+        name: str,
+        *,
+        revision: str = "1",
+        max_attempts: int = 3,
+        retry_base: float = 1.0,
+        retry_cap: float = 300.0,
+        max_reclaims: int = 5,
+    ) -> Callable[[F], F]:
+        """Register a workflow ``async def fn(ctx: WorkflowContext, input)``.
+
+        Straight-line code with recorded steps and inline waits, run by the
+        same workers as tasks (see :mod:`pgdurable.workflows`). Start it like a
+        task: ``await app.start(name, input)``. ``max_attempts`` bounds failed
+        attempts of the whole run (each step has its own ``StepPolicy``).
+        """
+        from .workflows import workflow_decorator
+
+        return workflow_decorator(
+            self._registry, name, revision, max_attempts, retry_base, retry_cap, max_reclaims
+        )
+
     def register(
         self,
         task: DurableTask[Any, Any],

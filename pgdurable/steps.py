@@ -188,6 +188,33 @@ def _seconds(value: timedelta | float, what: str) -> float:
 EffectFn = Callable[[], Any] | Callable[[], Awaitable[Any]]
 
 
+class RunSettled(BaseException):
+    """Raised inside a step when the run was settled by the step's own write.
+
+    A workflow (:mod:`pgdurable.workflows`) checkpoints from inside one call of
+    its step function; when that write ends the run (a cancel, a budget or
+    deadline verdict), or the run was given back at a step boundary, the
+    worker stops the call without further writes. A ``BaseException`` so that
+    user code catching ``Exception`` cannot swallow it.
+    """
+
+
+@dataclass(frozen=True)
+class RunIO:
+    """The worker's hooks for step code that checkpoints from inside one call.
+
+    ``checkpoint(state_json, spend)`` is the fenced batched write of a
+    ``Continue`` (returns the run's status; raises ``LeaseLost``);
+    ``release()`` gives the run back (runnable, NOTIFY); ``should_yield()``
+    is true once the run should be given back (shutdown, cancel or lost
+    lease, or the worker's lease window used up).
+    """
+
+    checkpoint: Callable[[str, float], Awaitable[str]]
+    release: Callable[[], Awaitable[Any]]
+    should_yield: Callable[[], bool]
+
+
 @dataclass
 class RunContext:
     """What a step knows about its run. Created by the worker for each step.
@@ -213,6 +240,8 @@ class RunContext:
     _owner: str | None = field(default=None, repr=False)  # the worker id (lease fence)
     _emitted: int = field(default=0, repr=False)  # events emitted by this step so far
     _loop: Any = field(default=None, repr=False)  # the worker's event loop (sync twins)
+    #: The worker's hooks for code that checkpoints from inside one call (workflows).
+    _io: Any = field(default=None, repr=False)
     #: The run's thread key (thread runs), known after ``await ctx.inbox()``.
     thread_key: str | None = None
 

@@ -99,6 +99,8 @@ from .steps import (
     Done,
     EffectFn,
     RunContext,
+    RunIO,
+    RunSettled,
     Sleep,
     Wait,
     in_thread,
@@ -589,6 +591,14 @@ class Worker:
 
         def trusted() -> bool:
             return self._trusted(a)
+        io = RunIO(  # a workflow checkpoints from inside one call; ctx.step follows runs.step
+            checkpoint=lambda state_json, spend: self._writer.write(
+                a.run_id, a.token, ctx.step, state_json, spend, None, trusted
+            ),
+            release=lambda: self.app.fetchone(q.RELEASE, (a.run_id, a.token, self.worker_id)),
+            should_yield=lambda: (self._stopping or a.stop_reason is not None
+                                  or time.monotonic() >= window_end),
+        )
 
         try:
             while True:
@@ -599,7 +609,7 @@ class Worker:
                 ctx = RunContext(
                     run_id=str(a.run_id), task=task.name, step=step, attempt=attempts + 1,
                     token=a.token, wake=wake, deadline=deadline_at, budget=budget, spent=spent,
-                    _effect=effect, _app=self.app, _owner=self.worker_id,
+                    _effect=effect, _app=self.app, _owner=self.worker_id, _io=io,
                 )
                 outcome = await self._run_step(a, task, ctx, state, deadline_at, db_clock)
                 if outcome is None:
@@ -617,6 +627,7 @@ class Worker:
                     await self._fail(a, task, attempts, outcome, ctx._pending_spend, terminal)
                     return
                 result, new_state, state_json = outcome
+                step = ctx.step  # a workflow's own checkpoints moved runs.step on
                 spend = ctx._pending_spend
                 ident = (a.run_id, a.token, self.worker_id)
                 if isinstance(result, Continue):
@@ -724,6 +735,8 @@ class Worker:
                         result = await result
         except (KeyboardInterrupt, SystemExit):
             raise
+        except RunSettled:
+            return None  # a workflow's own write ended or gave back the run
         except BaseException as exc:  # any other error of the step is recorded
             current = asyncio.current_task()
             cancelled = current is not None and current.cancelling() > 0

@@ -1,0 +1,59 @@
+"""The app benchmarks/workflows.py runs in its worker process (and in-process).
+
+``python -m pgdurable.worker _workflows_app:app`` with ``PYTHONPATH=benchmarks``
+and ``PGDURABLE_DSN`` set. The same logic twice: ``noop3`` (a task: three
+no-op steps, two checkpoints then checkpoint + completion) and ``wf3`` (a
+workflow: three no-op recorded steps, then the completion). ``long`` records
+``n`` steps, parks on a signal, then records one more step.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import pgdurable
+from pgdurable import Continue, Done, RunContext, WorkflowContext
+
+app = pgdurable.Durable(pool_size=int(os.environ.get("BENCH_POOL_SIZE", "8")))
+
+#: monotonic time at which the first new step after the resume of ``long`` ran
+first_new_step: dict[str, float] = {}
+
+
+def noop(i: int) -> int:
+    return i
+
+
+async def anoop(i: int) -> int:
+    return i
+
+
+@app.task("noop3", revision="1")
+async def noop3(ctx: RunContext, state: dict[str, Any]) -> Any:
+    """Step i of 3: no work, just the state transition."""
+    i = state.get("i", 0) + 1
+    return Done(i) if i >= 3 else Continue({"i": i})
+
+
+@app.workflow("wf3", revision="1")
+async def wf3(ctx: WorkflowContext, _: Any) -> int:
+    """Three recorded no-op steps (async fns, like noop3's async step)."""
+    a = await ctx.step("a", anoop, 1)
+    b = await ctx.step("b", anoop, a + 1)
+    return await ctx.step("c", anoop, b + 1)
+
+
+def _mark(run_id: str) -> int:
+    first_new_step.setdefault(run_id, time.monotonic())
+    return 0
+
+
+@app.workflow("long", revision="1")
+async def long(ctx: WorkflowContext, n: int) -> int:
+    """``n`` recorded steps, a park, then the first new step (timed)."""
+    for i in range(n):
+        await ctx.step(f"s{i}", anoop, i)
+    await ctx.wait_signal("go", ctx.run_id)
+    return await ctx.step("after", _mark, ctx.run_id)

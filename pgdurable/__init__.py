@@ -47,6 +47,7 @@ from .leases import (
     resolve_lease_provider,
 )
 from .migrations import check_schema, migrate, migration_status, required_version
+from .pooler import Pooler
 from .runs import Durable, DurableClient, RunInfo, Task
 from .steps import Continue, Done, RunContext, Sleep, StepResult, Wait
 from .stream import StreamEvent
@@ -129,6 +130,7 @@ __all__ = [
     "migrate",
     "migration_status",
     "required_version",
+    "Pooler",
     "DurableCheckpoint",
     "DurableContext",
     "DurableRunContext",

@@ -12,31 +12,25 @@ from typing import Any
 import psycopg
 from psycopg import conninfo as _conninfo
 
-from .errors import DatabaseUnavailable, InvalidInput, first_line, translate
+from . import pooler as _pooler
+from .errors import InvalidInput, first_line, translate
 
 __all__ = ["connect", "library_options", "resolve_dsn", "translated", "validate_dsn"]
 
 def library_options(conninfo: str | None) -> str:
-    """The ``options`` of a library connection: our settings, then the user's.
+    """The caller's own ``options`` (from the DSN, else ``PGOPTIONS``), nothing of ours.
 
-    Ours: library connections never sit idle inside a transaction (pitfall
-    15: a transaction left open by a bug is ended by the server instead of
-    pinning xmin), and name themselves ``pgdurable`` in ``pg_stat_activity``.
-
-    The caller's own ``options`` (from the DSN, else ``PGOPTIONS``) come last,
-    so their ``-c`` settings (``statement_timeout``, ``search_path``, ...) win
-    over ours instead of being dropped; ``application_name=pgdurable`` is set
-    only when the DSN (or ``PGAPPNAME``) names none.
+    Kept for code that still passes ``options=library_options(dsn)``: that is
+    the same as passing nothing. Our session settings are no longer a startup
+    parameter (PgBouncer refuses ``options``): library connections take
+    :func:`pgdurable.pooler.connect_kwargs` and set up their session with
+    :func:`pgdurable.pooler.configure` (see :mod:`pgdurable.pooler`).
     """
     try:
         params = _conninfo.conninfo_to_dict(conninfo or "")
     except psycopg.ProgrammingError:
         params = {}
-    ours = "-c idle_in_transaction_session_timeout=60000"
-    if not params.get("application_name") and not os.environ.get("PGAPPNAME"):
-        ours += " -c application_name=pgdurable"
-    theirs = str(params.get("options") or os.environ.get("PGOPTIONS") or "").strip()
-    return f"{ours} {theirs}" if theirs else ours
+    return str(params.get("options") or os.environ.get("PGOPTIONS") or "").strip()
 
 
 _URL_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
@@ -76,14 +70,7 @@ def validate_dsn(dsn: str) -> str:
 
 def connect(dsn: str, *, autocommit: bool = True, **kwargs: Any) -> psycopg.Connection[Any]:
     """Open a sync connection with library settings; failures are typed errors."""
-    validate_dsn(dsn)
-    try:
-        return psycopg.connect(
-            dsn, autocommit=autocommit, options=library_options(dsn), connect_timeout=10,
-            **kwargs,
-        )
-    except psycopg.OperationalError as exc:
-        raise DatabaseUnavailable(f"cannot connect: {first_line(str(exc))}") from None
+    return _pooler.connect(validate_dsn(dsn), autocommit=autocommit, **kwargs)
 
 
 @contextmanager

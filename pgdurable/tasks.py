@@ -65,19 +65,21 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool
 
 from . import _json
-from ._db import library_options, translated, validate_dsn
+from ._db import translated, validate_dsn
 from ._runs_sql import check_size
 from .errors import (
     AttemptsExhausted,
     CorruptCheckpoint,
     DeadlineExceeded,
     IncompatibleCheckpoint,
+    InvalidInput,
     PgDurableError,
     ProviderClosed,
     ReconcileFailed,
     RunCancelled,
 )
 from .migrations import acheck_schema
+from .pooler import Pooler, aconfigure, connect_kwargs, resolve_pooler
 
 __all__ = [
     "CHECKPOINT_VERSION",
@@ -666,20 +668,27 @@ class PostgresDurableStore:
 
     Session advisory locks need a direct connection (or PgBouncer in *session*
     mode): PgBouncer *transaction* pooling hands the backend holding the lock
-    to other clients and breaks exclusivity.
+    to other clients and breaks exclusivity. So ``pooler="transaction"`` (or
+    ``PGDURABLE_POOLER=transaction``) is refused here at construction
+    (:class:`~pgdurable.InvalidInput`): give this store a direct DSN.
 
     Give it a conninfo (it then owns a small pool: ``open``/``close`` or
     ``async with``) or your own ``AsyncConnectionPool`` (not closed by it).
     Each running task uses one pool connection.
     """
 
-    def __init__(self, pool_or_conninfo: AsyncConnectionPool[Any] | str, *, max_size: int = 8
-                 ) -> None:
+    def __init__(self, pool_or_conninfo: AsyncConnectionPool[Any] | str, *, max_size: int = 8,
+                 pooler: Pooler | None = None) -> None:
+        if resolve_pooler(pooler) == "transaction":
+            raise InvalidInput(
+                "PostgresDurableStore.exclusive holds a session advisory lock, which a "
+                "transaction-mode pooler hands to other clients: give this store a direct "
+                "DSN (or one through a session-mode pooler), not pooler='transaction'")
         if isinstance(pool_or_conninfo, str):
             validate_dsn(pool_or_conninfo)
             self._pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
                 pool_or_conninfo, min_size=1, max_size=max_size, open=False,
-                kwargs={"autocommit": True, "options": library_options(pool_or_conninfo)},
+                kwargs=connect_kwargs(), configure=aconfigure(),
             )
             self._owned = True
         elif isinstance(pool_or_conninfo, AsyncConnectionPool):

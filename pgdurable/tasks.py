@@ -79,7 +79,7 @@ from .errors import (
     RunCancelled,
 )
 from .migrations import acheck_schema
-from .pooler import Pooler, aconfigure, connect_kwargs, resolve_pooler
+from .pooler import Pooler, aconfigure, check_pooler, connect_kwargs
 
 __all__ = [
     "CHECKPOINT_VERSION",
@@ -668,9 +668,10 @@ class PostgresDurableStore:
 
     Session advisory locks need a direct connection (or PgBouncer in *session*
     mode): PgBouncer *transaction* pooling hands the backend holding the lock
-    to other clients and breaks exclusivity. So ``pooler="transaction"`` (or
-    ``PGDURABLE_POOLER=transaction``) is refused here at construction
-    (:class:`~pgdurable.InvalidInput`): give this store a direct DSN.
+    to other clients and breaks exclusivity. So ``pooler="transaction"`` is
+    refused here at construction (:class:`~pgdurable.InvalidInput`): give this
+    store a direct DSN. (``PGDURABLE_POOLER`` describes the app's default DSN,
+    not the one given here, so it is not read.)
 
     Give it a conninfo (it then owns a small pool: ``open``/``close`` or
     ``async with``) or your own ``AsyncConnectionPool`` (not closed by it).
@@ -679,7 +680,7 @@ class PostgresDurableStore:
 
     def __init__(self, pool_or_conninfo: AsyncConnectionPool[Any] | str, *, max_size: int = 8,
                  pooler: Pooler | None = None) -> None:
-        if resolve_pooler(pooler) == "transaction":
+        if check_pooler(pooler) == "transaction":
             raise InvalidInput(
                 "PostgresDurableStore.exclusive holds a session advisory lock, which a "
                 "transaction-mode pooler hands to other clients: give this store a direct "

@@ -51,6 +51,7 @@ from .leases import (
     resolve_lease_provider,
 )
 from .migrations import check_schema, migrate, migration_status, required_version
+from .pooler import Pooler
 from .roles import grant_roles
 from .runs import Durable, DurableClient, RunInfo, Task
 from .steps import Continue, Done, RunContext, Sleep, StepResult, Wait
@@ -147,6 +148,7 @@ __all__ = [
     "grant_roles",
     "migration_status",
     "required_version",
+    "Pooler",
     "DurableCheckpoint",
     "DurableContext",
     "DurableRunContext",

@@ -14,48 +14,12 @@ import psycopg
 from psycopg import conninfo as _conninfo
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
-from .errors import DatabaseUnavailable, InvalidInput, first_line, translate
+from . import pooler as _pooler
+from .errors import InvalidInput, first_line, translate
+from .pooler import CONNECT_TIMEOUT, connect_timeout
 
 __all__ = ["CONNECT_TIMEOUT", "acheck_connection", "check_connection", "connect",
-           "connect_timeout", "library_options", "resolve_dsn", "translated", "validate_dsn"]
-
-CONNECT_TIMEOUT = 10  # seconds, unless the DSN (or PGCONNECT_TIMEOUT) sets one
-
-
-def connect_timeout(conninfo: str | None) -> dict[str, Any]:
-    """``{"connect_timeout": CONNECT_TIMEOUT}`` unless ``conninfo`` or
-    ``PGCONNECT_TIMEOUT`` sets one: a connection attempt to an unreachable
-    host then fails instead of hanging for the OS's TCP timeout."""
-    try:
-        params = _conninfo.conninfo_to_dict(conninfo or "")
-    except psycopg.ProgrammingError:
-        params = {}
-    if params.get("connect_timeout") or os.environ.get("PGCONNECT_TIMEOUT"):
-        return {}
-    return {"connect_timeout": CONNECT_TIMEOUT}
-
-def library_options(conninfo: str | None) -> str:
-    """The ``options`` of a library connection: our settings, then the user's.
-
-    Ours: library connections never sit idle inside a transaction (pitfall
-    15: a transaction left open by a bug is ended by the server instead of
-    pinning xmin), and name themselves ``pgdurable`` in ``pg_stat_activity``.
-
-    The caller's own ``options`` (from the DSN, else ``PGOPTIONS``) come last,
-    so their ``-c`` settings (``statement_timeout``, ``search_path``, ...) win
-    over ours instead of being dropped; ``application_name=pgdurable`` is set
-    only when the DSN (or ``PGAPPNAME``) names none.
-    """
-    try:
-        params = _conninfo.conninfo_to_dict(conninfo or "")
-    except psycopg.ProgrammingError:
-        params = {}
-    ours = "-c idle_in_transaction_session_timeout=60000"
-    if not params.get("application_name") and not os.environ.get("PGAPPNAME"):
-        ours += " -c application_name=pgdurable"
-    theirs = str(params.get("options") or os.environ.get("PGOPTIONS") or "").strip()
-    return f"{ours} {theirs}" if theirs else ours
-
+           "connect_timeout", "resolve_dsn", "translated", "validate_dsn"]
 
 _URL_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 
@@ -108,14 +72,7 @@ def mask_dsn_error(message: str) -> str:
 
 def connect(dsn: str, *, autocommit: bool = True, **kwargs: Any) -> psycopg.Connection[Any]:
     """Open a sync connection with library settings; failures are typed errors."""
-    validate_dsn(dsn)
-    try:
-        return psycopg.connect(
-            dsn, autocommit=autocommit, options=library_options(dsn), connect_timeout=10,
-            **kwargs,
-        )
-    except psycopg.OperationalError as exc:
-        raise DatabaseUnavailable(f"cannot connect: {first_line(str(exc))}") from None
+    return _pooler.connect(validate_dsn(dsn), autocommit=autocommit, **kwargs)
 
 
 @contextmanager

@@ -79,11 +79,12 @@ from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 from . import _json
-from ._db import connect, library_options, translated, validate_dsn
+from ._db import connect, translated, validate_dsn
 from ._retry import SETTLE_DELAYS
 from ._runs_sql import MAX_NAME_BYTES, check_size
-from .errors import DatabaseUnavailable, DeadlineExceeded, EffectFailed, LeaseLost, first_line
+from .errors import DatabaseUnavailable, DeadlineExceeded, EffectFailed, LeaseLost
 from .migrations import acheck_schema, check_schema
+from .pooler import aconnect
 
 __all__ = ["DEFAULT_LEASE", "DEFAULT_TTL", "MAX_KEY_BYTES", "with_idempotency",
            "with_idempotency_sync"]
@@ -319,12 +320,7 @@ async def _aconnection(
         yield pooled
         return
     validate_dsn(target)
-    try:
-        conn = await psycopg.AsyncConnection.connect(
-            target, autocommit=True, options=library_options(target), connect_timeout=10
-        )
-    except psycopg.OperationalError as exc:
-        raise DatabaseUnavailable(f"cannot connect: {first_line(str(exc))}") from None
+    conn = await aconnect(target)
     lock = asyncio.Lock()
 
     @asynccontextmanager
@@ -332,13 +328,7 @@ async def _aconnection(
         nonlocal conn
         async with lock:
             if conn.broken or conn.closed:  # lost: reconnect (settle retries need it)
-                try:
-                    conn = await psycopg.AsyncConnection.connect(
-                        target, autocommit=True, options=library_options(target),
-                        connect_timeout=10,
-                    )
-                except psycopg.OperationalError as exc:
-                    raise DatabaseUnavailable(f"cannot connect: {first_line(str(exc))}") from None
+                conn = await aconnect(target)
             yield conn
 
     try:

@@ -65,10 +65,11 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolTimeout
 
 from . import _leases_sql as core
-from ._db import library_options, validate_dsn
+from ._db import validate_dsn
 from ._leases_sql import MAX_TTL_MS, LeaseGrant
 from .errors import DatabaseUnavailable, LeaseLost, ProviderClosed, translate
 from .migrations import acheck_schema, check_schema
+from .pooler import aconfigure, configure, connect_kwargs
 
 __all__ = [
     "MAX_TTL_MS",
@@ -228,8 +229,8 @@ class _AsyncLeaseConnection(psycopg.AsyncConnection[Any]):
     lease_cursor: psycopg.AsyncRawCursor[Any] | None = None
 
 
-def _pool_kwargs(conninfo: str) -> dict[str, Any]:
-    return {"autocommit": True, "options": library_options(conninfo), "connect_timeout": 10}
+def _pool_kwargs() -> dict[str, Any]:
+    return {**connect_kwargs(), "connect_timeout": 10}
 
 
 class _Base:
@@ -242,9 +243,11 @@ class _Base:
                  min_size: int, max_size: int, prepare: bool, timeout: float) -> None:
         if isinstance(conninfo_or_pool, str):
             conninfo = validate_dsn(conninfo_or_pool)
-            self._pool = pool_cls(conninfo, kwargs=_pool_kwargs(conninfo), min_size=min_size,
+            setup = aconfigure() if pool_cls is AsyncConnectionPool else configure()
+            self._pool = pool_cls(conninfo, kwargs=_pool_kwargs(), min_size=min_size,
                                   max_size=max_size, open=False, timeout=timeout,
-                                  connection_class=conn_cls, name="pgdurable-leases")
+                                  connection_class=conn_cls, configure=setup,
+                                  name="pgdurable-leases")
             self._owned = True
         elif isinstance(conninfo_or_pool, pool_cls):
             self._pool = conninfo_or_pool

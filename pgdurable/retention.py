@@ -52,9 +52,11 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
-from ._db import library_options, translated, validate_dsn
-from .errors import DatabaseUnavailable, InvalidInput, PgDurableError, first_line
+from ._db import translated, validate_dsn
+from .errors import InvalidInput, PgDurableError
 from .migrations import acheck_schema, check_schema
+from .pooler import aconnect
+from .pooler import connect as pooler_connect
 
 if TYPE_CHECKING:
     from .runs import Durable
@@ -230,10 +232,6 @@ def _plan(
         row = yield _Statement(PRUNE, params, pause_first=True)
 
 
-def _conn_kwargs(conninfo: str) -> dict[str, Any]:
-    return {"autocommit": True, "options": library_options(conninfo), "connect_timeout": 10}
-
-
 async def prune(
     target: str | psycopg.AsyncConnection[Any] | AsyncConnectionPool[Any] | Durable,
     older_than: timedelta | str,
@@ -258,10 +256,7 @@ async def prune(
     age, size = _check(older_than, batch)
     if isinstance(target, str):
         validate_dsn(target)
-        try:
-            conn = await psycopg.AsyncConnection.connect(target, **_conn_kwargs(target))
-        except psycopg.OperationalError as exc:
-            raise DatabaseUnavailable(f"cannot connect: {first_line(str(exc))}") from None
+        conn = await aconnect(target)
         async with conn:
             with translated():
                 await acheck_schema(conn)
@@ -340,10 +335,7 @@ def prune_sync(
     pool: ConnectionPool[Any] | None = None
     if isinstance(target, str):
         validate_dsn(target)
-        try:
-            conn = psycopg.connect(target, **_conn_kwargs(target))
-        except psycopg.OperationalError as exc:
-            raise DatabaseUnavailable(f"cannot connect: {first_line(str(exc))}") from None
+        conn = pooler_connect(target)
         owned = True
         with translated():
             check_schema(conn)

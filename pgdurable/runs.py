@@ -8,14 +8,17 @@ effects in ``0008_durable_runs.sql``, retry in ``0007_operations.sql``); this mo
 first (bad input changes nothing) and then makes one round trip.
 
 Connections: the app owns an ``AsyncConnectionPool`` of autocommit
-connections with library settings. A pool passed in with ``pool=`` must hand
-out autocommit connections (the app does not open or close it).
+connections with library settings (:mod:`pgdurable.pooler`: they go through
+PgBouncer; ``pooler="transaction"`` for its transaction mode). A pool passed
+in with ``pool=`` must hand out autocommit connections (the app does not open
+or close it).
 """
 
 from __future__ import annotations
 
 import asyncio
 import inspect
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
@@ -25,20 +28,23 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 from . import _runs_sql as q
-from ._db import (
-    acheck_connection,
-    check_connection,
-    connect_timeout,
-    library_options,
-    resolve_dsn,
-    translated,
-    validate_dsn,
-)
+from ._db import acheck_connection, check_connection, resolve_dsn, translated, validate_dsn
 from .effects import DEFAULT_LEASE as DEFAULT_IDEMPOTENCY_LEASE
 from .effects import DEFAULT_TTL as DEFAULT_IDEMPOTENCY_TTL
 from .effects import with_idempotency, with_idempotency_sync
 from .errors import InvalidInput, ProviderClosed, RunNotFound, UnknownTask
 from .migrations import acheck_schema, check_schema
+from .pooler import (
+    Pooler,
+    aconfigure,
+    aprobe,
+    configure,
+    connect_kwargs,
+    connect_timeout,
+    listen_conninfo,
+    probe,
+    resolve_pooler,
+)
 from .signals import DEFAULT_MAX_PAYLOAD, DEFAULT_SIGNAL_TTL, signal_params, signal_run_params
 
 if TYPE_CHECKING:
@@ -215,8 +221,15 @@ def _one(row: tuple[Any, ...] | None) -> Any:
     return row[0]
 
 
-def _conn_kwargs(conninfo: str) -> dict[str, Any]:
-    return {"autocommit": True, "options": library_options(conninfo), **connect_timeout(conninfo)}
+def _conn_kwargs(conninfo: str, pooler: Pooler | None) -> dict[str, Any]:
+    """A library connection's keyword arguments (the pooler's, plus a connect timeout)."""
+    return {**connect_kwargs(pooler), **connect_timeout(conninfo)}
+
+
+def _listen_dsn(listen_dsn: str | None) -> str | None:
+    """``listen_dsn``, else ``PGDURABLE_LISTEN_DSN``, validated."""
+    dsn = listen_dsn if listen_dsn is not None else os.environ.get("PGDURABLE_LISTEN_DSN") or None
+    return None if dsn is None else validate_dsn(dsn)
 
 
 class Durable:
@@ -226,6 +239,14 @@ class Durable:
     ``await app.open()`` or ``async with app:``, and lazily by the first
     call); ``Durable(pool=...)`` uses yours. After :meth:`close` every call
     raises :class:`ProviderClosed`.
+
+    ``pooler`` (else ``PGDURABLE_POOLER``) says what ``conninfo`` goes
+    through: ``None`` (direct) or ``"session"``, or ``"transaction"`` for a
+    transaction-mode pooler such as PgBouncer's ``pool_mode = transaction``
+    (no prepared statements, no session settings, no LISTEN through it).
+    ``listen_dsn`` (else ``PGDURABLE_LISTEN_DSN``) is a direct connection
+    for LISTEN (workers' wake-ups, streams); without one behind a
+    transaction pooler, workers and streams poll. See :mod:`pgdurable.pooler`.
     """
 
     #: Largest signal payload (bytes of JSON) :meth:`signal` accepts; set it on the app.
@@ -239,7 +260,11 @@ class Durable:
         *,
         pool: AsyncConnectionPool[Any] | None = None,
         pool_size: int = 10,
+        pooler: Pooler | None = None,
+        listen_dsn: str | None = None,
     ) -> None:
+        self.pooler: Pooler | None = resolve_pooler(pooler)
+        self.listen_dsn: str | None = _listen_dsn(listen_dsn)
         self._registry = TaskRegistry()
         self._own_pool = pool is None
         self._closed = False
@@ -325,13 +350,12 @@ class Durable:
         ))
         return task
 
-    @staticmethod
-    def _new_pool(dsn: str, size: int) -> AsyncConnectionPool[Any]:
+    def _new_pool(self, dsn: str, size: int) -> AsyncConnectionPool[Any]:
         # check=: a connection the server closed while it sat idle (restart,
         # failover, pooler) is replaced, not handed out to fail a statement
         return AsyncConnectionPool(
-            dsn, min_size=1, max_size=size, kwargs=_conn_kwargs(dsn), open=False,
-            name="pgdurable", check=acheck_connection,
+            dsn, min_size=1, max_size=size, kwargs=_conn_kwargs(dsn, self.pooler), open=False,
+            configure=aconfigure(self.pooler), name="pgdurable", check=acheck_connection,
         )
 
     async def open(self) -> None:
@@ -349,6 +373,11 @@ class Durable:
             try:
                 with translated():
                     if self._own_pool:
+                        # one connection first: a refusal (a startup parameter the
+                        # pooler refuses, bad credentials) is raised now with its
+                        # cause, not as a pool timeout later
+                        assert self.conninfo is not None  # set with an owned pool
+                        await aprobe(self.conninfo, self.pooler)
                         await self._pool.open(wait=True, timeout=self.open_timeout)
                     async with self._pool.connection() as conn:
                         await acheck_schema(conn)
@@ -373,6 +402,13 @@ class Durable:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
+
+    def listen_conninfo(self) -> str | None:
+        """Where workers and streams LISTEN: ``listen_dsn``, else the app's DSN unless
+        it goes through a transaction pooler (None: they poll)."""
+        info = self._pool.conninfo
+        return listen_conninfo(info if isinstance(info, str) and info else self.conninfo,
+                               self.pooler, self.listen_dsn)
 
     @property
     def pool(self) -> AsyncConnectionPool[Any]:
@@ -646,8 +682,8 @@ class DurableClient:
     """Sync twin of the run API: start, get_run, result, cancel, retry, mark_incompatible, signal, send.
 
     Shares SQL, validation and parsing with :class:`Durable`. Pass ``app=`` to
-    use its task registry (revisions, max_attempts); otherwise ``start`` needs
-    ``revision=``.
+    use its task registry (revisions, max_attempts) and its ``pooler``;
+    otherwise ``start`` needs ``revision=``. ``pooler`` as for :class:`Durable`.
     """
 
     #: Largest signal payload (bytes of JSON) :meth:`signal` accepts.
@@ -656,15 +692,17 @@ class DurableClient:
     open_timeout: float = 30.0
 
     def __init__(
-        self, conninfo: str | None = None, *, app: Durable | None = None, pool_size: int = 4
+        self, conninfo: str | None = None, *, app: Durable | None = None, pool_size: int = 4,
+        pooler: Pooler | None = None,
     ) -> None:
         dsn = resolve_dsn(conninfo or (app.conninfo if app is not None else None))
         if dsn is None:
             raise InvalidInput("no DSN: pass conninfo or set PGDURABLE_DSN / DATABASE_URL")
-        validate_dsn(dsn)
+        self.conninfo: str = validate_dsn(dsn)
         self._dsn = dsn
+        self.pooler: Pooler | None = resolve_pooler(
+            pooler if pooler is not None or app is None else app.pooler)
         self._registry = app._registry if app is not None else TaskRegistry()
-        self._dsn = dsn
         self._pool: ConnectionPool[Any] = self._new_pool(dsn, max(1, pool_size))
         self._opened = False
         self._closed = False
@@ -682,6 +720,7 @@ class DurableClient:
             return
         try:
             with translated():
+                probe(self.conninfo, self.pooler)  # a refusal, at once
                 self._pool.open(wait=True, timeout=self.open_timeout)
                 with self._pool.connection() as conn:
                     check_schema(conn)
@@ -693,12 +732,11 @@ class DurableClient:
             raise
         self._opened = True
 
-    @staticmethod
-    def _new_pool(dsn: str, size: int) -> ConnectionPool[Any]:
+    def _new_pool(self, dsn: str, size: int) -> ConnectionPool[Any]:
         # check=: see Durable._new_pool
         return ConnectionPool(
-            dsn, min_size=1, max_size=size, kwargs=_conn_kwargs(dsn), open=False,
-            name="pgdurable-client", check=check_connection,
+            dsn, min_size=1, max_size=size, kwargs=_conn_kwargs(dsn, self.pooler), open=False,
+            configure=configure(self.pooler), name="pgdurable-client", check=check_connection,
         )
 
     def close(self) -> None:

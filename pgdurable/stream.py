@@ -19,7 +19,10 @@ shared LISTEN connection (dedicated, autocommit, never used for work; opened
 with the first stream of an event loop, closed with the last), then replay
 from the cursor, then follow live; a missed notification is covered by a slow
 poll (``poll`` seconds) and by a re-read after every reconnect of the
-listener. Reads go through the app's pool. They read the database, not a worker,
+listener. The listener connects to the app's ``listen_dsn``, else its DSN;
+behind a transaction-mode pooler without ``listen_dsn`` there is none and
+streams follow by polling every ``poll`` seconds (a warning says so once).
+Reads go through the app's pool. They read the database, not a worker,
 so they continue across worker changes and crashes. ``stream_run`` ends after
 the run's final event (for a run that never emitted and has no thread, a
 synthesized final event with ``seq`` equal to the cursor).
@@ -40,9 +43,9 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 
 from . import _runs_sql as q
-from ._db import library_options
 from ._json import dumps
-from .errors import RunNotFound
+from .errors import DatabaseUnavailable, RunNotFound
+from .pooler import aconnect
 from .threads import encode_thread_key
 
 if TYPE_CHECKING:
@@ -157,8 +160,8 @@ class _Hub:
     connection end when the last subscriber leaves.
     """
 
-    def __init__(self, conninfo: str, channel: str = CHANNEL) -> None:
-        self.conninfo = conninfo
+    def __init__(self, conninfo: str | None, channel: str = CHANNEL) -> None:
+        self.conninfo = conninfo  # None: no LISTEN possible (transaction pooler): poll
         self.channel = channel
         self.subs: dict[str | None, set[asyncio.Event]] = {}
         self.listening = asyncio.Event()
@@ -167,6 +170,9 @@ class _Hub:
     def subscribe(self, key: str | None) -> asyncio.Event:
         ev = asyncio.Event()
         self.subs.setdefault(key, set()).add(ev)
+        if self.conninfo is None:
+            self.listening.set()  # nothing to wait for: followers poll
+            return ev
         if self.task is None or self.task.done():
             self.listening.clear()
             self.task = asyncio.create_task(self._run(), name="pgdurable-stream-listener")
@@ -190,14 +196,12 @@ class _Hub:
                 ev.set()
 
     async def _run(self) -> None:
+        assert self.conninfo is not None
         backoff = 0.1
         while True:
             conn: psycopg.AsyncConnection[Any] | None = None
             try:
-                conn = await psycopg.AsyncConnection.connect(
-                    self.conninfo, autocommit=True, options=library_options(self.conninfo),
-                    connect_timeout=10,
-                )
+                conn = await aconnect(self.conninfo)
                 await conn.execute(f"LISTEN {self.channel}")
                 backoff = 0.1
                 self.listening.set()
@@ -214,7 +218,7 @@ class _Hub:
                         await conn.execute("SELECT 1")  # health check of a quiet socket
             except asyncio.CancelledError:
                 raise
-            except (psycopg.Error, OSError) as exc:
+            except (psycopg.Error, OSError, DatabaseUnavailable) as exc:
                 log.warning("stream listener lost: %s; reconnecting", exc)
                 self.listening.clear()
                 self._wake_all()
@@ -239,7 +243,11 @@ def _hub(app: Durable, channel: str = CHANNEL) -> _Hub:
     loop = asyncio.get_running_loop()
     hub = per_loop.get(loop)
     if hub is None:
-        hub = per_loop[loop] = _Hub(_conninfo(app), channel)
+        conninfo = app.listen_conninfo()
+        if conninfo is None:
+            log.warning("streams: no LISTEN: the app's DSN goes through a transaction-mode "
+                        "pooler and no listen_dsn is set; following runs by polling")
+        hub = per_loop[loop] = _Hub(conninfo, channel)
     return hub
 
 
@@ -265,11 +273,6 @@ class _Follower:
 
     async def close(self) -> None:
         await self.hub.unsubscribe(self.key, self.event)
-
-
-def _conninfo(app: Durable) -> str:
-    info = app.pool.conninfo
-    return info if isinstance(info, str) and info else (app.conninfo or "")
 
 
 async def stream_run(

@@ -65,19 +65,21 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool
 
 from . import _json
-from ._db import acheck_connection, connect_timeout, library_options, translated, validate_dsn
+from ._db import acheck_connection, connect_timeout, translated, validate_dsn
 from ._runs_sql import check_size
 from .errors import (
     AttemptsExhausted,
     CorruptCheckpoint,
     DeadlineExceeded,
     IncompatibleCheckpoint,
+    InvalidInput,
     PgDurableError,
     ProviderClosed,
     ReconcileFailed,
     RunCancelled,
 )
 from .migrations import acheck_schema
+from .pooler import Pooler, aconfigure, check_pooler, connect_kwargs
 
 __all__ = [
     "CHECKPOINT_VERSION",
@@ -666,22 +668,29 @@ class PostgresDurableStore:
 
     Session advisory locks need a direct connection (or PgBouncer in *session*
     mode): PgBouncer *transaction* pooling hands the backend holding the lock
-    to other clients and breaks exclusivity.
+    to other clients and breaks exclusivity. So ``pooler="transaction"`` is
+    refused here at construction (:class:`~pgdurable.InvalidInput`): give this
+    store a direct DSN. (``PGDURABLE_POOLER`` describes the app's default DSN,
+    not the one given here, so it is not read.)
 
     Give it a conninfo (it then owns a small pool: ``open``/``close`` or
     ``async with``) or your own ``AsyncConnectionPool`` (not closed by it).
     Each running task uses one pool connection.
     """
 
-    def __init__(self, pool_or_conninfo: AsyncConnectionPool[Any] | str, *, max_size: int = 8
-                 ) -> None:
+    def __init__(self, pool_or_conninfo: AsyncConnectionPool[Any] | str, *, max_size: int = 8,
+                 pooler: Pooler | None = None) -> None:
+        if check_pooler(pooler) == "transaction":
+            raise InvalidInput(
+                "PostgresDurableStore.exclusive holds a session advisory lock, which a "
+                "transaction-mode pooler hands to other clients: give this store a direct "
+                "DSN (or one through a session-mode pooler), not pooler='transaction'")
         if isinstance(pool_or_conninfo, str):
             validate_dsn(pool_or_conninfo)
             self._pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
                 pool_or_conninfo, min_size=1, max_size=max_size, open=False,
-                kwargs={"autocommit": True, "options": library_options(pool_or_conninfo),
-                        **connect_timeout(pool_or_conninfo)},
-                check=acheck_connection,
+                kwargs={**connect_kwargs(), **connect_timeout(pool_or_conninfo)},
+                configure=aconfigure(), check=acheck_connection,
             )
             self._owned = True
         elif isinstance(pool_or_conninfo, AsyncConnectionPool):

@@ -12,7 +12,10 @@ run):
   retry or lease expiry in its queues. Idle = one query per poll interval.
 * **listener** (:meth:`Worker._listen`): a dedicated autocommit connection
   (not from the pool) LISTENing on ``pgdurable_wake`` and ``pgdurable_cancel``;
-  reconnects with backoff and claims after every (re)connect.
+  reconnects with backoff and claims after every (re)connect. It connects to
+  the app's ``listen_dsn`` if set, else to the app's DSN; behind a
+  transaction-mode pooler without ``listen_dsn`` there is none (LISTEN does
+  not work through it): the worker polls and says so in a warning at start.
 * **heartbeat** (:meth:`Worker._heartbeat`): every ``heartbeat`` (<= TTL/3)
   ONE ``pgdurable.renew_runs`` UPDATE renews all of this worker's leases. A
   run missing from the answer has lost its lease and is stopped locally; a
@@ -48,8 +51,9 @@ Command line (used by crash tests and ``pgdurable worker``)::
         [--no-listen]
 
 ``--no-listen`` is ``Worker(listen=False)``: no LISTEN connection, work is
-found by polling (every ``--poll`` seconds, jittered), e.g. behind PgBouncer in
-transaction mode where LISTEN does not work.
+found by polling (every ``--poll`` seconds, jittered). Behind PgBouncer in
+transaction mode configure the app instead (``pooler="transaction"`` and a
+direct ``listen_dsn``, or ``PGDURABLE_POOLER`` / ``PGDURABLE_LISTEN_DSN``).
 """
 
 from __future__ import annotations
@@ -78,7 +82,6 @@ import psycopg
 
 from . import _runs_sql as q
 from ._batch_writer import StepWriter
-from ._db import library_options
 from ._hints import WakeLimiter, cancel_requested
 from ._json import dumps
 from ._retry import backoff, is_lost_connection, is_transient, retry_while
@@ -86,12 +89,14 @@ from .children import park_children
 from .durable_runs import call_effect, is_terminal, mark_terminal, reconcile_effect
 from .errors import (
     BudgetExceeded,
+    DatabaseUnavailable,
     DeadlineExceeded,
     EffectFailed,
     InvalidInput,
     LeaseLost,
     PgDurableError,
 )
+from .pooler import aconnect
 from .steps import (
     _UNSET,
     STEP_EXECUTOR,
@@ -248,8 +253,13 @@ class Worker:
             except (NotImplementedError, RuntimeError, ValueError):
                 pass
         helpers = [asyncio.create_task(self._heartbeat(), name="pgdurable-heartbeat")]
-        if self.listen:
-            helpers.append(asyncio.create_task(self._listen(), name="pgdurable-listener"))
+        listen_to = self.app.listen_conninfo() if self.listen else None
+        if listen_to is not None:
+            helpers.append(asyncio.create_task(self._listen(listen_to), name="pgdurable-listener"))
+        elif self.listen:
+            log.warning("worker %s: no LISTEN: the app's DSN goes through a transaction-mode "
+                        "pooler and no listen_dsn is set; finding work by polling every %.1f s",
+                        self.worker_id, self.poll_interval)
         try:
             await self._claim_loop()
             await self._drain()
@@ -434,18 +444,12 @@ class Worker:
 
     # -- listener ------------------------------------------------------------
 
-    async def _listen(self) -> None:
+    async def _listen(self, conninfo: str) -> None:
         backoff = 0.2
-        conninfo = self.app.pool.conninfo
-        if not isinstance(conninfo, str):
-            conninfo = self.app.conninfo or ""
         while not self._stopping:
             conn: psycopg.AsyncConnection[Any] | None = None
             try:
-                conn = await psycopg.AsyncConnection.connect(
-                    conninfo, autocommit=True, options=library_options(conninfo),
-                    connect_timeout=10,
-                )
+                conn = await aconnect(conninfo)
                 await conn.execute("LISTEN pgdurable_wake")
                 await conn.execute("LISTEN pgdurable_cancel")
                 backoff = 0.2
@@ -463,7 +467,7 @@ class Worker:
                         await conn.execute("SELECT 1")  # health check of a quiet socket
             except asyncio.CancelledError:
                 raise
-            except (psycopg.Error, OSError) as exc:
+            except (psycopg.Error, OSError, DatabaseUnavailable) as exc:
                 log.warning("listener connection lost: %s; reconnecting", exc)
                 await asyncio.sleep(backoff * random.uniform(0.5, 1.5))
                 backoff = min(backoff * 2, 5.0)

@@ -3,7 +3,10 @@
 pgdurable adds ``idle_in_transaction_session_timeout`` (and names its
 connections ``pgdurable``), but a DSN's ``options`` (e.g. ``-c
 statement_timeout=...``) and ``application_name`` must still apply: before,
-the library's ``options`` silently replaced them.
+the library's ``options`` silently replaced them. Ours are no longer a
+startup parameter (PgBouncer refuses ``options``, tests/test_pgbouncer.py):
+``application_name`` is libpq's fallback, the timeout is set after connecting
+unless something set one already.
 """
 
 from __future__ import annotations
@@ -14,7 +17,8 @@ import pytest
 from psycopg.conninfo import make_conninfo
 
 from pgdurable import AsyncPostgresLeaseProvider, Durable, DurableClient, PostgresLeaseProvider
-from pgdurable._db import connect, library_options
+from pgdurable._db import connect
+from pgdurable.pooler import connect_kwargs
 
 SHOW = ("SELECT current_setting('statement_timeout'), current_setting('application_name'), "
         "current_setting('idle_in_transaction_session_timeout')")
@@ -24,18 +28,29 @@ def with_options(dsn: str) -> str:
     return make_conninfo(dsn, options="-c statement_timeout=4321", application_name="myapp")
 
 
-def test_library_options_put_the_users_last(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_library_connections_send_no_options_of_their_own(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("PGOPTIONS", raising=False)
-    monkeypatch.delenv("PGAPPNAME", raising=False)
-    assert library_options("dbname=x") == ("-c idle_in_transaction_session_timeout=60000 "
-                                           "-c application_name=pgdurable")
-    assert library_options("dbname=x options='-c search_path=app'") == (
-        "-c idle_in_transaction_session_timeout=60000 -c application_name=pgdurable "
-        "-c search_path=app")
-    assert library_options("dbname=x application_name=me") == (
-        "-c idle_in_transaction_session_timeout=60000")
-    monkeypatch.setenv("PGOPTIONS", "-c work_mem=8MB")
-    assert library_options("postgresql:///x").endswith("-c work_mem=8MB")
+    for pooler in (None, "session", "transaction"):
+        kwargs = connect_kwargs(pooler)  # type: ignore[arg-type]
+        assert "options" not in kwargs and "application_name" not in kwargs
+        assert kwargs["fallback_application_name"] == "pgdurable"
+    assert connect_kwargs("transaction")["prepare_threshold"] is None
+    assert "prepare_threshold" not in connect_kwargs(None)
+
+
+ALTER_DB = ("DO $$ BEGIN EXECUTE format('ALTER DATABASE %I SET "
+            "idle_in_transaction_session_timeout = %L', current_database(), '9s'); END $$")
+
+
+def test_a_timeout_set_elsewhere_wins(dsn: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("PGOPTIONS", raising=False)
+    with connect(make_conninfo(dsn, options="-c idle_in_transaction_session_timeout=5s")) as c:
+        assert c.execute(SHOW).fetchone()[2] == "5s"  # type: ignore[index]
+    with connect(dsn) as c:
+        c.execute(ALTER_DB)
+    with connect(dsn) as c:
+        assert c.execute(SHOW).fetchone()[2] == "9s"  # type: ignore[index]
 
 
 async def test_every_kind_of_library_connection_keeps_dsn_settings(dsn: str) -> None:

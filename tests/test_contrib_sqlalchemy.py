@@ -499,14 +499,6 @@ def test_importing_pgdurable_does_not_import_sqlalchemy() -> None:
     assert "pip install 'pgdurable[sqlalchemy]'" in out.stdout
 
 
-def test_url_from_dsn() -> None:
-    url = url_from_dsn("host=db port=5433 user=u password=p dbname=d sslmode=require")
-    assert url.render_as_string(hide_password=False) == (
-        "postgresql+psycopg://u:p@db:5433/d?sslmode=require"
-    )
-    assert url_from_dsn("postgresql://u@h/d", async_=True).drivername == "postgresql+psycopg_async"
-
-
 # -- Table objects ------------------------------------------------------------------
 
 

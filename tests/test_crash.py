@@ -23,6 +23,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from _pg_cluster import LocalCluster, local_cluster
 from _waiting import WAIT_LIMIT
 
 from pgdurable import LeaseLost
@@ -377,12 +378,6 @@ def test_four_workers_500_runs_each_step_once(db: psycopg.Connection[Any], procs
         assert w.terminate() == 0
 
 
-def _pg_ctl(action: str) -> None:
-    version = sorted(os.listdir("/etc/postgresql"))[-1]
-    subprocess.run(["pg_ctlcluster", "--skip-systemctl-redirect", version, "main", action],
-                   check=True, timeout=120, capture_output=True)
-
-
 def _server_up(dsn: str) -> bool:
     try:
         with psycopg.connect(dsn, connect_timeout=2) as c:
@@ -392,22 +387,40 @@ def _server_up(dsn: str) -> bool:
         return False
 
 
-def _ensure_server(dsn: str) -> None:
-    """Whatever happened, leave the server running."""
+def _ensure_server(dsn: str, cluster: LocalCluster) -> None:
+    """Whatever happened, leave the server running (the same cluster, never another)."""
     end = time.monotonic() + 30
     while time.monotonic() < end:
         if _server_up(dsn):
             return
         time.sleep(0.2)
-    _pg_ctl("start")
+    cluster.start()
     wait_for(lambda: _server_up(dsn), "postgres to start")
 
 
+@pytest.fixture
+def own_cluster(dsn: str) -> LocalCluster:
+    """The cluster serving the suite's DSN, which this test may restart; else a skip."""
+    found = local_cluster(dsn)
+    if isinstance(found, str):
+        pytest.skip(f"cannot restart the server under test from here: {found}")
+    return found
+
+
+def test_restart_targets_the_server_under_test(dsn: str, own_cluster: LocalCluster) -> None:
+    """The restart test's target is the suite's server (identification only: no restart)."""
+    with psycopg.connect(dsn) as c:
+        row = c.execute("SELECT current_setting('data_directory'), current_setting('port')::int"
+                        ).fetchone()
+    assert row is not None
+    assert (own_cluster.data_dir, own_cluster.port) == (Path(row[0]).resolve(), row[1])
+    if own_cluster.debian is None:
+        # the embedded server (or a hand-started one) is restarted with its own pg_ctl
+        assert (own_cluster.pg_ctl.parent / "postgres").exists()
+
+
 @pytest.mark.slow
-def test_r9_postgres_restart_mid_run(dsn: str, procs: Procs) -> None:
-    if not os.path.isdir("/etc/postgresql") or subprocess.run(
-            ["which", "pg_ctlcluster"], capture_output=True).returncode != 0:
-        pytest.skip("needs a local pg_ctlcluster-managed server")
+def test_r9_postgres_restart_mid_run(dsn: str, procs: Procs, own_cluster: LocalCluster) -> None:
     with psycopg.connect(dsn, autocommit=True) as c:
         c.execute("CREATE TABLE test_step_log (run_id uuid, step int, token bigint, pid int, "
                   "event text, at timestamptz DEFAULT clock_timestamp())")
@@ -416,12 +429,13 @@ def test_r9_postgres_restart_mid_run(dsn: str, procs: Procs) -> None:
         a = procs.start("a", ttl=2.0, poll=1.0, concurrency=8)
         wait_for(lambda: one(c, "SELECT count(*) FROM pgdurable.runs WHERE status = "
                              "'completed'") >= 20, "some runs to complete")
-        print("R9: restarting with", one(c, "SELECT count(*) FROM pgdurable.runs WHERE "
-                                         "status = 'completed'"), "of 150 runs completed")
+        print("R9: restarting", own_cluster.describe(), "with",
+              one(c, "SELECT count(*) FROM pgdurable.runs WHERE status = 'completed'"),
+              "of 150 runs completed")
     try:
-        _pg_ctl("restart")
+        own_cluster.restart()
     finally:
-        _ensure_server(dsn)
+        _ensure_server(dsn, own_cluster)
     assert a.proc.poll() is None  # the worker survived the restart
     with psycopg.connect(dsn, autocommit=True) as c:
         wait_for(lambda: one(c, "SELECT count(*) FROM pgdurable.runs WHERE status = "

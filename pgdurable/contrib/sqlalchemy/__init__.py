@@ -65,6 +65,7 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
 from ... import _runs_sql as q
+from ..._db import validate_dsn
 from ...errors import InvalidInput, UnknownTask, translate
 from ...migrations import acheck_schema, check_schema
 from ...runs import Durable, DurableClient, Task, TaskRegistry, start_params
@@ -84,24 +85,60 @@ def url_from_dsn(dsn: str, *, async_: bool = False) -> URL:
 
     Handy to point SQLAlchemy at the database a pgdurable fixture or
     ``PGDURABLE_DSN`` names; ``async_=True`` selects ``postgresql+psycopg_async``.
+
+    Every form libpq accepts converts, because the DSN is parsed by libpq
+    (``conninfo_to_dict``) and the URL is built from its parameters, never by
+    editing the string: a single TCP host (names, IPv4, IPv6) becomes the URL's
+    host and port; a unix-socket directory (``host=/var/run/postgresql``,
+    ``postgresql:///app?host=/tmp/x``), an abstract socket (``@name``) or
+    several hosts (``host=a,b port=5432,5433``) go to the query as ``host=``
+    and ``port=``, which SQLAlchemy's psycopg dialect hands back to libpq
+    unchanged. Every other parameter (``service``, ``sslmode``, ``options``,
+    ``hostaddr``, ...) is a query option; the password is stored decoded and
+    escaped again when the URL is rendered. The URL connects with exactly the
+    parameters of ``dsn`` (``render_as_string(hide_password=False)`` gives a
+    string that parses back to the same URL).
+
+    A DSN that is not PostgreSQL's (``mysql://...``) or does not parse raises
+    :class:`~pgdurable.InvalidInput`.
     """
-    info = conninfo_to_dict(dsn)
-    port = info.get("port")
-    query = {k: str(v) for k, v in info.items()
-             if k not in ("host", "port", "user", "password", "dbname") and v is not None}
+    info = {k: str(v) for k, v in conninfo_to_dict(validate_dsn(dsn)).items() if v is not None}
+    user, password, dbname = info.pop("user", None), info.pop("password", None), info.pop("dbname", None)
+    host, port = info.pop("host", None), info.pop("port", None)
+    url_host: str | None = None
+    url_port: int | None = None
+    if host is not None and _tcp_host(host) and (port is None or port.isdigit()):
+        url_host, url_port = host, int(port) if port else None
+    else:
+        # libpq's own host/port lists, in the query: SQLAlchemy's psycopg dialect
+        # joins them back into host=a,b port=p,q. It wants one port per host,
+        # where libpq also takes one port for all hosts.
+        hosts = host.split(",") if host is not None else []
+        ports = port.split(",") if port is not None else []
+        if len(hosts) > 1 and len(ports) == 1:
+            ports *= len(hosts)
+        if host is not None:
+            info["host"] = host
+        if ports:
+            info["port"] = ",".join(ports)
     return URL.create(
         "postgresql+psycopg_async" if async_ else "postgresql+psycopg",
-        username=_opt(info.get("user")),
-        password=_opt(info.get("password")),
-        host=_opt(info.get("host")),
-        port=int(port) if port else None,
-        database=_opt(info.get("dbname")),
-        query=query,
+        username=user,
+        password=password,
+        host=url_host,
+        port=url_port,
+        database=dbname,
+        query=info,
     )
 
 
-def _opt(value: Any) -> str | None:
-    return None if value is None else str(value)
+def _tcp_host(host: str) -> bool:
+    """One network host (a name or an IP address), not a socket path or a list.
+
+    libpq takes a host starting with ``/`` (a directory) or ``@`` (an abstract
+    namespace) as a unix socket.
+    """
+    return bool(host) and "," not in host and not host.startswith(("/", "@"))
 
 
 # -- resolving the caller's session or connection -----------------------------

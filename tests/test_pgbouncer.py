@@ -1,0 +1,373 @@
+"""Through a real PgBouncer (Debian's package), started by each test on a free local port.
+
+* Library connections send no startup parameter a pooler refuses; a refusal
+  (here: the user's own ``options``) is an error at once that names the cause.
+* Session mode: real worker processes run starts, signals, timers, claims,
+  checkpoints and leases as directly, LISTEN included.
+* Transaction mode (``pooler="transaction"``): no prepared statements (the
+  same calls without it break, shown first); real workers through it, LISTEN on
+  a direct ``listen_dsn``, or polling with a warning without one; session
+  advisory locks (``PostgresDurableStore``) refused at construction.
+* Each worker test SIGKILLs a worker and restarts PgBouncer mid-run; every run
+  completes with exactly one checkpoint per step.
+
+Skipped when ``pgbouncer`` is not installed (``.ci/run`` installs it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from _pgbouncer import PGBOUNCER, PgBouncer
+from _waiting import WAIT_LIMIT, until
+from psycopg.conninfo import conninfo_to_dict
+
+from pgdurable import (
+    DatabaseUnavailable,
+    Done,
+    Durable,
+    DurableClient,
+    InvalidInput,
+    PostgresDurableStore,
+    PostgresLeaseProvider,
+    RunContext,
+)
+from pgdurable.pooler import connect as pooler_connect
+from pgdurable.retention import prune_sync
+
+pytestmark = [
+    pytest.mark.skipif(PGBOUNCER is None, reason="pgbouncer is not installed "
+                       "(apt-get install pgbouncer; .ci/run installs it)"),
+    pytest.mark.crash,
+]
+
+ROOT = Path(__file__).resolve().parent.parent
+TESTS = ROOT / "tests"
+SHOW = ("SELECT current_setting('application_name'),"
+        " current_setting('idle_in_transaction_session_timeout')")
+
+Bouncers = Callable[..., PgBouncer]
+
+
+@pytest.fixture
+def bouncer(pg_server: Any, tmp_path: Path) -> Iterator[Bouncers]:
+    """``bouncer(mode, pool_size=20)``: a started PgBouncer, stopped after the test."""
+    started: list[PgBouncer] = []
+
+    def make(mode: str, pool_size: int = 20) -> PgBouncer:
+        b = PgBouncer(pg_server, mode, tmp_path / f"pgbouncer-{len(started)}", pool_size=pool_size)
+        started.append(b)
+        b.start()
+        return b
+
+    yield make
+    for b in started:
+        b.stop()
+
+
+def dbname(dsn: str) -> str:
+    return str(conninfo_to_dict(dsn)["dbname"])
+
+
+# -- connecting -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", ["session", "transaction"])
+async def test_library_connections_pass_through_a_default_pgbouncer(
+        dsn: str, bouncer: Bouncers, mode: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("PGAPPNAME", raising=False)
+    monkeypatch.delenv("PGOPTIONS", raising=False)
+    b = bouncer(mode)
+    pooled = b.dsn(dbname(dsn))
+    pooler = "transaction" if mode == "transaction" else None
+    async with Durable(pooled, pooler=pooler) as app:
+        row = await app.fetchone(SHOW, ())
+        assert row is not None and row[0] == "pgdurable"
+        if mode == "session":
+            # session settings apply as directly
+            assert row[1] == "1min"
+    with DurableClient(pooled, pooler=pooler) as client:
+        assert client.get_run  # opened: the schema check went through PgBouncer
+    with pooler_connect(pooled, pooler) as c:
+        assert c.execute("SELECT 1").fetchone() == (1,)
+    with PostgresLeaseProvider(pooled, prepare=False) as leases:
+        assert leases.acquire_lease("k", "me", 60_000).acquired
+    assert prune_sync(pooled, "1d", dry_run=True).runs == 0
+
+
+async def test_a_refused_startup_parameter_fails_at_once_with_the_cause(
+        dsn: str, bouncer: Bouncers) -> None:
+    """The user's own ``options`` are still sent, and PgBouncer refuses them: the error
+    says so at once (not a pool timeout that names no cause)."""
+    b = bouncer("transaction")
+    refused = b.dsn(dbname(dsn), options="-c work_mem=8MB")
+    app = Durable(refused, pooler="transaction")
+    started = time.monotonic()
+    with pytest.raises(DatabaseUnavailable, match="unsupported startup parameter: options"):
+        await app.open()
+    print(f"refused after {time.monotonic() - started:.2f} s")
+    await app.close()
+    client = DurableClient(refused, pooler="transaction")
+    with pytest.raises(DatabaseUnavailable, match="unsupported startup parameter: options"):
+        client.open()
+    client.close()
+
+
+async def test_an_app_opened_while_pgbouncer_is_down_waits_for_it(
+        dsn: str, bouncer: Bouncers) -> None:
+    """Nothing answering is not a refusal: the pool waits for the pooler, as before."""
+    b = bouncer("transaction")
+    b.stop()
+    app = Durable(b.dsn(dbname(dsn)), pooler="transaction")
+    opening = asyncio.create_task(app.open())
+
+    async def pool_failed_to_connect() -> bool:
+        return int(app.pool.get_stats().get("connections_errors", 0)) > 0 or opening.done()
+
+    await until(pool_failed_to_connect, "the pool to try and fail")
+    assert not opening.done(), opening
+    await asyncio.to_thread(b.start)
+    await opening  # connected once PgBouncer was back
+    assert await app.fetchone("SELECT 1", ()) == (1,)
+    await app.close()
+
+
+async def test_transaction_mode_needs_no_prepared_statements(dsn: str, bouncer: Bouncers) -> None:
+    """Two apps share one server connection (pool_size=1). Without ``pooler=`` the second
+    app's prepared statement collides with the first's; with it, none is prepared."""
+    b = bouncer("transaction", pool_size=1)
+    pooled = b.dsn(dbname(dsn))
+    async with Durable(pooled) as one, Durable(pooled) as two:
+        await one.fetchone("SELECT 1", (), prepare=True)
+        with pytest.raises(psycopg.errors.DuplicatePreparedStatement):
+            await two.fetchone("SELECT 1", (), prepare=True)
+    async with Durable(pooled, pooler="transaction") as one, \
+            Durable(pooled, pooler="transaction") as two:
+        for _ in range(10):
+            assert await one.fetchone("SELECT 1", (), prepare=True) == (1,)
+            assert await two.fetchone("SELECT 1", (), prepare=True) == (1,)
+
+
+def test_lease_providers_through_transaction_mode(dsn: str, bouncer: Bouncers) -> None:
+    """PostgresLeaseProvider(prepare=False): acquire, renew, transfer, release."""
+    b = bouncer("transaction", pool_size=1)
+    pooled = b.dsn(dbname(dsn))
+    with PostgresLeaseProvider(pooled, prepare=False) as p1, \
+            PostgresLeaseProvider(pooled, prepare=False) as p2:
+        for i in range(10):
+            key = f"k{i}"
+            assert p1.acquire_lease(key, "a", 60_000).acquired
+            assert not p2.acquire_lease(key, "b", 60_000).acquired
+            assert p1.renew_lease(key, "a", 60_000)
+            assert p1.transfer_lease(key, "a", "b", 60_000)
+            assert p2.get_lease_owner(key) == "b"
+            p2.release_lease(key, "b")
+            assert p1.get_lease_owner(key) is None
+
+
+def test_session_advisory_locks_refuse_transaction_mode(dsn: str) -> None:
+    with pytest.raises(InvalidInput, match="session advisory lock"):
+        PostgresDurableStore(dsn, pooler="transaction")
+    PostgresDurableStore(dsn, pooler="session")  # fine, nothing opened
+
+
+@pytest.mark.parametrize(("bad", "error"), [("statement", InvalidInput), ("", InvalidInput),
+                                             (1, TypeError), (True, TypeError)])
+def test_bad_pooler_is_refused(dsn: str, bad: Any, error: type[Exception]) -> None:
+    with pytest.raises(error):
+        Durable(dsn, pooler=bad)
+    with pytest.raises(error):
+        DurableClient(dsn, pooler=bad)
+    with pytest.raises(error):
+        PostgresDurableStore(dsn, pooler=bad)
+
+
+def test_bad_listen_dsn_is_refused(dsn: str) -> None:
+    with pytest.raises(InvalidInput):
+        Durable(dsn, listen_dsn="mysql://x@y/z")
+    with pytest.raises(TypeError):
+        Durable(dsn, listen_dsn=5)  # type: ignore[arg-type]
+
+
+async def test_streams_follow_runs_by_polling_without_a_listen_connection(
+        dsn: str, bouncer: Bouncers, caplog: pytest.LogCaptureFixture) -> None:
+    b = bouncer("transaction")
+    app = Durable(b.dsn(dbname(dsn)), pooler="transaction")
+
+    @app.task("emit")
+    async def emit(ctx: RunContext, state: dict[str, Any]) -> Any:
+        await ctx.emit({"n": 1})
+        return Done({"ok": True})
+
+    async with app:
+        rid = await app.start("emit", {})
+        worker = app.worker(poll_interval=0.2, lease_ttl=5.0)
+        task = asyncio.create_task(worker.run())
+        try:
+            events = [e async for e in app.stream(rid, poll=0.2)]
+        finally:
+            await worker.stop()
+            await task
+    assert events[0].event == {"n": 1}
+    assert events[-1].final
+    assert "no LISTEN" in caplog.text
+
+
+# -- real workers -------------------------------------------------------------------
+
+
+class Worker:
+    """``python -m pgdurable.worker _pgbouncer_app:app`` through PgBouncer."""
+
+    def __init__(self, name: str, log_dir: Path, env: dict[str, str], *, poll: float) -> None:
+        self.log_path = log_dir / f"worker-{name}.log"
+        with open(self.log_path, "wb") as out:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "pgdurable.worker", "_pgbouncer_app:app",
+                 "--lease-ttl", "2", "--poll", str(poll), "--concurrency", "8",
+                 "--grace", "10", "--worker-id", name],
+                env={**os.environ, **env, "PYTHONPATH": f"{TESTS}{os.pathsep}{ROOT}",
+                     "PGDURABLE_LOG": "INFO"},
+                cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout=WAIT_LIMIT)
+
+
+@pytest.fixture
+def workers(tmp_path: Path) -> Iterator[Callable[..., Worker]]:
+    started: list[Worker] = []
+
+    def start(name: str, env: dict[str, str], poll: float = 0.5) -> Worker:
+        w = Worker(name, tmp_path, env, poll=poll)
+        started.append(w)
+        return w
+
+    yield start
+    for w in started:
+        if w.proc.poll() is None:
+            w.proc.kill()
+            w.proc.wait()
+
+
+def wait_for(pred: Callable[[], Any], what: str, limit: float = WAIT_LIMIT) -> Any:
+    end = time.monotonic() + limit
+    while not (got := pred()):
+        if time.monotonic() > end:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+    return got
+
+
+def count(conn: psycopg.Connection[Any], sql: str, *params: Any) -> int:
+    row = conn.execute(sql, params).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+STEPS, N, APPROVALS, NAPS = 40, 4, 10, 5
+
+
+def _scenario(dsn: str, b: PgBouncer, workers: Callable[..., Worker], env: dict[str, str],
+              pooler: str | None) -> list[Worker]:
+    """Starts, claims, checkpoints, leases, timers and signals through PgBouncer, with a
+    worker SIGKILLed and PgBouncer restarted mid-run. Returns the workers (for their logs)."""
+    pooled = b.dsn(dbname(dsn))
+    with DurableClient(pooled, pooler=pooler) as client:
+        rids = [client.start("steps", {"n": N, "sleep": 0.05}, revision="1")
+                for _ in range(STEPS)]
+        rids += [client.start("approve", {"ref": f"r{i}"}, revision="1")
+                 for i in range(APPROVALS)]
+        rids += [client.start("nap", {"seconds": 0.5}, revision="1") for _ in range(NAPS)]
+    a = workers("a", env)
+    b_ = workers("b", env)
+    with psycopg.connect(dsn, autocommit=True) as c:
+        wait_for(lambda: count(c, "SELECT count(*) FROM pgdurable.runs WHERE task = 'steps' "
+                               "AND status = 'completed'") >= 5, "some runs to complete")
+        os.kill(a.proc.pid, signal.SIGKILL)  # its leased runs are reclaimed after the TTL
+        a.proc.wait()
+        b.restart()  # every client connection of every worker is dropped
+        later = workers("c", env)
+        wait_for(lambda: count(c, "SELECT count(*) FROM pgdurable.runs WHERE task = 'approve' "
+                               "AND status = 'waiting'") == APPROVALS, "approvals to park")
+        with DurableClient(pooled, pooler=pooler) as client:  # signals through PgBouncer
+            for i in range(APPROVALS):
+                assert len(client.signal("approval", f"r{i}", {"ok": i})) == 1
+        wait_for(lambda: count(c, "SELECT count(*) FROM pgdurable.runs WHERE id = ANY(%s) "
+                               "AND status = 'completed'", rids) == len(rids),
+                 "every run to complete", limit=4 * WAIT_LIMIT)
+        # exactly one checkpoint per step (the primary key forbids two), none missing
+        per_task = dict(c.execute(
+            "SELECT r.task, count(*) FROM pgdurable.checkpoints k JOIN pgdurable.runs r "
+            "ON r.id = k.run_id GROUP BY r.task").fetchall())
+        assert per_task["steps"] == STEPS * N
+        results = c.execute("SELECT task, result FROM pgdurable.runs WHERE id = ANY(%s)",
+                            (rids,)).fetchall()
+    assert sorted(r["payload"]["ok"] for t, r in results if t == "approve") == list(range(APPROVALS))
+    assert all(r == {"i": N} for t, r in results if t == "steps")
+    assert all(r == {"woke": "timeout"} for t, r in results if t == "nap")
+    for w in (b_, later):
+        assert w.stop() == 0, w.log()
+    for w in (a, b_, later):
+        assert "prepared statement" not in w.log()
+    return [a, b_, later]
+
+
+def test_workers_through_pgbouncer_session_mode(dsn: str, bouncer: Bouncers,
+                                                workers: Callable[..., Worker]) -> None:
+    b = bouncer("session")
+    env = {"PGDURABLE_DSN": b.dsn(dbname(dsn))}
+    ws = _scenario(dsn, b, workers, env, None)
+    assert "reconnecting" in ws[1].log()  # its LISTEN (through PgBouncer) saw the restart
+
+
+def test_workers_through_pgbouncer_transaction_mode_listen_direct(
+        dsn: str, bouncer: Bouncers, workers: Callable[..., Worker]) -> None:
+    b = bouncer("transaction", pool_size=4)
+    env = {"PGDURABLE_DSN": b.dsn(dbname(dsn)), "PGDURABLE_POOLER": "transaction",
+           "PGDURABLE_LISTEN_DSN": dsn}
+    ws = _scenario(dsn, b, workers, env, "transaction")
+    assert "polling" not in ws[1].log()
+
+
+def test_workers_through_pgbouncer_transaction_mode_poll_only(
+        dsn: str, bouncer: Bouncers, workers: Callable[..., Worker]) -> None:
+    b = bouncer("transaction", pool_size=4)
+    env = {"PGDURABLE_DSN": b.dsn(dbname(dsn)), "PGDURABLE_POOLER": "transaction"}
+    ws = _scenario(dsn, b, workers, env, "transaction")
+    for w in ws:
+        assert "no LISTEN" in w.log()  # the warning at start
+
+
+def test_a_transaction_mode_worker_wakes_on_notify_through_its_direct_connection(
+        dsn: str, bouncer: Bouncers, workers: Callable[..., Worker]) -> None:
+    """poll=3600: only a NOTIFY, received on the direct listen connection, can wake it."""
+    b = bouncer("transaction", pool_size=2)
+    pooled = b.dsn(dbname(dsn))
+    w = workers("w", {"PGDURABLE_DSN": pooled, "PGDURABLE_POOLER": "transaction",
+                      "PGDURABLE_LISTEN_DSN": dsn}, poll=3600)
+    with psycopg.connect(dsn, autocommit=True) as c, \
+            DurableClient(pooled, pooler="transaction") as client:
+        wait_for(lambda: count(c, "SELECT count(*) FROM pg_stat_activity WHERE datname = "
+                               "current_database() AND query = 'LISTEN pgdurable_cancel'"),
+                 "the worker's listener")
+        for i in range(3):  # each start after the previous run completed: the worker is idle
+            rid = client.start("steps", {"n": 1}, revision="1")
+            wait_for(lambda rid=rid: client.get_run(rid).status == "completed",
+                     f"run {i} to be claimed on NOTIFY")
+    assert w.stop() == 0

@@ -31,6 +31,7 @@ __all__ = [
     "ReconcileFailed",
     "RunCancelled",
     "RunNotFound",
+    "ScheduleNotFound",
     "SchemaVersionMismatch",
     "SignalConflict",
     "UnknownTask",
@@ -151,6 +152,12 @@ class AttemptsExhausted(PgDurableError):
     """A task or run was attempted more than its ``max_attempts``; it is failed, not retried."""
 
     sqlstate = "PD012"
+
+
+class ScheduleNotFound(PgDurableError, LookupError):
+    """No schedule has this name (``pgdurable.schedules``)."""
+
+    sqlstate = "PD160"
 
 
 def translate(exc: BaseException) -> BaseException:

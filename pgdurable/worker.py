@@ -85,6 +85,7 @@ from .errors import (
     LeaseLost,
     PgDurableError,
 )
+from .schedules import Ticker
 from .steps import (
     _UNSET,
     STEP_EXECUTOR,
@@ -195,6 +196,7 @@ class Worker:
         # heartbeat and step batches both lock many run rows: never at once
         # (one worker's two multi-row UPDATEs could otherwise deadlock)
         self._write_lock = asyncio.Lock()
+        self._ticker = Ticker(app, self.queues)  # fires due schedule ticks (schedules.py)
 
     # -- public --------------------------------------------------------------
 
@@ -211,6 +213,7 @@ class Worker:
         self._tasks = list(self.app.tasks.values())
         if not self._tasks:
             raise ValueError("the app has no registered tasks")
+        await self._ticker.declare()
         self._running = True
         self._done.clear()
         # Not the loop's default executor (min(32, cpus + 4) threads, shared):
@@ -308,11 +311,13 @@ class Worker:
         is claimed on time (Sleep overshoot), not ``min_delay`` late."""
         names, revs = self._task_arrays()
         try:
-            row = await self.app.fetchone(q.NEXT_WAKEUP, (self.queues, names, revs))
+            row = await self.app.fetchone(self._ticker.NEXT_WAKEUP,
+                                          self._ticker.wakeup_params(names, revs))
         except _DB_ERRORS as exc:
             log.warning("next_wakeup failed: %s", exc)
             self._due_at = None
             return
+        self._ticker.note(None if row is None or row[1] is None else float(row[1]))
         secs = None if row is None or row[0] is None else float(row[0])
         if secs is None:
             self._due_at = None
@@ -329,6 +334,7 @@ class Worker:
             if self._due_at is not None and len(self._active) < self.concurrency:
                 # with no free slot, a finishing run sets the event instead
                 timeout = min(timeout, max(0.0, self._due_at - time.monotonic()))
+            timeout = self._ticker.timeout(timeout)
             woke = True
             if not self._wake.is_set():
                 try:
@@ -338,6 +344,7 @@ class Worker:
             if self._stopping:
                 break
             self._wake.clear()
+            await self._ticker.fire_if_due()
             free = self.concurrency - len(self._active)
             if free <= 0:
                 continue

@@ -27,6 +27,7 @@ from .errors import (
     ReconcileFailed,
     RunCancelled,
     RunNotFound,
+    ScheduleNotFound,
     SchemaVersionMismatch,
     SignalConflict,
     UnknownTask,
@@ -48,6 +49,7 @@ from .leases import (
 )
 from .migrations import check_schema, migrate, migration_status, required_version
 from .runs import Durable, DurableClient, RunInfo, Task
+from .schedules import Schedule, ScheduleInfo
 from .steps import Continue, Done, RunContext, Sleep, StepResult, Wait
 from .stream import StreamEvent
 from .tasks import (
@@ -122,6 +124,7 @@ __all__ = [
     "ReconcileFailed",
     "RunCancelled",
     "RunNotFound",
+    "ScheduleNotFound",
     "SchemaVersionMismatch",
     "SignalConflict",
     "UnknownTask",
@@ -140,4 +143,6 @@ __all__ = [
     "define_durable_task",
     "with_idempotency",
     "with_idempotency_sync",
+    "Schedule",
+    "ScheduleInfo",
 ]

@@ -369,12 +369,18 @@ async def declare_all(app: Durable) -> None:
     longer declares (one transaction; called when a worker starts)."""
     mine = sorted(declared(app).values(), key=lambda s: s.name)  # one lock order
     with translated():
-        async with app.pool.connection() as conn, conn.transaction():
+        async with (await _pool(app)).connection() as conn, conn.transaction():
             now = await _now(conn)
             for s in mine:
                 await conn.execute(UPSERT, s.upsert_params(now, DECLARED_BY_CODE))
             await conn.execute(MARK_UNDECLARED, (DECLARED_BY_CODE, sorted(app.tasks),
                                                  [s.name for s in mine]))
+
+
+async def _pool(app: Durable) -> Any:
+    """The app's pool, opened (the schema checked) on first use."""
+    await app.open()
+    return app.pool
 
 
 async def _now(conn: psycopg.AsyncConnection[Any]) -> datetime:
@@ -433,7 +439,7 @@ async def upsert_schedule(app: Durable, schedule: Schedule, *,
                           declared_by: str | None = None) -> str:
     """Create or update ``schedule`` (``'created'``, ``'updated'`` or ``'unchanged'``)."""
     with translated():
-        async with app.pool.connection() as conn, conn.transaction():
+        async with (await _pool(app)).connection() as conn, conn.transaction():
             now = await _now(conn)
             row = await (await conn.execute(UPSERT, schedule.upsert_params(now, declared_by))
                          ).fetchone()
@@ -466,7 +472,7 @@ async def resume_schedule(app: Durable, name: str) -> bool:
     caught up); False if it was not paused (:class:`ScheduleNotFound` if unknown)."""
     check_schedule_name(name)
     with translated():
-        async with app.pool.connection() as conn, conn.transaction():
+        async with (await _pool(app)).connection() as conn, conn.transaction():
             nxt = _resume_plan(await (await conn.execute(CADENCE_FOR_UPDATE, (name,))
                                       ).fetchone(), name)
             return bool(_found(await (await conn.execute(RESUME, (name, nxt))).fetchone()))

@@ -38,6 +38,7 @@ from . import _runs_sql, migrations
 from ._db import connect, resolve_dsn, translated, validate_dsn
 from .errors import PgDurableError, RunNotFound
 from .runs import RETRY
+from .schedules_cli import schedule_app
 
 app = typer.Typer(
     name="pgdurable",
@@ -48,6 +49,7 @@ app = typer.Typer(
 )
 out = Console()
 err = Console(stderr=True)
+app.add_typer(schedule_app)  # pgdurable schedule list | add | pause | resume | delete | trigger
 
 EXIT_PROBLEM = 1
 EXIT_BAD_INPUT = 2

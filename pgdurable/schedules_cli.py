@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from datetime import UTC
 from typing import Annotated, Any, NoReturn
 
 import typer
@@ -92,9 +93,13 @@ def list_(dsn: DsnOption = None, as_json: JsonOption = False) -> None:
         cli.print_json([_as_dict(i) for i in infos])
         return
     t = Table(title=f"{len(infos)} schedule(s)", box=box.SIMPLE_HEAD, pad_edge=False)
-    for col in ("name", "cadence", "task", "next tick", "last run", "fired", "state"):
+    t.add_column("name", no_wrap=True)
+    t.add_column("cadence")
+    t.add_column("task")
+    t.add_column("next tick (UTC)", no_wrap=True)
+    for col in ("last run", "fired", "state"):
         t.add_column(col)
-    t.add_column("declared", no_wrap=True, min_width=17)
+    t.add_column("declared", no_wrap=True)
     for i in infos:
         state = "paused" if i.paused else "active"
         if i.last_error:
@@ -102,12 +107,12 @@ def list_(dsn: DsnOption = None, as_json: JsonOption = False) -> None:
         if i.declared_by is None:
             source = "cli/sql"
         elif i.undeclared:
-            source = "[yellow]no longer in code[/]"
+            source = "[yellow]not in code[/]"
         else:
             source = i.declared_by
         last = (i.last_run_status or "pruned") if i.last_run_id else ""
-        t.add_row(i.name, cli._short(_cadence(i), 30), f"{i.task}@{i.queue}",
-                  f"{i.next_fire_at:%Y-%m-%d %H:%M:%S %Z}", last,
+        t.add_row(i.name, cli._short(_cadence(i), 30), i.task,
+                  f"{i.next_fire_at.astimezone(UTC):%m-%d %H:%M:%S}", last,
                   f"{i.fired}" + (f" ({i.skipped} skipped)" if i.skipped else ""), state, source)
     cli.out.print(t)
 

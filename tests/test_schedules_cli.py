@@ -99,4 +99,4 @@ def test_list_marks_schedules_no_code_declares(dsn: str, conn: psycopg.Connectio
     assert {s["name"]: s["undeclared"] for s in jcli("list", "--dsn", dsn)} == {
         "gone": True, "kept": False}
     text = " ".join(cli("list", "--dsn", dsn).stdout.split())
-    assert "no longer in code" in text
+    assert "not in code" in text

@@ -542,7 +542,10 @@ COMMENT ON FUNCTION pgdurable.due_schedules(text[], integer) IS
 CREATE FUNCTION pgdurable.schedule_wakeup(p_queues text[]) RETURNS double precision
 LANGUAGE sql STABLE
 SET search_path = pg_catalog, pgdurable, pg_temp AS $$
-  SELECT greatest(0, extract(epoch FROM min(s.next_fire_at) - pgdurable.now()))::float8
+  -- (greatest() ignores NULLs: no schedule must stay NULL, not become 0)
+  SELECT CASE WHEN min(s.next_fire_at) IS NOT NULL
+              THEN greatest(0, extract(epoch FROM min(s.next_fire_at) - pgdurable.now()))::float8
+         END
     FROM pgdurable.schedules s
    WHERE NOT s.paused AND s.queue = ANY (p_queues)
 $$;

@@ -371,3 +371,16 @@ async def test_an_idle_worker_wakes_for_the_next_tick_without_polling(dsn: str) 
             await until(two, "two ticks of a 1 s schedule")
     finally:
         await app.close()
+
+
+def test_schedule_wakeup_is_null_without_a_live_schedule(clock: psycopg.Connection[Any]) -> None:
+    """No schedule (or only paused ones) must not read as "due now" (an idle worker would spin)."""
+    wakeup = "SELECT pgdurable.schedule_wakeup('{default}')"
+    assert clock.execute(wakeup).fetchone() == (None,)
+    clock.execute("SELECT pgdurable.upsert_schedule('m', NULL, '1 hour', 'UTC', 'tick', '1', "
+                  "'{}', 'default', 3, 'skip', 'latest', 100, %s, NULL)",
+                  (T0 + timedelta(minutes=30),))
+    assert clock.execute(wakeup).fetchone() == (1800.0,)
+    assert clock.execute("SELECT pgdurable.schedule_wakeup('{other}')").fetchone() == (None,)
+    clock.execute("SELECT pgdurable.pause_schedule('m')")
+    assert clock.execute(wakeup).fetchone() == (None,)

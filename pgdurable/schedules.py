@@ -134,11 +134,6 @@ FIRE = (
 DISABLE = "SELECT pgdurable.disable_schedule(%s::text, %s::timestamptz, %s::text)"
 # -- seconds until the next tick in these queues (NULL: none)
 WAKEUP = "SELECT pgdurable.schedule_wakeup(%s::text[])"
-# -- the worker's idle query: runs' next wake-up and the next tick, in one statement
-NEXT_WAKEUP = (
-    "SELECT pgdurable.next_wakeup(%s::text[], %s::text[], %s::text[]), "
-    "pgdurable.schedule_wakeup(%s::text[])"
-)
 # -- every schedule, for listings (ScheduleInfo columns)
 LIST = """
 SELECT s.name, s.cron, s.every, s.timezone, s.task, s.revision, s.queue, s.overlap, s.catchup,
@@ -512,9 +507,9 @@ def list_schedules_sync(conn: psycopg.Connection[Any],
 class Ticker:
     """Fires the due ticks of the schedules in a worker's queues.
 
-    The worker (1) calls :meth:`declare` when it starts, (2) issues
-    :data:`NEXT_WAKEUP` with :meth:`wakeup_params` as its idle query and hands
-    the second column to :meth:`note`, (3) bounds its sleep with
+    The worker (1) calls :meth:`declare` when it starts, (2) hands the second
+    column of its idle query (``_runs_sql.NEXT_WAKEUP``: ``schedule_wakeup``
+    next to ``next_wakeup``) to :meth:`note`, (3) bounds its sleep with
     :meth:`timeout` and (4) calls :meth:`fire_if_due` whenever it wakes.
     Errors are logged, never raised: a database hiccup must not stop the worker.
     """
@@ -525,16 +520,9 @@ class Ticker:
         self._due_at: float | None = None  # monotonic time of the next known tick
         self.fire_count = 0  # fire_schedule calls (tests, metrics)
 
-    #: The worker's idle query (:data:`NEXT_WAKEUP`).
-    NEXT_WAKEUP = NEXT_WAKEUP
-
     async def declare(self) -> None:
         """Upsert the app's declared schedules (worker start)."""
         await declare_all(self.app)
-
-    def wakeup_params(self, names: list[str], revisions: list[str]) -> tuple[Any, ...]:
-        """Parameters of :data:`NEXT_WAKEUP` for this worker's tasks."""
-        return (self.queues, names, revisions, self.queues)
 
     def note(self, seconds: float | None, min_delay: float = 0.0) -> None:
         """The next tick is due in ``seconds`` (database clock; None: no schedule)."""

@@ -311,8 +311,7 @@ class Worker:
         is claimed on time (Sleep overshoot), not ``min_delay`` late."""
         names, revs = self._task_arrays()
         try:
-            row = await self.app.fetchone(self._ticker.NEXT_WAKEUP,
-                                          self._ticker.wakeup_params(names, revs))
+            row = await self.app.fetchone(q.NEXT_WAKEUP, (self.queues, names, revs, self.queues))
         except _DB_ERRORS as exc:
             log.warning("next_wakeup failed: %s", exc)
             self._due_at = None

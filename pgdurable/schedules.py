@@ -95,6 +95,8 @@ DECLARED_BY_CODE = "code"
 # how far DST can move a wall clock (the reverse cron search starts this far ahead)
 _DST_MARGIN = timedelta(hours=3)
 _DUE_BATCH = 100
+#: After a failed attempt to fire, a worker waits this long (seconds) before the next one.
+ERROR_BACKOFF = 5.0
 
 # -- Queries (one line of contract each). ---------------------------------------------
 # -- create or update; returns 'created' | 'updated' | 'unchanged' (PD000 bad input)
@@ -518,6 +520,7 @@ class Ticker:
         self.app = app
         self.queues = list(queues)
         self._due_at: float | None = None  # monotonic time of the next known tick
+        self._quiet_until = 0.0  # no firing before this (monotonic) after an error
         self.fire_count = 0  # fire_schedule calls (tests, metrics)
 
     async def declare(self) -> None:
@@ -536,11 +539,13 @@ class Ticker:
         """``timeout`` shortened to the next known tick."""
         if self._due_at is None:
             return timeout
-        return min(timeout, max(0.0, self._due_at - time.monotonic()))
+        due = max(self._due_at, self._quiet_until)
+        return min(timeout, max(0.0, due - time.monotonic()))
 
     async def fire_if_due(self) -> None:
         """Fire due ticks if the next known tick has come (no query otherwise)."""
-        if self._due_at is not None and time.monotonic() >= self._due_at:
+        now = time.monotonic()
+        if self._due_at is not None and now >= self._due_at and now >= self._quiet_until:
             await self.fire_due()
 
     async def fire_due(self) -> None:
@@ -551,8 +556,9 @@ class Ticker:
                 await self._fire(*row)
             more = await self.app.fetchone(WAKEUP, (self.queues,))
         except (PgDurableError, psycopg.Error, OSError) as exc:
-            log.warning("firing schedules failed: %s", exc)
-            self._due_at = None  # the worker's next idle query tells again
+            # back off: a persistent error must not turn the claim loop into a busy loop
+            log.warning("firing schedules failed (retrying in %.0f s): %s", ERROR_BACKOFF, exc)
+            self._quiet_until = time.monotonic() + ERROR_BACKOFF
             return
         # still due: another worker holds it (SKIP LOCKED) or more are due; look again soon
         self.note(None if more is None or more[0] is None else float(more[0]), min_delay=0.05)

@@ -384,3 +384,28 @@ def test_schedule_wakeup_is_null_without_a_live_schedule(clock: psycopg.Connecti
     assert clock.execute("SELECT pgdurable.schedule_wakeup('{other}')").fetchone() == (None,)
     clock.execute("SELECT pgdurable.pause_schedule('m')")
     assert clock.execute(wakeup).fetchone() == (None,)
+
+
+async def test_a_failing_fire_backs_off_instead_of_spinning(
+        app: ClockedApp, clock: psycopg.Connection[Any]) -> None:
+    app.schedule("m", every=timedelta(minutes=1), task="tick")
+    await declare_all(app)
+    clock.execute("""
+      CREATE FUNCTION test_refuse() RETURNS trigger LANGUAGE plpgsql AS
+        $$ BEGIN RAISE EXCEPTION 'refused by test'; END $$;
+      CREATE TRIGGER refuse BEFORE INSERT ON pgdurable.schedule_runs
+        FOR EACH ROW EXECUTE FUNCTION test_refuse()""")
+    t = Ticker(app, ["default"])
+    set_clock(clock, T0 + timedelta(minutes=1))
+    t.note(0.0)
+    await t.fire_if_due()
+    assert t.fire_count == 1
+    assert clock.execute("SELECT count(*) FROM pgdurable.runs").fetchone() == (0,)  # rolled back
+    # the tick is still due, but the ticker waits ERROR_BACKOFF before trying again
+    t.note(0.0)
+    await t.fire_if_due()
+    assert t.fire_count == 1
+    assert t.timeout(3600.0) > 1.0
+    clock.execute("DROP TRIGGER refuse ON pgdurable.schedule_runs")
+    await t.fire_due()
+    assert ticks(clock, "m") == [T0 + timedelta(minutes=1)]

@@ -524,8 +524,11 @@ class Ticker:
         self.fire_count = 0  # fire_schedule calls (tests, metrics)
 
     async def declare(self) -> None:
-        """Upsert the app's declared schedules (worker start)."""
+        """Upsert the app's declared schedules and learn the next tick (worker start:
+        a worker whose slots fill at once still fires the ticks it knows of)."""
         await declare_all(self.app)
+        row = await self.app.fetchone(WAKEUP, (self.queues,))
+        self.note(None if row is None or row[0] is None else float(row[0]))
 
     def note(self, seconds: float | None, min_delay: float = 0.0) -> None:
         """The next tick is due in ``seconds`` (database clock; None: no schedule)."""

@@ -9,6 +9,7 @@ in tests/test_schedules_procs.py.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -18,7 +19,7 @@ import pytest
 from _sched_app import CLOCK_TABLE, ClockedApp, make_app, set_clock
 from _waiting import app_running, until
 
-from pgdurable import Durable, InvalidInput, ScheduleNotFound
+from pgdurable import Done, Durable, InvalidInput, ScheduleNotFound
 from pgdurable.schedules import (
     Cadence,
     Ticker,
@@ -359,7 +360,6 @@ async def test_an_idle_worker_wakes_for_the_next_tick_without_polling(dsn: str) 
 
     @app.task("tick", revision="1")
     async def tick(ctx: Any, state: Any) -> Any:
-        from pgdurable import Done
         return Done(None)
 
     app.schedule("fast", every=timedelta(seconds=1), task="tick", overlap="allow")
@@ -409,3 +409,34 @@ async def test_a_failing_fire_backs_off_instead_of_spinning(
     clock.execute("DROP TRIGGER refuse ON pgdurable.schedule_runs")
     await t.fire_due()
     assert ticks(clock, "m") == [T0 + timedelta(minutes=1)]
+
+
+async def test_a_worker_with_every_slot_busy_still_fires_ticks(dsn: str) -> None:
+    app = Durable(dsn)
+    release = asyncio.Event()
+
+    @app.task("block", revision="1")
+    async def block(ctx: Any, state: Any) -> Any:
+        await release.wait()
+        return Done(None)
+
+    @app.task("tick", revision="1")
+    async def tick(ctx: Any, state: Any) -> Any:
+        return Done(None)
+
+    app.schedule("fast", every=timedelta(seconds=1), task="tick", overlap="allow")
+    try:
+        blocker = await app.start("block")
+        async with app_running(app, concurrency=1, poll_interval=3600) as worker:
+            async def busy() -> bool:
+                return worker.active_runs == [blocker]
+            await until(busy, "the only slot to be taken")
+
+            async def two() -> bool:
+                r = await app.fetchone("SELECT count(*) FROM pgdurable.schedule_runs", ())
+                return r is not None and r[0] >= 2
+            await until(two, "two ticks while the worker's only slot is busy")
+            assert worker.active_runs == [blocker]
+            release.set()
+    finally:
+        await app.close()

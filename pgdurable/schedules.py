@@ -461,7 +461,7 @@ def _resume_plan(row: tuple[Any, ...] | None, name: str) -> datetime:
     if row is None:
         raise ScheduleNotFound(f"no schedule {name}")
     cron, every, tz, now = row
-    return Cadence(cron, every, tz).after(now)
+    return Cadence.of(cron, every, tz).after(now)  # ValueError for a bad cron written by SQL
 
 
 async def resume_schedule(app: Durable, name: str) -> bool:
@@ -570,7 +570,7 @@ class Ticker:
                     catchup: str, limit: int, first: datetime, now: datetime) -> None:
         try:
             ticks, nxt = Cadence.of(cron, every, tz).plan(first, now, catchup, limit)
-        except (ValueError, TypeError) as exc:
+        except (ValueError, TypeError, CronSimError) as exc:
             log.error("schedule %r cannot be planned, pausing it: %s", name, exc)
             await self.app.fetchone(DISABLE, (name, first, str(exc)))
             return

@@ -181,6 +181,8 @@ def resume(name: NameArg, dsn: DsnOption = None) -> None:
             changed = resume_schedule_sync(conn, name)
         except ScheduleNotFound:
             _not_found(name)
+        except ValueError as exc:  # its cron (written by SQL) cannot be planned
+            _fail(f"schedule {name!r} cannot be resumed: {exc}")
     cli.out.print(f"schedule {name} resumed" if changed else f"schedule {name} was not paused",
                   highlight=False)
 

@@ -100,3 +100,13 @@ def test_list_marks_schedules_no_code_declares(dsn: str, conn: psycopg.Connectio
         "gone": True, "kept": False}
     text = " ".join(cli("list", "--dsn", dsn).stdout.split())
     assert "not in code" in text
+
+
+def test_resume_of_a_schedule_with_a_bad_cron_written_by_sql(
+        dsn: str, conn: psycopg.Connection[Any]) -> None:
+    conn.execute("SELECT pgdurable.upsert_schedule('bad', '0 25 * * *', NULL, 'UTC', 'job', "
+                 "'1', '{}', 'default', 3, 'skip', 'latest', 100, pgdurable.now(), NULL)")
+    conn.execute("SELECT pgdurable.pause_schedule('bad')")
+    r = cli("resume", "bad", "--dsn", dsn)
+    assert r.exit_code == 2 and "invalid cron expression" in r.stderr
+    assert conn.execute("SELECT paused FROM pgdurable.schedules").fetchone() == (True,)

@@ -109,6 +109,10 @@ UPSERT = (
 MARK_UNDECLARED = "SELECT pgdurable.mark_undeclared(%s::text, %s::text[], %s::text[])"
 # -- the database clock
 NOW = "SELECT pgdurable.now()"
+# -- one declaring worker at a time (two deploys declaring different sets would otherwise
+# -- lock each other's rows in opposite orders: upserts vs mark_undeclared)
+DECLARE_LOCK = "SELECT pg_advisory_xact_lock(%s::bigint)"
+DECLARE_LOCK_KEY = 0x7067647363686564  # "pgdsched"
 # -- one schedule's cadence, locked (resume plans from it); no row if unknown
 CADENCE_FOR_UPDATE = (
     "SELECT cron, every, timezone, pgdurable.now() FROM pgdurable.schedules "
@@ -367,6 +371,7 @@ async def declare_all(app: Durable) -> None:
     mine = sorted(declared(app).values(), key=lambda s: s.name)  # one lock order
     with translated():
         async with (await _pool(app)).connection() as conn, conn.transaction():
+            await conn.execute(DECLARE_LOCK, (DECLARE_LOCK_KEY,))
             now = await _now(conn)
             for s in mine:
                 await conn.execute(UPSERT, s.upsert_params(now, DECLARED_BY_CODE))

@@ -365,9 +365,10 @@ def declare(app: Durable, name: str, **definition: Any) -> Schedule:
     return schedule
 
 
-async def declare_all(app: Durable) -> None:
+async def declare_all(app: Durable, queues: Sequence[str] = ()) -> float | None:
     """Upsert ``app``'s declared schedules and mark the ones of its tasks it no
-    longer declares (one transaction; called when a worker starts)."""
+    longer declares (one transaction; called when a worker starts). Returns the
+    seconds until the next tick in ``queues`` (None: none)."""
     mine = sorted(declared(app).values(), key=lambda s: s.name)  # one lock order
     with translated():
         async with (await _pool(app)).connection() as conn, conn.transaction():
@@ -377,6 +378,8 @@ async def declare_all(app: Durable) -> None:
                 await conn.execute(UPSERT, s.upsert_params(now, DECLARED_BY_CODE))
             await conn.execute(MARK_UNDECLARED, (DECLARED_BY_CODE, sorted(app.tasks),
                                                  [s.name for s in mine]))
+            row = await (await conn.execute(WAKEUP, (list(queues),))).fetchone()
+    return None if row is None or row[0] is None else float(row[0])
 
 
 async def _pool(app: Durable) -> Any:
@@ -531,9 +534,7 @@ class Ticker:
     async def declare(self) -> None:
         """Upsert the app's declared schedules and learn the next tick (worker start:
         a worker whose slots fill at once still fires the ticks it knows of)."""
-        await declare_all(self.app)
-        row = await self.app.fetchone(WAKEUP, (self.queues,))
-        self.note(None if row is None or row[0] is None else float(row[0]))
+        self.note(await declare_all(self.app, self.queues))
 
     def note(self, seconds: float | None, min_delay: float = 0.0) -> None:
         """The next tick is due in ``seconds`` (database clock; None: no schedule)."""

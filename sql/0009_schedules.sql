@@ -539,15 +539,20 @@ COMMENT ON FUNCTION pgdurable.due_schedules(text[], integer) IS
 -- Seconds (>= 0) until the next tick of an unpaused schedule in these queues;
 -- NULL when there is none. Part of an idle worker's next wake-up.
 ------------------------------------------------------------------------------
+-- (plpgsql: its plan is cached per session; it runs in every idle poll)
 CREATE FUNCTION pgdurable.schedule_wakeup(p_queues text[]) RETURNS double precision
-LANGUAGE sql STABLE
+LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pgdurable, pg_temp AS $$
-  -- (greatest() ignores NULLs: no schedule must stay NULL, not become 0)
-  SELECT CASE WHEN min(s.next_fire_at) IS NOT NULL
-              THEN greatest(0, extract(epoch FROM min(s.next_fire_at) - pgdurable.now()))::float8
-         END
+DECLARE
+  v_at timestamptz;
+BEGIN
+  SELECT min(s.next_fire_at) INTO v_at
     FROM pgdurable.schedules s
-   WHERE NOT s.paused AND s.queue = ANY (p_queues)
+   WHERE NOT s.paused AND s.queue = ANY (p_queues);
+  -- (greatest() ignores NULLs: no schedule must stay NULL, not become 0)
+  RETURN CASE WHEN v_at IS NOT NULL
+              THEN greatest(0, extract(epoch FROM v_at - pgdurable.now()))::float8 END;
+END
 $$;
 COMMENT ON FUNCTION pgdurable.schedule_wakeup(text[]) IS
   'Seconds until the next tick of an unpaused schedule in these queues (NULL: none).';

@@ -31,6 +31,7 @@ from .errors import (
     RunCancelled,
     RunFailed,
     RunNotFound,
+    ScheduleNotFound,
     SchemaVersionMismatch,
     SignalConflict,
     UnknownTask,
@@ -54,6 +55,7 @@ from .migrations import check_schema, migrate, migration_status, required_versio
 from .pooler import Pooler
 from .roles import grant_roles
 from .runs import Durable, DurableClient, RunInfo, Task
+from .schedules import Schedule, ScheduleInfo
 from .steps import Continue, Done, RunContext, Sleep, StepResult, Wait
 from .stream import StreamEvent
 from .tasks import (
@@ -140,6 +142,7 @@ __all__ = [
     "RunFailed",
     "RunNotFound",
     "TreeNode",
+    "ScheduleNotFound",
     "SchemaVersionMismatch",
     "SignalConflict",
     "UnknownTask",
@@ -165,4 +168,6 @@ __all__ = [
     "StepPolicy",
     "WaitTimeout",
     "WorkflowContext",
+    "Schedule",
+    "ScheduleInfo",
 ]

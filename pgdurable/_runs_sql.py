@@ -52,8 +52,10 @@ RENEW = (
     "SELECT id, lease_expires_at, cancel_requested "
     "FROM pgdurable.renew_runs(%s::text, %s::uuid[], %s::bigint[], %s::interval)"
 )
-# -- seconds until work may appear (NULL: none)
-NEXT_WAKEUP = "SELECT pgdurable.next_wakeup(%s::text[], %s::text[], %s::text[])"
+# -- seconds until work may appear (NULL: none) for (queues, tasks, revisions), and
+# -- until the next schedule tick in (queues) (NULL: none; sql/0013_schedules.sql)
+NEXT_WAKEUP = ("SELECT pgdurable.next_wakeup(%s::text[], %s::text[], %s::text[]), "
+               "pgdurable.schedule_wakeup(%s::text[])")
 # -- fenced transitions; each returns the resulting status (PARK also the
 # -- wake time and the seconds until it, on the database clock)
 CHECKPOINT = "SELECT pgdurable.checkpoint_run(%s::uuid, %s::bigint, %s::text, %s::jsonb, %s::numeric)"

@@ -41,6 +41,7 @@ from ._text import escape_controls, escape_json_controls, plain
 from .children import RUN_TREE
 from .errors import PgDurableError, RunNotFound
 from .runs import RETRY
+from .schedules_cli import schedule_app
 
 app = typer.Typer(
     name="pgdurable",
@@ -51,6 +52,7 @@ app = typer.Typer(
 )
 out = Console()
 err = Console(stderr=True)
+app.add_typer(schedule_app)  # pgdurable schedule list | add | pause | resume | delete | trigger
 
 EXIT_PROBLEM = 1
 EXIT_BAD_INPUT = 2

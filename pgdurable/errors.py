@@ -34,6 +34,7 @@ __all__ = [
     "RunCancelled",
     "RunFailed",
     "RunNotFound",
+    "ScheduleNotFound",
     "SchemaVersionMismatch",
     "SignalConflict",
     "UnknownTask",
@@ -182,6 +183,10 @@ class RunFailed(PgDurableError):
 
 class ResultTimeout(PgDurableError, TimeoutError):
     """``result()`` gave up: the run was not finished within the timeout (it goes on)."""
+class ScheduleNotFound(PgDurableError, LookupError):
+    """No schedule has this name (``pgdurable.schedules``)."""
+
+    sqlstate = "PD160"
 
 
 def translate(exc: BaseException) -> BaseException:

@@ -51,6 +51,7 @@ if TYPE_CHECKING:
     from collections.abc import AsyncIterator
 
     from .children import TreeNode
+    from .schedules import Schedule
     from .stream import StreamEvent
     from .tasks import DurableTask
     from .threads import Delivery, ThreadRoute
@@ -357,6 +358,24 @@ class Durable:
             dsn, min_size=1, max_size=size, kwargs=_conn_kwargs(dsn, self.pooler), open=False,
             configure=aconfigure(self.pooler), name="pgdurable", check=acheck_connection,
         )
+    def schedule(self, name: str, *, task: str, cron: str | None = None,
+                 every: timedelta | None = None, timezone: str = "UTC", state: Any = None,
+                 queue: str = "default", overlap: str = "skip", catchup: str = "latest",
+                 catchup_limit: int = 100) -> Schedule:
+        """Declare a schedule: each tick of ``cron`` (read in ``timezone``) or of
+        ``every`` starts one run of the registered ``task`` with ``state``.
+
+        Written to ``pgdurable.schedules`` when a worker of this app starts
+        (idempotent). ``overlap``: ``skip`` | ``allow`` | ``cancel_previous``;
+        ``catchup``: ``none`` | ``latest`` | ``all`` (at most ``catchup_limit``).
+        Bad input (invalid cron, unknown time zone or task, both or neither of
+        ``cron``/``every``): ValueError. See :mod:`pgdurable.schedules`.
+        """
+        from .schedules import declare
+
+        return declare(self, name, task=task, cron=cron, every=every, timezone=timezone,
+                       state=state, queue=queue, overlap=overlap, catchup=catchup,
+                       catchup_limit=catchup_limit)
 
     async def open(self) -> None:
         """Open the pool (if owned) and check the schema version once.

@@ -97,6 +97,7 @@ from .errors import (
     PgDurableError,
 )
 from .pooler import aconnect
+from .schedules import Ticker
 from .steps import (
     _UNSET,
     STEP_EXECUTOR,
@@ -213,6 +214,7 @@ class Worker:
         self._deferred_wake: asyncio.TimerHandle | None = None
         self._cancel_checks: dict[uuid.UUID, asyncio.Task[None]] = {}
         self._writer = StepWriter(app, self.worker_id, self._write_lock)
+        self._ticker = Ticker(app, self.queues)  # fires due schedule ticks (schedules.py)
 
     @property
     def write_count(self) -> int:
@@ -234,6 +236,7 @@ class Worker:
         self._tasks = list(self.app.tasks.values())
         if not self._tasks:
             raise ValueError("the app has no registered tasks")
+        await self._ticker.declare()
         self._running = True
         self._done.clear()
         # Not the loop's default executor (min(32, cpus + 4) threads, shared):
@@ -336,11 +339,12 @@ class Worker:
         is claimed on time (Sleep overshoot), not ``min_delay`` late."""
         names, revs = self._task_arrays()
         try:
-            row = await self.app.fetchone(q.NEXT_WAKEUP, (self.queues, names, revs))
+            row = await self.app.fetchone(q.NEXT_WAKEUP, (self.queues, names, revs, self.queues))
         except _DB_ERRORS as exc:
             log.warning("next_wakeup failed: %s", exc)
             self._due_at = None
             return
+        self._ticker.note(None if row is None or row[1] is None else float(row[1]))
         secs = None if row is None or row[0] is None else float(row[0])
         if secs is None:
             self._due_at = None
@@ -357,6 +361,7 @@ class Worker:
             if self._due_at is not None and len(self._active) < self.concurrency:
                 # with no free slot, a finishing run sets the event instead
                 timeout = min(timeout, max(0.0, self._due_at - time.monotonic()))
+            timeout = self._ticker.timeout(timeout)
             woke = True
             if not self._wake.is_set():
                 try:
@@ -366,6 +371,7 @@ class Worker:
             if self._stopping:
                 break
             self._wake.clear()
+            await self._ticker.fire_if_due()
             free = self.concurrency - len(self._active)
             if free <= 0:
                 continue

@@ -25,7 +25,7 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool
 
 from pgdurable import Done, Durable, RunContext, Sleep
-from pgdurable._db import library_options
+from pgdurable.pooler import connect_kwargs
 
 CLOCK_TABLE = "CREATE TABLE IF NOT EXISTS test_clock (t timestamptz); " \
               "INSERT INTO test_clock SELECT NULL WHERE NOT EXISTS (SELECT 1 FROM test_clock)"
@@ -43,7 +43,7 @@ class ClockedApp(Durable):
     def __init__(self, dsn: str) -> None:
         pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
             dsn, min_size=1, max_size=10, open=False, check=_follow_clock,
-            kwargs={"autocommit": True, "options": library_options(dsn)})
+            kwargs=connect_kwargs())
         super().__init__(dsn, pool=pool)
 
     async def open(self) -> None:

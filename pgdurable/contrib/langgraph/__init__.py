@@ -1,0 +1,29 @@
+"""LangGraph on pgdurable (``pip install 'pgdurable[langgraph]'``).
+
+* :class:`PgDurableSaver` / :class:`AsyncPgDurableSaver` -- LangGraph
+  checkpointers on pgdurable's tables, one writer per thread
+  (``hold_thread``, :func:`invoke_exclusive`), retention by ``set_retention``
+  applied by ``pgdurable prune``.
+* :func:`register_graph` / :func:`run_graph` / :func:`resume_graph` -- a
+  compiled graph run as a durable pgdurable run (see :mod:`.runs`).
+
+See docs/frameworks.md.
+"""
+
+from .saver import (
+    AsyncPgDurableSaver,
+    PgDurableSaver,
+    ThreadBusy,
+    ainvoke_exclusive,
+    invoke_exclusive,
+    thread_lease_key,
+)
+
+__all__ = [
+    "AsyncPgDurableSaver",
+    "PgDurableSaver",
+    "ThreadBusy",
+    "ainvoke_exclusive",
+    "invoke_exclusive",
+    "thread_lease_key",
+]

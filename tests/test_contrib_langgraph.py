@@ -9,10 +9,10 @@ import pytest
 
 pytest.importorskip("langgraph.checkpoint.conformance")
 
-from langgraph.checkpoint.conformance import checkpointer_test, validate  # noqa: E402
-from langgraph.checkpoint.conformance.capabilities import ALL_CAPABILITIES  # noqa: E402
+from langgraph.checkpoint.conformance import checkpointer_test, validate
+from langgraph.checkpoint.conformance.capabilities import ALL_CAPABILITIES
 
-from pgdurable.contrib.langgraph import AsyncPgDurableSaver, PgDurableSaver  # noqa: E402
+from pgdurable.contrib.langgraph import AsyncPgDurableSaver, PgDurableSaver
 
 
 def _assert_all_passed(report: Any) -> None:

@@ -10,6 +10,7 @@
 See docs/frameworks.md.
 """
 
+from .runs import RESUME_KIND, register_graph, resume_graph, run_graph
 from .saver import (
     AsyncPgDurableSaver,
     PgDurableSaver,
@@ -20,10 +21,15 @@ from .saver import (
 )
 
 __all__ = [
+    "RESUME_KIND",
     "AsyncPgDurableSaver",
     "PgDurableSaver",
     "ThreadBusy",
     "ainvoke_exclusive",
     "invoke_exclusive",
+    "register_graph",
+    "resume_graph",
+    "run_graph",
     "thread_lease_key",
 ]
+

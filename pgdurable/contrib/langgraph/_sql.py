@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import (
     WRITES_IDX_MAP,
     Checkpoint,
@@ -14,7 +15,6 @@ from langgraph.checkpoint.base import (
     get_serializable_checkpoint_metadata,
 )
 from langgraph.checkpoint.serde.base import SerializerProtocol
-from langchain_core.runnables import RunnableConfig
 from psycopg.types.json import Jsonb
 
 # -- save one checkpoint, fenced by (lease key, owner, token) when given

@@ -13,7 +13,7 @@ the block runs; every put/put_writes of that thread from this saver is then
 *fenced*: the SQL checks that the lease (owner and token) is still live and
 fails with :class:`~pgdurable.LeaseLost` otherwise, so a stalled writer whose
 lease lapsed can never interleave checkpoints with its successor. A second
-holder either waits (``wait=True``, up to ``timeout`` seconds) or fails fast
+holder either waits (``wait=True``, up to ``max_wait`` seconds) or fails fast
 with :class:`ThreadBusy`. A crashed holder's lease expires after ``ttl_ms``.
 :func:`invoke_exclusive` / :func:`ainvoke_exclusive` wrap a graph call.
 """
@@ -62,7 +62,7 @@ DEFAULT_TTL_MS = 30_000
 
 class ThreadBusy(PgDurableError):
     """Another process holds this LangGraph thread (fail-fast ``hold_thread``, or
-    ``wait=True`` whose ``timeout`` passed). Nothing was written."""
+    ``wait=True`` whose ``max_wait`` passed). Nothing was written."""
 
 
 def thread_lease_key(thread_id: str) -> str:
@@ -167,7 +167,8 @@ class AsyncPgDurableSaver(BaseCheckpointSaver[str]):
         pool = await self._ready()
         async with pool.connection() as conn:
             cur = await conn.execute(sql, params)
-            return await cur.fetchall()
+            rows: list[tuple[Any, ...]] = await cur.fetchall()
+            return rows
 
     # -- BaseCheckpointSaver ------------------------------------------------
     async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
@@ -219,12 +220,12 @@ class AsyncPgDurableSaver(BaseCheckpointSaver[str]):
 
     @contextlib.asynccontextmanager
     async def hold_thread(self, thread_id: str, *, wait: bool = True,
-                          timeout: float | None = None,
+                          max_wait: float | None = None,
                           ttl_ms: int = DEFAULT_TTL_MS) -> AsyncIterator[None]:
         """Hold ``thread_id``'s lease (one writer per thread) while the block runs.
 
         ``wait=False`` raises :class:`ThreadBusy` at once if another process
-        holds it; ``wait=True`` retries until free (or ``timeout`` seconds,
+        holds it; ``wait=True`` retries until free (or ``max_wait`` seconds,
         then :class:`ThreadBusy`). The lease is renewed every ``ttl_ms/3``;
         if it is lost, the block is cancelled with :class:`~pgdurable.LeaseLost`.
         """
@@ -233,7 +234,7 @@ class AsyncPgDurableSaver(BaseCheckpointSaver[str]):
             self._leases = AsyncPostgresLeaseProvider(await self._ready())
         key, owner = thread_lease_key(thread_id), _owner()
         loop = asyncio.get_running_loop()
-        give_up = None if timeout is None else loop.time() + timeout
+        give_up = None if max_wait is None else loop.time() + max_wait
         pause = 0.02
         while True:
             grant = await self._leases.acquire_lease(key, owner, ttl_ms)
@@ -243,7 +244,7 @@ class AsyncPgDurableSaver(BaseCheckpointSaver[str]):
                 raise ThreadBusy(f"LangGraph thread {thread_id!r} is being run by {grant.owner}")
             await asyncio.sleep(pause)
             pause = min(pause * 2, ttl_ms / 4000)
-        self._fences.set(thread_id, _fence(key, owner, grant.token))
+        self._fences.set(thread_id, _fence(key, owner, int(grant.token or 0)))
         try:
             async with keep_lease(self._leases, key, owner, ttl_ms, token=grant.token):
                 yield
@@ -373,7 +374,7 @@ class PgDurableSaver(BaseCheckpointSaver[str]):
         self._one(q.SET_RETENTION, _retention_params(keep_last, max_age))
 
     @contextlib.contextmanager
-    def hold_thread(self, thread_id: str, *, wait: bool = True, timeout: float | None = None,
+    def hold_thread(self, thread_id: str, *, wait: bool = True, max_wait: float | None = None,
                     ttl_ms: int = DEFAULT_TTL_MS) -> Iterator[None]:
         """Sync :meth:`AsyncPgDurableSaver.hold_thread`: a daemon thread renews the
         lease; once it is lost, every fenced put of the thread raises
@@ -383,7 +384,7 @@ class PgDurableSaver(BaseCheckpointSaver[str]):
             self._leases = PostgresLeaseProvider(self.pool)
         leases = self._leases
         key, owner = thread_lease_key(thread_id), _owner()
-        give_up = None if timeout is None else time.monotonic() + timeout
+        give_up = None if max_wait is None else time.monotonic() + max_wait
         pause = 0.02
         while True:
             grant = leases.acquire_lease(key, owner, ttl_ms)
@@ -406,7 +407,7 @@ class PgDurableSaver(BaseCheckpointSaver[str]):
                     continue
 
         renewer = threading.Thread(target=renew, name=f"lease {key}", daemon=True)
-        self._fences.set(thread_id, _fence(key, owner, grant.token))
+        self._fences.set(thread_id, _fence(key, owner, int(grant.token or 0)))
         renewer.start()
         try:
             yield
@@ -426,23 +427,23 @@ def _thread_of(config: RunnableConfig) -> str:
 
 
 def invoke_exclusive(graph: Any, input: Any, config: RunnableConfig, *, wait: bool = True,
-                     timeout: float | None = None, ttl_ms: int = DEFAULT_TTL_MS) -> Any:
+                     max_wait: float | None = None, ttl_ms: int = DEFAULT_TTL_MS) -> Any:
     """``graph.invoke(input, config)`` while holding the thread's lease (one writer per
     thread); ``graph.checkpointer`` must be a :class:`PgDurableSaver`."""
     saver = graph.checkpointer
     if not isinstance(saver, PgDurableSaver):
         raise TypeError("invoke_exclusive needs a graph compiled with a PgDurableSaver")
-    with saver.hold_thread(_thread_of(config), wait=wait, timeout=timeout, ttl_ms=ttl_ms):
+    with saver.hold_thread(_thread_of(config), wait=wait, max_wait=max_wait, ttl_ms=ttl_ms):
         return graph.invoke(input, config)
 
 
 async def ainvoke_exclusive(graph: Any, input: Any, config: RunnableConfig, *,
-                            wait: bool = True, timeout: float | None = None,
+                            wait: bool = True, max_wait: float | None = None,
                             ttl_ms: int = DEFAULT_TTL_MS) -> Any:
     """``await graph.ainvoke(input, config)`` while holding the thread's lease;
     ``graph.checkpointer`` must be an :class:`AsyncPgDurableSaver`."""
     saver = graph.checkpointer
     if not isinstance(saver, AsyncPgDurableSaver):
         raise TypeError("ainvoke_exclusive needs a graph compiled with an AsyncPgDurableSaver")
-    async with saver.hold_thread(_thread_of(config), wait=wait, timeout=timeout, ttl_ms=ttl_ms):
+    async with saver.hold_thread(_thread_of(config), wait=wait, max_wait=max_wait, ttl_ms=ttl_ms):
         return await graph.ainvoke(input, config)

@@ -231,7 +231,9 @@ class AsyncPgDurableSaver(BaseCheckpointSaver[str]):
         """
         thread_id = str(thread_id)
         if self._leases is None:
-            self._leases = AsyncPostgresLeaseProvider(await self._ready())
+            leases = AsyncPostgresLeaseProvider(await self._ready())
+            await leases.open()
+            self._leases = leases
         key, owner = thread_lease_key(thread_id), _owner()
         loop = asyncio.get_running_loop()
         give_up = None if max_wait is None else loop.time() + max_wait
@@ -382,6 +384,7 @@ class PgDurableSaver(BaseCheckpointSaver[str]):
         thread_id = str(thread_id)
         if self._leases is None:
             self._leases = PostgresLeaseProvider(self.pool)
+            self._leases.open()
         leases = self._leases
         key, owner = thread_lease_key(thread_id), _owner()
         give_up = None if max_wait is None else time.monotonic() + max_wait

@@ -70,7 +70,8 @@ MAX_BATCH = 100_000
 PRUNE = (
     "SELECT p.runs, p.checkpoints, p.effects, p.events, p.signals, p.locked, "
     "CASE WHEN p.locked THEN pgdurable.prune_thread_messages(%s::interval, %s::integer) "
-    "ELSE 0 END "
+    "ELSE 0 END, "
+    "CASE WHEN p.locked THEN pgdurable.prune_graph_checkpoints(%s::integer) ELSE 0 END "
     "FROM pgdurable.prune_runs(%s::interval, %s::integer, %s::boolean) p"
 )
 # -- dry run: how many rows prune_runs and prune_thread_messages would delete in total
@@ -78,13 +79,14 @@ PRUNE = (
 PREVIEW = (
     "SELECT p.runs, p.checkpoints, p.effects, p.events, p.signals, "
     "(SELECT count(*) FROM pgdurable.thread_messages m WHERE m.consumed_at IS NOT NULL "
-    "   AND m.consumed_at <= pgdurable.now() - %s::interval) "
+    "   AND m.consumed_at <= pgdurable.now() - %s::interval), "
+    "pgdurable.prune_graph_checkpoints_preview() "
     "FROM pgdurable.prune_preview(%s::interval) p"
 )
 
 
 def _prune_params(age: timedelta, size: int, exclusive: bool) -> tuple[Any, ...]:
-    return (age, size, age, size, exclusive)
+    return (age, size, size, age, size, exclusive)
 
 _AGE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|sec|m|min|h|d|w)?\s*$", re.IGNORECASE)
 _UNIT = {"s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600, "d": 86400, "w": 604800}
@@ -128,18 +130,21 @@ class PruneResult:
     dry_run: bool = False
     skipped: bool = False
     messages: int = 0
+    #: LangGraph checkpoints beyond their retention policy (pgdurable.contrib.langgraph)
+    graph_checkpoints: int = 0
 
     @property
     def rows(self) -> int:
         """All rows deleted (runs and their history, thread messages)."""
         return (self.runs + self.checkpoints + self.effects + self.events + self.signals
-                + self.messages)
+                + self.messages + self.graph_checkpoints)
 
     def as_dict(self) -> dict[str, Any]:
         """The counts as a JSON-ready dict."""
         return {
             "runs": self.runs, "checkpoints": self.checkpoints, "effects": self.effects,
             "events": self.events, "signals": self.signals, "messages": self.messages,
+            "graph_checkpoints": self.graph_checkpoints,
             "batches": self.batches,
             "dry_run": self.dry_run, "skipped": self.skipped,
         }
@@ -166,25 +171,27 @@ def _check(older_than: object, batch: object) -> tuple[timedelta, int]:
 def _add(total: PruneResult, row: tuple[Any, ...]) -> tuple[PruneResult, PruneResult]:
     """Fold one prune_runs row into the running total; return (total, this batch)."""
     this = PruneResult(int(row[0]), int(row[1]), int(row[2]), int(row[3]), int(row[4]), 1,
-                       skipped=not row[5], messages=int(row[6]))
+                       skipped=not row[5], messages=int(row[6]), graph_checkpoints=int(row[7]))
     total = PruneResult(
         total.runs + this.runs, total.checkpoints + this.checkpoints,
         total.effects + this.effects, total.events + this.events,
         total.signals + this.signals, total.batches + 1, skipped=this.skipped,
         messages=total.messages + this.messages,
+        graph_checkpoints=total.graph_checkpoints + this.graph_checkpoints,
     )
     return total, this
 
 
 def _finished(this: PruneResult, batch: int) -> bool:
     """The loop ends on a short batch (nothing more is old enough) or when skipped."""
-    return this.skipped or (this.runs < batch and this.signals < batch and this.messages < batch)
+    return this.skipped or (this.runs < batch and this.signals < batch and this.messages < batch
+                            and this.graph_checkpoints < batch)
 
 
 def _preview(row: tuple[Any, ...] | None) -> PruneResult:
     assert row is not None
     return PruneResult(int(row[0]), int(row[1]), int(row[2]), int(row[3]), int(row[4]),
-                       dry_run=True, messages=int(row[5]))
+                       dry_run=True, messages=int(row[5]), graph_checkpoints=int(row[6]))
 
 
 @dataclass(frozen=True)

@@ -39,3 +39,121 @@ async def test_conformance_sync_saver(dsn: str) -> None:
             yield saver
 
     _assert_all_passed(await validate(factory))
+
+
+# -- helpers for the tests below ------------------------------------------------
+def _put_chain(saver: PgDurableSaver, thread: str, n: int, ns: str = "") -> list[str]:
+    from langgraph.checkpoint.conformance.test_utils import (
+        generate_checkpoint,
+        generate_metadata,
+    )
+
+    ids: list[str] = []
+    for i in range(n):
+        conf: dict[str, Any] = {"thread_id": thread, "checkpoint_ns": ns}
+        if ids:
+            conf["checkpoint_id"] = ids[-1]
+        cp = generate_checkpoint(channel_values={"i": i}, channel_versions={"i": i + 1})
+        saved = saver.put({"configurable": conf}, cp, generate_metadata(step=i), {"i": i + 1})
+        ids.append(saved["configurable"]["checkpoint_id"])
+    return ids
+
+
+def _ids(saver: PgDurableSaver, thread: str) -> list[str]:
+    return [t.config["configurable"]["checkpoint_id"]
+            for t in saver.list({"configurable": {"thread_id": thread}})]
+
+
+def test_retention_keep_last_n_through_the_prune_cli_in_batches(dsn: str) -> None:
+    import subprocess
+    import sys
+
+    from pgdurable.retention import prune_sync
+
+    with PgDurableSaver(dsn) as saver:
+        a = _put_chain(saver, "ta", 5)
+        b = _put_chain(saver, "tb", 4)
+        saver.put_writes({"configurable": {"thread_id": "ta", "checkpoint_ns": "",
+                                           "checkpoint_id": a[0]}}, [("ch", 1)], "task")
+        # no policy: nothing is pruned
+        assert prune_sync(dsn, "7d").graph_checkpoints == 0
+        saver.set_retention(keep_last=2)
+        assert prune_sync(dsn, "7d", dry_run=True).graph_checkpoints == 5
+        result = prune_sync(dsn, "7d", batch=2)
+        assert result.graph_checkpoints == 5 and result.batches >= 3
+        assert _ids(saver, "ta") == a[:2:-1][:2] == [a[4], a[3]]
+        assert _ids(saver, "tb") == [b[3], b[2]]
+        _put_chain(saver, "tc", 3)
+        p = subprocess.run([sys.executable, "-m", "pgdurable.cli", "prune", "--older-than",
+                            "7d", "--dsn", dsn], capture_output=True, text=True, timeout=60)
+        assert p.returncode == 0, p.stderr
+        assert "1 LangGraph checkpoint(s)" in p.stdout, p.stdout
+        with saver.pool.connection() as conn:
+            assert conn.execute("SELECT count(*) FROM pgdurable.lg_writes").fetchone() == (0,)
+
+
+def test_retention_by_age_keeps_young_checkpoints(dsn: str) -> None:
+    import psycopg
+
+    with PgDurableSaver(dsn) as saver:
+        a = _put_chain(saver, "ta", 4)
+        saver.set_retention(max_age=3600)
+        with psycopg.connect(dsn) as conn:
+            assert conn.execute("SELECT pgdurable.prune_graph_checkpoints(100)").fetchone() == (0,)
+            conn.execute("SELECT set_config('pgdurable.now', "
+                         "(now() + interval '2 hours')::text, true)")
+            assert conn.execute("SELECT pgdurable.prune_graph_checkpoints(100)").fetchone() == (3,)
+        assert _ids(saver, "ta") == [a[3]]
+        saver.set_retention()  # no policy
+        with saver.pool.connection() as conn:
+            assert conn.execute("SELECT count(*) FROM pgdurable.lg_retention").fetchone() == (0,)
+
+
+def test_bad_arguments_raise_typed_errors_and_change_nothing(dsn: str) -> None:
+    from pgdurable.contrib.langgraph import invoke_exclusive
+
+    with PgDurableSaver(dsn) as saver:
+        _put_chain(saver, "t", 2)
+        for bad in ({"keep_last": 0}, {"keep_last": True}, {"max_age": -1}, {"max_age": "7d"}):
+            with pytest.raises(ValueError):
+                saver.set_retention(**bad)
+        with pytest.raises(ValueError, match="unknown prune strategy"):
+            saver.prune(["t"], strategy="everything")
+        with pytest.raises(TypeError):
+            saver.prune("t")
+        with pytest.raises(TypeError):
+            saver.delete_for_runs("run")
+        with pytest.raises(TypeError):
+            PgDurableSaver(42)  # type: ignore[arg-type]
+        with pytest.raises(TypeError):
+            AsyncPgDurableSaver(42)  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match="PgDurableSaver"):
+            invoke_exclusive(object(), {}, {"configurable": {"thread_id": "t"}})
+        assert len(_ids(saver, "t")) == 2
+        with saver.pool.connection() as conn:
+            assert conn.execute("SELECT count(*) FROM pgdurable.lg_retention").fetchone() == (0,)
+
+
+def test_a_writer_whose_lease_lapsed_is_fenced_out(dsn: str) -> None:
+    from pgdurable import LeaseLost
+    from pgdurable.contrib.langgraph import ThreadBusy
+
+    with PgDurableSaver(dsn) as saver, PgDurableSaver(dsn) as other:
+        ids = _put_chain(saver, "t", 1)
+        with saver.hold_thread("t", wait=False):
+            _put_chain(saver, "t", 1)  # the holder writes
+            with pytest.raises(ThreadBusy), other.hold_thread("t", wait=False):
+                pass
+            # the lease lapses (a stalled holder): expire it on the database clock
+            with saver.pool.connection() as conn:
+                conn.execute("UPDATE pgdurable.leases SET expires_at = pgdurable.now() "
+                             "- interval '1 second' WHERE key = %s",
+                             (b"langgraph:thread:t",))
+            with other.hold_thread("t", wait=False):
+                with pytest.raises(LeaseLost):
+                    _put_chain(saver, "t", 1)
+                with pytest.raises(LeaseLost):
+                    saver.put_writes({"configurable": {"thread_id": "t", "checkpoint_ns": "",
+                                                       "checkpoint_id": ids[0]}},
+                                     [("c", 1)], "task")
+        assert len(_ids(saver, "t")) == 2

@@ -43,7 +43,7 @@ from langgraph.checkpoint.base import (
 from langgraph.checkpoint.serde.base import SerializerProtocol
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
-from ..._db import library_options
+from ..._db import library_options, translated
 from ...errors import PgDurableError
 from ...leases import AsyncPostgresLeaseProvider, PostgresLeaseProvider, keep_lease
 from . import _sql as q
@@ -158,10 +158,11 @@ class AsyncPgDurableSaver(BaseCheckpointSaver[str]):
 
     async def _one(self, sql: str, params: tuple[Any, ...]) -> tuple[Any, ...] | None:
         pool = await self._ready()
-        async with pool.connection() as conn:
-            cur = await conn.execute(sql, params)
-            row: tuple[Any, ...] | None = await cur.fetchone()
-            return row
+        with translated():
+            async with pool.connection() as conn:
+                cur = await conn.execute(sql, params)
+                row: tuple[Any, ...] | None = await cur.fetchone()
+                return row
 
     async def _all(self, sql: str, params: tuple[Any, ...]) -> list[tuple[Any, ...]]:
         pool = await self._ready()
@@ -292,7 +293,7 @@ class PgDurableSaver(BaseCheckpointSaver[str]):
         self.close()
 
     def _one(self, sql: str, params: tuple[Any, ...]) -> tuple[Any, ...] | None:
-        with self.pool.connection() as conn:
+        with translated(), self.pool.connection() as conn:
             row: tuple[Any, ...] | None = conn.execute(sql, params).fetchone()
             return row
 
@@ -433,7 +434,7 @@ def invoke_exclusive(graph: Any, input: Any, config: RunnableConfig, *, wait: bo
                      max_wait: float | None = None, ttl_ms: int = DEFAULT_TTL_MS) -> Any:
     """``graph.invoke(input, config)`` while holding the thread's lease (one writer per
     thread); ``graph.checkpointer`` must be a :class:`PgDurableSaver`."""
-    saver = graph.checkpointer
+    saver = getattr(graph, "checkpointer", None)
     if not isinstance(saver, PgDurableSaver):
         raise TypeError("invoke_exclusive needs a graph compiled with a PgDurableSaver")
     with saver.hold_thread(_thread_of(config), wait=wait, max_wait=max_wait, ttl_ms=ttl_ms):
@@ -445,7 +446,7 @@ async def ainvoke_exclusive(graph: Any, input: Any, config: RunnableConfig, *,
                             ttl_ms: int = DEFAULT_TTL_MS) -> Any:
     """``await graph.ainvoke(input, config)`` while holding the thread's lease;
     ``graph.checkpointer`` must be an :class:`AsyncPgDurableSaver`."""
-    saver = graph.checkpointer
+    saver = getattr(graph, "checkpointer", None)
     if not isinstance(saver, AsyncPgDurableSaver):
         raise TypeError("ainvoke_exclusive needs a graph compiled with an AsyncPgDurableSaver")
     async with saver.hold_thread(_thread_of(config), wait=wait, max_wait=max_wait, ttl_ms=ttl_ms):

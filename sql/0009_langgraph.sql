@@ -206,25 +206,33 @@ CREATE FUNCTION pgdurable.lg_get(p_thread text, p_ns text, p_id text)
 RETURNS TABLE (checkpoint_id text, parent_checkpoint_id text, type text, checkpoint bytea,
                metadata jsonb, w_task text[], w_channel text[], w_type text[],
                w_value bytea[])
-LANGUAGE sql STABLE
+LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pgdurable, pg_temp
 AS $$
+BEGIN
+  -- PL/pgSQL (not SQL) so that the session caches the plan of this hot read
+  IF p_id IS NULL THEN
+    SELECT k.checkpoint_id INTO p_id FROM pgdurable.lg_checkpoints k
+     WHERE k.thread_id = p_thread AND k.checkpoint_ns = p_ns
+     ORDER BY k.checkpoint_id DESC LIMIT 1;
+    IF NOT FOUND THEN
+      RETURN;
+    END IF;
+  END IF;
+  RETURN QUERY
   SELECT c.checkpoint_id, c.parent_checkpoint_id, c.type, c.checkpoint, c.metadata,
-         w.tasks, w.channels, w.types, w."values"
-    FROM (SELECT * FROM pgdurable.lg_checkpoints k
-           WHERE k.thread_id = p_thread AND k.checkpoint_ns = p_ns
-             AND (p_id IS NULL OR k.checkpoint_id = p_id)
-           ORDER BY k.checkpoint_id DESC LIMIT 1) c
+         w.tasks, w.channels, w.types, w.vals
+    FROM pgdurable.lg_checkpoints c
     LEFT JOIN LATERAL (
       SELECT array_agg(x.task_id ORDER BY x.task_path, x.task_id, x.idx) AS tasks,
              array_agg(x.channel ORDER BY x.task_path, x.task_id, x.idx) AS channels,
              array_agg(x.type ORDER BY x.task_path, x.task_id, x.idx) AS types,
-             array_agg(x.value ORDER BY x.task_path, x.task_id, x.idx) AS "values"
+             array_agg(x.value ORDER BY x.task_path, x.task_id, x.idx) AS vals
         FROM pgdurable.lg_writes x
-       WHERE x.thread_id = c.thread_id AND x.checkpoint_ns = c.checkpoint_ns
-         AND x.checkpoint_id = c.checkpoint_id
+       WHERE x.thread_id = p_thread AND x.checkpoint_ns = p_ns AND x.checkpoint_id = p_id
     ) w ON true
-$$;
+   WHERE c.thread_id = p_thread AND c.checkpoint_ns = p_ns AND c.checkpoint_id = p_id;
+END $$;
 COMMENT ON FUNCTION pgdurable.lg_get(text, text, text) IS
   'One LangGraph checkpoint with its writes: p_id, or the newest of (thread, namespace).';
 

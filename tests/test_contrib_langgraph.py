@@ -157,3 +157,26 @@ def test_a_writer_whose_lease_lapsed_is_fenced_out(dsn: str) -> None:
                                                        "checkpoint_id": ids[0]}},
                                      [("c", 1)], "task")
         assert len(_ids(saver, "t")) == 2
+
+
+@pytest.mark.parametrize(("module", "blocked", "extra"), [
+    ("pgdurable.contrib.langgraph", "langgraph", "langgraph"),
+    ("pgdurable.contrib.openai_agents", "agents", "openai-agents"),
+])
+def test_the_core_never_imports_the_frameworks(module: str, blocked: str, extra: str) -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, pgdurable, pgdurable.contrib, pgdurable.testing, pgdurable.retention\n"
+        "bad = [m for m in sys.modules if m.split('.')[0] in "
+        "('langgraph', 'langchain_core', 'agents', 'openai')]\n"
+        "assert not bad, bad\n"
+        f"sys.modules[{blocked!r}] = None\n"
+        "try:\n"
+        f"    import {module}\n"
+        "except ImportError as e:\n"
+        "    print(e)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert f"pip install 'pgdurable[{extra}]'" in out.stdout

@@ -10,6 +10,14 @@
 See docs/frameworks.md.
 """
 
+try:
+    import langgraph.checkpoint.base
+    import langgraph.graph  # noqa: F401
+except ImportError as _exc:  # pragma: no cover - depends on the extra
+    raise ImportError(
+        "pgdurable.contrib.langgraph needs LangGraph: pip install 'pgdurable[langgraph]'"
+    ) from _exc
+
 from .runs import RESUME_KIND, register_graph, resume_graph, run_graph
 from .saver import (
     AsyncPgDurableSaver,

@@ -10,6 +10,14 @@
 See docs/frameworks.md.
 """
 
+try:
+    import agents  # noqa: F401
+except ImportError as _exc:  # pragma: no cover - depends on the extra
+    raise ImportError(
+        "pgdurable.contrib.openai_agents needs the OpenAI Agents SDK: "
+        "pip install 'pgdurable[openai-agents]'"
+    ) from _exc
+
 from .runner import RecordedModel, register_agent, run_agent
 from .session import PgDurableSession
 

@@ -239,6 +239,7 @@ COMMENT ON FUNCTION pgdurable.lg_get(text, text, text) IS
 ------------------------------------------------------------------------------
 -- lg_delete_threads / lg_delete_for_runs / lg_copy_thread / lg_prune
 ------------------------------------------------------------------------------
+-- lg_delete_threads: delete every checkpoint and write of the threads
 CREATE FUNCTION pgdurable.lg_delete_threads(p_threads text[]) RETURNS bigint
 LANGUAGE sql
 SET search_path = pg_catalog, pgdurable, pg_temp
@@ -251,6 +252,7 @@ $$;
 COMMENT ON FUNCTION pgdurable.lg_delete_threads(text[]) IS
   'Delete every checkpoint and write of the threads; returns the rows deleted.';
 
+-- lg_delete_for_runs: delete the checkpoints (and writes) saved by the runs
 CREATE FUNCTION pgdurable.lg_delete_for_runs(p_runs text[]) RETURNS bigint
 LANGUAGE sql
 SET search_path = pg_catalog, pgdurable, pg_temp
@@ -265,6 +267,7 @@ $$;
 COMMENT ON FUNCTION pgdurable.lg_delete_for_runs(text[]) IS
   'Delete the checkpoints whose metadata.run_id is one of p_runs, with their writes.';
 
+-- lg_copy_thread: copy a thread's whole parent chain and writes to another thread id
 CREATE FUNCTION pgdurable.lg_copy_thread(p_source text, p_target text) RETURNS bigint
 LANGUAGE sql
 SET search_path = pg_catalog, pgdurable, pg_temp
@@ -293,6 +296,7 @@ COMMENT ON FUNCTION pgdurable.lg_copy_thread(text, text) IS
   'Copy every checkpoint and write of thread p_source to thread p_target (the whole '
   'parent chain); rows the target already has are kept.';
 
+-- lg_prune_keep_latest: keep only the newest checkpoint of each namespace
 CREATE FUNCTION pgdurable.lg_prune_keep_latest(p_threads text[]) RETURNS bigint
 LANGUAGE sql
 SET search_path = pg_catalog, pgdurable, pg_temp
@@ -330,6 +334,7 @@ COMMENT ON FUNCTION pgdurable.lg_prune_keep_latest(text[]) IS
 ------------------------------------------------------------------------------
 -- retention: policy and one batch
 ------------------------------------------------------------------------------
+-- lg_set_retention: set (or, with two NULLs, remove) the retention policy
 CREATE FUNCTION pgdurable.lg_set_retention(p_keep_last integer, p_max_age interval)
 RETURNS void
 LANGUAGE plpgsql
@@ -353,6 +358,7 @@ END $$;
 COMMENT ON FUNCTION pgdurable.lg_set_retention(integer, interval) IS
   'Set the LangGraph checkpoint retention policy (both NULL: no policy, keep everything).';
 
+-- prune_graph_checkpoints: one retention batch of LangGraph checkpoints
 CREATE FUNCTION pgdurable.prune_graph_checkpoints(p_batch integer) RETURNS bigint
 LANGUAGE sql
 SET search_path = pg_catalog, pgdurable, pg_temp
@@ -388,6 +394,7 @@ COMMENT ON FUNCTION pgdurable.prune_graph_checkpoints(integer) IS
   'that the policy in pgdurable.lg_retention does not keep (beyond the last keep_last of '
   'their thread namespace and, with max_age, older than it). Returns the checkpoints deleted.';
 
+-- prune_graph_checkpoints_preview: what the policy would delete now (dry run)
 CREATE FUNCTION pgdurable.prune_graph_checkpoints_preview() RETURNS bigint
 LANGUAGE sql STABLE
 SET search_path = pg_catalog, pgdurable, pg_temp

@@ -27,6 +27,7 @@ COMMENT ON COLUMN pgdurable.agent_session_items.created_at IS 'When it was added
 ------------------------------------------------------------------------------
 -- agent sessions (OpenAI Agents SDK)
 ------------------------------------------------------------------------------
+-- session_add_items: append a call's items in order (idempotent per key)
 CREATE FUNCTION pgdurable.session_add_items(p_session text, p_items jsonb[],
                                             p_key text DEFAULT NULL) RETURNS bigint
 LANGUAGE plpgsql
@@ -53,6 +54,7 @@ COMMENT ON FUNCTION pgdurable.session_add_items(text, jsonb[], text) IS
   'are serialised (advisory transaction lock), so a call''s items stay together. With '
   'p_key, a call whose key the session already has adds nothing (returns 0).';
 
+-- session_get_items: the last n items of a session, oldest first
 CREATE FUNCTION pgdurable.session_get_items(p_session text, p_limit integer)
 RETURNS TABLE (seq bigint, item jsonb)
 LANGUAGE sql STABLE
@@ -67,6 +69,7 @@ $$;
 COMMENT ON FUNCTION pgdurable.session_get_items(text, integer) IS
   'The last p_limit items of a session (NULL: all), oldest first.';
 
+-- session_pop_item: remove and return the newest item
 CREATE FUNCTION pgdurable.session_pop_item(p_session text) RETURNS jsonb
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pgdurable, pg_temp
@@ -85,6 +88,7 @@ END $$;
 COMMENT ON FUNCTION pgdurable.session_pop_item(text) IS
   'Remove and return the newest item of a session (NULL when empty).';
 
+-- session_clear: remove every item of a session
 CREATE FUNCTION pgdurable.session_clear(p_session text) RETURNS bigint
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pgdurable, pg_temp

@@ -180,3 +180,33 @@ def test_the_core_never_imports_the_frameworks(module: str, blocked: str, extra:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert f"pip install 'pgdurable[{extra}]'" in out.stdout
+
+
+async def test_async_hold_thread_fails_fast_waits_and_fences(dsn: str) -> None:
+    from langgraph.checkpoint.conformance.test_utils import generate_checkpoint
+
+    from pgdurable import LeaseLost
+    from pgdurable.contrib.langgraph import ThreadBusy
+
+    async with AsyncPgDurableSaver(dsn) as a, AsyncPgDurableSaver(dsn) as b:
+        config: Any = {"configurable": {"thread_id": "t", "checkpoint_ns": ""}}
+        async with a.hold_thread("t", wait=False):
+            await a.aput(config, generate_checkpoint(), {}, {})
+            with pytest.raises(ThreadBusy):
+                async with b.hold_thread("t", wait=False):
+                    pass
+            with pytest.raises(ThreadBusy):
+                async with b.hold_thread("t", max_wait=0.1):
+                    pass
+        # released: free at once; then a lapsed lease fences its holder's writes (the
+        # holder's keeper may also notice first and cancel the block: LeaseLost either way)
+        with pytest.raises(LeaseLost):
+            async with b.hold_thread("t", wait=False):
+                await b.aput(config, generate_checkpoint(), {}, {})
+                async with a.pool.connection() as conn:
+                    await conn.execute("UPDATE pgdurable.leases SET expires_at = "
+                                       "pgdurable.now() - interval '1 second' WHERE key = %s",
+                                       (b"langgraph:thread:t",))
+                async with a.hold_thread("t", wait=False):
+                    await b.aput(config, generate_checkpoint(), {}, {})
+        assert len([t async for t in a.alist(config)]) == 2

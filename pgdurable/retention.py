@@ -77,7 +77,8 @@ PRUNE = (
     "SELECT p.runs, p.checkpoints, p.effects, p.events, p.signals, p.locked, "
     "CASE WHEN p.locked THEN pgdurable.prune_thread_messages(%s::interval, %s::integer) "
     "ELSE 0 END, "
-    "CASE WHEN p.locked THEN pgdurable.prune_pubsub(%s::interval, %s::integer) ELSE 0 END "
+    "CASE WHEN p.locked THEN pgdurable.prune_pubsub(%s::interval, %s::integer) ELSE 0 END, "
+    "CASE WHEN p.locked THEN pgdurable.prune_graph_checkpoints(%s::integer) ELSE 0 END "
     "FROM pgdurable.prune_runs(%s::interval, %s::integer, %s::boolean) p"
 )
 # -- dry run: how many rows prune_runs, prune_thread_messages and prune_pubsub would
@@ -89,13 +90,14 @@ PREVIEW = (
     "   AND m.consumed_at <= pgdurable.now() - %s::interval), "
     "(SELECT count(*) + coalesce(sum((SELECT count(*) FROM pgdurable.pubsub_events e "
     "                                  WHERE e.topic = t.topic)), 0) "
-    "   FROM pgdurable.pubsub_topics t WHERE t.updated_at < pgdurable.now() - %s::interval) "
+    "   FROM pgdurable.pubsub_topics t WHERE t.updated_at < pgdurable.now() - %s::interval), "
+    "pgdurable.prune_graph_checkpoints_preview() "
     "FROM pgdurable.prune_preview(%s::interval) p"
 )
 
 
 def _prune_params(age: timedelta, size: int, exclusive: bool) -> tuple[Any, ...]:
-    return (age, size, age, size, age, size, exclusive)
+    return (age, size, age, size, size, age, size, exclusive)
 
 _AGE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|sec|m|min|h|d|w)?\s*$", re.IGNORECASE)
 _UNIT = {"s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600, "d": 86400, "w": 604800}
@@ -141,19 +143,22 @@ class PruneResult:
     skipped: bool = False
     messages: int = 0
     pubsub: int = 0
+    #: LangGraph checkpoints beyond their retention policy (pgdurable.contrib.langgraph)
+    graph_checkpoints: int = 0
 
     @property
     def rows(self) -> int:
         """All rows deleted (runs and their history, thread messages, pubsub rows)."""
         return (self.runs + self.checkpoints + self.effects + self.events + self.signals
-                + self.messages + self.pubsub)
+                + self.messages + self.pubsub + self.graph_checkpoints)
 
     def as_dict(self) -> dict[str, Any]:
         """The counts as a JSON-ready dict."""
         return {
             "runs": self.runs, "checkpoints": self.checkpoints, "effects": self.effects,
             "events": self.events, "signals": self.signals, "messages": self.messages,
-            "pubsub": self.pubsub, "batches": self.batches,
+            "pubsub": self.pubsub, "graph_checkpoints": self.graph_checkpoints,
+            "batches": self.batches,
             "dry_run": self.dry_run, "skipped": self.skipped,
         }
 
@@ -179,12 +184,14 @@ def _check(older_than: object, batch: object) -> tuple[timedelta, int]:
 def _add(total: PruneResult, row: tuple[Any, ...]) -> tuple[PruneResult, PruneResult]:
     """Fold one prune_runs row into the running total; return (total, this batch)."""
     this = PruneResult(int(row[0]), int(row[1]), int(row[2]), int(row[3]), int(row[4]), 1,
-                       skipped=not row[5], messages=int(row[6]), pubsub=int(row[7]))
+                       skipped=not row[5], messages=int(row[6]), pubsub=int(row[7]),
+                       graph_checkpoints=int(row[8]))
     total = PruneResult(
         total.runs + this.runs, total.checkpoints + this.checkpoints,
         total.effects + this.effects, total.events + this.events,
         total.signals + this.signals, total.batches + 1, skipped=this.skipped,
         messages=total.messages + this.messages, pubsub=total.pubsub + this.pubsub,
+        graph_checkpoints=total.graph_checkpoints + this.graph_checkpoints,
     )
     return total, this
 
@@ -192,13 +199,14 @@ def _add(total: PruneResult, row: tuple[Any, ...]) -> tuple[PruneResult, PruneRe
 def _finished(this: PruneResult, batch: int) -> bool:
     """The loop ends on a short batch (nothing more is old enough) or when skipped."""
     return this.skipped or (this.runs < batch and this.signals < batch and this.messages < batch
-                            and this.pubsub < batch)
+                            and this.pubsub < batch and this.graph_checkpoints < batch)
 
 
 def _preview(row: tuple[Any, ...] | None) -> PruneResult:
     assert row is not None
     return PruneResult(int(row[0]), int(row[1]), int(row[2]), int(row[3]), int(row[4]),
-                       dry_run=True, messages=int(row[5]), pubsub=int(row[6]))
+                       dry_run=True, messages=int(row[5]), pubsub=int(row[6]),
+                       graph_checkpoints=int(row[7]))
 
 
 @dataclass(frozen=True)

@@ -6,5 +6,12 @@
 * :mod:`pgdurable.contrib.alembic` -- apply pgdurable's migrations from an
   Alembic revision.
 
-``import pgdurable`` never imports these modules (nor SQLAlchemy).
+* :mod:`pgdurable.contrib.langgraph` -- LangGraph checkpointers with one
+  writer per thread, retention and durable graph runs
+  (``pip install 'pgdurable[langgraph]'``).
+* :mod:`pgdurable.contrib.openai_agents` -- an OpenAI Agents SDK session and
+  durable agent runs (``pip install 'pgdurable[openai-agents]'``).
+
+``import pgdurable`` never imports these modules (nor SQLAlchemy, LangGraph or
+the Agents SDK).
 """

@@ -1,0 +1,129 @@
+"""A compiled LangGraph graph run as a durable pgdurable run.
+
+::
+
+    register_graph(app, graph, name="support-agent")     # on every worker and client
+    run_id = await run_graph(app, graph, {"question": "..."}, thread_id="t-42")
+    ...                                                     # interrupt() parks the run
+    await resume_graph(app, "t-42", {"approved": True})   # Command(resume=...) as a signal
+
+The graph must be compiled with an :class:`~.saver.AsyncPgDurableSaver`
+(``graph.compile(checkpointer=saver)``): LangGraph checkpoints every
+super-step in pgdurable's tables, and the run keeps only ``{thread_id, input,
+waiting}`` as its own state. Each claim of the run holds the thread's lease
+(one writer per thread) and then:
+
+* pending interrupts it was parked on and a resume signal in ``ctx.wake`` ->
+  ``graph.ainvoke(Command(resume=payload))``;
+* pending interrupts otherwise -> park again (:class:`~pgdurable.Wait` on the
+  signal ``("langgraph.resume", thread_id)``: wait = exit, no worker is held);
+* a super-step left unfinished (a crash) -> ``graph.ainvoke(None)``: LangGraph
+  continues from the last checkpointed super-step, and tasks whose writes
+  were saved are not run again;
+* nothing of this run saved yet -> ``graph.ainvoke(input)``.
+
+When the graph ends, the run completes with the final state values as its
+result (JSON; values JSON cannot hold are given as ``str``). The run's
+``input`` and the resume payloads are JSON.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any
+
+from langchain_core.runnables import RunnableConfig
+from langgraph.types import Command
+
+from ...steps import Done, RunContext, Wait
+from .saver import DEFAULT_TTL_MS, AsyncPgDurableSaver
+
+if TYPE_CHECKING:
+    from ...runs import Durable
+
+__all__ = ["RESUME_KIND", "register_graph", "resume_graph", "run_graph"]
+
+#: The signal kind that resumes a parked graph run (ref: the thread id).
+RESUME_KIND = "langgraph.resume"
+_ATTR = "_pgdurable_graph_task"
+
+
+def _jsonable(value: Any) -> Any:
+    return json.loads(json.dumps(value, default=str))
+
+
+def register_graph(app: Durable, graph: Any, *, name: str = "langgraph", revision: str = "1",
+                   max_attempts: int = 3, ttl_ms: int = DEFAULT_TTL_MS) -> str:
+    """Register ``graph`` as the pgdurable task ``name`` (on workers and clients alike).
+
+    ``ttl_ms`` is the thread lease's TTL: how long a crashed worker keeps the
+    thread before another may continue it. Returns ``name``.
+    """
+    saver = getattr(graph, "checkpointer", None)
+    if not isinstance(saver, AsyncPgDurableSaver):
+        raise TypeError("register_graph needs a graph compiled with an AsyncPgDurableSaver")
+
+    async def step(ctx: RunContext, state: dict[str, Any]) -> Done | Wait:
+        thread_id = str(state["thread_id"])
+        config: RunnableConfig = {"configurable": {"thread_id": thread_id,
+                                                   "pgdurable_run_id": ctx.run_id}}
+        async with saver.hold_thread(thread_id, wait=True, ttl_ms=ttl_ms):
+            snap = await graph.aget_state(config)
+            pending = sorted(i.id for i in snap.interrupts)
+            wake = ctx.wake or {}
+            if pending:
+                if wake.get("type") == "signal" and pending == state.get("waiting"):
+                    command: Any = Command(resume=wake.get("payload"))
+                else:
+                    return _park(thread_id, state, snap)
+            elif snap.next:
+                command = None
+            elif await _started(saver, thread_id, ctx.run_id):
+                return Done(result=_jsonable(snap.values))
+            else:
+                command = state.get("input")
+            await graph.ainvoke(command, config)
+            snap = await graph.aget_state(config)
+            if snap.interrupts:
+                return _park(thread_id, state, snap)
+            return Done(result=_jsonable(snap.values))
+
+    app.task(name, revision=revision, max_attempts=max_attempts)(step)
+    setattr(graph, _ATTR, name)
+    return name
+
+
+def _park(thread_id: str, state: dict[str, Any], snap: Any) -> Wait:
+    waiting = sorted(i.id for i in snap.interrupts)
+    interrupts = _jsonable([i.value for i in snap.interrupts])
+    return Wait(signal=(RESUME_KIND, thread_id),
+                state={**state, "waiting": waiting, "interrupts": interrupts})
+
+
+async def _started(saver: AsyncPgDurableSaver, thread_id: str, run_id: str) -> bool:
+    """True if this run already saved a checkpoint of the thread."""
+    config: RunnableConfig = {"configurable": {"thread_id": thread_id}}
+    async for _ in saver.alist(config, filter={"pgdurable_run_id": run_id}, limit=1):
+        return True
+    return False
+
+
+async def run_graph(app: Durable, graph: Any, input: Any, *, thread_id: str,
+                    idempotency_key: str | None = None, queue: str = "default") -> str:
+    """Start a durable run of ``graph`` (registered with :func:`register_graph`) on
+    ``thread_id`` with the JSON ``input``; return the run id."""
+    name = getattr(graph, _ATTR, None)
+    if name is None:
+        raise ValueError("register the graph first: register_graph(app, graph, name=...)")
+    if not isinstance(thread_id, str) or not thread_id:
+        raise ValueError("thread_id must be a non-empty str")
+    return await app.start(name, state={"thread_id": thread_id, "input": input},
+                           idempotency_key=idempotency_key, queue=queue)
+
+
+async def resume_graph(app: Durable, thread_id: str, value: Any, *,
+                       signal_id: str | None = None) -> list[str]:
+    """Deliver ``Command(resume=value)`` to the run parked on ``thread_id`` (a signal:
+    any worker continues it); returns the ids of the runs woken. A resume sent
+    before the run parks is kept for it."""
+    return await app.signal(RESUME_KIND, thread_id, value, signal_id=signal_id)

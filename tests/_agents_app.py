@@ -1,0 +1,129 @@
+"""An OpenAI Agents SDK agent run by pgdurable workers in real-process tests
+(tests/test_contrib_openai_agents.py), with the SDK's own way to stand in for a
+model: a :class:`agents.models.interface.Model` with canned responses (no network).
+
+Every real model call and tool call records a row in the scratch table
+``test_ledger(event, pid, tag)`` (committed) before it returns, so the test can
+prove from the database that nothing ran twice after its result was recorded.
+
+The fake model answers from the conversation since the last user message:
+no tool output yet -> call ``charge``; one -> call ``crash``; two -> the
+final message (which quotes how many user messages the session holds).
+``crash`` SIGKILLs its own process the first time (no ``killed`` row yet).
+
+``python tests/_agents_app.py add SESSION TAG N`` appends N batches of 3 items.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+from typing import Any
+
+import psycopg
+from agents import Agent, ModelSettings, function_tool
+from agents.items import ModelResponse
+from agents.models.interface import Model
+from agents.usage import Usage
+from openai.types.responses import (
+    ResponseFunctionToolCall,
+    ResponseOutputMessage,
+    ResponseOutputText,
+)
+
+import pgdurable
+from pgdurable._db import resolve_dsn
+from pgdurable.contrib.openai_agents import PgDurableSession, register_agent
+
+os.environ.setdefault("OPENAI_AGENTS_DISABLE_TRACING", "1")
+
+
+def ledger(event: str, tag: str = "") -> None:
+    with psycopg.connect(resolve_dsn() or "", autocommit=True) as conn:
+        conn.execute("INSERT INTO test_ledger (event, pid, tag) VALUES (%s, %s, %s)",
+                     (event, os.getpid(), tag))
+
+
+def _count(event: str) -> int:
+    with psycopg.connect(resolve_dsn() or "", autocommit=True) as conn:
+        row = conn.execute("SELECT count(*) FROM test_ledger WHERE event = %s",
+                           (event,)).fetchone()
+        return int(row[0]) if row else 0
+
+
+def _since_last_user(items: list[Any]) -> list[Any]:
+    last = max(i for i, it in enumerate(items) if it.get("role") == "user")
+    return items[last + 1:]
+
+
+class FakeModel(Model):
+    """Canned responses chosen from the conversation (deterministic across processes)."""
+
+    async def get_response(self, system_instructions: Any, input: Any, *args: Any,
+                           **kwargs: Any) -> ModelResponse:
+        items = [{"role": "user", "content": input}] if isinstance(input, str) else input
+        outputs = [i for i in _since_last_user(items) if i.get("type") == "function_call_output"]
+        users = sum(1 for i in items if i.get("role") == "user")
+        n = len(outputs)
+        ledger("model", f"{users}:{n}")
+        if n < 2:
+            name = ("charge", "crash")[n]
+            out: Any = ResponseFunctionToolCall(
+                type="function_call", call_id=f"call-{users}-{name}", name=name,
+                arguments='{"amount": 5}' if name == "charge" else "{}",
+                id=f"fc-{users}-{name}", status="completed")
+        else:
+            out = ResponseOutputMessage(
+                type="message", id=f"msg-{users}", role="assistant", status="completed",
+                content=[ResponseOutputText(type="output_text", annotations=[],
+                                            text=f"done after {users} user message(s)")])
+        return ModelResponse(output=[out], usage=Usage(requests=1, input_tokens=10,
+                                                       output_tokens=5, total_tokens=15),
+                             response_id=None)
+
+    def stream_response(self, *args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError
+
+
+@function_tool
+def charge(amount: int) -> str:
+    """Charge the customer (the side effect)."""
+    ledger("charge", str(amount))
+    return f"charged {amount}"
+
+
+@function_tool
+def crash() -> str:
+    """Dies the first time it runs."""
+    if _count("killed") == 0:
+        ledger("killed")
+        os.kill(os.getpid(), signal.SIGKILL)
+    ledger("crash-ok")
+    return "survived"
+
+
+def build(dsn: str | None = None) -> pgdurable.Durable:
+    app = pgdurable.Durable(dsn or resolve_dsn())
+    agent = Agent(name="shop", instructions="Help.", model=FakeModel(),
+                  model_settings=ModelSettings(), tools=[charge, crash])
+    register_agent(app, agent, name="shop")
+    return app
+
+
+app: pgdurable.Durable | None = build() if os.environ.get("PGDURABLE_DSN") else None
+
+
+async def _add(session_id: str, tag: str, n: int) -> None:
+    session = PgDurableSession(session_id, resolve_dsn() or "")
+    try:
+        for i in range(n):
+            await session.add_items([{"role": "user", "content": f"{tag}:{i}:{j}"}
+                                     for j in range(3)])
+    finally:
+        await session.close()
+
+
+if __name__ == "__main__" and len(sys.argv) > 1 and sys.argv[1] == "add":
+    asyncio.run(_add(sys.argv[2], sys.argv[3], int(sys.argv[4])))

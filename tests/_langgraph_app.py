@@ -1,0 +1,162 @@
+"""A LangGraph graph run by pgdurable workers in real-process tests
+(tests/test_contrib_langgraph_runs.py), and a sync graph for the one-writer
+tests (``python tests/_langgraph_app.py invoke THREAD WAIT TAG``).
+
+Every node records what it does in the scratch table ``test_ledger(event, pid,
+tag)`` that the test creates, committed before the node goes on, so the test
+reads from the database which side effects ran and how often.
+
+Graph ``agent`` (run by workers): tool -> crash -> ask -> finish.
+
+* ``tool`` -- the side effect: a ledger row ``tool``;
+* ``crash`` -- with ``kill`` in the state: the first time (no ``killed`` row
+  yet) records ``killed`` and SIGKILLs its own process mid-graph;
+* ``ask`` -- with ``ask`` in the state: ``interrupt({"q": ...})``; the answer
+  goes into the state;
+* ``finish`` -- a ledger row ``finish``.
+
+Graph ``steps`` (sync, one-writer tests): gate -> s1 -> s2 -> s3; ``gate``
+waits on ``pg_advisory_lock(GATE)`` (the test holds it) after recording
+``gate``; every checkpoint carries ``writer`` (the tag) in its metadata.
+"""
+
+from __future__ import annotations
+
+import operator
+import os
+import signal
+import sys
+from typing import Annotated, Any, TypedDict
+
+import psycopg
+from langgraph.graph import END, START, StateGraph
+from langgraph.types import interrupt
+
+import pgdurable
+from pgdurable._db import resolve_dsn
+from pgdurable.contrib.langgraph import (
+    AsyncPgDurableSaver,
+    PgDurableSaver,
+    ThreadBusy,
+    invoke_exclusive,
+    register_graph,
+)
+
+GATE = 918_273
+
+
+class State(TypedDict, total=False):
+    log: Annotated[list[str], operator.add]
+    kill: bool
+    ask: bool
+    answer: Any
+
+
+def ledger(event: str, tag: str = "") -> None:
+    with psycopg.connect(resolve_dsn() or "", autocommit=True) as conn:
+        conn.execute("INSERT INTO test_ledger (event, pid, tag) VALUES (%s, %s, %s)",
+                     (event, os.getpid(), tag))
+
+
+def _count(event: str) -> int:
+    with psycopg.connect(resolve_dsn() or "", autocommit=True) as conn:
+        row = conn.execute("SELECT count(*) FROM test_ledger WHERE event = %s",
+                           (event,)).fetchone()
+        return int(row[0]) if row else 0
+
+
+def tool(state: State) -> State:
+    ledger("tool")
+    return {"log": ["tool"]}
+
+
+def crash(state: State) -> State:
+    if state.get("kill") and _count("killed") == 0:
+        ledger("killed")
+        os.kill(os.getpid(), signal.SIGKILL)
+    return {"log": ["crash-survived"]}
+
+
+def ask(state: State) -> State:
+    if not state.get("ask"):
+        return {"log": ["no-ask"]}
+    answer = interrupt({"q": "approve?"})
+    return {"log": ["asked"], "answer": answer}
+
+
+def finish(state: State) -> State:
+    ledger("finish")
+    return {"log": ["finish"]}
+
+
+def agent_graph(checkpointer: Any) -> Any:
+    g = StateGraph(State)
+    for name, fn in (("tool", tool), ("crash", crash), ("ask", ask), ("finish", finish)):
+        g.add_node(name, fn)
+    g.add_edge(START, "tool")
+    g.add_edge("tool", "crash")
+    g.add_edge("crash", "ask")
+    g.add_edge("ask", "finish")
+    g.add_edge("finish", END)
+    return g.compile(checkpointer=checkpointer)
+
+
+def build(dsn: str | None = None) -> tuple[pgdurable.Durable, Any]:
+    """The app and its graph (registered as task ``agent``; thread lease TTL 2 s)."""
+    dsn = dsn or resolve_dsn() or ""
+    app = pgdurable.Durable(dsn)
+    graph = agent_graph(AsyncPgDurableSaver(dsn))
+    register_graph(app, graph, name="agent", ttl_ms=2000)
+    return app, graph
+
+
+app: pgdurable.Durable | None = None
+graph: Any = None
+if os.environ.get("PGDURABLE_DSN"):
+    app, graph = build()
+
+
+# -- the sync graph for the one-writer tests --------------------------------
+class Steps(TypedDict, total=False):
+    log: Annotated[list[str], operator.add]
+
+
+def _gate(state: Steps) -> Steps:
+    ledger("gate", os.environ.get("WRITER", ""))
+    with psycopg.connect(resolve_dsn() or "", autocommit=True) as conn:
+        conn.execute("SELECT pg_advisory_lock(%s)", (GATE,))
+        conn.execute("SELECT pg_advisory_unlock(%s)", (GATE,))
+    return {"log": ["gate"]}
+
+
+def steps_graph(saver: PgDurableSaver) -> Any:
+    g = StateGraph(Steps)
+    g.add_node("gate", _gate)
+    names = ["gate"]
+    for i in range(1, 4):
+        name = f"s{i}"
+        g.add_node(name, lambda s, n=name: {"log": [n]})
+        g.add_edge(names[-1], name)
+        names.append(name)
+    g.add_edge(START, "gate")
+    g.add_edge(names[-1], END)
+    return g.compile(checkpointer=saver)
+
+
+def main(argv: list[str]) -> int:
+    _, thread, wait, tag = argv
+    os.environ["WRITER"] = tag
+    with PgDurableSaver(resolve_dsn() or "") as saver:
+        config: Any = {"configurable": {"thread_id": thread, "writer": tag}}
+        try:
+            invoke_exclusive(steps_graph(saver), {"log": [f"start-{tag}"]}, config,
+                             wait=wait == "wait", ttl_ms=2000)
+        except ThreadBusy as exc:
+            print(f"busy: {exc}", flush=True)
+            return 3
+    ledger("done", tag)
+    return 0
+
+
+if __name__ == "__main__" and len(sys.argv) > 1 and sys.argv[1] == "invoke":
+    sys.exit(main(sys.argv[1:]))

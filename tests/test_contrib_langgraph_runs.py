@@ -1,0 +1,220 @@
+"""LangGraph with real processes: one writer per thread, interrupt/resume, SIGKILL.
+
+Workers are ``python -m pgdurable.worker _langgraph_app:app``; the one-writer
+invocations are ``python tests/_langgraph_app.py invoke ...``. What ran is read
+from the ledger table the graph's nodes write (tests/_langgraph_app.py).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+pytest.importorskip("langgraph")
+
+from _waiting import WAIT_LIMIT, until_sync
+
+ROOT = Path(__file__).resolve().parent.parent
+TESTS = ROOT / "tests"
+
+pytestmark = pytest.mark.crash
+
+
+class Procs:
+    """Subprocesses of one test; whatever is left is killed at the end."""
+
+    def __init__(self, dsn: str, log_dir: Path) -> None:
+        self.dsn, self.log_dir = dsn, log_dir
+        self.all: list[tuple[subprocess.Popen[bytes], Path]] = []
+        self.env = {**os.environ, "PYTHONPATH": f"{TESTS}{os.pathsep}{ROOT}",
+                    "PGDURABLE_DSN": dsn, "PGDURABLE_LOG": "INFO"}
+
+    def spawn(self, name: str, *args: str) -> subprocess.Popen[bytes]:
+        log = self.log_dir / f"{name}.log"
+        with open(log, "wb") as out:
+            p = subprocess.Popen([sys.executable, *args], env=self.env, cwd=ROOT,
+                                 stdout=out, stderr=subprocess.STDOUT)
+        self.all.append((p, log))
+        return p
+
+    def worker(self, name: str) -> subprocess.Popen[bytes]:
+        return self.spawn(name, "-m", "pgdurable.worker", "_langgraph_app:app",
+                          "--lease-ttl", "2", "--poll", "0.5", "--concurrency", "2",
+                          "--grace", "5", "--worker-id", name)
+
+    def invoke(self, name: str, thread: str, wait: bool) -> subprocess.Popen[bytes]:
+        return self.spawn(name, str(TESTS / "_langgraph_app.py"), "invoke", thread,
+                          "wait" if wait else "nowait", name)
+
+    def logs(self) -> str:
+        return "\n".join(f"--- {log.name}\n{log.read_text(errors='replace')}"
+                         for _, log in self.all)
+
+    def close(self) -> None:
+        for p, _ in self.all:
+            if p.poll() is None:
+                p.send_signal(signal.SIGKILL)
+                p.wait(timeout=WAIT_LIMIT)
+
+
+@pytest.fixture
+def db(dsn: str) -> Iterator[psycopg.Connection[Any]]:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE test_ledger (event text, pid int, tag text, "
+                     "at timestamptz DEFAULT clock_timestamp())")
+        yield conn
+
+
+@pytest.fixture
+def procs(dsn: str, tmp_path: Path) -> Iterator[Procs]:
+    p = Procs(dsn, tmp_path)
+    try:
+        yield p
+    finally:
+        p.close()
+
+
+def wait(procs: Procs, pred: Any, what: str) -> None:
+    try:
+        until_sync(pred, what)
+    except AssertionError as exc:
+        with psycopg.connect(procs.dsn, autocommit=True) as c:
+            runs = c.execute("SELECT status, state, error, attempts FROM pgdurable.runs").fetchall()
+        raise AssertionError(f"{exc}\n{runs}\n{procs.logs()}") from None
+
+
+def ledger(db: psycopg.Connection[Any], event: str) -> list[int]:
+    return [r[0] for r in db.execute("SELECT pid FROM test_ledger WHERE event = %s ORDER BY at",
+                                     (event,))]
+
+
+def start(db: psycopg.Connection[Any], dsn: str, state: dict[str, Any], thread: str) -> str:
+    import asyncio
+
+    from _langgraph_app import build
+
+    from pgdurable.contrib.langgraph import run_graph
+
+    async def go() -> str:
+        app, graph = build(dsn)
+        async with app:
+            return await run_graph(app, graph, state, thread_id=thread)
+
+    return asyncio.run(go())
+
+
+def run_row(db: psycopg.Connection[Any], rid: str) -> tuple[Any, ...]:
+    row = db.execute("SELECT status, state, result FROM pgdurable.runs WHERE id = %s",
+                     (rid,)).fetchone()
+    assert row is not None
+    return tuple(row)
+
+
+def test_interrupt_parks_the_run_and_a_signal_from_another_process_resumes_it(
+    db: psycopg.Connection[Any], dsn: str, procs: Procs
+) -> None:
+    a = procs.worker("a")
+    rid = start(db, dsn, {"ask": True}, "thread-ask")
+    wait(procs, lambda: run_row(db, rid)[0] == "waiting", "the run to park on interrupt()")
+    _, state, _ = run_row(db, rid)
+    assert state["interrupts"] == [{"q": "approve?"}]
+    assert ledger(db, "tool") and not ledger(db, "finish")
+    # wait = exit: the parked run holds no worker; stop the worker that ran it
+    a.send_signal(signal.SIGTERM)
+    assert a.wait(timeout=WAIT_LIMIT) == 0
+    procs.worker("b")
+    # the resume is a signal sent by another process (the CLI)
+    out = subprocess.run(
+        [sys.executable, "-m", "pgdurable.cli", "signal", "langgraph.resume", "thread-ask",
+         "--payload", json.dumps({"approved": True}), "--dsn", dsn],
+        env=procs.env, cwd=ROOT, capture_output=True, text=True, timeout=WAIT_LIMIT)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == rid
+    wait(procs, lambda: run_row(db, rid)[0] == "completed", "the resumed run to complete")
+    result = run_row(db, rid)[2]
+    assert result["answer"] == {"approved": True}
+    assert result["log"] == ["tool", "crash-survived", "asked", "finish"]
+    assert len(ledger(db, "tool")) == 1 and len(ledger(db, "finish")) == 1
+
+
+def test_sigkill_mid_graph_resumes_on_another_worker_without_repeating_a_recorded_tool(
+    db: psycopg.Connection[Any], dsn: str, procs: Procs
+) -> None:
+    a = procs.worker("a")
+    rid = start(db, dsn, {"kill": True}, "thread-kill")
+    assert a.wait(timeout=WAIT_LIMIT) == -signal.SIGKILL  # killed itself in node `crash`
+    b = procs.worker("b")
+    wait(procs, lambda: run_row(db, rid)[0] == "completed", "another worker to finish the run")
+    # the tool's result was recorded (its super-step checkpointed) before the kill:
+    # it ran once, in the killed process; the graph went on from the next super-step
+    assert ledger(db, "tool") == [a.pid]
+    assert ledger(db, "killed") == [a.pid]
+    assert ledger(db, "finish") == [b.pid]
+    assert run_row(db, rid)[2]["log"] == ["tool", "crash-survived", "no-ask", "finish"]
+
+
+def _writers_in_order(db: psycopg.Connection[Any], thread: str) -> list[str]:
+    rows = db.execute(
+        "SELECT metadata->>'writer', checkpoint_id, parent_checkpoint_id "
+        "FROM pgdurable.lg_checkpoints WHERE thread_id = %s AND checkpoint_ns = '' "
+        "ORDER BY checkpoint_id", (thread,)).fetchall()
+    for prev, row in itertools.pairwise(rows):
+        assert row[2] == prev[1], "every checkpoint follows the one before it"
+    return [r[0] for r in rows]
+
+
+def _blocks(writers: list[str]) -> list[str]:
+    out: list[str] = []
+    for w in writers:
+        if not out or out[-1] != w:
+            out.append(w)
+    return out
+
+
+def test_two_processes_on_one_thread_never_interleave_and_fail_fast_is_typed(
+    db: psycopg.Connection[Any], procs: Procs
+) -> None:
+    gate = psycopg.connect(procs.dsn, autocommit=True)
+    gate.execute("SELECT pg_advisory_lock(918273)")
+    p1 = procs.invoke("p1", "thread-x", wait=True)
+    wait(procs, lambda: ledger(db, "gate"), "p1 to hold the thread, inside the graph")
+    # fail fast: a clear typed error, nothing written
+    p2 = procs.invoke("p2", "thread-x", wait=False)
+    assert p2.wait(timeout=WAIT_LIMIT) == 3, procs.logs()
+    assert "busy: LangGraph thread 'thread-x' is being run by" in procs.logs()
+    # wait: p3 waits for p1's invocation to end, then runs its own
+    p3 = procs.invoke("p3", "thread-x", wait=True)
+    gate.execute("SELECT pg_advisory_unlock(918273)")
+    gate.close()
+    assert p1.wait(timeout=WAIT_LIMIT) == 0, procs.logs()
+    assert p3.wait(timeout=WAIT_LIMIT) == 0, procs.logs()
+    writers = _writers_in_order(db, "thread-x")
+    assert _blocks(writers) == ["p1", "p3"], writers
+    assert len(ledger(db, "gate")) == 2
+
+
+def test_a_crashed_holders_thread_lease_lapses_and_the_next_invocation_proceeds(
+    db: psycopg.Connection[Any], procs: Procs
+) -> None:
+    gate = psycopg.connect(procs.dsn, autocommit=True)
+    gate.execute("SELECT pg_advisory_lock(918273)")
+    p1 = procs.invoke("p1", "thread-y", wait=True)
+    wait(procs, lambda: ledger(db, "gate"), "p1 to hold the thread")
+    p1.send_signal(signal.SIGKILL)
+    p1.wait(timeout=WAIT_LIMIT)
+    gate.execute("SELECT pg_advisory_unlock(918273)")
+    gate.close()
+    p2 = procs.invoke("p2", "thread-y", wait=True)
+    assert p2.wait(timeout=WAIT_LIMIT) == 0, procs.logs()
+    writers = _writers_in_order(db, "thread-y")
+    assert _blocks(writers) == ["p1", "p2"], writers

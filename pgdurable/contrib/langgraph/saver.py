@@ -43,9 +43,10 @@ from langgraph.checkpoint.base import (
 from langgraph.checkpoint.serde.base import SerializerProtocol
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
-from ..._db import library_options, translated
+from ..._db import acheck_connection, check_connection, translated
 from ...errors import PgDurableError
 from ...leases import AsyncPostgresLeaseProvider, PostgresLeaseProvider, keep_lease
+from ...pooler import aconfigure, configure, connect_kwargs, connect_timeout
 from . import _sql as q
 
 __all__ = [
@@ -75,7 +76,8 @@ def _owner() -> str:
 
 
 def _kwargs(conninfo: str) -> dict[str, Any]:
-    return {"autocommit": True, "options": library_options(conninfo)}
+    """A library connection's keyword arguments (pgdurable.pooler), with a connect timeout."""
+    return {**connect_kwargs(), **connect_timeout(conninfo)}
 
 
 def _retention_params(keep_last: int | None, max_age: timedelta | float | None) -> tuple[Any, ...]:
@@ -126,7 +128,8 @@ class AsyncPgDurableSaver(BaseCheckpointSaver[str]):
         super().__init__(serde=serde)
         if isinstance(conn, str):
             self.pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
-                conn, min_size=1, max_size=max_size, kwargs=_kwargs(conn), open=False)
+                conn, min_size=1, max_size=max_size, kwargs=_kwargs(conn), open=False,
+                configure=aconfigure(), check=acheck_connection)
             self._owned = True
         elif isinstance(conn, AsyncConnectionPool):
             self.pool, self._owned = conn, False
@@ -270,7 +273,8 @@ class PgDurableSaver(BaseCheckpointSaver[str]):
         super().__init__(serde=serde)
         if isinstance(conn, str):
             self.pool: ConnectionPool[Any] = ConnectionPool(
-                conn, min_size=1, max_size=max_size, kwargs=_kwargs(conn), open=True)
+                conn, min_size=1, max_size=max_size, kwargs=_kwargs(conn), open=True,
+                configure=configure(), check=check_connection)
             self._owned = True
         elif isinstance(conn, ConnectionPool):
             self.pool, self._owned = conn, False

@@ -18,7 +18,8 @@ from agents.memory.session_settings import SessionSettings, resolve_session_limi
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
-from ..._db import library_options, translated
+from ..._db import acheck_connection, translated
+from ...pooler import aconfigure, connect_kwargs, connect_timeout
 
 __all__ = ["PgDurableSession"]
 
@@ -48,7 +49,8 @@ class PgDurableSession(SessionABC):
         if isinstance(conn, str):
             self._pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
                 conn, min_size=1, max_size=2, open=False,
-                kwargs={"autocommit": True, "options": library_options(conn)})
+                kwargs={**connect_kwargs(), **connect_timeout(conn)}, configure=aconfigure(),
+                check=acheck_connection)
             self._owned = True
         elif isinstance(conn, AsyncConnectionPool):
             self._pool, self._owned = conn, False

@@ -32,6 +32,7 @@ from .errors import (
     SignalConflict,
     UnknownTask,
 )
+from .flow import RateLimited
 from .leases import (
     AsyncLeaseProvider,
     AsyncNoopLeaseProvider,
@@ -122,6 +123,7 @@ __all__ = [
     "PermissionDenied",
     "PgDurableError",
     "ProviderClosed",
+    "RateLimited",
     "ReconcileFailed",
     "RunCancelled",
     "RunNotFound",

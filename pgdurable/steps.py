@@ -233,6 +233,21 @@ class RunContext:
             return await self._effect(key, fn, reconcile=reconcile)
         return await self._effect(key, fn)
 
+    async def acquire(self, name: str, cost: float = 1) -> None:
+        """Take ``cost`` tokens from the shared token bucket ``name``
+        (``Durable.set_bucket``), or park the run until the bucket has refilled
+        enough: :class:`~pgdurable.RateLimited` is raised, the worker parks the
+        run on a timer (no worker held) and the step runs again then. Unknown
+        bucket, ``cost`` <= 0 or above the bucket's burst: ``ValueError``."""
+        app, _ = self._attached()
+        from .flow import acquire
+
+        await acquire(app, name, cost)
+
+    def acquire_sync(self, name: str, cost: float = 1) -> None:
+        """:meth:`acquire` from a sync step (run in a worker thread)."""
+        self._call_sync(self.acquire(name, cost))
+
     def __post_init__(self) -> None:
         if self._loop is None:
             try:

@@ -88,6 +88,7 @@ from .errors import (
     LeaseLost,
     PgDurableError,
 )
+from .flow import RateLimited
 from .steps import (
     _UNSET,
     STEP_EXECUTOR,
@@ -591,6 +592,11 @@ class Worker:
                 outcome = await self._run_step(a, task, ctx, state, deadline_at, db_clock)
                 if outcome is None:
                     return  # settled (failed, cancelled, lost)
+                if isinstance(outcome, RateLimited):  # flow control: park, step again later
+                    await self._park(a, (a.run_id, a.token, self.worker_id), dumps(state, "state"),
+                                     ctx._pending_spend, None, None, None,
+                                     timedelta(seconds=outcome.retry_after))
+                    return
                 if isinstance(outcome, BaseException):
                     terminal = isinstance(
                         outcome, BudgetExceeded | DeadlineExceeded | EffectFailed | _StepTypeError

@@ -40,6 +40,8 @@ START_FLOW = (
     "%s::text, %s::integer, %s::integer, %s::text, %s::interval, %s::timestamptz, "
     "%s::numeric, %s::text, %s::timestamptz, %s::interval)"
 )
+#: The wait kind of a run parked by ``ctx.acquire`` (ref: the bucket name).
+ACQUIRE_KIND = "pgdurable.acquire"
 #: The longest delayed start (like the longest Sleep).
 MAX_DELAY = timedelta(days=365 * 1000)
 
@@ -54,7 +56,11 @@ class RateLimited(PgDurableError):
     the step starts over with ``ctx.wake`` = ``{"type": "timeout", ...}``.
     """
 
-    def __init__(self, retry_after: float | timedelta | datetime, message: str | None = None):
+    def __init__(self, retry_after: float | timedelta | datetime, message: str | None = None,
+                 *, bucket: str | None = None):
+        #: Set by ``ctx.acquire``: the tokens of this bucket are reserved for
+        #: the run at the wake time (the park records it in ``ctx.wake``).
+        self.bucket = bucket
         if isinstance(retry_after, datetime):
             if retry_after.tzinfo is None:
                 raise ValueError("RateLimited(retry_after=datetime) must be timezone-aware")
@@ -225,11 +231,19 @@ def start_sql(
     return (START, params) if flow_params is None else (START_FLOW, flow_params)
 
 
+def reserved(wake: Mapping[str, Any] | None, name: str) -> bool:
+    """Did the run wake from an ``acquire`` park on bucket ``name`` (tokens
+    already reserved for it)?"""
+    return (wake is not None and wake.get("type") == "timeout"
+            and wake.get("kind") == ACQUIRE_KIND and wake.get("ref") == name)
+
+
 async def acquire(app: Any, name: str, cost: float) -> None:
-    """Take ``cost`` tokens from bucket ``name`` or raise :class:`RateLimited`."""
+    """Take ``cost`` tokens from bucket ``name``, or reserve them and raise
+    :class:`RateLimited` (the worker parks the run until they are due)."""
     params = acquire_params(name, cost)
     row = await app.fetchone(ACQUIRE, params)
     wait = 0.0 if row is None or row[0] is None else float(row[0])
     if wait > 0:
-        raise RateLimited(wait, f"bucket {name!r} is short of {cost:g} tokens: "
-                                f"retry in {wait:.3f} s")
+        raise RateLimited(wait, f"bucket {name!r} is short of {float(cost):g} tokens: "
+                                f"reserved, resuming in {wait:.3f} s", bucket=name)

@@ -179,6 +179,7 @@ class RunContext:
     _owner: str | None = field(default=None, repr=False)  # the worker id (lease fence)
     _emitted: int = field(default=0, repr=False)  # events emitted by this step so far
     _loop: Any = field(default=None, repr=False)  # the worker's event loop (sync twins)
+    _reservation_used: bool = field(default=False, repr=False)  # acquire's wake consumed
     #: The run's thread key (thread runs), known after ``await ctx.inbox()``.
     thread_key: str | None = None
 
@@ -235,13 +236,18 @@ class RunContext:
 
     async def acquire(self, name: str, cost: float = 1) -> None:
         """Take ``cost`` tokens from the shared token bucket ``name``
-        (``Durable.set_bucket``), or park the run until the bucket has refilled
-        enough: :class:`~pgdurable.RateLimited` is raised, the worker parks the
-        run on a timer (no worker held) and the step runs again then. Unknown
-        bucket, ``cost`` <= 0 or above the bucket's burst: ``ValueError``."""
+        (``Durable.set_bucket``), or reserve them and park the run until they
+        are due: :class:`~pgdurable.RateLimited` is raised, the worker parks
+        the run on a timer (no worker held) and the step runs again then, its
+        first ``acquire(name)`` returning at once (already paid). Call it at
+        the start of the step, before other side effects. Unknown bucket,
+        ``cost`` <= 0 or above the bucket's burst: ``ValueError``."""
         app, _ = self._attached()
-        from .flow import acquire
+        from .flow import acquire, reserved
 
+        if not self._reservation_used and reserved(self.wake, name):
+            self._reservation_used = True  # parked for exactly these tokens
+            return
         await acquire(app, name, cost)
 
     def acquire_sync(self, name: str, cost: float = 1) -> None:

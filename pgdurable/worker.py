@@ -88,7 +88,7 @@ from .errors import (
     LeaseLost,
     PgDurableError,
 )
-from .flow import RateLimited
+from .flow import ACQUIRE_KIND, RateLimited
 from .steps import (
     _UNSET,
     STEP_EXECUTOR,
@@ -593,8 +593,9 @@ class Worker:
                 if outcome is None:
                     return  # settled (failed, cancelled, lost)
                 if isinstance(outcome, RateLimited):  # flow control: park, step again later
+                    kind = None if outcome.bucket is None else ACQUIRE_KIND
                     await self._park(a, (a.run_id, a.token, self.worker_id), dumps(state, "state"),
-                                     ctx._pending_spend, None, None, None,
+                                     ctx._pending_spend, kind, outcome.bucket, None,
                                      timedelta(seconds=outcome.retry_after))
                     return
                 if isinstance(outcome, BaseException):

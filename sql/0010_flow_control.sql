@@ -87,7 +87,7 @@ COMMENT ON TABLE pgdurable.buckets IS
 COMMENT ON COLUMN pgdurable.buckets.name IS 'Bucket name, e.g. openai:gpt-4o:tokens.';
 COMMENT ON COLUMN pgdurable.buckets.rate IS 'Refill, tokens per second.';
 COMMENT ON COLUMN pgdurable.buckets.burst IS 'Capacity: the most tokens the bucket holds (and the largest cost).';
-COMMENT ON COLUMN pgdurable.buckets.tokens IS 'Tokens left at refilled_at.';
+COMMENT ON COLUMN pgdurable.buckets.tokens IS 'Tokens left at refilled_at (below zero: reserved by parked runs).';
 COMMENT ON COLUMN pgdurable.buckets.refilled_at IS 'When tokens was last brought up to date.';
 COMMENT ON COLUMN pgdurable.buckets.updated_at IS 'When rate/burst were last set.';
 
@@ -173,9 +173,14 @@ COMMENT ON FUNCTION pgdurable.set_bucket(text, numeric, numeric) IS
 
 ------------------------------------------------------------------------------
 -- pgdurable.acquire_tokens(name, cost) -> double precision
--- Take cost tokens from the named bucket, or take none and return the
--- seconds until the bucket will hold cost tokens (0 = taken). The row is
--- locked: concurrent callers never take more than the bucket holds.
+-- Take cost tokens from the named bucket: 0 when it held them. Otherwise
+-- RESERVE them (the level goes below zero, a debt later callers queue
+-- behind) and return the seconds until the level is back at zero: the caller
+-- parks until then and goes on without calling again (ctx.acquire parks
+-- with wake kind 'pgdurable.acquire', ref = name, which the next attempt of
+-- the step reads as "already paid"). So every acquire costs one call, never
+-- a poll, and waiters are served first come, first served. The row is
+-- locked: takes + reservations never outrun burst + rate * elapsed time.
 -- Unknown bucket, cost <= 0 or cost > burst: PD000, nothing changes.
 ------------------------------------------------------------------------------
 CREATE FUNCTION pgdurable.acquire_tokens(p_name text, p_cost numeric)
@@ -196,16 +201,16 @@ BEGIN
       p_name USING ERRCODE = 'PD000';
   END IF;
   v_tokens := least(b.burst, b.tokens + b.rate * greatest(0, extract(epoch FROM v_now - b.refilled_at)));
+  UPDATE pgdurable.buckets SET tokens = v_tokens - p_cost, refilled_at = v_now
+   WHERE name = p_name;
   IF v_tokens >= p_cost THEN
-    UPDATE pgdurable.buckets SET tokens = v_tokens - p_cost, refilled_at = v_now
-     WHERE name = p_name;
     RETURN 0;
   END IF;
   RETURN ((p_cost - v_tokens) / b.rate)::double precision;
 END
 $$;
 COMMENT ON FUNCTION pgdurable.acquire_tokens(text, numeric) IS
-  'Take cost tokens from a named bucket (returns 0) or return the seconds until it holds them.';
+  'Take cost tokens from a named bucket (returns 0) or reserve them and return the seconds to wait.';
 
 ------------------------------------------------------------------------------
 -- pgdurable.start_run_flow(... start_run's arguments ..., key, at, delay)
@@ -633,6 +638,24 @@ DECLARE
   v_now  timestamptz := pgdurable.now();
   v_at   timestamptz;
 BEGIN
+  IF NOT EXISTS (SELECT FROM pgdurable.queues l WHERE l.name = ANY (p_queues)) THEN
+    -- no limited queue: exactly the 0009 query
+    WITH pairs AS MATERIALIZED (
+      SELECT DISTINCT u.t, u.v FROM unnest(p_tasks, p_revisions) AS u(t, v)
+    )
+    SELECT least(
+      (SELECT min(r.available_at) FROM pgdurable.runs r
+        WHERE r.status = 'runnable' AND r.queue = ANY (p_queues)
+          AND (r.task, r.revision) IN (SELECT p.t, p.v FROM pairs p)),
+      (SELECT min(r.wake_at) FROM pgdurable.runs r
+        WHERE r.status = 'waiting' AND r.wake_at IS NOT NULL AND r.queue = ANY (p_queues)
+          AND (r.task, r.revision) IN (SELECT p.t, p.v FROM pairs p)),
+      (SELECT min(r.lease_expires_at) FROM pgdurable.runs r
+        WHERE r.status = 'leased' AND r.queue = ANY (p_queues)
+          AND (r.task, r.revision) IN (SELECT p.t, p.v FROM pairs p)))
+    INTO v_at;
+    RETURN CASE WHEN v_at IS NULL THEN NULL ELSE greatest(0, extract(epoch FROM v_at - v_now)) END;
+  END IF;
   WITH pairs AS MATERIALIZED (
     SELECT DISTINCT u.t, u.v FROM unnest(p_tasks, p_revisions) AS u(t, v)
   ), lim AS MATERIALIZED (

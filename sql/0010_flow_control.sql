@@ -162,9 +162,9 @@ BEGIN
   INSERT INTO pgdurable.buckets AS b (name, rate, burst, tokens, refilled_at, updated_at)
   VALUES (p_name, p_rate, v_burst, v_burst, pgdurable.now(), pgdurable.now())
   ON CONFLICT (name) DO UPDATE SET
-    tokens = least(b.burst, b.tokens + b.rate * extract(epoch FROM pgdurable.now() - b.refilled_at),
+    tokens = least(b.burst, b.tokens + b.rate * greatest(0, extract(epoch FROM pgdurable.now() - b.refilled_at)),
                    excluded.burst),
-    refilled_at = pgdurable.now(), rate = excluded.rate, burst = excluded.burst,
+    refilled_at = greatest(b.refilled_at, pgdurable.now()), rate = excluded.rate, burst = excluded.burst,
     updated_at = pgdurable.now();
 END
 $$;
@@ -200,13 +200,18 @@ BEGIN
     RAISE EXCEPTION 'acquire: cost % is larger than the burst % of bucket %', p_cost, b.burst,
       p_name USING ERRCODE = 'PD000';
   END IF;
-  v_tokens := least(b.burst, b.tokens + b.rate * greatest(0, extract(epoch FROM v_now - b.refilled_at)));
+  -- a caller whose transaction began before the last one's (it waited for
+  -- the row lock) refills nothing and keeps refilled_at monotonic: an
+  -- interval is never refilled twice
+  v_now := greatest(v_now, b.refilled_at);
+  v_tokens := least(b.burst, b.tokens + b.rate * extract(epoch FROM v_now - b.refilled_at));
   UPDATE pgdurable.buckets SET tokens = v_tokens - p_cost, refilled_at = v_now
    WHERE name = p_name;
   IF v_tokens >= p_cost THEN
     RETURN 0;
   END IF;
-  RETURN ((p_cost - v_tokens) / b.rate)::double precision;
+  -- due at v_now + debt / rate, counted from now
+  RETURN (extract(epoch FROM v_now - pgdurable.now()) + (p_cost - v_tokens) / b.rate)::double precision;
 END
 $$;
 COMMENT ON FUNCTION pgdurable.acquire_tokens(text, numeric) IS
@@ -302,9 +307,12 @@ BEGIN
   IF NOT FOUND THEN
     RETURN;  -- limits removed meanwhile: the next claim takes the plain path
   END IF;
+  -- refilled_at stays monotonic (a claim that waited for the lock may have
+  -- an earlier clock than the one before it): never refill an interval twice
   v_tokens := CASE WHEN qr.rate IS NOT NULL THEN
                 least(qr.burst, qr.tokens + qr.rate * greatest(0, extract(epoch FROM p_now - qr.refilled_at)))
               END;
+  qr.refilled_at := greatest(qr.refilled_at, p_now);
   -- a new statement, so a new snapshot: every claim that held the row before
   -- us has committed and is counted
   SELECT coalesce(jsonb_object_agg(a.k, a.n), '{}'), coalesce(sum(a.n), 0)::integer
@@ -444,7 +452,7 @@ BEGIN
   UPDATE pgdurable.queues q SET
          tokens = CASE WHEN qr.rate IS NULL THEN 0
                        ELSE v_tokens - (SELECT count(*) FROM unnest(v_verdicts) v WHERE v = 'run') END,
-         refilled_at = p_now, key_cursor = qr.key_cursor
+         refilled_at = qr.refilled_at, key_cursor = qr.key_cursor
    WHERE q.name = p_queue;
   IF cardinality(v_ids) = 0 THEN
     RETURN;

@@ -4,7 +4,8 @@ fair rotation between keys, start rates, shared token buckets, delayed start.
 The limits are enforced by the database inside claim_runs, so the process
 tests run several real ``python -m pgdurable.worker`` processes against one
 database and check the database's own record: a statement trigger on
-pgdurable.runs (created by the test) writes down, after every statement that
+pgdurable.runs (created by the test; its function lives in schema pgdurable,
+as the workers' schema check requires) writes down, after every statement that
 changed runs, how many runs of the queue were leased at that moment (the
 high-water mark); a row trigger on pgdurable.buckets writes down when each
 take of the bucket is due.
@@ -35,7 +36,7 @@ START = ("SELECT run_id FROM pgdurable.start_run_flow(%s, '1', %s::jsonb, %s, 0,
 
 HW = """
 CREATE TABLE flow_hw (n bigint, per_key bigint);
-CREATE FUNCTION flow_hw_trg() RETURNS trigger LANGUAGE plpgsql AS $$
+CREATE FUNCTION pgdurable.test_flow_hw_trg() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
   INSERT INTO public.flow_hw
   SELECT (SELECT count(*) FROM pgdurable.runs r WHERE r.status = 'leased'
@@ -47,7 +48,7 @@ BEGIN
   RETURN NULL;
 END $$;
 CREATE TRIGGER flow_hw AFTER UPDATE ON pgdurable.runs
-  FOR EACH STATEMENT EXECUTE FUNCTION flow_hw_trg('{queue}');
+  FOR EACH STATEMENT EXECUTE FUNCTION pgdurable.test_flow_hw_trg('{queue}');
 """
 
 
@@ -105,7 +106,7 @@ def unfinished(conn: psycopg.Connection[Any], queue: str) -> int:
                          "AND status NOT IN ('completed')", queue))
 
 
-def until_done(conn: psycopg.Connection[Any], queue: str, timeout: float = 600.0) -> None:
+def until_done(conn: psycopg.Connection[Any], queue: str, timeout: float = 300.0) -> None:
     until_sync(lambda: unfinished(conn, queue) == 0, f"every run of {queue} completed",
                timeout=timeout)
 
@@ -361,16 +362,16 @@ def test_shared_bucket_rate_across_four_processes(dsn: str, conn: psycopg.Connec
     conn.execute("CREATE TABLE flow_acq (run_id uuid, at timestamptz DEFAULT clock_timestamp())")
     conn.execute("""
       CREATE TABLE flow_due (due timestamptz);
-      CREATE FUNCTION flow_due_trg() RETURNS trigger LANGUAGE plpgsql AS $$
+      CREATE FUNCTION pgdurable.test_flow_due_trg() RETURNS trigger LANGUAGE plpgsql AS $$
       BEGIN
         INSERT INTO public.flow_due VALUES (NEW.refilled_at
           + make_interval(secs => greatest(0, -NEW.tokens) / NEW.rate));
         RETURN NULL;
       END $$;
       CREATE TRIGGER flow_due AFTER UPDATE ON pgdurable.buckets
-        FOR EACH ROW EXECUTE FUNCTION flow_due_trg();
+        FOR EACH ROW EXECUTE FUNCTION pgdurable.test_flow_due_trg();
     """)
-    conn.execute("SELECT pgdurable.set_bucket('shared', %s, %s)", (rate, burst))
+    conn.execute("SELECT pgdurable.set_bucket('shared', %s::numeric, %s::numeric)", (rate, burst))
     start_many(conn, n, "metered", task="metered", state='{"bucket": "shared"}')
     for i in range(4):
         workers.start(f"tb{i}", "metered", concurrency=16)
@@ -393,7 +394,7 @@ def test_shared_bucket_rate_across_four_processes(dsn: str, conn: psycopg.Connec
 async def test_acquire_in_a_step_parks_until_the_tokens_are_due(dsn: str) -> None:
     """In-process: a step's acquire on an empty bucket parks the run on a
     timer (waiting, wake_at set, no worker slot) and the run completes after."""
-    from _waiting import finished
+    from _waiting import app_running, finished
 
     async with pgdurable.Durable(dsn) as app:
         calls: list[int] = []
@@ -406,7 +407,7 @@ async def test_acquire_in_a_step_parks_until_the_tokens_are_due(dsn: str) -> Non
 
         await app.set_bucket("slow", rate=2, burst=1)
         ids = [await app.start("meter", {}) for _ in range(3)]
-        async with app.worker(concurrency=3, poll_interval=0.5).running():
+        async with app_running(app, concurrency=3):
             infos = [await finished(app, i) for i in ids]
         assert sorted(i.result for i in infos) == [0, 1, 1]
         assert len(calls) == 5  # two parked once each, then went on without a second acquire

@@ -420,3 +420,25 @@ def test_rate_limited_from_headers() -> None:
     assert RateLimited.from_headers({}).retry_after == 1.0
     with pytest.raises(ValueError):
         RateLimited(datetime(2030, 1, 1))
+
+
+def test_stats_and_buckets_commands_show_limits(dsn: str, conn: psycopg.Connection[Any]) -> None:
+    import json
+
+    from typer.testing import CliRunner
+
+    from pgdurable.cli import app as cli_app
+
+    conn.execute("SELECT pgdurable.set_queue('llm', 20, 2, 10, 20)")
+    conn.execute("SELECT pgdurable.set_bucket('openai', 100, 1000)")
+    start_many(conn, 3, "llm", key="t1")
+    env = {"PGDURABLE_DSN": dsn}
+    r = CliRunner().invoke(cli_app, ["stats", "--json"], env=env, catch_exceptions=False)
+    assert r.exit_code == 0, r.stdout
+    row = {x["queue"]: x for x in json.loads(r.stdout)}["llm"]
+    assert (row["concurrency"], row["active"], row["per_key_concurrency"], row["keys_queued"]) \
+        == (20, 0, 2, 1)
+    r = CliRunner().invoke(cli_app, ["stats"], env=env, catch_exceptions=False)
+    assert r.exit_code == 0 and "queue limits" in r.stdout and "openai" in r.stdout
+    r = CliRunner().invoke(cli_app, ["buckets", "--json"], env=env, catch_exceptions=False)
+    assert [(b["name"], b["tokens"]) for b in json.loads(r.stdout)] == [("openai", 1000)]

@@ -16,6 +16,10 @@ drops) its scratch database ``pgdurable_bench_flow`` and migrates it.
    claim path differs: row lock, live-lease count, key rotation). Rounds
    alternate plain / capped; runs/s from the first start to the last
    completion (database clock). Target: capped >= 0.8 x plain.
+   Then the cost of flow control to queues WITHOUT limits: the same unlimited
+   drain with the flow-control write path (the ``runs_runnable_key_idx``
+   index and the ``runs_flow_slot_freed_trg`` trigger) vs without them
+   (dropped / disabled for the round, as before the migration), alternating.
 2. Claim p50: queue ``keyed`` (limited, so claims rotate between keys) holds
    ``--keys`` runs with distinct keys; queue ``plainq`` the same number
    without limits. Each sample times ONE ``claim_runs`` of 16 runs from the
@@ -43,6 +47,11 @@ START = ("SELECT pgdurable.start_run_flow(%s, '1', '{}', %s, 0, 3, NULL, NULL, N
 CLAIM = ("SELECT id, lease_token FROM pgdurable.claim_runs('bench', %s::text[], '{t}', '{1}', "
          "16, '60 s'::interval)")
 RELEASE = "SELECT pgdurable.release_run(%s, %s, 'bench')"
+WITHOUT = ("DROP INDEX pgdurable.runs_runnable_key_idx; "
+           "ALTER TABLE pgdurable.runs DISABLE TRIGGER runs_flow_slot_freed_trg")
+WITH = ("CREATE INDEX runs_runnable_key_idx ON pgdurable.runs "
+        "(queue, concurrency_key, priority DESC, available_at) WHERE status = 'runnable'; "
+        "ALTER TABLE pgdurable.runs ENABLE TRIGGER runs_flow_slot_freed_trg")
 
 
 def drain(dsn: str, conn: psycopg.Connection[object], queue: str, runs: int,
@@ -107,6 +116,17 @@ def main() -> None:
                   f"capped {[round(x) for x in capped]}")
             print(f"  median plain {p:.0f}, capped {c:.0f}: ratio capped/plain {c / p:.2f} "
                   "(target >= 0.8)")
+
+            with_fc, without_fc = [], []
+            for _ in range(a.rounds):
+                with_fc.append(drain(dsn, conn, "plain", a.runs, a.concurrency))
+                conn.execute(WITHOUT)
+                without_fc.append(drain(dsn, conn, "plain", a.runs, a.concurrency))
+                conn.execute(WITH)
+            w, wo = statistics.median(with_fc), statistics.median(without_fc)
+            print(f"unlimited queue runs/s: with the flow-control index+trigger "
+                  f"{[round(x) for x in with_fc]}, without {[round(x) for x in without_fc]}: "
+                  f"ratio {w / wo:.2f}")
 
             conn.execute("SELECT pgdurable.set_queue('keyed', 1000000, NULL, NULL, NULL)")
             conn.execute(START, ("t", "keyed", True, a.keys))

@@ -36,6 +36,7 @@ from .errors import (
     SignalConflict,
     UnknownTask,
 )
+from .flow import RateLimited
 from .leases import (
     AsyncLeaseProvider,
     AsyncNoopLeaseProvider,
@@ -136,6 +137,7 @@ __all__ = [
     "PermissionDenied",
     "PgDurableError",
     "ProviderClosed",
+    "RateLimited",
     "ReconcileFailed",
     "ResultTimeout",
     "RunCancelled",

@@ -114,7 +114,15 @@ SELECT id, task, queue, worker, lease_expires_at, lease_expired,
   FROM pgdurable.run_overview WHERE status = 'leased' ORDER BY lease_expires_at
 """
 # -- per-queue counts
-Q_STATS = "SELECT * FROM pgdurable.queue_stats ORDER BY queue"
+Q_STATS = """
+SELECT s.*, l.concurrency, l.active, l.per_key_concurrency, l.rate_per_second, l.tokens,
+       l.keys_queued
+  FROM pgdurable.queue_stats s LEFT JOIN pgdurable.queue_limits l ON l.queue = s.queue
+ ORDER BY s.queue
+"""
+# -- flow control (docs/flow_control.md): limited queues and token buckets
+Q_LIMITS = "SELECT * FROM pgdurable.queue_limits ORDER BY queue"
+Q_BUCKETS = "SELECT * FROM pgdurable.bucket_levels ORDER BY name"
 # -- writes: one SQL function each, the same statements as the Python API's
 Q_CANCEL = _runs_sql.CANCEL
 Q_RETRY = RETRY
@@ -556,6 +564,39 @@ def stats(dsn: DsnOption = None, as_json: JsonOption = False) -> None:
              str(r["expired_leases"]), str(r["waiting"]), str(r["completed"]),
              str(r["failed"]), str(r["cancelled"]), human_age(r["oldest_runnable_age"]))
     out.print(t)
+    _flow_tables(dsn)
+
+
+def _flow_tables(dsn: str | None) -> None:
+    """``stats``: the limited queues and the token buckets, when there are any."""
+    with database(dsn) as conn:
+        limits, buckets = _rows(conn.execute(Q_LIMITS)), _rows(conn.execute(Q_BUCKETS))
+    if limits:
+        t = Table("queue", "concurrency", "active", "per key", "rate/s", "tokens", "keys queued",
+                  title="queue limits (docs/flow_control.md)", box=box.SIMPLE_HEAD, pad_edge=False)
+        for r in limits:
+            _row(t, r["queue"], *(("-" if r[k] is None else f"{r[k]:g}" if k == "tokens"
+                                   else str(r[k]))
+                                  for k in ("concurrency", "active", "per_key_concurrency",
+                                            "rate_per_second", "tokens", "keys_queued")))
+        out.print(t)
+    if buckets:
+        t = Table("bucket", "rate/s", "burst", "tokens", title="token buckets",
+                  box=box.SIMPLE_HEAD, pad_edge=False)
+        for r in buckets:
+            _row(t, r["name"], str(r["rate_per_second"]), str(r["burst"]), f"{r['tokens']:g}")
+        out.print(t)
+
+
+@app.command()
+def buckets(dsn: DsnOption = None, as_json: JsonOption = False) -> None:
+    """Token buckets shared by every worker (ctx.acquire): rate, burst, level now."""
+    with database(dsn) as conn:
+        rows = _rows(conn.execute(Q_BUCKETS))
+    if as_json:
+        print_json(rows)
+        return
+    _flow_tables(dsn)
 
 
 @app.command()

@@ -21,13 +21,14 @@ import inspect
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import psycopg
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 from . import _runs_sql as q
+from . import flow
 from ._db import acheck_connection, check_connection, resolve_dsn, translated, validate_dsn
 from .effects import DEFAULT_LEASE as DEFAULT_IDEMPOTENCY_LEASE
 from .effects import DEFAULT_TTL as DEFAULT_IDEMPOTENCY_TTL
@@ -477,6 +478,9 @@ class Durable:
         revision: str | None = None,
         max_attempts: int | None = None,
         conn: psycopg.AsyncConnection[Any] | None = None,
+        key: str | None = None,
+        at: datetime | None = None,
+        delay: timedelta | None = None,
     ) -> str:
         """Start a run of ``task`` and return its id.
 
@@ -484,7 +488,9 @@ class Durable:
         datetime. The same ``idempotency_key`` returns the existing run's id.
         With ``conn=`` the run is inserted inside the caller's transaction
         (workers are notified on commit only). An unregistered ``task`` needs
-        ``revision=`` (else :class:`UnknownTask`).
+        ``revision=`` (else :class:`UnknownTask`). Flow control
+        (docs/flow_control.md): ``key`` is the run's concurrency/fairness key;
+        ``at`` (aware datetime) or ``delay`` (timedelta) delays its start.
         """
         if self._closed:
             raise ProviderClosed("this Durable app is closed")
@@ -492,13 +498,28 @@ class Durable:
             self._registry, task, state, queue, priority, idempotency_key, deadline, budget,
             revision, max_attempts,
         )
+        sql, params = flow.start_sql(params, key, at, delay)
         if conn is not None:
             with translated():
-                cur = await conn.execute(q.START, params)
+                cur = await conn.execute(sql, params)
                 row = await cur.fetchone()
         else:
-            row = await self.fetchone(q.START, params)
+            row = await self.fetchone(sql, params)
         return str(_one(row))
+
+    async def set_queue(
+        self, name: str, *, concurrency: int | None = None, per_key_concurrency: int | None = None,
+        rate: flow.Rate | None = None, burst: float | None = None,
+    ) -> None:
+        """Set the flow limits of queue ``name`` for every worker (all ``None``:
+        unlimited again); they apply at the next claim. See docs/flow_control.md."""
+        await self.fetchone(
+            flow.SET_QUEUE, flow.queue_params(name, concurrency, per_key_concurrency, rate, burst)
+        )
+
+    async def set_bucket(self, name: str, *, rate: flow.Rate, burst: float | None = None) -> None:
+        """Create or change the shared token bucket ``name`` (for ``ctx.acquire``)."""
+        await self.fetchone(flow.SET_BUCKET, flow.bucket_params(name, rate, burst))
 
     async def get_run(self, run_id: Any) -> RunInfo:
         """The run's current row as :class:`RunInfo` (:class:`RunNotFound` if none)."""
@@ -812,6 +833,9 @@ class DurableClient:
         revision: str | None = None,
         max_attempts: int | None = None,
         conn: psycopg.Connection[Any] | None = None,
+        key: str | None = None,
+        at: datetime | None = None,
+        delay: timedelta | None = None,
     ) -> str:
         """Start a run (see :meth:`Durable.start`); ``conn=`` for a transactional start."""
         if self._closed:
@@ -820,12 +844,26 @@ class DurableClient:
             self._registry, task, state, queue, priority, idempotency_key, deadline, budget,
             revision, max_attempts,
         )
+        sql, params = flow.start_sql(params, key, at, delay)
         if conn is not None:
             with translated():
-                row = conn.execute(q.START, params).fetchone()
+                row = conn.execute(sql, params).fetchone()
         else:
-            row = self._fetchone(q.START, params)
+            row = self._fetchone(sql, params)
         return str(_one(row))
+
+    def set_queue(
+        self, name: str, *, concurrency: int | None = None, per_key_concurrency: int | None = None,
+        rate: flow.Rate | None = None, burst: float | None = None,
+    ) -> None:
+        """Set a queue's flow limits (see :meth:`Durable.set_queue`)."""
+        self._fetchone(
+            flow.SET_QUEUE, flow.queue_params(name, concurrency, per_key_concurrency, rate, burst)
+        )
+
+    def set_bucket(self, name: str, *, rate: flow.Rate, burst: float | None = None) -> None:
+        """Create or change a shared token bucket (see :meth:`Durable.set_bucket`)."""
+        self._fetchone(flow.SET_BUCKET, flow.bucket_params(name, rate, burst))
 
     def get_run(self, run_id: Any) -> RunInfo:
         """The run as :class:`RunInfo` (:class:`RunNotFound` if none)."""

@@ -242,6 +242,7 @@ class RunContext:
     _loop: Any = field(default=None, repr=False)  # the worker's event loop (sync twins)
     #: The worker's hooks for code that checkpoints from inside one call (workflows).
     _io: Any = field(default=None, repr=False)
+    _reservation_used: bool = field(default=False, repr=False)  # acquire's wake consumed
     #: The run's thread key (thread runs), known after ``await ctx.inbox()``.
     thread_key: str | None = None
 
@@ -301,6 +302,26 @@ class RunContext:
                 raise TypeError("effect reconcile must be callable or None")
             return await self._effect(key, fn, reconcile=reconcile)
         return await self._effect(key, fn)
+
+    async def acquire(self, name: str, cost: float = 1) -> None:
+        """Take ``cost`` tokens from the shared token bucket ``name``
+        (``Durable.set_bucket``), or reserve them and park the run until they
+        are due: :class:`~pgdurable.RateLimited` is raised, the worker parks
+        the run on a timer (no worker held) and the step runs again then, its
+        first ``acquire(name)`` returning at once (already paid). Call it at
+        the start of the step, before other side effects. Unknown bucket,
+        ``cost`` <= 0 or above the bucket's burst: ``ValueError``."""
+        app, _ = self._attached()
+        from .flow import acquire, reserved
+
+        if not self._reservation_used and reserved(self.wake, name):
+            self._reservation_used = True  # parked for exactly these tokens
+            return
+        await acquire(app, name, cost)
+
+    def acquire_sync(self, name: str, cost: float = 1) -> None:
+        """:meth:`acquire` from a sync step (run in a worker thread)."""
+        self._call_sync(self.acquire(name, cost))
 
     def __post_init__(self) -> None:
         if self._loop is None:

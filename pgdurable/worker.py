@@ -96,6 +96,7 @@ from .errors import (
     LeaseLost,
     PgDurableError,
 )
+from .flow import ACQUIRE_KIND, RateLimited
 from .pooler import aconnect
 from .schedules import Ticker
 from .steps import (
@@ -629,6 +630,12 @@ class Worker:
                     # from the same checkpoint while the lease is trusted
                     if await self._step_again(a, window_end, db_delays):
                         continue
+                    return
+                if isinstance(outcome, RateLimited):  # flow control: park, step again later
+                    kind = None if outcome.bucket is None else ACQUIRE_KIND
+                    await self._park(a, (a.run_id, a.token, self.worker_id), dumps(state, "state"),
+                                     ctx._pending_spend, kind, outcome.bucket, None,
+                                     timedelta(seconds=outcome.retry_after))
                     return
                 if isinstance(outcome, BaseException):
                     terminal = isinstance(

@@ -110,6 +110,7 @@ runs = Table(
     Column("root_run_id", UUID(as_uuid=True)),
     Column("child_key", Text),
     Column("parent_policy", Text),
+    Column("concurrency_key", Text, nullable=False, server_default=FetchedValue()),
     comment="Durable runs: the run lives here, workers only lease it. state is the latest checkpoint.",
 )
 
@@ -216,6 +217,33 @@ schema_migrations = Table(
     Column("sha256", Text, nullable=False),
     _ts("applied_at", nullable=False, default=True),
     comment="Applied pgdurable migrations: one row per sql/NNNN_name.sql file.",
+)
+
+queues = Table(
+    "queues",
+    metadata,
+    Column("name", Text, primary_key=True),
+    Column("concurrency", Integer),
+    Column("per_key_concurrency", Integer),
+    Column("rate", Numeric),
+    Column("burst", Numeric),
+    Column("tokens", Numeric, nullable=False, server_default=FetchedValue()),
+    _ts("refilled_at", nullable=False, default=True),
+    Column("key_cursor", Text),
+    _ts("updated_at", nullable=False, default=True),
+    comment="Flow limits of a queue (set_queue), enforced inside claim_runs; no row = unlimited.",
+)
+
+buckets = Table(
+    "buckets",
+    metadata,
+    Column("name", Text, primary_key=True),
+    Column("rate", Numeric, nullable=False),
+    Column("burst", Numeric, nullable=False),
+    Column("tokens", Numeric, nullable=False),
+    _ts("refilled_at", nullable=False, default=True),
+    _ts("updated_at", nullable=False, default=True),
+    comment="Named token buckets shared by every process (ctx.acquire); set with set_bucket.",
 )
 
 # -- views (read-only) ---------------------------------------------------------

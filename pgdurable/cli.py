@@ -394,6 +394,11 @@ def run(
         e = info["error"]
         label = "error" if info.get("status") in _ERROR_SHOWN else "last error"
         _row(head, label, f"{e.get('type')}: {_short(e.get('message'), 100)}")
+    if info.get("forked_from"):
+        _row(head, "forked from", f"{info['forked_from']} at step {info['forked_from_step']}")
+    if info.get("heartbeat_at"):
+        _row(head, "heartbeat", f"{info['heartbeat_at']} progress "
+                                f"{_short(json.dumps(info.get('progress')), 80)}")
     if info.get("result") is not None:
         _row(head, "result", _short(json.dumps(info["result"]), 100))
     _row(head, "state", _short(json.dumps(info.get("state")), 100))
@@ -647,6 +652,10 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(130)
     sys.exit(rv if isinstance(rv, int) else 0)
 
+
+from .cli_fork import register as _register_fork  # noqa: E402
+
+_register_fork(app)  # fork, fork-failed, rewind (pgdurable/cli_fork.py)
 
 if __name__ == "__main__":  # pragma: no cover
     main()

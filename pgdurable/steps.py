@@ -213,6 +213,7 @@ class RunContext:
     _owner: str | None = field(default=None, repr=False)  # the worker id (lease fence)
     _emitted: int = field(default=0, repr=False)  # events emitted by this step so far
     _loop: Any = field(default=None, repr=False)  # the worker's event loop (sync twins)
+    _liveness: Any = field(default=None, repr=False)  # the step's liveness.StepGuard
     #: The run's thread key (thread runs), known after ``await ctx.inbox()``.
     thread_key: str | None = None
 
@@ -233,6 +234,19 @@ class RunContext:
                 f"run {self.run_id} spent {self.spent + self._pending_spend:g} "
                 f"of budget {self.budget:g}"
             )
+
+    def heartbeat(self, progress: Any = None) -> None:
+        """Report that this step is alive, with optional JSON ``progress``.
+
+        Recorded in ``pgdurable.runs.progress`` / ``heartbeat_at`` (fenced,
+        coalesced, in the background) and, with the task's
+        ``heartbeat_timeout``, what keeps a long step from being cancelled as
+        hung. Works from async and sync steps; does not renew the lease (see
+        :mod:`pgdurable.liveness`). Progress that is not JSON: InvalidInput.
+        """
+        from .liveness import heartbeat
+
+        heartbeat(self, progress)
 
     @property
     def total_spent(self) -> float:

@@ -90,6 +90,8 @@ from .errors import (
     LeaseLost,
     PgDurableError,
 )
+from .fork import register_worker, unregister_worker
+from .liveness import step_guard
 from .steps import (
     _UNSET,
     STEP_EXECUTOR,
@@ -223,6 +225,7 @@ class Worker:
             raise ValueError("the app has no registered tasks")
         self._running = True
         self._done.clear()
+        await register_worker(self.app, self.worker_id, self.app.tasks)
         # Not the loop's default executor (min(32, cpus + 4) threads, shared):
         # every slot's sync step must run at once, and a cancelled thread step
         # that keeps running must not hold up the steps of other runs. Threads
@@ -265,6 +268,7 @@ class Worker:
                     await t
             for sig in handled:
                 loop.remove_signal_handler(sig)
+            await unregister_worker(self.app, self.worker_id)
             STEP_EXECUTOR.reset(executor_token)
             executor.shutdown(wait=False, cancel_futures=True)
             self._running = False
@@ -662,7 +666,8 @@ class Worker:
             if deadline_at is not None:
                 remaining = (deadline_at - db_clock()).total_seconds()
                 timeout_cm = asyncio.timeout(max(0.0, remaining))
-            async with timeout_cm if timeout_cm is not None else contextlib.nullcontext():
+            async with (timeout_cm if timeout_cm is not None else contextlib.nullcontext(),
+                        step_guard(task, ctx)):
                 if task.is_async:
                     result = await task.fn(ctx, state)
                 else:

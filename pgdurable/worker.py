@@ -223,9 +223,9 @@ class Worker:
         self._tasks = list(self.app.tasks.values())
         if not self._tasks:
             raise ValueError("the app has no registered tasks")
+        await register_worker(self.app, self.worker_id, self.app.tasks)
         self._running = True
         self._done.clear()
-        await register_worker(self.app, self.worker_id, self.app.tasks)
         # Not the loop's default executor (min(32, cpus + 4) threads, shared):
         # every slot's sync step must run at once, and a cancelled thread step
         # that keeps running must not hold up the steps of other runs. Threads

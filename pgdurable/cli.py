@@ -101,6 +101,11 @@ Q_EFFECTS = """
 SELECT key, status, token, result, error, created_at, updated_at FROM pgdurable.effects
  WHERE run_id = %s::uuid ORDER BY created_at, key
 """
+# -- a run's rewinds in place (0012)
+Q_REWINDS = """
+SELECT from_step, to_step, status, error, created_at FROM pgdurable.run_rewinds
+ WHERE run_id = %s::uuid ORDER BY id
+"""
 # -- live leases (lease providers) and leased runs
 Q_LEASES = """
 SELECT key, owner, token, acquired_at, expires_at, ttl_remaining
@@ -374,8 +379,10 @@ def run(
         steps = _rows(conn.execute(Q_CHECKPOINTS, (rid,)))
         evs = _rows(conn.execute(Q_EVENTS, (rid, events)))
         effects = _rows(conn.execute(Q_EFFECTS, (rid,)))
+        rewinds = _rows(conn.execute(Q_REWINDS, (rid,)))
     if as_json:
-        print_json({"run": info, "steps": steps, "events": evs, "effects": effects})
+        print_json({"run": info, "steps": steps, "events": evs, "effects": effects,
+                    "rewinds": rewinds})
         return
     head = Table(show_header=False, box=None, title=f"run {rid}", title_justify="left")
     head.add_column(style="bold")
@@ -396,6 +403,9 @@ def run(
         _row(head, label, f"{e.get('type')}: {_short(e.get('message'), 100)}")
     if info.get("forked_from"):
         _row(head, "forked from", f"{info['forked_from']} at step {info['forked_from_step']}")
+    for w in rewinds:
+        _row(head, "rewound", f"{w['created_at']} from step {w['from_step']} to step "
+                              f"{w['to_step']} (was {w['status']})")
     if info.get("heartbeat_at"):
         _row(head, "heartbeat", f"{info['heartbeat_at']} progress "
                                 f"{_short(json.dumps(info.get('progress')), 80)}")

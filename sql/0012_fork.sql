@@ -405,3 +405,36 @@ LANGUAGE sql SET search_path = pg_catalog, pgdurable, pg_temp AS $$
 $$;
 COMMENT ON FUNCTION pgdurable.unregister_worker(text) IS
   'Remove the task revisions of a worker that stopped cleanly.';
+
+------------------------------------------------------------------------------
+-- pgdurable.run_lineage: lineage, rewinds and step liveness per run (a view:
+-- readable by the read-only operator role too).
+------------------------------------------------------------------------------
+CREATE VIEW pgdurable.run_lineage AS
+  SELECT r.id,
+         r.task,
+         r.revision,
+         r.status,
+         r.step,
+         r.forked_from,
+         r.forked_from_step,
+         (SELECT count(*) FROM pgdurable.runs f WHERE f.forked_from = r.id)    AS forks,
+         (SELECT count(*) FROM pgdurable.run_rewinds w WHERE w.run_id = r.id)  AS rewinds,
+         r.progress,
+         r.heartbeat_at,
+         pgdurable.now() - r.heartbeat_at                                      AS heartbeat_age
+    FROM pgdurable.runs r;
+COMMENT ON VIEW pgdurable.run_lineage IS
+  'Per run: where it was forked from, how often it was forked and rewound, its last step heartbeat.';
+COMMENT ON COLUMN pgdurable.run_lineage.id IS 'Run id.';
+COMMENT ON COLUMN pgdurable.run_lineage.task IS 'Task name.';
+COMMENT ON COLUMN pgdurable.run_lineage.revision IS 'Task revision.';
+COMMENT ON COLUMN pgdurable.run_lineage.status IS 'Run status.';
+COMMENT ON COLUMN pgdurable.run_lineage.step IS 'Steps checkpointed so far.';
+COMMENT ON COLUMN pgdurable.run_lineage.forked_from IS 'The run it was forked from, if any.';
+COMMENT ON COLUMN pgdurable.run_lineage.forked_from_step IS 'The source checkpoint it continues from.';
+COMMENT ON COLUMN pgdurable.run_lineage.forks IS 'How many runs were forked from it.';
+COMMENT ON COLUMN pgdurable.run_lineage.rewinds IS 'How many times it was rewound in place (pgdurable.run_rewinds).';
+COMMENT ON COLUMN pgdurable.run_lineage.progress IS 'Last progress reported by ctx.heartbeat.';
+COMMENT ON COLUMN pgdurable.run_lineage.heartbeat_at IS 'When a step last called ctx.heartbeat.';
+COMMENT ON COLUMN pgdurable.run_lineage.heartbeat_age IS 'pgdurable.now() - heartbeat_at.';

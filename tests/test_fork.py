@@ -8,6 +8,7 @@ status, attempts, error type), never on elapsed time.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import subprocess
@@ -195,6 +196,10 @@ async def test_rewind_in_place_and_bulk_fork(dsn: str, scratch: Any) -> None:
                               "jsonb_array_length(checkpoints), effects->0->>'key' "
                               "FROM pgdurable.run_rewinds WHERE run_id = %s", (a,)).fetchall()
             assert rw == [(3, 2, "failed", "ValueError", 1, "e3")]
+            rc, text = run_cli(["run", a, "--dsn", dsn])
+            assert rc == 0 and "from step 3 to step 2 (was failed)" in text
+            assert conn.execute("SELECT rewinds, forks FROM pgdurable.run_lineage "
+                                "WHERE id = %s", (a,)).fetchone() == (1, 0)
             # bulk fork: b and c (a is completed now), from their last checkpoint
             forks = await app.fork_failed("six", error="ValueError", since=since)
             assert sorted(f.source for f in forks) == sorted([b, c])
@@ -205,6 +210,8 @@ async def test_rewind_in_place_and_bulk_fork(dsn: str, scratch: Any) -> None:
             # again: nothing new to fork; another error type: nothing
             assert await app.fork_failed("six", error="ValueError", since=since) == []
         assert run_row(conn, b)["status"] == "failed"  # sources untouched
+        assert conn.execute("SELECT forks FROM pgdurable.run_lineage WHERE id = %s",
+                            (b,)).fetchone() == (1,)
 
 
 async def test_fork_bad_input_writes_nothing(dsn: str, scratch: Any) -> None:
@@ -303,3 +310,50 @@ async def test_hung_step_cancelled_beating_step_completes(dsn: str, scratch: Any
             r = run_row(conn, rid)
             assert (r["status"], r["attempts"], r["result"]) == ("completed", 0, "done")
             assert r["progress"]["i"] >= 0 and r["heartbeat_at"] is not None
+
+
+async def test_rewind_of_a_cancelled_run_and_its_errors(dsn: str, conn: psycopg.Connection[Any]) -> None:
+    async with app_for(dsn) as app:
+        rid = await app.start("six", {"a": 1})
+        assert await app.cancel(rid) == "cancelled"  # never claimed: step 0
+        before = counts(conn)
+        with pytest.raises(StepNotRecorded):
+            await app.rewind(rid, to_step=1)
+        with pytest.raises(RunNotFound):
+            await app.rewind("00000000-0000-0000-0000-000000000000", to_step=0)
+        with pytest.raises(InvalidInput):
+            await app.rewind(rid, to_step=0, state=float("nan"))  # not JSON
+        with pytest.raises(RevisionNotServed):
+            await app.rewind(rid, to_step=0, revision="9")
+        assert counts(conn) == before and run_row(conn, rid)["status"] == "cancelled"
+        assert await app.rewind(rid, to_step=0, state={"b": 2}) == "runnable"
+        r = run_row(conn, rid)
+        assert (r["status"], r["step"], r["state"], r["error"]) == (
+            "runnable", 0, {"a": 1, "b": 2}, None)
+        with DurableClient(dsn) as client:  # sync twins share the SQL
+            with pytest.raises(InvalidInput):
+                client.rewind(rid, 0)  # runnable now: not failed/cancelled
+            assert client.fork_failed("six", error=None, since=datetime.now(UTC)) == []
+
+
+@pytest.mark.parametrize(("target", "patch", "merged"), [
+    # RFC 7396, appendix A
+    ({"a": "b"}, {"a": "c"}, {"a": "c"}),
+    ({"a": "b"}, {"b": "c"}, {"a": "b", "b": "c"}),
+    ({"a": "b"}, {"a": None}, {}),
+    ({"a": "b", "b": "c"}, {"a": None}, {"b": "c"}),
+    ({"a": ["b"]}, {"a": "c"}, {"a": "c"}),
+    ({"a": "c"}, {"a": ["b"]}, {"a": ["b"]}),
+    ({"a": {"b": "c"}}, {"a": {"b": "d", "c": None}}, {"a": {"b": "d"}}),
+    ({"a": [{"b": "c"}]}, {"a": [1]}, {"a": [1]}),
+    (["a", "b"], ["c", "d"], ["c", "d"]),
+    ({"a": "b"}, ["c"], ["c"]),
+    ({"e": None}, {"a": 1}, {"e": None, "a": 1}),
+    ([1, 2], {"a": "b", "c": None}, {"a": "b"}),
+    ({}, {"a": {"bb": {"ccc": None}}}, {"a": {"bb": {}}}),
+])
+def test_json_merge_patch_follows_rfc_7396(conn: psycopg.Connection[Any], target: Any,
+                                           patch: Any, merged: Any) -> None:
+    row = conn.execute("SELECT pgdurable.json_merge_patch(%s::jsonb, %s::jsonb)",
+                       (json.dumps(target), json.dumps(patch))).fetchone()
+    assert row == (merged,)

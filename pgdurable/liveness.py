@@ -100,15 +100,17 @@ class StepGuard:
         self._last_beat = now
         if self._step_timeout is not None:
             self._step_deadline = now + self._step_timeout
-        self._timeout = asyncio.timeout_at(self._deadline()[0])
-        await self._timeout.__aenter__()
-        self._ctx._liveness = self
+        if self._step_timeout is not None or self._hb_timeout is not None:
+            self._timeout = asyncio.timeout_at(self._deadline()[0])
+            await self._timeout.__aenter__()
+        self._ctx._liveness = self  # heartbeats still record progress without limits
         return self
 
     async def __aexit__(self, exc_type: type[BaseException] | None,
                         exc: BaseException | None, tb: TracebackType | None) -> None:
         self._ctx._liveness = None
-        assert self._timeout is not None
+        if self._timeout is None:
+            return
         kind = self._deadline()[1]
         try:
             await self._timeout.__aexit__(exc_type, exc, tb)

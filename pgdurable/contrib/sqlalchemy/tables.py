@@ -110,6 +110,10 @@ runs = Table(
     Column("root_run_id", UUID(as_uuid=True)),
     Column("child_key", Text),
     Column("parent_policy", Text),
+    Column("forked_from", UUID(as_uuid=True), ForeignKey("pgdurable.runs.id", ondelete="SET NULL")),
+    Column("forked_from_step", Integer),
+    Column("progress", JSONB),
+    _ts("heartbeat_at"),
     comment="Durable runs: the run lives here, workers only lease it. state is the latest checkpoint.",
 )
 
@@ -168,6 +172,7 @@ effects = Table(
     Column("error", JSONB),
     _ts("created_at", nullable=False, default=True),
     _ts("updated_at", nullable=False, default=True),
+    Column("step", Integer),
     comment="Side effects of runs, keyed per run: a recorded result is returned instead of acting twice.",
 )
 

@@ -1,7 +1,8 @@
 """The ``pgdurable`` command line.
 
 Commands: ``migrate``, ``grant``, ``runs``, ``run ID``, ``leases``, ``cancel ID``,
-``retry ID``, ``signal KIND REF``, ``prune``, ``worker``, ``stats``, ``demo``. Every listing takes
+``retry ID``, ``signal KIND REF``, ``prune``, ``worker``, ``stats``, ``demo``, and ``fork``,
+``fork-failed``, ``rewind`` (:mod:`pgdurable.cli_fork`). Every listing takes
 ``--json`` (one JSON document on stdout). The database comes from ``--dsn``,
 else ``$PGDURABLE_DSN``, else ``$DATABASE_URL``.
 

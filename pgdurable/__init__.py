@@ -28,15 +28,20 @@ from .errors import (
     ProviderClosed,
     ReconcileFailed,
     ResultTimeout,
+    RevisionNotServed,
     RunCancelled,
     RunFailed,
     RunNotFound,
     ScheduleNotFound,
     SchemaVersionMismatch,
     SignalConflict,
+    StepHung,
+    StepNotRecorded,
+    StepTimeout,
     UnknownTask,
 )
 from .flow import RateLimited
+from .fork import ForkedRun
 from .leases import (
     AsyncLeaseProvider,
     AsyncNoopLeaseProvider,
@@ -140,6 +145,11 @@ __all__ = [
     "RateLimited",
     "ReconcileFailed",
     "ResultTimeout",
+    "RevisionNotServed",
+    "StepHung",
+    "StepNotRecorded",
+    "StepTimeout",
+    "ForkedRun",
     "RunCancelled",
     "RunFailed",
     "RunNotFound",

@@ -1,7 +1,8 @@
 """The ``pgdurable`` command line.
 
 Commands: ``migrate``, ``grant``, ``runs``, ``run ID``, ``leases``, ``cancel ID``,
-``retry ID``, ``signal KIND REF``, ``prune``, ``worker``, ``stats``, ``demo``. Every listing takes
+``retry ID``, ``signal KIND REF``, ``prune``, ``worker``, ``stats``, ``demo``, and ``fork``,
+``fork-failed``, ``rewind`` (:mod:`pgdurable.cli_fork`). Every listing takes
 ``--json`` (one JSON document on stdout). The database comes from ``--dsn``,
 else ``$PGDURABLE_DSN``, else ``$DATABASE_URL``.
 
@@ -102,6 +103,11 @@ SELECT seq, created_at, event FROM (
 Q_EFFECTS = """
 SELECT key, status, token, result, error, created_at, updated_at FROM pgdurable.effects
  WHERE run_id = %s::uuid ORDER BY created_at, key
+"""
+# -- a run's rewinds in place (0012)
+Q_REWINDS = """
+SELECT from_step, to_step, status, error, created_at FROM pgdurable.run_rewinds
+ WHERE run_id = %s::uuid ORDER BY id
 """
 # -- live leases (lease providers) and leased runs
 Q_LEASES = """
@@ -384,8 +390,10 @@ def run(
         steps = _rows(conn.execute(Q_CHECKPOINTS, (rid,)))
         evs = _rows(conn.execute(Q_EVENTS, (rid, events)))
         effects = _rows(conn.execute(Q_EFFECTS, (rid,)))
+        rewinds = _rows(conn.execute(Q_REWINDS, (rid,)))
     if as_json:
-        print_json({"run": info, "steps": steps, "events": evs, "effects": effects})
+        print_json({"run": info, "steps": steps, "events": evs, "effects": effects,
+                    "rewinds": rewinds})
         return
     head = Table(show_header=False, box=None, title=f"run {rid}", title_justify="left")
     head.add_column(style="bold")
@@ -404,6 +412,14 @@ def run(
         e = info["error"]
         label = "error" if info.get("status") in _ERROR_SHOWN else "last error"
         _row(head, label, f"{e.get('type')}: {_short(e.get('message'), 100)}")
+    if info.get("forked_from"):
+        _row(head, "forked from", f"{info['forked_from']} at step {info['forked_from_step']}")
+    for w in rewinds:
+        _row(head, "rewound", f"{w['created_at']} from step {w['from_step']} to step "
+                              f"{w['to_step']} (was {w['status']})")
+    if info.get("heartbeat_at"):
+        _row(head, "heartbeat", f"{info['heartbeat_at']} progress "
+                                f"{_short(json.dumps(info.get('progress')), 80)}")
     if info.get("result") is not None:
         _row(head, "result", _short(json.dumps(info["result"]), 100))
     _row(head, "state", _short(json.dumps(info.get("state")), 100))
@@ -695,6 +711,10 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(130)
     sys.exit(rv if isinstance(rv, int) else 0)
 
+
+from .cli_fork import register as _register_fork  # noqa: E402
+
+_register_fork(app)  # fork, fork-failed, rewind (pgdurable/cli_fork.py)
 
 if __name__ == "__main__":  # pragma: no cover
     main()

@@ -226,3 +226,23 @@ def first_line(text: str) -> str:
         if line.strip():
             return line.strip()
     return ""
+
+
+class StepNotRecorded(InvalidInput):
+    """A fork or rewind named a step the run never checkpointed (see :mod:`pgdurable.fork`)."""
+
+    sqlstate = "PDF01"
+
+
+class RevisionNotServed(PgDurableError, LookupError):
+    """A fork or rewind asked for a revision no worker registered (pass ``force=True``)."""
+
+    sqlstate = "PDF02"
+
+
+class StepTimeout(PgDurableError, TimeoutError):
+    """A step ran past its task's ``step_timeout`` (a failed attempt, retried; see :mod:`pgdurable.liveness`)."""
+
+
+class StepHung(PgDurableError, TimeoutError):
+    """A step did not call ``ctx.heartbeat`` within its task's ``heartbeat_timeout`` (a failed attempt, retried)."""

@@ -22,7 +22,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import psycopg
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
@@ -52,6 +52,7 @@ if TYPE_CHECKING:
     from collections.abc import AsyncIterator
 
     from .children import TreeNode
+    from .fork import ForkedRun
     from .schedules import Schedule
     from .stream import StreamEvent
     from .tasks import DurableTask
@@ -76,6 +77,10 @@ class Task:
     expired (its worker crashed or stalled) more than ``max_reclaims`` times
     in a row without a checkpoint fails with error type ``PoisonRun``.
 
+    ``step_timeout`` / ``heartbeat_timeout`` (seconds) cancel a step that runs
+    too long or stops calling ``ctx.heartbeat`` (a failed attempt, retried;
+    see :mod:`pgdurable.liveness`).
+
     ``deadline`` is the default deadline of a start (from now, database
     clock); ``prepare_state`` checks (and defaults) the start state before any
     SQL. Both are set for registered durable task definitions
@@ -91,6 +96,8 @@ class Task:
     max_reclaims: int = 5
     deadline: timedelta | None = None
     prepare_state: Callable[[Any], Any] | None = None
+    step_timeout: float | None = None  # seconds; see pgdurable.liveness
+    heartbeat_timeout: float | None = None  # seconds; see pgdurable.liveness
 
     @property
     def is_async(self) -> bool:
@@ -143,8 +150,14 @@ def _task_decorator(
     retry_base: float,
     retry_cap: float,
     max_reclaims: int = 5,
+    step_timeout: timedelta | float | None = None,
+    heartbeat_timeout: timedelta | float | None = None,
 ) -> Callable[[F], F]:
+    from .liveness import check_timeout
+
     q.check_name(name, "task name")
+    step_secs = check_timeout(step_timeout, "step_timeout")
+    hb_secs = check_timeout(heartbeat_timeout, "heartbeat_timeout")
     q.check_name(revision, "revision")
     q.check_max_attempts(max_attempts)
     if retry_base < 0 or retry_cap < 0:
@@ -157,7 +170,7 @@ def _task_decorator(
             raise TypeError("@task decorates a callable (ctx, state) -> step result")
         registry.register(
             Task(name, revision, fn, max_attempts, float(retry_base), float(retry_cap),
-                 max_reclaims)
+                 max_reclaims, step_timeout=step_secs, heartbeat_timeout=hb_secs)
         )
         return fn
 
@@ -296,14 +309,20 @@ class Durable:
         retry_base: float = 1.0,
         retry_cap: float = 300.0,
         max_reclaims: int = 5,
+        step_timeout: timedelta | float | None = None,
+        heartbeat_timeout: timedelta | float | None = None,
     ) -> Callable[[F], F]:
         """Register a step function ``(ctx, state) -> Continue | Done | Wait | Sleep``.
 
         ``max_attempts`` bounds failed steps; ``max_reclaims`` bounds crashes
         (expired leases in a row without a checkpoint, see :class:`Task`).
+        ``step_timeout`` / ``heartbeat_timeout`` (> 0) bound each step's time
+        and the time between its ``ctx.heartbeat()`` calls (see
+        :mod:`pgdurable.liveness`).
         """
         return _task_decorator(
-            self._registry, name, revision, max_attempts, retry_base, retry_cap, max_reclaims
+            self._registry, name, revision, max_attempts, retry_base, retry_cap, max_reclaims,
+            step_timeout, heartbeat_timeout,
         )
 
     def workflow(
@@ -566,6 +585,38 @@ class Durable:
         :class:`~pgdurable.InvalidInput` naming the status (nothing changes).
         """
         return str(_one(await self.fetchone(RETRY, (q.check_run_id(run_id),))))
+
+    async def fork(self, run_id: Any, from_step: int, state: Any = None, *,
+                   state_mode: Literal["merge", "replace"] = "merge",
+                   revision: str | None = None, force: bool = False) -> str:
+        """Fork a run from its checkpoint ``from_step`` into a new run; return its id.
+
+        See :mod:`pgdurable.fork`: history and effects of steps 1..from_step are
+        copied, ``state`` patches (``state_mode="merge"``, RFC 7396) or replaces
+        the state, ``revision`` must be registered by a worker unless ``force``.
+        """
+        from .fork import fork
+
+        return await fork(self, run_id, from_step, state, state_mode=state_mode,
+                          revision=revision, force=force)
+
+    async def fork_failed(self, task: str, *, error: str | None, since: datetime,
+                          revision: str | None = None, force: bool = False,
+                          limit: int = 1000) -> list[ForkedRun]:
+        """Bulk fork: every failed run of ``task`` with error type ``error`` since ``since``."""
+        from .fork import fork_failed
+
+        return await fork_failed(self, task, error=error, since=since, revision=revision,
+                                 force=force, limit=limit)
+
+    async def rewind(self, run_id: Any, to_step: int, state: Any = None, *,
+                     state_mode: Literal["merge", "replace"] = "merge",
+                     revision: str | None = None, force: bool = False) -> str:
+        """Rewind a failed or cancelled run in place to checkpoint ``to_step``; ``"runnable"``."""
+        from .fork import rewind
+
+        return await rewind(self, run_id, to_step, state, state_mode=state_mode,
+                            revision=revision, force=force)
 
     async def mark_incompatible(self, task: str, revision: str, reason: str | None = None) -> int:
         """End the runs of ``(task, revision)`` that no worker can run; return how many.
@@ -895,6 +946,33 @@ class DurableClient:
     def retry(self, run_id: Any) -> str:
         """Retry a failed or cancelled run (see :meth:`Durable.retry`); ``"runnable"``."""
         return str(_one(self._fetchone(RETRY, (q.check_run_id(run_id),))))
+
+    def fork(self, run_id: Any, from_step: int, state: Any = None, *,
+             state_mode: Literal["merge", "replace"] = "merge",
+             revision: str | None = None, force: bool = False) -> str:
+        """Sync twin of :meth:`Durable.fork`."""
+        from .fork import fork_sync
+
+        return fork_sync(self, run_id, from_step, state, state_mode=state_mode,
+                         revision=revision, force=force)
+
+    def fork_failed(self, task: str, *, error: str | None, since: datetime,
+                    revision: str | None = None, force: bool = False,
+                    limit: int = 1000) -> list[ForkedRun]:
+        """Sync twin of :meth:`Durable.fork_failed`."""
+        from .fork import fork_failed_sync
+
+        return fork_failed_sync(self, task, error=error, since=since, revision=revision,
+                                force=force, limit=limit)
+
+    def rewind(self, run_id: Any, to_step: int, state: Any = None, *,
+               state_mode: Literal["merge", "replace"] = "merge",
+               revision: str | None = None, force: bool = False) -> str:
+        """Sync twin of :meth:`Durable.rewind`."""
+        from .fork import rewind_sync
+
+        return rewind_sync(self, run_id, to_step, state, state_mode=state_mode,
+                           revision=revision, force=force)
 
     def mark_incompatible(self, task: str, revision: str, reason: str | None = None) -> int:
         """Sync twin of :meth:`Durable.mark_incompatible`; how many runs were ended."""

@@ -243,6 +243,7 @@ class RunContext:
     #: The worker's hooks for code that checkpoints from inside one call (workflows).
     _io: Any = field(default=None, repr=False)
     _reservation_used: bool = field(default=False, repr=False)  # acquire's wake consumed
+    _liveness: Any = field(default=None, repr=False)  # the step's liveness.StepGuard
     #: The run's thread key (thread runs), known after ``await ctx.inbox()``.
     thread_key: str | None = None
 
@@ -263,6 +264,19 @@ class RunContext:
                 f"run {self.run_id} spent {self.spent + self._pending_spend:g} "
                 f"of budget {self.budget:g}"
             )
+
+    def heartbeat(self, progress: Any = None) -> None:
+        """Report that this step is alive, with optional JSON ``progress``.
+
+        Recorded in ``pgdurable.runs.progress`` / ``heartbeat_at`` (fenced,
+        coalesced, in the background) and, with the task's
+        ``heartbeat_timeout``, what keeps a long step from being cancelled as
+        hung. Works from async and sync steps; does not renew the lease (see
+        :mod:`pgdurable.liveness`). Progress that is not JSON: InvalidInput.
+        """
+        from .liveness import heartbeat
+
+        heartbeat(self, progress)
 
     @property
     def total_spent(self) -> float:

@@ -97,6 +97,8 @@ from .errors import (
     PgDurableError,
 )
 from .flow import ACQUIRE_KIND, RateLimited
+from .fork import register_worker, unregister_worker
+from .liveness import step_guard
 from .pooler import aconnect
 from .schedules import Ticker
 from .steps import (
@@ -238,6 +240,7 @@ class Worker:
         if not self._tasks:
             raise ValueError("the app has no registered tasks")
         await self._ticker.declare()
+        await register_worker(self.app, self.worker_id, self.app.tasks)
         self._running = True
         self._done.clear()
         # Not the loop's default executor (min(32, cpus + 4) threads, shared):
@@ -287,6 +290,7 @@ class Worker:
                     await t
             for sig in handled:
                 loop.remove_signal_handler(sig)
+            await unregister_worker(self.app, self.worker_id)
             STEP_EXECUTOR.reset(executor_token)
             executor.shutdown(wait=False, cancel_futures=True)
             self._running = False
@@ -743,7 +747,8 @@ class Worker:
             if deadline_at is not None:
                 remaining = (deadline_at - db_clock()).total_seconds()
                 timeout_cm = asyncio.timeout(max(0.0, remaining))
-            async with timeout_cm if timeout_cm is not None else contextlib.nullcontext():
+            async with (timeout_cm if timeout_cm is not None else contextlib.nullcontext(),
+                        step_guard(task, ctx)):
                 if task.is_async:
                     result = await task.fn(ctx, state)
                 else:

@@ -25,6 +25,7 @@ from pgdurable import (
     Wait,
 )
 from pgdurable import _runs_sql as q
+from pgdurable.fork import REGISTER_WORKER, UNREGISTER_WORKER
 
 
 async def status_is(app: Durable, rid: str, status: str) -> None:
@@ -520,6 +521,10 @@ async def test_idle_worker_issues_one_query_per_poll(app: Durable) -> None:
             return seen.count(q.NEXT_WAKEUP) >= 6
 
         await until(polled, "six idle polls")
+    # the worker registers its task revisions at start and removes them at
+    # stop (pgdurable/fork.py: one statement each, not per poll)
+    assert seen[0] == REGISTER_WORKER and seen[-1] == UNREGISTER_WORKER
+    seen = seen[1:-1]
     # startup claims once (and asks next_wakeup); afterwards each poll is ONE
     # next_wakeup query and no claim, since nothing is due
     assert seen[0] == q.CLAIM and seen[1] == q.NEXT_WAKEUP

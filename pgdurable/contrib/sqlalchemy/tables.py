@@ -111,6 +111,10 @@ runs = Table(
     Column("child_key", Text),
     Column("parent_policy", Text),
     Column("concurrency_key", Text, nullable=False, server_default=FetchedValue()),
+    Column("forked_from", UUID(as_uuid=True), ForeignKey("pgdurable.runs.id", ondelete="SET NULL")),
+    Column("forked_from_step", Integer),
+    Column("progress", JSONB),
+    _ts("heartbeat_at"),
     comment="Durable runs: the run lives here, workers only lease it. state is the latest checkpoint.",
 )
 
@@ -169,6 +173,7 @@ effects = Table(
     Column("error", JSONB),
     _ts("created_at", nullable=False, default=True),
     _ts("updated_at", nullable=False, default=True),
+    Column("step", Integer),
     comment="Side effects of runs, keyed per run: a recorded result is returned instead of acting twice.",
 )
 

@@ -542,7 +542,7 @@ def prune(
 @app.command()
 def maintain(
     dsn: DsnOption = None,
-    days_ahead: Annotated[int, typer.Option("--days-ahead", min=0, max=366, help="Daily history partitions to keep ready ahead of today (UTC).")] = 7,
+    days_ahead: Annotated[int, typer.Option("--days-ahead", min=0, max=366, help="Daily history partitions to keep ready ahead of today (UTC).")] = 3,
     older_than: Annotated[str | None, typer.Option("--older-than", help="Also drop history partitions older than this (30d, ...), keeping rows of runs retention keeps.")] = None,
     as_json: JsonOption = False,
 ) -> None:

@@ -73,7 +73,7 @@ __all__ = [
 log = logging.getLogger("pgdurable.partitions")
 
 #: Daily partitions kept ready ahead of today (UTC).
-DEFAULT_DAYS_AHEAD = 7
+DEFAULT_DAYS_AHEAD = 3
 #: The largest ``days_ahead`` accepted (as the SQL function).
 MAX_DAYS_AHEAD = 366
 #: The lease key whose holder is the maintenance leader.

@@ -20,7 +20,7 @@
 -- MOVE. Existing rows are copied into the partitioned tables and the names are
 -- swapped in this one transaction (fine for small tables: it holds an ACCESS
 -- EXCLUSIVE lock on both tables while it copies). Daily partitions are created
--- for up to 35 days of existing history and 7 days ahead; older rows land in
+-- for up to 35 days of existing history and 3 days ahead; older rows land in
 -- the DEFAULT partition and are pruned row by row by prune_runs as before.
 -- Large installations: see docs/scaling.md ("Moving a large history").
 -- Views that read these tables (thread_owners, workflow_steps, and any other)
@@ -161,7 +161,7 @@ COMMENT ON FUNCTION pgdurable.history_lock_key() IS
 -- lock_timeout 5 s: maintenance never queues behind a long transaction for
 -- long (the caller retries at its next turn).
 ------------------------------------------------------------------------------
-CREATE FUNCTION pgdurable.create_history_partitions(p_days_ahead integer DEFAULT 7,
+CREATE FUNCTION pgdurable.create_history_partitions(p_days_ahead integer DEFAULT 3,
                                                     p_days_back integer DEFAULT 0)
 RETURNS integer
 LANGUAGE plpgsql
@@ -296,9 +296,9 @@ COMMENT ON COLUMN pgdurable.history_partitions.range_to IS 'End of its range (ex
 COMMENT ON COLUMN pgdurable.history_partitions.estimated_rows IS 'Rows, as estimated by the last ANALYZE.';
 COMMENT ON COLUMN pgdurable.history_partitions.total_bytes IS 'Size on disk with indexes and TOAST.';
 
--- The partitions for existing history (up to 35 days back) and the week ahead,
+-- The partitions for existing history (up to 35 days back) and 3 days ahead,
 -- then the rows, then the views, then the old tables go.
-SELECT pgdurable.create_history_partitions(7, least(35, greatest(0,
+SELECT pgdurable.create_history_partitions(3, least(35, greatest(0,
   (pgdurable.now() AT TIME ZONE 'UTC')::date - (
     SELECT (min(m) AT TIME ZONE 'UTC')::date FROM (
       SELECT min(created_at) AS m FROM pgdurable.checkpoints_unpartitioned
@@ -321,3 +321,79 @@ $$;
 
 DROP TABLE pgdurable.checkpoints_unpartitioned;
 DROP TABLE pgdurable.run_events_unpartitioned;
+
+------------------------------------------------------------------------------
+-- HOT PATH. A statement that finds a run's rows by run_id alone visits every
+-- partition (an index probe and a lock each). The run's events cannot be older
+-- than the run, so emit_event and the stream-end trigger bound created_at from
+-- below by the run's created_at (less a day of margin for clock steps): the
+-- executor prunes every older partition.
+------------------------------------------------------------------------------
+
+------------------------------------------------------------------------------
+-- pgdurable.emit_event(id, token, owner, idx, event) -> bigint (seq)
+-- Fenced: append the idx-th event of the current step to the run's stream, or,
+-- when a retried step emits again, overwrite the event it emitted at idx in a
+-- previous attempt (same seq). NOTIFY pgdurable_events(run id).
+-- (0006's definition; reads only partitions from the run's creation on.)
+------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION pgdurable.emit_event(p_id uuid, p_token bigint, p_owner text,
+                                                p_idx integer, p_event jsonb)
+RETURNS bigint
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pgdurable, pg_temp AS $$
+DECLARE
+  r pgdurable.runs := pgdurable._fenced(p_id, p_token, p_owner);
+  v_since timestamptz := r.created_at - interval '1 day';
+  v_seq bigint;
+BEGIN
+  IF p_idx IS NULL OR p_idx < 0 OR p_event IS NULL THEN
+    RAISE EXCEPTION 'emit_event: idx >= 0 and an event are required' USING ERRCODE = 'PD000';
+  END IF;
+  UPDATE pgdurable.run_events e SET event = p_event, token = p_token
+   WHERE e.run_id = p_id AND e.step = r.step AND e.idx = p_idx AND e.created_at >= v_since
+  RETURNING e.seq INTO v_seq;
+  IF v_seq IS NULL THEN
+    SELECT coalesce(max(e.seq), 0) + 1 INTO v_seq FROM pgdurable.run_events e
+     WHERE e.run_id = p_id AND e.created_at >= v_since;
+    INSERT INTO pgdurable.run_events (run_id, seq, event, step, idx, token)
+    VALUES (p_id, v_seq, p_event, r.step, p_idx, p_token);
+  END IF;
+  PERFORM pg_notify('pgdurable_events', p_id::text);
+  RETURN v_seq;
+END
+$$;
+COMMENT ON FUNCTION pgdurable.emit_event(uuid, bigint, text, integer, jsonb) IS
+  'Fenced: append (or, for a retried step, overwrite) the idx-th event of the current step; NOTIFY pgdurable_events.';
+
+------------------------------------------------------------------------------
+-- pgdurable._runs_stream_end(): trigger AFTER UPDATE OF status on
+-- pgdurable.runs when a run becomes terminal: if the run has a thread or
+-- emitted events, append its final event {type: 'end', status, result,
+-- error} (final = true) and NOTIFY pgdurable_events(run id), in the same
+-- transaction as the terminal transition (S16: completion after the last
+-- event). Runs that never emitted and have no thread write nothing.
+-- (0006's definition; reads only partitions from the run's creation on.)
+------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION pgdurable._runs_stream_end() RETURNS trigger
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pgdurable, pg_temp AS $$
+DECLARE
+  v_seq bigint;
+BEGIN
+  SELECT max(e.seq) INTO v_seq FROM pgdurable.run_events e
+   WHERE e.run_id = NEW.id AND e.created_at >= NEW.created_at - interval '1 day';
+  IF v_seq IS NULL AND NEW.thread_key IS NULL THEN
+    RETURN NULL;
+  END IF;
+  INSERT INTO pgdurable.run_events (run_id, seq, event, final)
+  VALUES (NEW.id, coalesce(v_seq, 0) + 1,
+          jsonb_build_object('type', 'end', 'status', NEW.status, 'result', NEW.result,
+                             'error', NEW.error - 'traceback'),
+          true);
+  PERFORM pg_notify('pgdurable_events', NEW.id::text);
+  RETURN NULL;
+END
+$$;
+COMMENT ON FUNCTION pgdurable._runs_stream_end() IS
+  'Trigger: append a run''s final stream event when it becomes terminal (runs with a thread or events).';

@@ -76,7 +76,7 @@ def test_migration_makes_daily_partitions_and_rows_land_in_their_day(
         assert row == ("p",)
         p = parts(conn, table)
         assert p[f"{table}_default"] == (None, True)
-        for d in range(8):  # today and the week ahead
+        for d in range(4):  # today and 3 days ahead
             day = today + timedelta(days=d)
             assert p[f"{table}_p{day:%Y%m%d}"] == (day, False)
     rid = start(conn)
@@ -150,7 +150,7 @@ def test_retention_drops_whole_partitions_and_keeps_live_runs_history(
     at(conn, day0 + timedelta(days=40))
     result = prune_sync(conn, "30d")
     day = f"{day0:%Y%m%d}"
-    assert result.partitions == 16  # 8 days x 2 tables, all ended before the cut-off
+    assert result.partitions == 8  # 4 days x 2 tables, all ended before the cut-off
     assert result.runs == 1
     # done_old's: a checkpoint and an event per step, its last (complete_run) and the final event
     assert result.checkpoints == 2 and result.events == 2
@@ -186,7 +186,7 @@ def test_maintain_rejects_bad_input_and_changes_nothing(conn: psycopg.Connection
 
 async def test_maintain_async_and_leader_election(dsn: str) -> None:
     result = await maintain(dsn, days_ahead=10)
-    assert result.created == 6  # days 8, 9 and 10 ahead, two tables
+    assert result.created == 14  # days 4 to 10 ahead, two tables
     with psycopg.connect(dsn, autocommit=True) as c:
         assert c.execute("SELECT acquired FROM pgdurable.acquire_lease(%s, 'other', 60000)",
                          (pgdurable.partitions.MAINTENANCE_LEASE,)).fetchone() == (True,)
@@ -198,7 +198,7 @@ def test_cli_maintain(dsn: str) -> None:
     out = subprocess.run([sys.executable, "-m", "pgdurable.cli", "maintain", "--dsn", dsn,
                           "--days-ahead", "9", "--json"], capture_output=True, text=True,
                          check=True).stdout
-    assert '"created": 4' in out  # days 8 and 9 ahead, two tables
+    assert '"created": 12' in out  # days 4 to 9 ahead, two tables
 
 
 def test_migration_from_an_unpartitioned_installation_with_data(
@@ -215,9 +215,11 @@ def test_migration_from_an_unpartitioned_installation_with_data(
         # runs of every age, each with checkpoints and events; a workflow row; a thread
         c.execute("""
           WITH r AS (
-            INSERT INTO pgdurable.runs (task, revision, queue, status, step, finished_at)
+            INSERT INTO pgdurable.runs (task, revision, queue, status, step, finished_at,
+                                        created_at)
             SELECT 't', '1', 'default', CASE WHEN g % 2 = 0 THEN 'completed' ELSE 'waiting' END,
-                   3, CASE WHEN g % 2 = 0 THEN pgdurable.now() END
+                   3, CASE WHEN g % 2 = 0 THEN pgdurable.now() END,
+                   pgdurable.now() - interval '41 days'
               FROM generate_series(1, 40) g RETURNING id),
           a AS (SELECT id, row_number() OVER () AS k FROM r),
           cp AS (INSERT INTO pgdurable.checkpoints (run_id, step, token, state, created_at, wake)

@@ -113,13 +113,16 @@ COMMENT ON COLUMN pgdurable.run_events.final IS
 -- pgdurable._history_partition(table, name) -> void
 -- Internal: create pgdurable.<name> as a stand-alone copy of the history table
 -- <table> (columns, defaults, CHECKs, column comments), ready to be attached.
+-- Only <table>_default and <table>_pYYYYMMDD names (it runs as the schema owner).
 ------------------------------------------------------------------------------
 CREATE FUNCTION pgdurable._history_partition(p_table text, p_name text) RETURNS void
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pgdurable, pg_temp AS $$
 BEGIN
-  IF p_table NOT IN ('checkpoints', 'run_events') THEN
-    RAISE EXCEPTION '_history_partition: % is not a history table', p_table USING ERRCODE = 'PD000';
+  IF p_table NOT IN ('checkpoints', 'run_events')
+     OR NOT (p_name = p_table || '_default' OR p_name ~ ('^' || p_table || '_p[0-9]{8}$')) THEN
+    RAISE EXCEPTION '_history_partition: % is not a partition name of a history table', p_name
+      USING ERRCODE = 'PD000';
   END IF;
   EXECUTE format('CREATE TABLE pgdurable.%I (LIKE pgdurable.%I INCLUDING DEFAULTS '
                  'INCLUDING CONSTRAINTS INCLUDING COMMENTS)', p_name, p_table);

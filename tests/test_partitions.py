@@ -280,3 +280,12 @@ def test_migration_from_an_unpartitioned_installation_with_data(
                          (rid,)).fetchone() == ("completed", 3)
         assert c.execute("SELECT count(*) FROM pgdurable.checkpoints WHERE run_id = %s",
                          (rid,)).fetchone() == (4,)
+
+
+def test_partition_helper_creates_only_partition_names(conn: psycopg.Connection[Any]) -> None:
+    for table, name in (("runs", "runs_p20260101"), ("checkpoints", "leases2"),
+                        ("checkpoints", "run_events_p20260101"),
+                        ("checkpoints", "checkpoints_p2026")):
+        with pytest.raises(psycopg.Error, match="not a partition name"):
+            conn.execute("SELECT pgdurable._history_partition(%s, %s)", (table, name))
+    assert conn.execute("SELECT to_regclass('pgdurable.leases2')").fetchone() == (None,)

@@ -32,19 +32,23 @@
 -- Consumed signals are deleted with their runs by prune_runs.
 
 -- The views that read the history tables, to re-point after the swap. Their
--- text is taken with only pg_catalog on the search path, so every name in it is
+-- text is taken with only pg_catalog on the search path (a function's SET, so
+-- the caller's search_path is untouched), so every name in it is
 -- schema-qualified and resolves to the new tables.
-SELECT pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', true);
-CREATE TEMP TABLE pd_history_views ON COMMIT DROP AS
-  SELECT DISTINCT v.oid::regclass::text AS name, pg_get_viewdef(v.oid) AS def
+CREATE FUNCTION pg_temp.pd_history_views() RETURNS TABLE (name text, def text)
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp AS $$
+  SELECT DISTINCT v.oid::regclass::text, pg_get_viewdef(v.oid)
     FROM pg_depend d
     JOIN pg_rewrite w ON w.oid = d.objid
     JOIN pg_class v ON v.oid = w.ev_class
    WHERE d.classid = 'pg_rewrite'::regclass
      AND d.refclassid = 'pg_class'::regclass
      AND d.refobjid IN ('pgdurable.checkpoints'::regclass, 'pgdurable.run_events'::regclass)
-     AND v.relkind = 'v';
-SELECT pg_catalog.set_config('search_path', 'pg_catalog, pgdurable, pg_temp', true);
+     AND v.relkind = 'v'
+$$;
+CREATE TEMP TABLE pd_history_views ON COMMIT DROP AS SELECT * FROM pg_temp.pd_history_views();
+DROP FUNCTION pg_temp.pd_history_views();
 
 ALTER TABLE pgdurable.checkpoints RENAME TO checkpoints_unpartitioned;
 ALTER INDEX pgdurable.checkpoints_pkey RENAME TO checkpoints_unpartitioned_pkey;
@@ -316,7 +320,7 @@ DO $$
 DECLARE
   v record;
 BEGIN
-  FOR v IN SELECT name, def FROM pd_history_views LOOP
+  FOR v IN SELECT h.name, h.def FROM pg_temp.pd_history_views h LOOP
     EXECUTE format('CREATE OR REPLACE VIEW %s AS %s', v.name, v.def);
   END LOOP;
 END

@@ -289,3 +289,31 @@ def test_partition_helper_creates_only_partition_names(conn: psycopg.Connection[
         with pytest.raises(psycopg.Error, match="not a partition name"):
             conn.execute("SELECT pgdurable._history_partition(%s, %s)", (table, name))
     assert conn.execute("SELECT to_regclass('pgdurable.leases2')").fetchone() == (None,)
+
+
+async def test_run_maintenance_next_to_workers_is_leader_elected(dsn: str) -> None:
+    import asyncio
+
+    from pgdurable.partitions import MAINTENANCE_LEASE, run_maintenance
+    from tests._waiting import until
+
+    last = f"checkpoints_p{(datetime.now(UTC) + timedelta(days=6)):%Y%m%d}"
+
+    async def made() -> bool:
+        async with await psycopg.AsyncConnection.connect(dsn) as c:
+            cur = await c.execute("SELECT count(*) FROM pgdurable.history_partitions"
+                                  " WHERE partition_name = %s", (last,))
+            return (await cur.fetchone()) == (1,)
+
+    stop = asyncio.Event()
+    fleet = [asyncio.create_task(run_maintenance(dsn, every=0.05, days_ahead=6, stop=stop))
+             for _ in range(3)]
+    try:
+        await until(made, "the leader made the partitions")
+    finally:
+        stop.set()
+        await asyncio.gather(*fleet)
+    with psycopg.connect(dsn) as c:
+        owners = c.execute("SELECT owner FROM pgdurable.active_leases WHERE key = %s",
+                           (MAINTENANCE_LEASE,)).fetchall()
+    assert len(owners) == 1 and owners[0][0].startswith("maintenance:")

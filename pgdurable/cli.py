@@ -1,8 +1,8 @@
 """The ``pgdurable`` command line.
 
 Commands: ``migrate``, ``grant``, ``runs``, ``run ID``, ``leases``, ``cancel ID``,
-``retry ID``, ``signal KIND REF``, ``prune``, ``worker``, ``stats``, ``demo``, and ``fork``,
-``fork-failed``, ``rewind`` (:mod:`pgdurable.cli_fork`). Every listing takes
+``retry ID``, ``signal KIND REF``, ``prune``, ``maintain``, ``worker``, ``stats``, ``demo``, and
+``fork``, ``fork-failed``, ``rewind`` (:mod:`pgdurable.cli_fork`). Every listing takes
 ``--json`` (one JSON document on stdout). The database comes from ``--dsn``,
 else ``$PGDURABLE_DSN``, else ``$DATABASE_URL``.
 
@@ -566,6 +566,29 @@ def prune(
 
 
 @app.command()
+def maintain(
+    dsn: DsnOption = None,
+    days_ahead: Annotated[int, typer.Option("--days-ahead", min=0, max=366, help="Daily history partitions to keep ready ahead of today (UTC).")] = 3,
+    older_than: Annotated[str | None, typer.Option("--older-than", help="Also drop history partitions older than this (30d, ...), keeping rows of runs retention keeps.")] = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Create the history partitions ahead of time; with --older-than, drop old ones whole."""
+    from . import partitions
+
+    try:
+        result = partitions.maintain_sync(need_dsn(dsn), days_ahead=days_ahead,
+                                          older_than=older_than)
+    except PgDurableError as exc:
+        fail(str(exc))
+    if as_json:
+        print_json(result.as_dict())
+        return
+    out.print(f"created {result.created} partition(s), dropped {len(result.dropped)}"
+              + "".join(f"; {d.partition_name}: {d.rows_dropped} row(s) dropped, "
+                        f"{d.rows_kept} kept" for d in result.dropped), highlight=False)
+
+
+@app.command()
 def stats(dsn: DsnOption = None, as_json: JsonOption = False) -> None:
     """Per queue: runnable, leased, waiting, failed, and the age of the oldest runnable run."""
     with database(dsn) as conn:
@@ -626,12 +649,15 @@ def worker(
     prune_older_than: Annotated[str | None, typer.Option("--prune-older-than", help="Also prune finished runs older than this (7d, 12h, ...), one pruner at a time across the fleet.")] = None,
     prune_every: Annotated[float, typer.Option("--prune-every", min=1, help="Seconds between prunes.")] = 3600.0,
     no_listen: Annotated[bool, typer.Option("--no-listen", help="Poll only, no LISTEN connection (PgBouncer in transaction mode).")] = False,
+    maintain: Annotated[bool, typer.Option("--maintain", help="Also create history partitions ahead of time, hourly; one leader (a lease) across the fleet.")] = False,
 ) -> None:
     """Run a worker for MODULE:APP until SIGTERM/SIGINT (same as python -m pgdurable.worker)."""
     from .worker import main as worker_main
 
     if prune_older_than is not None:
         _start_pruner(app_spec, prune_older_than, prune_every)
+    if maintain:
+        _start_pruner(app_spec, None, 3600.0)
     with _one_line_exit():
         worker_main([app_spec, "--concurrency", str(concurrency), "--queues", queues,
                      "--lease-ttl", str(lease_ttl), "--poll", str(poll), "--grace", str(grace)]
@@ -649,22 +675,30 @@ def _one_line_exit() -> Iterator[None]:
         raise
 
 
-def _start_pruner(app_spec: str, older_than: str, every: float) -> None:
-    """A daemon thread pruning next to the worker (run_pruner_sync, exclusive batches)."""
+def _start_pruner(app_spec: str, older_than: str | None, every: float) -> None:
+    """A daemon thread pruning next to the worker (run_pruner_sync, exclusive batches).
+
+    ``older_than=None``: the history partition maintenance instead
+    (run_maintenance_sync, leader-elected).
+    """
     import os
     import threading
 
-    from . import retention
+    from . import partitions, retention
     from .worker import _load_app
 
     try:
-        age = retention.parse_age(older_than)
+        age = retention.parse_age(older_than) if older_than is not None else None
     except PgDurableError as exc:
         fail(str(exc))
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
     with _one_line_exit():
         target = need_dsn(_load_app(app_spec).conninfo)
+    if age is None:
+        threading.Thread(target=partitions.run_maintenance_sync, name="pgdurable-maintenance",
+                         daemon=True, kwargs={"target": target, "every": every}).start()
+        return
     threading.Thread(
         target=retention.run_pruner_sync, name="pgdurable-pruner", daemon=True,
         kwargs={"target": target, "every": every, "older_than": age},

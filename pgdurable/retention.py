@@ -1,7 +1,12 @@
 """Retention: prune finished runs in batches of short transactions.
 
-Finished runs (``completed``, ``failed``, ``cancelled``, ``incompatible``)
-older than a cut-off are deleted with their checkpoints, effects, events and
+Old history goes by partition first: every daily partition of checkpoints and
+run_events that ended before the cut-off is dropped whole
+(``pgdurable.drop_history_partitions``, :mod:`pgdurable.partitions`), keeping
+(moving to the default partition) the rows of runs that are not themselves
+old enough to prune. Then finished runs (``completed``, ``failed``,
+``cancelled``, ``incompatible``)
+older than a cut-off are deleted with their remaining checkpoints, effects, events and
 signals, and consumed thread messages (inboxes, :mod:`pgdurable.threads`)
 older than the same cut-off, and the events of pubsub topics nobody published
 to for as long (clients/mastra's ``PgDurablePubSub``). Each batch is ONE
@@ -84,6 +89,15 @@ PRUNE = (
 # -- dry run: how many rows prune_runs, prune_thread_messages and prune_pubsub would
 # -- delete in total
 # -- params: (older_than, older_than, older_than)
+# -- retention by partition first: drop whole daily history partitions older than
+# -- the cut-off; how many, and the checkpoint and event rows they held
+# -- params: (older_than)
+DROP_PARTITIONS = (
+    "SELECT count(*), "
+    "coalesce(sum(d.rows_dropped) FILTER (WHERE d.history_table = 'checkpoints'), 0), "
+    "coalesce(sum(d.rows_dropped) FILTER (WHERE d.history_table = 'run_events'), 0) "
+    "FROM pgdurable.drop_history_partitions(%s::interval) d"
+)
 PREVIEW = (
     "SELECT p.runs, p.checkpoints, p.effects, p.events, p.signals, "
     "(SELECT count(*) FROM pgdurable.thread_messages m WHERE m.consumed_at IS NOT NULL "
@@ -145,6 +159,9 @@ class PruneResult:
     pubsub: int = 0
     #: LangGraph checkpoints beyond their retention policy (pgdurable.contrib.langgraph)
     graph_checkpoints: int = 0
+    #: Whole history partitions dropped (their rows are counted in
+    #: ``checkpoints`` and ``events``).
+    partitions: int = 0
 
     @property
     def rows(self) -> int:
@@ -158,7 +175,7 @@ class PruneResult:
             "runs": self.runs, "checkpoints": self.checkpoints, "effects": self.effects,
             "events": self.events, "signals": self.signals, "messages": self.messages,
             "pubsub": self.pubsub, "graph_checkpoints": self.graph_checkpoints,
-            "batches": self.batches,
+            "partitions": self.partitions, "batches": self.batches,
             "dry_run": self.dry_run, "skipped": self.skipped,
         }
 
@@ -192,6 +209,7 @@ def _add(total: PruneResult, row: tuple[Any, ...]) -> tuple[PruneResult, PruneRe
         total.signals + this.signals, total.batches + 1, skipped=this.skipped,
         messages=total.messages + this.messages, pubsub=total.pubsub + this.pubsub,
         graph_checkpoints=total.graph_checkpoints + this.graph_checkpoints,
+        partitions=total.partitions,
     )
     return total, this
 
@@ -227,7 +245,10 @@ def _plan(
     """
     if dry_run:
         return _preview((yield _Statement(PREVIEW, (age, age, age))))
-    total = PruneResult()
+    dropped = yield _Statement(DROP_PARTITIONS, (age,))
+    assert dropped is not None
+    total = PruneResult(checkpoints=int(dropped[1]), events=int(dropped[2]),
+                        partitions=int(dropped[0]))
     params = _prune_params(age, size, exclusive)
     row = yield _Statement(PRUNE, params)
     while True:

@@ -139,7 +139,8 @@ checkpoints = Table(
     Column("step", Integer, primary_key=True),
     Column("token", BigInteger, nullable=False),
     Column("state", JSONB, nullable=False),
-    _ts("created_at", nullable=False, default=True),
+    # the partition key (daily partitions): part of the primary key
+    Column("created_at", _TZ, primary_key=True, server_default=FetchedValue(), nullable=False),
     Column("wake", JSONB),
     comment="Per-step checkpoint history of each run (the latest one is also runs.state).",
 )
@@ -184,7 +185,8 @@ run_events = Table(
            primary_key=True),
     Column("seq", BigInteger, primary_key=True),
     Column("event", JSONB, nullable=False),
-    _ts("created_at", nullable=False, default=True),
+    # the partition key (daily partitions): part of the primary key
+    Column("created_at", _TZ, primary_key=True, server_default=FetchedValue(), nullable=False),
     Column("step", Integer),
     Column("idx", Integer),
     Column("token", BigInteger),

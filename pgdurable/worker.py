@@ -626,7 +626,10 @@ class Worker:
                     return  # settled (failed, cancelled, lost)
                 if isinstance(outcome, BaseException) and is_lost_connection(outcome):
                     # the database, not the step: not an attempt; run it again
-                    # from the same checkpoint while the lease is trusted
+                    # from the same checkpoint while the lease is trusted; a
+                    # workflow's own checkpoints moved that checkpoint on
+                    if ctx.step != step:
+                        step, wake, spent = ctx.step, None, ctx.spent
                     if await self._step_again(a, window_end, db_delays):
                         continue
                     return

@@ -1,0 +1,132 @@
+"""Integration seams between features merged in parallel (workflows x the
+worker's lost-connection retry, children x fenced retries, results x poolers,
+the app role x workers with schedules, children, workflows and signals)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import psycopg
+from _waiting import app_running, finished
+
+import pgdurable
+from pgdurable import WorkflowContext
+
+
+@asynccontextmanager
+async def _running(worker: pgdurable.Worker) -> AsyncIterator[asyncio.Task[None]]:
+    """Run ``worker`` for the block (its task, to see it fail early); stop it after."""
+    task = asyncio.create_task(worker.run())
+    try:
+        yield task
+    finally:
+        await worker.stop(grace=2)
+        await task
+
+
+def _names(dsn: str, rid: str) -> list[str]:
+    with psycopg.connect(dsn) as c:
+        rows = c.execute(
+            "SELECT state->'workflow'->>'name' FROM pgdurable.checkpoints "
+            "WHERE run_id = %s ORDER BY step", (rid,)).fetchall()
+    return [r[0] for r in rows]
+
+
+async def test_workflow_lost_connection_after_a_checkpoint_resumes_from_it(dsn: str) -> None:
+    """A workflow whose code hits a lost connection after recording steps is run
+    again by the worker from its history: the recorded steps are not executed
+    again and the history is not taken for corrupt (the worker's step counter
+    follows the workflow's own checkpoints)."""
+    app = pgdurable.Durable(dsn)
+    calls: dict[str, int] = {}
+    lost = {"n": 0}
+
+    def tool(name: str) -> str:
+        calls[name] = calls.get(name, 0) + 1
+        return name
+
+    @app.workflow("lc", revision="1")
+    async def lc(ctx: WorkflowContext, _: Any) -> list[str]:
+        a = await ctx.step("a", tool, "a")
+        if not ctx.replaying and lost["n"] == 0:
+            lost["n"] += 1  # the database went away under the code (not a step failure)
+            raise psycopg.OperationalError("server closed the connection unexpectedly")
+        b = await ctx.step("b", tool, "b")
+        return [a, b]
+
+    async with app, app_running(app):
+        rid = await app.start("lc", None)
+        info = await finished(app, rid)
+    assert info.status == "completed", info.error
+    assert info.result == ["a", "b"]
+    assert calls == {"a": 1, "b": 1}
+    assert lost["n"] == 1
+    assert _names(dsn, rid) == ["a", "b", "return"]
+    assert info.attempts == 0
+
+
+async def test_app_role_runs_a_worker_with_a_schedule_a_workflow_a_child_and_a_signal(
+        dsn: str) -> None:
+    """The app role (EXECUTE + SELECT, `pgdurable grant`) is enough for a worker
+    that declares and ticks a schedule, runs a workflow that starts a child and
+    waits for a signal, and for the operator calls on schedules and pubsub."""
+    from datetime import timedelta
+
+    from _waiting import until
+    from test_security_boundary import _as, _grant, roles
+
+    from pgdurable.schedules import list_schedules, pause_schedule, resume_schedule
+
+    with roles(dsn, "NOLOGIN", "LOGIN", "LOGIN") as (owner, app_role, ro):
+        _grant(dsn, owner, app_role, ro)
+        app = pgdurable.Durable(_as(dsn, app_role))
+
+        @app.task("kid")
+        async def kid(ctx: pgdurable.RunContext, state: Any) -> pgdurable.Done:
+            return pgdurable.Done(f"kid:{state}")
+
+        @app.workflow("parent", revision="1")
+        async def parent(ctx: WorkflowContext, state: Any) -> dict[str, Any]:
+            child = await ctx.start_child("kid", "x")
+            [out] = await ctx.gather([child])
+            go = await ctx.wait_signal("go", ctx.run_id, timeout=timedelta(hours=1))
+            return {"child": out["result"], "go": go}
+
+        app.schedule("every-second", every=timedelta(seconds=1), task="parent")
+        try:
+            async with app, _running(app.worker(poll_interval=0.2)) as run_task:
+                fired: list[str] = []
+
+                async def ticked() -> bool:
+                    if run_task.done():
+                        run_task.result()  # the worker's own error, not a timeout
+                    for s in await list_schedules(app, "every-second"):
+                        if s.last_run_id is not None:
+                            fired.append(str(s.last_run_id))
+                    return bool(fired)
+
+                await until(ticked, "the schedule to tick")
+                assert await pause_schedule(app, "every-second")
+                rid = fired[0]
+
+                async def parked_on_signal() -> bool:
+                    info = await app.get_run(rid)
+                    return info.status == "waiting" and info.wait_kind == "go"
+
+                await until(parked_on_signal, "the workflow to wait for its signal")
+                await app.signal("go", rid, {"ok": True})
+                info = await finished(app, rid)
+                assert await resume_schedule(app, "every-second")
+                assert await pause_schedule(app, "every-second")
+            assert info.status == "completed", info.error
+            assert info.result == {"child": "kid:x", "go": {"ok": True}}
+            with psycopg.connect(_as(dsn, app_role), autocommit=True) as c:
+                assert c.execute("SELECT pgdurable.pubsub_publish('t', ARRAY['{\"a\":1}'::json])"
+                                 ).fetchone() is not None
+                rows = c.execute("SELECT * FROM pgdurable.pubsub_read('t', -1, 10)").fetchall()
+                assert len(rows) == 1
+        finally:
+            await app.close()

@@ -818,11 +818,15 @@ class Worker:
         self, a: _Active, task: Task, attempts: int, ident: tuple[Any, ...], state_json: str,
         spend: float, wait: Wait,
     ) -> None:
-        """Wait.children: the fenced park of pgdurable.children; ids that are not
-        this run's children fail the run (InvalidInput, nothing written)."""
+        """Wait.children: the fenced park of pgdurable.children (sent again after a
+        transient error while the lease is trusted, like :meth:`_fenced`); ids that
+        are not this run's children fail the run (InvalidInput, nothing written)."""
         try:
-            row = await park_children(self.app, ident, state_json, spend, wait.child_ids,
-                                      wait.need, _as_timedelta(wait.timeout))
+            row = await retry_while(
+                lambda: park_children(self.app, ident, state_json, spend, wait.child_ids,
+                                      wait.need, _as_timedelta(wait.timeout)),
+                lambda: self._trusted(a),
+            )
         except InvalidInput as exc:
             await self._fail(a, task, attempts, exc, spend, True)
             return

@@ -130,3 +130,75 @@ async def test_app_role_runs_a_worker_with_a_schedule_a_workflow_a_child_and_a_s
                 assert len(rows) == 1
         finally:
             await app.close()
+
+
+async def _cancel_blocked(dsn: str, needle: str) -> None:
+    """pg_cancel_backend the backend of this database that waits on a lock in
+    a statement containing ``needle`` (once it is there)."""
+    from _waiting import until
+
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as c:
+        async def cancelled() -> bool:
+            cur = await c.execute(
+                "SELECT pg_cancel_backend(pid) FROM pg_stat_activity "
+                "WHERE datname = current_database() AND pid <> pg_backend_pid() "
+                "AND wait_event_type = 'Lock' AND query LIKE %s", (f"%{needle}%",))
+            return any(r[0] for r in await cur.fetchall())
+
+        await until(cancelled, f"a statement with {needle} waiting on a lock")
+
+
+async def test_park_on_children_is_sent_again_after_a_transient_error(dsn: str) -> None:
+    """The fenced park on children is retried over a transient error (here a
+    cancelled statement, SQLSTATE 57014) like the other parks: the run parks,
+    its lease is not left to lapse and its step does not run a second time."""
+    from datetime import timedelta
+
+    from _waiting import until
+
+    app = pgdurable.Durable(dsn)
+    ran = {"parent": 0}
+    blocker: list[asyncio.Task[None]] = []
+
+    @app.task("kid")
+    async def kid(ctx: pgdurable.RunContext, state: Any) -> Any:
+        if ctx.step == 0:
+            return pgdurable.Wait(signal=("go", ctx.run_id), timeout=timedelta(hours=1))
+        return pgdurable.Done("kid done")
+
+    @app.task("parent")
+    async def parent(ctx: pgdurable.RunContext, state: Any) -> Any:
+        if ctx.step == 1:
+            return pgdurable.Done(ctx.wake)
+        ran["parent"] += 1
+        cid = await ctx.start_child("kid", None, key="k")
+        if ran["parent"] == 1:
+            # hold the parent's row: the park on the child waits for it, and is cancelled
+            lock = await psycopg.AsyncConnection.connect(dsn)
+            await lock.execute("SELECT 1 FROM pgdurable.runs WHERE id = %s FOR UPDATE",
+                               (ctx.run_id,))
+
+            async def cancel_then_unlock() -> None:
+                try:
+                    await _cancel_blocked(dsn, "park_children")
+                finally:
+                    await lock.rollback()
+                    await lock.close()
+
+            blocker.append(asyncio.create_task(cancel_then_unlock()))
+        return pgdurable.Wait.children([cid], state={"kid": cid})
+
+    async with app, app_running(app):
+        rid = await app.start("parent", None)
+
+        async def parked() -> bool:
+            info = await app.get_run(rid)
+            return info.status == "waiting" and info.wait_kind == "children"
+
+        await until(parked, "the parent to park on its child")
+        await blocker[0]
+        kid_id = (await app.get_run(rid)).state["kid"]
+        await app.signal("go", kid_id, None)
+        info = await finished(app, rid)
+    assert info.status == "completed", info.error
+    assert ran["parent"] == 1

@@ -605,7 +605,7 @@ class Worker:
             checkpoint=lambda state_json, spend: self._writer.write(
                 a.run_id, a.token, ctx.step, state_json, spend, None, trusted
             ),
-            release=lambda: self.app.fetchone(q.RELEASE, (a.run_id, a.token, self.worker_id)),
+            release=lambda: self._fenced(a, q.RELEASE, (a.run_id, a.token, self.worker_id)),
             should_yield=lambda: (self._stopping or a.stop_reason is not None
                                   or time.monotonic() >= window_end),
         )

@@ -202,3 +202,48 @@ async def test_park_on_children_is_sent_again_after_a_transient_error(dsn: str) 
         info = await finished(app, rid)
     assert info.status == "completed", info.error
     assert ran["parent"] == 1
+
+
+def _fail_first_release(dsn: str) -> None:
+    """A trigger that fails the first release of a run (leased -> runnable) with
+    a serialization failure (SQLSTATE 40001: transient, nothing committed)."""
+    with psycopg.connect(dsn, autocommit=True) as c:
+        c.execute("CREATE SEQUENCE public.release_tries")
+        c.execute("""
+            CREATE FUNCTION pgdurable.test_fail_first_release() RETURNS trigger
+            LANGUAGE plpgsql AS $$
+            BEGIN
+              IF OLD.status = 'leased' AND NEW.status = 'runnable'
+                 AND pg_catalog.nextval('public.release_tries') = 1 THEN
+                RAISE EXCEPTION 'injected' USING ERRCODE = '40001';
+              END IF;
+              RETURN NEW;
+            END $$""")
+        c.execute("CREATE TRIGGER fail_first_release BEFORE UPDATE ON pgdurable.runs "
+                  "FOR EACH ROW EXECUTE FUNCTION pgdurable.test_fail_first_release()")
+
+
+async def test_workflow_release_at_the_lease_window_is_retried_not_an_attempt(dsn: str) -> None:
+    """A workflow gives its run back at a step boundary once the lease window is
+    used up; a transient error of that release is retried under the lease like
+    the worker's other fenced writes, not recorded as a failed attempt."""
+    _fail_first_release(dsn)
+    app = pgdurable.Durable(dsn)
+    calls: list[int] = []
+
+    @app.workflow("windowed", revision="1")
+    async def windowed(ctx: WorkflowContext, n: int) -> int:
+        total = 0
+        for i in range(n):
+            total += await ctx.step(f"s{i}", lambda i=i: calls.append(i) or i)
+        return total
+
+    async with app, app_running(app, lease_window=0.001):
+        info = await finished(app, await app.start("windowed", 2))
+    assert info.status == "completed", info.error
+    assert info.result == 1
+    assert calls == [0, 1]
+    assert info.attempts == 0
+    with psycopg.connect(dsn) as c:
+        tries = c.execute("SELECT last_value FROM public.release_tries").fetchone()
+    assert tries is not None and tries[0] >= 2  # the injected failure happened

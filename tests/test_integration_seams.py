@@ -247,3 +247,36 @@ async def test_workflow_release_at_the_lease_window_is_retried_not_an_attempt(ds
     with psycopg.connect(dsn) as c:
         tries = c.execute("SELECT last_value FROM public.release_tries").fetchone()
     assert tries is not None and tries[0] >= 2  # the injected failure happened
+
+
+def test_sync_result_listens_on_no_pooled_server_connection(
+        dsn: str, tmp_path: Any, pg_server: Any) -> None:
+    """DurableClient.result behind a transaction pooler: its LISTEN must not go
+    through the pooler (the server connection is shared: the LISTEN would stay
+    on it for other clients, and no notification reaches the waiter); it reads
+    through the pooler without prepared statements and LISTENs on the listen DSN."""
+    import pytest
+    from _pgbouncer import PGBOUNCER, PgBouncer
+    from psycopg.conninfo import conninfo_to_dict
+
+    if PGBOUNCER is None:
+        pytest.skip("pgbouncer is not installed")
+    b = PgBouncer(pg_server, "transaction", tmp_path / "pgbouncer", pool_size=1)
+    b.start()
+    try:
+        pooled = b.dsn(str(conninfo_to_dict(dsn)["dbname"]))
+        app = pgdurable.Durable(pooled, pooler="transaction")
+
+        @app.task("never")
+        async def never(ctx: pgdurable.RunContext, state: Any) -> Any:
+            return pgdurable.Done(None)
+
+        with pgdurable.DurableClient(app=app) as client:
+            rid = client.start("never", None)
+            with pytest.raises(pgdurable.ResultTimeout):
+                client.result(rid, timeout=0)
+        with psycopg.connect(pooled, autocommit=True, prepare_threshold=None) as c:
+            channels = c.execute("SELECT pg_catalog.pg_listening_channels()").fetchall()
+        assert channels == []  # the one server connection LISTENs on nothing
+    finally:
+        b.stop()

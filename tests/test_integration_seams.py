@@ -280,3 +280,14 @@ def test_sync_result_listens_on_no_pooled_server_connection(
         assert channels == []  # the one server connection LISTENs on nothing
     finally:
         b.stop()
+
+
+def test_lease_provider_pools_keep_the_dsns_connect_timeout(dsn: str) -> None:
+    """Like the app's and the client's pools: the library's 10 s connect timeout
+    only when the DSN (or PGCONNECT_TIMEOUT) sets none (pool kwargs override the DSN)."""
+    from psycopg.conninfo import make_conninfo
+
+    own = make_conninfo(dsn, connect_timeout="3")
+    for cls in (pgdurable.PostgresLeaseProvider, pgdurable.AsyncPostgresLeaseProvider):
+        assert cls(dsn)._pool.kwargs["connect_timeout"] == 10
+        assert "connect_timeout" not in cls(own)._pool.kwargs  # the DSN's own wins

@@ -291,3 +291,62 @@ def test_lease_provider_pools_keep_the_dsns_connect_timeout(dsn: str) -> None:
     for cls in (pgdurable.PostgresLeaseProvider, pgdurable.AsyncPostgresLeaseProvider):
         assert cls(dsn)._pool.kwargs["connect_timeout"] == 10
         assert "connect_timeout" not in cls(own)._pool.kwargs  # the DSN's own wins
+
+
+def _half_server() -> tuple[Any, str]:
+    """A TCP server that completes a PostgreSQL startup (no password) and then
+    closes the connection at the first query: a pooler restarting under a
+    connection that had just been accepted. Returns (socket, dsn)."""
+    import socket
+    import struct
+    import threading
+
+    def handle(c: socket.socket) -> None:
+        with c:
+            n = struct.unpack("!I", c.recv(4))[0]
+            body = c.recv(n - 4)
+            if struct.unpack("!I", body[:4])[0] == 80877103:  # SSLRequest: no
+                c.sendall(b"N")
+                n = struct.unpack("!I", c.recv(4))[0]
+                c.recv(n - 4)
+            c.sendall(b"R" + struct.pack("!II", 8, 0))  # AuthenticationOk
+            for k, v in ((b"server_version", b"16.0"), (b"client_encoding", b"UTF8")):
+                p = k + b"\0" + v + b"\0"
+                c.sendall(b"S" + struct.pack("!I", 4 + len(p)) + p)
+            c.sendall(b"Z" + struct.pack("!I", 5) + b"I")  # ReadyForQuery
+            c.recv(1000)  # the first query; then gone
+
+    def serve(s: socket.socket) -> None:
+        while True:
+            try:
+                c, _ = s.accept()
+            except OSError:
+                return
+            threading.Thread(target=handle, args=(c,), daemon=True).start()
+
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    s.listen()
+    threading.Thread(target=serve, args=(s,), daemon=True).start()
+    return s, f"host=127.0.0.1 port={s.getsockname()[1]} dbname=x user=x sslmode=disable"
+
+
+async def test_a_connection_lost_during_setup_is_unavailable_not_a_crash() -> None:
+    """A connection lost while the library sets it up (SESSION_SETUP) is
+    DatabaseUnavailable like a failed connect, and the start-up probe lets the
+    pool wait for the server (a worker started while PgBouncer restarts)."""
+    import pytest
+
+    from pgdurable.errors import DatabaseUnavailable
+    from pgdurable.pooler import aconnect, aprobe, connect, probe
+
+    s, half = _half_server()
+    try:
+        with pytest.raises(DatabaseUnavailable):
+            connect(half)
+        with pytest.raises(DatabaseUnavailable):
+            await aconnect(half)
+        probe(half)  # nothing refused: returns
+        await aprobe(half)
+    finally:
+        s.close()

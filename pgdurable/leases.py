@@ -69,7 +69,7 @@ from ._db import validate_dsn
 from ._leases_sql import MAX_TTL_MS, LeaseGrant
 from .errors import DatabaseUnavailable, LeaseLost, ProviderClosed, translate
 from .migrations import acheck_schema, check_schema
-from .pooler import aconfigure, configure, connect_kwargs
+from .pooler import aconfigure, configure, connect_kwargs, connect_timeout
 
 __all__ = [
     "MAX_TTL_MS",
@@ -229,8 +229,9 @@ class _AsyncLeaseConnection(psycopg.AsyncConnection[Any]):
     lease_cursor: psycopg.AsyncRawCursor[Any] | None = None
 
 
-def _pool_kwargs() -> dict[str, Any]:
-    return {**connect_kwargs(), "connect_timeout": 10}
+def _pool_kwargs(conninfo: str) -> dict[str, Any]:
+    # the DSN's (or PGCONNECT_TIMEOUT's) connect timeout wins: pool kwargs override the DSN
+    return {**connect_kwargs(), **connect_timeout(conninfo)}
 
 
 class _Base:
@@ -244,7 +245,7 @@ class _Base:
         if isinstance(conninfo_or_pool, str):
             conninfo = validate_dsn(conninfo_or_pool)
             setup = aconfigure() if pool_cls is AsyncConnectionPool else configure()
-            self._pool = pool_cls(conninfo, kwargs=_pool_kwargs(), min_size=min_size,
+            self._pool = pool_cls(conninfo, kwargs=_pool_kwargs(conninfo), min_size=min_size,
                                   max_size=max_size, open=False, timeout=timeout,
                                   connection_class=conn_cls, configure=setup,
                                   name="pgdurable-leases")

@@ -172,6 +172,9 @@ def connect(conninfo: str, pooler: Pooler | None = None, **kwargs: Any) -> psyco
         raise DatabaseUnavailable(f"cannot connect: {first_line(str(exc))}") from None
     try:
         configure(pooler)(conn)
+    except psycopg.OperationalError as exc:  # lost during setup (a pooler restarting)
+        conn.close()
+        raise DatabaseUnavailable(f"cannot connect: {first_line(str(exc))}") from None
     except BaseException:
         conn.close()
         raise
@@ -189,6 +192,9 @@ async def aconnect(
         raise DatabaseUnavailable(f"cannot connect: {first_line(str(exc))}") from None
     try:
         await aconfigure(pooler)(conn)
+    except psycopg.OperationalError as exc:  # lost during setup (a pooler restarting)
+        await conn.close()
+        raise DatabaseUnavailable(f"cannot connect: {first_line(str(exc))}") from None
     except BaseException:
         await conn.close()
         raise

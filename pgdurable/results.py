@@ -13,7 +13,8 @@ Outcome: a ``completed`` run's result is returned; ``failed`` (or
 error; ``cancelled`` raises :class:`~pgdurable.RunCancelled`; no end within
 ``timeout`` raises :class:`~pgdurable.ResultTimeout` (the run goes on). The
 async form shares the app's one listener connection per event loop (see
-:mod:`pgdurable.stream`); the sync form opens one connection per call.
+:mod:`pgdurable.stream`); the sync form opens its own connection per call (and one to LISTEN on
+when the reads go through a transaction pooler and a ``listen_dsn`` is set).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 from . import _runs_sql as q
 from ._db import connect, translated
 from .errors import ResultTimeout, RunCancelled, RunFailed, RunNotFound
+from .pooler import Pooler
 
 if TYPE_CHECKING:
     from .runs import Durable
@@ -107,13 +109,22 @@ async def await_result(app: Durable, run_id: object, timeout: object = None) -> 
         await hub.unsubscribe(str(rid), event)
 
 
-def result_sync(conninfo: str, run_id: object, timeout: object = None) -> Any:
-    """Sync twin of :func:`await_result` on a connection of its own."""
+def result_sync(conninfo: str, run_id: object, timeout: object = None, *,
+                pooler: Pooler | None = None, listen_to: str | None = None) -> Any:
+    """Sync twin of :func:`await_result`: reads on a connection of its own
+    (through ``pooler``) and LISTENs on ``listen_to`` (the same connection when
+    it is ``conninfo`` and no transaction pooler is in between; None: poll).
+    """
     rid = q.check_run_id(run_id)
     limit = _timeout(timeout)
     end = None if limit is None else time.monotonic() + limit
-    with connect(conninfo) as conn, translated():
-        conn.execute(f"LISTEN {CHANNEL}")
+    with contextlib.ExitStack() as stack, translated():
+        conn = stack.enter_context(connect(conninfo, pooler=pooler))
+        listener = None
+        if listen_to is not None:
+            listener = conn if listen_to == conninfo and pooler != "transaction" else (
+                stack.enter_context(connect(listen_to)))
+            listener.execute(f"LISTEN {CHANNEL}")
         while True:
             done, result = outcome(conn.execute(READ, (rid,)).fetchone(), rid)
             if done:
@@ -122,6 +133,9 @@ def result_sync(conninfo: str, run_id: object, timeout: object = None) -> Any:
             if left is not None and left <= 0:
                 raise _expired(rid, limit)
             wait = POLL if left is None else min(POLL, left)
-            for n in conn.notifies(timeout=wait):
+            if listener is None:
+                time.sleep(wait)  # no LISTEN possible (transaction pooler): poll
+                continue
+            for n in listener.notifies(timeout=wait):
                 if n.payload == str(rid):
                     break

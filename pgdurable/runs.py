@@ -794,6 +794,9 @@ class DurableClient:
         self.pooler: Pooler | None = resolve_pooler(
             pooler if pooler is not None or app is None else app.pooler)
         self._registry = app._registry if app is not None else TaskRegistry()
+        # where result() LISTENs: as a worker would (listen_dsn; none behind a transaction pooler)
+        self._listen_to = listen_conninfo(
+            dsn, self.pooler, app.listen_dsn if app is not None else _listen_dsn(None))
         self._pool: ConnectionPool[Any] = self._new_pool(dsn, max(1, pool_size))
         self._opened = False
         self._closed = False
@@ -927,7 +930,8 @@ class DurableClient:
 
         if self._closed:
             raise ProviderClosed("this DurableClient is closed")
-        return result_sync(self._dsn, run_id, timeout)
+        return result_sync(self._dsn, run_id, timeout, pooler=self.pooler,
+                           listen_to=self._listen_to)
 
     def run_tree(self, run_id: Any) -> list[TreeNode]:
         """Sync twin of :meth:`Durable.run_tree`."""

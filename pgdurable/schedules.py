@@ -113,10 +113,10 @@ NOW = "SELECT pgdurable.now()"
 # -- lock each other's rows in opposite orders: upserts vs mark_undeclared)
 DECLARE_LOCK = "SELECT pg_advisory_xact_lock(%s::bigint)"
 DECLARE_LOCK_KEY = 0x7067647363686564  # "pgdsched"
-# -- one schedule's cadence, locked (resume plans from it); no row if unknown
+# -- one schedule's cadence, locked (resume plans from it); PD160 unknown. Locked
+# -- by pgdurable._schedule (SECURITY DEFINER): the app role may not lock rows itself
 CADENCE_FOR_UPDATE = (
-    "SELECT cron, every, timezone, pgdurable.now() FROM pgdurable.schedules "
-    "WHERE name = %s::text FOR UPDATE"
+    "SELECT s.cron, s.every, s.timezone, pgdurable.now() FROM pgdurable._schedule(%s::text) s"
 )
 # -- pause: true if it was running (PD160 unknown)
 PAUSE = "SELECT pgdurable.pause_schedule(%s::text)"

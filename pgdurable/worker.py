@@ -610,7 +610,7 @@ class Worker:
             checkpoint=lambda state_json, spend: self._writer.write(
                 a.run_id, a.token, ctx.step, state_json, spend, None, trusted
             ),
-            release=lambda: self.app.fetchone(q.RELEASE, (a.run_id, a.token, self.worker_id)),
+            release=lambda: self._fenced(a, q.RELEASE, (a.run_id, a.token, self.worker_id)),
             should_yield=lambda: (self._stopping or a.stop_reason is not None
                                   or time.monotonic() >= window_end),
         )
@@ -631,7 +631,10 @@ class Worker:
                     return  # settled (failed, cancelled, lost)
                 if isinstance(outcome, BaseException) and is_lost_connection(outcome):
                     # the database, not the step: not an attempt; run it again
-                    # from the same checkpoint while the lease is trusted
+                    # from the same checkpoint while the lease is trusted; a
+                    # workflow's own checkpoints moved that checkpoint on
+                    if ctx.step != step:
+                        step, wake, spent = ctx.step, None, ctx.spent
                     if await self._step_again(a, window_end, db_delays):
                         continue
                     return
@@ -827,11 +830,15 @@ class Worker:
         self, a: _Active, task: Task, attempts: int, ident: tuple[Any, ...], state_json: str,
         spend: float, wait: Wait,
     ) -> None:
-        """Wait.children: the fenced park of pgdurable.children; ids that are not
-        this run's children fail the run (InvalidInput, nothing written)."""
+        """Wait.children: the fenced park of pgdurable.children (sent again after a
+        transient error while the lease is trusted, like :meth:`_fenced`); ids that
+        are not this run's children fail the run (InvalidInput, nothing written)."""
         try:
-            row = await park_children(self.app, ident, state_json, spend, wait.child_ids,
-                                      wait.need, _as_timedelta(wait.timeout))
+            row = await retry_while(
+                lambda: park_children(self.app, ident, state_json, spend, wait.child_ids,
+                                      wait.need, _as_timedelta(wait.timeout)),
+                lambda: self._trusted(a),
+            )
         except InvalidInput as exc:
             await self._fail(a, task, attempts, exc, spend, True)
             return

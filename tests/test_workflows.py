@@ -405,3 +405,31 @@ async def test_children_start_once_and_gather_wakes_the_parent_once(dsn: str) ->
 async def ctx_less_gather() -> None:
     """Wait.children refuses a bad id list before anything parks."""
     pgdurable.Wait.children(["not-a-uuid"])
+
+
+async def test_fork_of_a_workflow_replays_recorded_steps_up_to_the_fork_point(dsn: str) -> None:
+    """app.fork on a workflow run: the fork's history is the source's first
+    checkpoints, so its recorded steps return without calling fn again and only
+    the steps after the fork point run (pgdurable.fork + pgdurable.workflows)."""
+    app = pgdurable.Durable(dsn)
+    calls: dict[str, int] = {}
+
+    def tool(name: str) -> str:
+        calls[name] = calls.get(name, 0) + 1
+        return name.upper()
+
+    @app.workflow("pipeline", revision="1")
+    async def pipeline(ctx: WorkflowContext, _input: Any) -> list[str]:
+        return [await ctx.step(n, tool, n) for n in ("a", "b", "c", "d")]
+
+    async with app, app_running(app):
+        rid = await app.start("pipeline", {})
+        source = await finished(app, rid)
+        assert _names(dsn, rid) == ["a", "b", "c", "d", "return"]
+        fork_id = await app.fork(rid, from_step=2)   # after "a" and "b" were recorded
+        forked = await finished(app, fork_id)
+    assert source.status == forked.status == "completed"
+    assert forked.result == source.result == ["A", "B", "C", "D"]
+    assert calls == {"a": 1, "b": 1, "c": 2, "d": 2}
+    assert _names(dsn, fork_id) == ["a", "b", "c", "d", "return"]
+    assert _names(dsn, rid) == ["a", "b", "c", "d", "return"]  # the source is untouched

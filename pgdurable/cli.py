@@ -562,6 +562,7 @@ def worker(
     prune_older_than: Annotated[str | None, typer.Option("--prune-older-than", help="Also prune finished runs older than this (7d, 12h, ...), one pruner at a time across the fleet.")] = None,
     prune_every: Annotated[float, typer.Option("--prune-every", min=1, help="Seconds between prunes.")] = 3600.0,
     no_listen: Annotated[bool, typer.Option("--no-listen", help="Poll only, no LISTEN connection (PgBouncer in transaction mode).")] = False,
+    metrics_port: Annotated[int | None, typer.Option("--metrics-port", help="Serve Prometheus /metrics on this port (pgdurable[metrics]).")] = None,
 ) -> None:
     """Run a worker for MODULE:APP until SIGTERM/SIGINT (same as python -m pgdurable.worker)."""
     from .worker import main as worker_main
@@ -571,7 +572,8 @@ def worker(
     with _one_line_exit():
         worker_main([app_spec, "--concurrency", str(concurrency), "--queues", queues,
                      "--lease-ttl", str(lease_ttl), "--poll", str(poll), "--grace", str(grace)]
-                    + (["--no-listen"] if no_listen else []))
+                    + (["--no-listen"] if no_listen else [])
+                    + ([] if metrics_port is None else ["--metrics-port", str(metrics_port)]))
 
 
 @contextmanager

@@ -25,12 +25,15 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 from . import _runs_sql as q
+from . import metrics
 from ._db import library_options, resolve_dsn, translated, validate_dsn
 from .effects import DEFAULT_LEASE as DEFAULT_IDEMPOTENCY_LEASE
 from .effects import DEFAULT_TTL as DEFAULT_IDEMPOTENCY_TTL
 from .effects import with_idempotency, with_idempotency_sync
 from .errors import InvalidInput, ProviderClosed, RunNotFound, UnknownTask
+from .metadata import start_statement
 from .migrations import acheck_schema, check_schema
+from .search import Page, list_runs_query, make_page
 from .signals import DEFAULT_MAX_PAYLOAD, DEFAULT_SIGNAL_TTL, signal_params, signal_run_params
 
 if TYPE_CHECKING:
@@ -369,6 +372,7 @@ class Durable:
         budget: float | None = None,
         revision: str | None = None,
         max_attempts: int | None = None,
+        metadata: dict[str, Any] | None = None,
         conn: psycopg.AsyncConnection[Any] | None = None,
     ) -> str:
         """Start a run of ``task`` and return its id.
@@ -377,7 +381,8 @@ class Durable:
         datetime. The same ``idempotency_key`` returns the existing run's id.
         With ``conn=`` the run is inserted inside the caller's transaction
         (workers are notified on commit only). An unregistered ``task`` needs
-        ``revision=`` (else :class:`UnknownTask`).
+        ``revision=`` (else :class:`UnknownTask`). ``metadata`` (a JSON object)
+        labels the run for search (:meth:`list_runs`, see :mod:`pgdurable.metadata`).
         """
         if self._closed:
             raise ProviderClosed("this Durable app is closed")
@@ -385,13 +390,26 @@ class Durable:
             self._registry, task, state, queue, priority, idempotency_key, deadline, budget,
             revision, max_attempts,
         )
+        sql, params = start_statement(params, metadata)  # metadata + trace context
         if conn is not None:
             with translated():
-                cur = await conn.execute(q.START, params)
+                cur = await conn.execute(sql, params)
                 row = await cur.fetchone()
         else:
-            row = await self.fetchone(q.START, params)
+            row = await self.fetchone(sql, params)
+        metrics.run_started(task)
         return str(_one(row))
+
+    async def list_runs(self, **filters: Any) -> Page:
+        """One page of runs, newest first (keyset pagination; see :func:`pgdurable.search.list_runs_query`).
+
+        Filters: ``status`` (one or a list), ``task``, ``queue``, ``metadata``
+        (containment), ``since``/``until`` (created_at), ``id_prefix``,
+        ``limit`` (1..1000, default 50) and ``cursor`` (``page.next_cursor``).
+        """
+        sql, params = list_runs_query(**filters)
+        limit = int(params[-1]) - 1
+        return make_page(await self.fetchall(sql, params, prepare=None), limit)
 
     async def get_run(self, run_id: Any) -> RunInfo:
         """The run's current row as :class:`RunInfo` (:class:`RunNotFound` if none)."""
@@ -682,6 +700,7 @@ class DurableClient:
         budget: float | None = None,
         revision: str | None = None,
         max_attempts: int | None = None,
+        metadata: dict[str, Any] | None = None,
         conn: psycopg.Connection[Any] | None = None,
     ) -> str:
         """Start a run (see :meth:`Durable.start`); ``conn=`` for a transactional start."""
@@ -691,12 +710,20 @@ class DurableClient:
             self._registry, task, state, queue, priority, idempotency_key, deadline, budget,
             revision, max_attempts,
         )
+        sql, params = start_statement(params, metadata)  # metadata + trace context
         if conn is not None:
             with translated():
-                row = conn.execute(q.START, params).fetchone()
+                row = conn.execute(sql, params).fetchone()
         else:
-            row = self._fetchone(q.START, params)
+            row = self._fetchone(sql, params)
+        metrics.run_started(task)
         return str(_one(row))
+
+    def list_runs(self, **filters: Any) -> Page:
+        """Sync twin of :meth:`Durable.list_runs`."""
+        sql, params = list_runs_query(**filters)
+        limit = int(params[-1]) - 1
+        return make_page(self._fetchall(sql, params), limit)
 
     def get_run(self, run_id: Any) -> RunInfo:
         """The run as :class:`RunInfo` (:class:`RunNotFound` if none)."""

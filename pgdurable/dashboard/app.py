@@ -26,6 +26,7 @@ from contextlib import asynccontextmanager
 from datetime import datetime
 from importlib import resources
 from typing import Any
+from urllib.parse import parse_qs, quote
 
 import jinja2
 from psycopg.rows import dict_row
@@ -236,7 +237,10 @@ class _Dashboard:
             rid = str(rq.check_run_id(request.path_params["run_id"]))
         except (TypeError, ValueError) as exc:
             return self.page(request, "error.html", status_code=404, message=str(exc))
-        form = await request.form()
+        body = await request.body()
+        if len(body) > 65536:
+            return self.page(request, "error.html", status_code=413, message="form too large")
+        form = {k: v[0] for k, v in parse_qs(body.decode("utf-8", "replace")).items()}
         site = request.headers.get("sec-fetch-site")
         origin = request.headers.get("origin")
         own = f"{request.url.scheme}://{request.url.netloc}"
@@ -289,8 +293,6 @@ class _Dashboard:
 
 
 def _quote(value: str) -> str:
-    from urllib.parse import quote
-
     return quote(value, safe="")
 
 

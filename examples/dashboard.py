@@ -15,6 +15,8 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
+import threading
+import time
 
 import httpx
 import uvicorn
@@ -25,7 +27,7 @@ from pgdurable.dashboard import create_app
 DSN = os.environ["PGDURABLE_DSN"]
 
 
-async def main() -> None:
+async def main() -> str:
     async with pgdurable.Durable(DSN) as app:
         acme = await app.start("agent", {"q": "hello"}, revision="1",
                                metadata={"tenant": "acme", "user": "u-7"})
@@ -34,23 +36,28 @@ async def main() -> None:
         assert [r.id for r in page.items] == [acme] and page.next_cursor is None
         print(f"list_runs(metadata={{'tenant': 'acme'}}) -> {acme}")
 
+    return acme
+
+
+def fetch_dashboard(acme: str) -> None:
+    """Serve the dashboard in a thread and fetch its Runs page, filtered by metadata."""
     with socket.socket() as s:  # a free port for the demo server
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     server = uvicorn.Server(uvicorn.Config(create_app(DSN), host="127.0.0.1", port=port,
                                            log_level="warning"))
-    serving = asyncio.create_task(server.serve())
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
     while not server.started:
-        await asyncio.sleep(0.01)
+        time.sleep(0.01)
     try:
-        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as http:
-            r = await http.get("/runs", params={"metadata": '{"tenant": "acme"}'})
-            assert r.status_code == 200 and acme[:8] in r.text
-            print(f"GET /runs?metadata=... -> {r.status_code}, shows run {acme[:8]}")
+        r = httpx.get(f"http://127.0.0.1:{port}/runs", params={"metadata": '{"tenant": "acme"}'})
+        assert r.status_code == 200 and acme[:8] in r.text
+        print(f"GET /runs?metadata=... -> {r.status_code}, shows run {acme[:8]}")
     finally:
         server.should_exit = True
-        await serving
+        thread.join(30)
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    fetch_dashboard(asyncio.run(main()))

@@ -53,6 +53,7 @@ from .leases import (
 from .migrations import check_schema, migrate, migration_status, required_version
 from .roles import grant_roles
 from .runs import Durable, DurableClient, RunInfo, Task
+from .search import Page, RunSummary
 from .steps import Continue, Done, RunContext, Sleep, StepResult, Wait
 from .stream import StreamEvent
 from .tasks import (
@@ -90,6 +91,8 @@ __all__ = [
     "DurableClient",
     "RunContext",
     "RunInfo",
+    "Page",
+    "RunSummary",
     "Sleep",
     "StepResult",
     "Task",

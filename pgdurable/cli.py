@@ -320,8 +320,8 @@ def runs(
         page = make_page(conn.execute(query, params).fetchall(), limit)
         now = conn.execute("SELECT pgdurable.now()").fetchone()
     rows = [{**asdict(r), "age": now[0] - r.created_at if now else None} for r in page.items]
-    if page.next_cursor is not None and not as_json:
-        err.print(f"more: --cursor {page.next_cursor}", highlight=False)
+    if page.next_cursor is not None:  # stderr: --json output stays a list
+        err.print(f"more: --cursor {page.next_cursor}", highlight=False, soft_wrap=True)
     if as_json:
         print_json(rows)
         return

@@ -123,3 +123,50 @@ def test_importing_pgdurable_does_not_import_opentelemetry() -> None:
             "'prometheus_client', 'starlette', 'jinja2'))))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_sqlalchemy_start_run_with_metadata(dsn: str) -> None:
+    from sqlalchemy import create_engine
+    from sqlalchemy.orm import Session
+
+    from pgdurable.contrib.sqlalchemy import start_run, url_from_dsn
+
+    engine = create_engine(url_from_dsn(dsn))
+    try:
+        with Session(engine) as session, session.begin():
+            rid = start_run(session, "order", {}, revision="7", metadata={"tenant": "acme"})
+    finally:
+        engine.dispose()
+    with DurableClient(dsn) as client:
+        assert [r.id for r in client.list_runs(metadata={"tenant": "acme"}).items] == [rid]
+
+
+def test_cli_runs_filters_and_cursor(dsn: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    import json
+
+    from typer.testing import CliRunner
+
+    from pgdurable.cli import app as cli_app
+
+    monkeypatch.setenv("PGDURABLE_DSN", dsn)
+    with DurableClient(dsn) as client:
+        ids = [client.start("agent", {}, revision="1", metadata={"tenant": t})
+               for t in ("acme", "acme", "globex")]
+
+    def run(*args: str) -> Any:
+        return CliRunner().invoke(cli_app, ["runs", *args], catch_exceptions=False)
+
+    r = run("--metadata", '{"tenant": "acme"}', "--json")
+    assert r.exit_code == 0, r.output
+    assert {x["id"] for x in json.loads(r.stdout)} == set(ids[:2])
+    assert json.loads(run("--id-prefix", ids[2][:12], "--json").stdout)[0]["id"] == ids[2]
+    r = run("--limit", "1", "--metadata", '{"tenant": "acme"}')
+    assert r.exit_code == 0 and "more: --cursor" in r.stderr
+    cursor = r.stderr.split("--cursor", 1)[1].split()[0]
+    page2 = json.loads(run("--limit", "1", "--metadata", '{"tenant": "acme"}', "--cursor",
+                           cursor, "--json").stdout)
+    assert len(page2) == 1 and page2[0]["id"] in ids[:2]
+    assert json.loads(run("--since", "2999-01-01", "--json").stdout) == []
+    for bad in (["--metadata", "[1]"], ["--metadata", "{"], ["--id-prefix", "zz"],
+                ["--cursor", "nope"]):
+        assert run(*bad).exit_code == 2, bad

@@ -110,6 +110,8 @@ runs = Table(
     Column("root_run_id", UUID(as_uuid=True)),
     Column("child_key", Text),
     Column("parent_policy", Text),
+    Column("metadata", JSONB),
+    Column("trace_context", JSONB),
     comment="Durable runs: the run lives here, workers only lease it. state is the latest checkpoint.",
 )
 

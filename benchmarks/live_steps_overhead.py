@@ -1,4 +1,4 @@
-"""Cost of the live-step NOTIFY (one pg_notify per write_steps statement, 0011).
+"""Cost of the live-step NOTIFY (one pg_notify per write_steps statement, the run_metadata migration).
 
 One command::
 

@@ -103,7 +103,7 @@ def time_page(dsn: str, samples: int) -> dict[str, list[float]]:
             c.execute("SELECT pgdurable.checkpoint_run(%s, 1, 'w', %s::jsonb, 0)",
                       (rid, f'{{"i": {i}, "note": "step {i}"}}'))
     server = uvicorn.Server(uvicorn.Config(create_app(dsn), host="127.0.0.1", port=0,
-                                           log_level="warning"))
+                                           log_level="warning", timeout_graceful_shutdown=1))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     while not server.started:

@@ -45,7 +45,7 @@ def fetch_dashboard(acme: str) -> None:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     server = uvicorn.Server(uvicorn.Config(create_app(DSN), host="127.0.0.1", port=port,
-                                           log_level="warning"))
+                                           log_level="warning", timeout_graceful_shutdown=1))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     while not server.started:

@@ -24,7 +24,7 @@ def serving(app: Any) -> Iterator[str]:
     """Serve ``app`` on a free port; yields its base URL; stops it after."""
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
-                                           lifespan="on"))
+                                           lifespan="on", timeout_graceful_shutdown=1))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     end = time.monotonic() + 30
@@ -37,3 +37,4 @@ def serving(app: Any) -> Iterator[str]:
     finally:
         server.should_exit = True
         thread.join(30)
+        assert not thread.is_alive(), "dashboard server did not stop"

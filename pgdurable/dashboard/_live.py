@@ -5,9 +5,10 @@ engine's channels (a finished step, a run's end, a new event, a cancel, a
 wake-up) and puts each notification, as a small dict, on the queue of every
 subscriber (one per open SSE stream). Tabs never poll the database; the
 number of database connections does not grow with the number of tabs.
-The connection is opened with the first subscriber, re-opened after a loss
-(subscribers then get ``{"channel": "reconnect"}``: refresh everything), and
-closed by :meth:`close`.
+The connection is opened with the first subscriber, re-opened after a loss,
+and closed by :meth:`close`. A subscriber gets ``{"channel": "reconnect"}``
+("refresh everything; every later event will reach you") as soon as the
+connection listens: when it subscribes, or when the connection is (re)made.
 """
 
 from __future__ import annotations
@@ -40,6 +41,10 @@ class Broadcaster:
         """A new subscriber queue (starts the listener if needed)."""
         q: asyncio.Queue[dict[str, Any]] = asyncio.Queue(_QUEUE_SIZE)
         self._subs.add(q)
+        if self.ready.is_set():
+            # already listening: from now on this subscriber gets every event;
+            # what happened before it subscribed, it must re-read (refresh)
+            q.put_nowait({"channel": "reconnect"})
         if self._task is None or self._task.done():
             self._task = asyncio.create_task(self._listen())
         return q

@@ -344,4 +344,6 @@ def serve(dsn: str, *, host: str = "127.0.0.1", port: int = 8080, **options: Any
     """Serve :func:`create_app` with uvicorn until interrupted."""
     import uvicorn
 
-    uvicorn.run(create_app(dsn, **options), host=host, port=port, log_level="warning")
+    # SSE streams never end by themselves: give them 3 s on shutdown, then close
+    uvicorn.run(create_app(dsn, **options), host=host, port=port, log_level="warning",
+                timeout_graceful_shutdown=3)

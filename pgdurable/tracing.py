@@ -21,6 +21,7 @@ cost.
 from __future__ import annotations
 
 import contextlib
+import logging
 import sys
 from collections.abc import AsyncIterator, Iterator
 from typing import TYPE_CHECKING, Any
@@ -29,6 +30,8 @@ if TYPE_CHECKING:
     from .runs import Durable
 
 __all__ = ["StepSpan", "current_trace_context", "effect_span", "enabled", "step_span"]
+
+log = logging.getLogger("pgdurable.tracing")
 
 # -- the stored trace context of a run (read once per step, only while tracing)
 _TRACE_CONTEXT = "SELECT trace_context FROM pgdurable.runs WHERE id = %s::uuid"
@@ -60,10 +63,15 @@ class StepSpan:
         """Mark the span as failed when the step's outcome is an exception."""
         if self._span is None or not isinstance(value, BaseException):
             return
+        if not self._span.is_recording():
+            return
         from opentelemetry.trace import Status, StatusCode
 
-        self._span.record_exception(value)
-        self._span.set_status(Status(StatusCode.ERROR, f"{type(value).__name__}: {value}"))
+        self._span.set_status(Status(StatusCode.ERROR, type(value).__name__))
+        try:  # tracing never breaks a run: an exception whose str() raises, say
+            self._span.record_exception(value)
+        except Exception:
+            log.debug("could not record the step's error on its span", exc_info=True)
 
 
 def _attributes(run_id: object, task: str, step: int, attempt: int, token: int) -> dict[str, Any]:

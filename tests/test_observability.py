@@ -150,3 +150,21 @@ def test_worker_metrics_are_scraped_and_parsed(dsn: str, tmp_path: Path) -> None
     assert "pgdurable_lease_losses" in fams
     assert value("pgdurable_queue_depth", queue="other", status="runnable") == 1
     assert "pgdurable_queue_oldest_runnable_age_seconds" in fams
+
+
+def test_a_step_error_whose_str_raises_does_not_break_tracing() -> None:
+    from opentelemetry.trace import StatusCode
+
+    from pgdurable.tracing import StepSpan
+
+    class Weird(Exception):
+        def __str__(self) -> str:
+            raise RuntimeError("no text")
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    with provider.get_tracer("t").start_as_current_span("step") as span:
+        StepSpan(span).outcome(Weird())
+    (done,) = exporter.get_finished_spans()
+    assert done.status.status_code == StatusCode.ERROR

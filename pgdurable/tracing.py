@@ -98,8 +98,14 @@ async def step_span(
     with tracer.start_as_current_span(
         f"pgdurable.step {task}", context=parent,
         attributes=_attributes(run_id, task, step, attempt, token),
+        record_exception=False, set_status_on_exception=False,
     ) as span:
-        yield StepSpan(span)
+        handle = StepSpan(span)
+        try:
+            yield handle
+        except BaseException as exc:
+            handle.outcome(exc)
+            raise
 
 
 @contextlib.contextmanager
@@ -115,6 +121,11 @@ def effect_span(
     attrs = _attributes(run_id, task, step, attempt, token)
     attrs["pgdurable.effect.key"] = key
     with trace.get_tracer("pgdurable").start_as_current_span(
-        f"pgdurable.effect {key}", attributes=attrs
-    ):
-        yield
+        f"pgdurable.effect {key}", attributes=attrs,
+        record_exception=False, set_status_on_exception=False,
+    ) as span:
+        try:
+            yield
+        except BaseException as exc:
+            StepSpan(span).outcome(exc)
+            raise

@@ -42,6 +42,33 @@ def enabled() -> bool:
     return "opentelemetry.trace" in sys.modules
 
 
+def _tracing_configured() -> bool:
+    """True when a real tracer provider is installed globally (spans would be recorded)."""
+    if not enabled():
+        return False
+    from opentelemetry import trace
+
+    provider = trace.get_tracer_provider()
+    return not isinstance(provider, trace.ProxyTracerProvider | trace.NoOpTracerProvider)
+
+
+# run id -> its stored trace context: it never changes after start, so a
+# worker reads it once per run (bounded; the oldest entries go first)
+_contexts: dict[str, dict[str, str]] = {}
+_MAX_CONTEXTS = 10_000
+
+
+async def _run_context(app: Durable, run_id: str) -> dict[str, str]:
+    got = _contexts.get(run_id)
+    if got is None:
+        row = await app.fetchone(_TRACE_CONTEXT, (run_id,))
+        got = row[0] if row is not None and isinstance(row[0], dict) else {}
+        if len(_contexts) >= _MAX_CONTEXTS:
+            del _contexts[next(iter(_contexts))]
+        _contexts[run_id] = got
+    return got
+
+
 def current_trace_context() -> dict[str, str] | None:
     """The caller's W3C trace context as a carrier dict, or None (no tracing, no span)."""
     if not enabled():
@@ -86,14 +113,12 @@ async def step_span(
     app: Durable, run_id: object, task: str, step: int, attempt: int, token: int
 ) -> AsyncIterator[StepSpan]:
     """A span around one step, child of the run's stored trace context (no-op without tracing)."""
-    if not enabled():
+    if not _tracing_configured():
         yield StepSpan()
         return
     from opentelemetry import propagate, trace
 
-    row = await app.fetchone(_TRACE_CONTEXT, (str(run_id),))
-    carrier = row[0] if row is not None and isinstance(row[0], dict) else {}
-    parent = propagate.extract(carrier)
+    parent = propagate.extract(await _run_context(app, str(run_id)))
     tracer = trace.get_tracer("pgdurable")
     with tracer.start_as_current_span(
         f"pgdurable.step {task}", context=parent,
@@ -113,7 +138,7 @@ def effect_span(
     run_id: object, task: str, step: int, attempt: int, token: int, key: str
 ) -> Iterator[None]:
     """A span around one effect, child of the current step span (no-op without tracing)."""
-    if not enabled():
+    if not _tracing_configured():
         yield
         return
     from opentelemetry import trace

@@ -62,6 +62,7 @@ from .pooler import Pooler
 from .roles import grant_roles
 from .runs import Durable, DurableClient, RunInfo, Task
 from .schedules import Schedule, ScheduleInfo
+from .search import Page, RunSummary
 from .steps import Continue, Done, RunContext, Sleep, StepResult, Wait
 from .stream import StreamEvent
 from .tasks import (
@@ -107,6 +108,8 @@ __all__ = [
     "DurableClient",
     "RunContext",
     "RunInfo",
+    "Page",
+    "RunSummary",
     "Sleep",
     "StepResult",
     "Task",

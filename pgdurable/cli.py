@@ -24,7 +24,8 @@ import sys
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import datetime, timedelta
+from dataclasses import asdict
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Annotated, Any, NoReturn
 
@@ -74,17 +75,6 @@ DsnOption = Annotated[
 JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
 
 # -- Queries the CLI issues (read-only unless noted). ----------------------------------
-# -- runs, newest first, filtered by status/task/queue (NULL = any)
-Q_RUNS = """
-SELECT id, task, queue, status, step, attempts, max_attempts, worker, lease_expired,
-       wait_kind, wait_ref, wake_at, error_type, error_message, created_at, updated_at, age
-  FROM pgdurable.run_overview
- WHERE (%(status)s::text IS NULL OR status = %(status)s::text)
-   AND (%(task)s::text IS NULL OR task = %(task)s::text)
-   AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
- ORDER BY created_at DESC, id
- LIMIT %(limit)s
-"""
 # -- one run, every column
 Q_RUN = "SELECT to_jsonb(r) FROM pgdurable.runs r WHERE r.id = %s::uuid"
 # -- a run's checkpoint history
@@ -320,15 +310,34 @@ def runs(
     status: Annotated[str | None, typer.Option("--status", help=f"One of: {', '.join(STATUSES)}.")] = None,
     task: Annotated[str | None, typer.Option("--task", help="Only runs of this task.")] = None,
     queue: Annotated[str | None, typer.Option("--queue", help="Only runs in this queue.")] = None,
-    limit: Annotated[int, typer.Option("--limit", min=1, max=10000, help="At most this many (newest first).")] = 50,
+    limit: Annotated[int, typer.Option("--limit", min=1, max=1000, help="At most this many (newest first).")] = 50,
+    metadata: Annotated[str | None, typer.Option("--metadata", help='Only runs whose metadata contains this JSON object, e.g. \'{"tenant": "acme"}\'.')] = None,
+    since: Annotated[datetime | None, typer.Option("--since", help="Only runs started at or after this time (ISO 8601; UTC if no offset).")] = None,
+    until: Annotated[datetime | None, typer.Option("--until", help="Only runs started before this time (ISO 8601; UTC if no offset).")] = None,
+    id_prefix: Annotated[str | None, typer.Option("--id-prefix", help="Only runs whose id starts with these hex digits.")] = None,
+    cursor: Annotated[str | None, typer.Option("--cursor", help="Continue after the page that printed this cursor.")] = None,
     as_json: JsonOption = False,
 ) -> None:
     """List runs, newest first: where each runs, what it waits on, why it failed."""
+    from .search import list_runs_query, make_page
+
     if status is not None and status not in STATUSES:
         fail(f"unknown status {status!r}: use one of {', '.join(STATUSES)}")
+    try:
+        meta = None if metadata is None else json.loads(metadata)
+        query, params = list_runs_query(
+            status=status, task=task, queue=queue, metadata=meta, limit=limit, cursor=cursor,
+            since=None if since is None else since.replace(tzinfo=since.tzinfo or UTC),
+            until=None if until is None else until.replace(tzinfo=until.tzinfo or UTC),
+            id_prefix=id_prefix)
+    except (TypeError, ValueError) as exc:
+        fail(str(exc))
     with database(dsn) as conn:
-        cur = conn.execute(Q_RUNS, {"status": status, "task": task, "queue": queue, "limit": limit})
-        rows = _rows(cur)
+        page = make_page(conn.execute(query, params).fetchall(), limit)
+        now = conn.execute("SELECT pgdurable.now()").fetchone()
+    rows = [{**asdict(r), "age": now[0] - r.created_at if now else None} for r in page.items]
+    if page.next_cursor is not None:  # stderr: --json output stays a list
+        err.print(f"more: --cursor {page.next_cursor}", highlight=False, soft_wrap=True)
     if as_json:
         print_json(rows)
         return
@@ -650,6 +659,7 @@ def worker(
     prune_every: Annotated[float, typer.Option("--prune-every", min=1, help="Seconds between prunes.")] = 3600.0,
     no_listen: Annotated[bool, typer.Option("--no-listen", help="Poll only, no LISTEN connection (PgBouncer in transaction mode).")] = False,
     maintain: Annotated[bool, typer.Option("--maintain", help="Also create history partitions ahead of time, hourly; one leader (a lease) across the fleet.")] = False,
+    metrics_port: Annotated[int | None, typer.Option("--metrics-port", help="Serve Prometheus /metrics on this port (pgdurable[metrics]).")] = None,
 ) -> None:
     """Run a worker for MODULE:APP until SIGTERM/SIGINT (same as python -m pgdurable.worker)."""
     from .worker import main as worker_main
@@ -661,7 +671,27 @@ def worker(
     with _one_line_exit():
         worker_main([app_spec, "--concurrency", str(concurrency), "--queues", queues,
                      "--lease-ttl", str(lease_ttl), "--poll", str(poll), "--grace", str(grace)]
-                    + (["--no-listen"] if no_listen else []))
+                    + (["--no-listen"] if no_listen else [])
+                    + ([] if metrics_port is None else ["--metrics-port", str(metrics_port)]))
+
+
+@app.command()
+def dashboard(
+    dsn: DsnOption = None,
+    host: Annotated[str, typer.Option("--host", help="Interface to bind.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", min=1, max=65535, help="TCP port.")] = 8080,
+    actions: Annotated[bool, typer.Option("--actions", help="Enable cancel/retry/signal (needs --token or $PGDURABLE_DASHBOARD_TOKEN).")] = False,
+    token: Annotated[str | None, typer.Option("--token", envvar="PGDURABLE_DASHBOARD_TOKEN", help="Token an action must carry.", show_default=False)] = None,
+) -> None:
+    """Serve the web dashboard (pgdurable[dashboard]); read-only unless --actions."""
+    try:
+        from .dashboard import serve
+    except ImportError as exc:
+        fail(f"the dashboard needs its extra: pip install 'pgdurable[dashboard]' ({exc})")
+    try:
+        serve(need_dsn(dsn), host=host, port=port, actions=actions, token=token)
+    except ValueError as exc:
+        fail(str(exc))
 
 
 @contextmanager

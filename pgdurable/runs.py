@@ -28,12 +28,13 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 from . import _runs_sql as q
-from . import flow
+from . import flow, metrics
 from ._db import acheck_connection, check_connection, resolve_dsn, translated, validate_dsn
 from .effects import DEFAULT_LEASE as DEFAULT_IDEMPOTENCY_LEASE
 from .effects import DEFAULT_TTL as DEFAULT_IDEMPOTENCY_TTL
 from .effects import with_idempotency, with_idempotency_sync
 from .errors import InvalidInput, ProviderClosed, RunNotFound, UnknownTask
+from .metadata import start_statement
 from .migrations import acheck_schema, check_schema
 from .pooler import (
     Pooler,
@@ -46,6 +47,7 @@ from .pooler import (
     probe,
     resolve_pooler,
 )
+from .search import Page, list_runs_query, make_page
 from .signals import DEFAULT_MAX_PAYLOAD, DEFAULT_SIGNAL_TTL, signal_params, signal_run_params
 
 if TYPE_CHECKING:
@@ -496,6 +498,7 @@ class Durable:
         budget: float | None = None,
         revision: str | None = None,
         max_attempts: int | None = None,
+        metadata: dict[str, Any] | None = None,
         conn: psycopg.AsyncConnection[Any] | None = None,
         key: str | None = None,
         at: datetime | None = None,
@@ -510,6 +513,8 @@ class Durable:
         ``revision=`` (else :class:`UnknownTask`). Flow control
         (docs/flow_control.md): ``key`` is the run's concurrency/fairness key;
         ``at`` (aware datetime) or ``delay`` (timedelta) delays its start.
+        ``metadata`` (a JSON object) labels the run for search (:meth:`list_runs`,
+        see :mod:`pgdurable.metadata`).
         """
         if self._closed:
             raise ProviderClosed("this Durable app is closed")
@@ -518,13 +523,26 @@ class Durable:
             revision, max_attempts,
         )
         sql, params = flow.start_sql(params, key, at, delay)
+        sql, params = start_statement(sql, params, metadata)  # metadata + trace context
         if conn is not None:
             with translated():
                 cur = await conn.execute(sql, params)
                 row = await cur.fetchone()
         else:
             row = await self.fetchone(sql, params)
+        metrics.run_started(task)
         return str(_one(row))
+
+    async def list_runs(self, **filters: Any) -> Page:
+        """One page of runs, newest first (keyset pagination; see :func:`pgdurable.search.list_runs_query`).
+
+        Filters: ``status`` (one or a list), ``task``, ``queue``, ``metadata``
+        (containment), ``since``/``until`` (created_at), ``id_prefix``,
+        ``limit`` (1..1000, default 50) and ``cursor`` (``page.next_cursor``).
+        """
+        sql, params = list_runs_query(**filters)
+        limit = int(params[-1]) - 1
+        return make_page(await self.fetchall(sql, params, prepare=None), limit)
 
     async def set_queue(
         self, name: str, *, concurrency: int | None = None, per_key_concurrency: int | None = None,
@@ -886,6 +904,7 @@ class DurableClient:
         budget: float | None = None,
         revision: str | None = None,
         max_attempts: int | None = None,
+        metadata: dict[str, Any] | None = None,
         conn: psycopg.Connection[Any] | None = None,
         key: str | None = None,
         at: datetime | None = None,
@@ -899,12 +918,20 @@ class DurableClient:
             revision, max_attempts,
         )
         sql, params = flow.start_sql(params, key, at, delay)
+        sql, params = start_statement(sql, params, metadata)  # metadata + trace context
         if conn is not None:
             with translated():
                 row = conn.execute(sql, params).fetchone()
         else:
             row = self._fetchone(sql, params)
+        metrics.run_started(task)
         return str(_one(row))
+
+    def list_runs(self, **filters: Any) -> Page:
+        """Sync twin of :meth:`Durable.list_runs`."""
+        sql, params = list_runs_query(**filters)
+        limit = int(params[-1]) - 1
+        return make_page(self._fetchall(sql, params), limit)
 
     def set_queue(
         self, name: str, *, concurrency: int | None = None, per_key_concurrency: int | None = None,

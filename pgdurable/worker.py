@@ -81,6 +81,7 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 
 from . import _runs_sql as q
+from . import metrics, tracing
 from ._batch_writer import StepWriter
 from ._hints import WakeLimiter, cancel_requested
 from ._json import dumps
@@ -409,6 +410,7 @@ class Worker:
         try:
             self.claim_count += 1
             rows = await self.app.fetchall(q.CLAIM, params)
+            metrics.claim_done(time.monotonic() - start)
         except _DB_ERRORS as exc:
             log.warning("claim failed: %s", exc)
             await asyncio.sleep(min(1.0, self.poll_interval))
@@ -528,6 +530,8 @@ class Worker:
 
     def _stop_run(self, a: _Active, reason: str) -> None:
         """Stop a run's step (if one is running) for ``reason``."""
+        if reason == "lease_lost" and a.stop_reason != reason:
+            metrics.lease_lost()
         if a.stop_reason is None or reason == "lease_lost":
             a.stop_reason = reason
         if a.in_step and a.task is not None:
@@ -600,7 +604,8 @@ class Worker:
             return db_now + timedelta(seconds=time.monotonic() - claimed_at)
 
         async def effect(key: str, fn: EffectFn, reconcile: EffectFn | None = None) -> Any:
-            return await self._effect(a, key, fn, reconcile)
+            with tracing.effect_span(a.run_id, task.name, step, attempts + 1, a.token, key):
+                return await self._effect(a, key, fn, reconcile)
 
         db_delays = backoff()
 
@@ -626,7 +631,13 @@ class Worker:
                     token=a.token, wake=wake, deadline=deadline_at, budget=budget, spent=spent,
                     _effect=effect, _app=self.app, _owner=self.worker_id, _io=io,
                 )
-                outcome = await self._run_step(a, task, ctx, state, deadline_at, db_clock)
+                t0 = time.monotonic()
+                async with tracing.step_span(
+                    self.app, a.run_id, task.name, step, attempts + 1, a.token
+                ) as span:
+                    outcome = await self._run_step(a, task, ctx, state, deadline_at, db_clock)
+                    span.outcome(outcome)
+                metrics.step_done(task.name, time.monotonic() - t0)
                 if outcome is None:
                     return  # settled (failed, cancelled, lost)
                 if isinstance(outcome, BaseException) and is_lost_connection(outcome):
@@ -659,6 +670,7 @@ class Worker:
                         a.run_id, a.token, step, state_json, spend, None, trusted
                     )
                     if st != "leased":
+                        metrics.run_finished(task.name, st)
                         return
                     state, step, wake, spent = new_state, step + 1, None, spent + spend
                     if a.stop_reason == "cancel":
@@ -675,9 +687,10 @@ class Worker:
                         # like a non-JSON state: a bug of the step, not retried
                         await self._fail(a, task, attempts, _StepTypeError(str(exc)), spend, True)
                         return
-                    await self._writer.write(
+                    st = await self._writer.write(
                         a.run_id, a.token, step, state_json, spend, result_json, trusted
                     )
+                    metrics.run_finished(task.name, st)
                     return
                 if isinstance(result, Wait) and result.child_ids:
                     await self._park_children(a, task, attempts, ident, state_json, spend, result)
@@ -695,6 +708,7 @@ class Worker:
                     await self._park(a, ident, state_json, spend, None, None, None, wake_in)
                 return
         except LeaseLost:
+            metrics.lease_lost()
             log.info("run %s: lease lost; dropped", a.run_id)
         except Exception as exc:
             if is_transient(exc):
@@ -863,6 +877,8 @@ class Worker:
             a, q.FAIL,
             (a.run_id, a.token, self.worker_id, err, spend, timedelta(seconds=delay), terminal),
         )
+        if row is not None:
+            metrics.run_finished(task.name, row[0])
         if row is not None and row[0] == "runnable":
             # our own backoff (no NOTIFY for a future retry): wake for it ourselves
             self._note_due(delay)
@@ -976,11 +992,15 @@ def main(argv: Sequence[str] | None = None) -> None:
         "--no-listen", dest="listen", action="store_false",
         help="poll only, no LISTEN connection (PgBouncer in transaction mode)",
     )
+    parser.add_argument("--metrics-port", type=int, default=None,
+                        help="serve Prometheus /metrics on this port (pgdurable[metrics])")
     args = parser.parse_args(argv)
     logging.basicConfig(level=os.environ.get("PGDURABLE_LOG", "WARNING"))
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
     app = _load_app(args.app)
+    if args.metrics_port is not None:
+        metrics.serve(args.metrics_port, app.conninfo)
 
     async def _main() -> None:
         worker = app.worker(

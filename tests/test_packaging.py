@@ -34,6 +34,12 @@ def test_wheel_contains_every_migration_and_py_typed(wheel: Path) -> None:
         assert f"pgdurable/sql/{m.name}" in names
     assert "pgdurable/py.typed" in names
 
+    # the dashboard's templates and assets ship in the package (no build step, no CDN)
+    root = Path(__file__).resolve().parent.parent / "pgdurable" / "dashboard"
+    for sub in ("templates", "static"):
+        for f in (root / sub).iterdir():
+            assert f"pgdurable/dashboard/{sub}/{f.name}" in names
+
 
 @pytest.mark.slow
 def test_wheel_migrates_an_empty_database_from_a_fresh_venv(

@@ -67,6 +67,7 @@ from psycopg.conninfo import conninfo_to_dict
 from ... import _runs_sql as q
 from ..._db import validate_dsn
 from ...errors import InvalidInput, UnknownTask, translate
+from ...metadata import start_statement
 from ...migrations import acheck_schema, check_schema
 from ...runs import Durable, DurableClient, Task, TaskRegistry, start_params
 from ...signals import DEFAULT_MAX_PAYLOAD, DEFAULT_SIGNAL_TTL, signal_params, signal_run_params
@@ -286,6 +287,7 @@ def start_run(
     deadline: Any = None,
     budget: float | None = None,
     max_attempts: int | None = None,
+    metadata: dict[str, Any] | None = None,
 ) -> str: ...
 
 
@@ -303,6 +305,7 @@ def start_run(
     deadline: Any = None,
     budget: float | None = None,
     max_attempts: int | None = None,
+    metadata: dict[str, Any] | None = None,
 ) -> Coroutine[Any, Any, str]: ...
 
 
@@ -319,6 +322,7 @@ def start_run(
     deadline: Any = None,
     budget: float | None = None,
     max_attempts: int | None = None,
+    metadata: dict[str, Any] | None = None,
 ) -> str | Coroutine[Any, Any, str]:
     """Start a run inside the caller's transaction; return its id (await it if async).
 
@@ -336,15 +340,16 @@ def start_run(
         registry, name, state, queue, priority, idempotency_key, deadline, budget,
         revision, max_attempts,
     )
+    sql, params = start_statement(q.START, params, metadata)  # metadata + trace context
     target = _unwrap(target)
     if _classify(target):
-        return _astart(target, params)
-    rows = _run_sync(target, q.START, params)
+        return _astart(target, sql, params)
+    rows = _run_sync(target, sql, params)
     return str(rows[0][0])
 
 
-async def _astart(target: Any, params: tuple[Any, ...]) -> str:
-    rows = await _run_async(target, q.START, params)
+async def _astart(target: Any, sql: str, params: tuple[Any, ...]) -> str:
+    rows = await _run_async(target, sql, params)
     return str(rows[0][0])
 
 

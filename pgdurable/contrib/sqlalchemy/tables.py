@@ -115,6 +115,8 @@ runs = Table(
     Column("forked_from_step", Integer),
     Column("progress", JSONB),
     _ts("heartbeat_at"),
+    Column("metadata", JSONB),
+    Column("trace_context", JSONB),
     comment="Durable runs: the run lives here, workers only lease it. state is the latest checkpoint.",
 )
 

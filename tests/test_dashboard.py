@@ -1,0 +1,189 @@
+"""The dashboard over HTTP (no browser): pages render real runs from the views,
+the read-only role is enough, actions are refused unless enabled and
+authorized (token, hook, CSRF), SSE is fed by ONE LISTEN connection, and
+/metrics parses. The browser checks are in test_dashboard_browser.py."""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+from typing import Any
+
+import httpx
+import psycopg
+import pytest
+from _dashboard_server import serving
+from prometheus_client.parser import text_string_to_metric_families
+from test_security_boundary import _as, _grant, roles
+
+from pgdurable import DurableClient
+from pgdurable.dashboard import create_app
+
+TOKEN = "s3cret-token"
+
+
+def _seed(dsn: str) -> dict[str, str]:
+    with DurableClient(dsn) as c:
+        ids = {
+            "a": c.start("agent", {"n": 0}, revision="1", metadata={"tenant": "acme"}),
+            "b": c.start("mailer", {}, revision="1", queue="mail", metadata={"tenant": "globex"}),
+        }
+    with psycopg.connect(dsn, autocommit=True) as conn:  # a step, via the engine's functions
+        conn.execute("SELECT * FROM pgdurable.claim_runs('w1', ARRAY['default'], ARRAY['agent'], "
+                     "ARRAY['1'], 1, '60 s')")
+        conn.execute("SELECT pgdurable.checkpoint_run(%s, 1, 'w1', '{\"n\": 1}', 0)", (ids["a"],))
+    return ids
+
+
+def _csrf(html: str, action: str) -> str:
+    m = re.search(rf'action="[^"]*/{action}">\s*<input type="hidden" name="csrf" value="(\w+)"',
+                  html)
+    assert m, html
+    return m.group(1)
+
+
+def test_pages_render_real_runs_and_filters_narrow(dsn: str) -> None:
+    ids = _seed(dsn)
+    with serving(create_app(dsn)) as base:
+        home = httpx.get(base + "/")
+        assert home.status_code == 200 and "mail" in home.text and "default" in home.text
+        runs = httpx.get(base + "/runs").text
+        assert ids["a"][:8] in runs and ids["b"][:8] in runs
+        narrowed = httpx.get(base + "/runs", params={"metadata": '{"tenant": "acme"}'}).text
+        assert ids["a"][:8] in narrowed and ids["b"][:8] not in narrowed
+        page = httpx.get(f"{base}/runs/{ids['a']}").text
+        assert 'id="step-1"' in page and "w1" in page and '{"n": 1}' in page
+        assert "Cancel run" not in page, "actions off by default"
+        leases = httpx.get(base + "/leases").text
+        assert ids["a"] in leases and ids["b"] not in leases
+        assert httpx.get(base + "/runs", params={"since": "yesterday"}).status_code == 400
+        assert httpx.get(f"{base}/runs/not-a-uuid").status_code == 404
+        r = httpx.post(f"{base}/runs/{ids['a']}/cancel", data={"csrf": "x"})
+        assert r.status_code == 403
+    with psycopg.connect(dsn) as c:
+        assert c.execute("SELECT status FROM pgdurable.runs WHERE id = %s",
+                         (ids["a"],)).fetchone() == ("leased",)
+
+
+def test_readonly_role_is_enough(dsn: str) -> None:
+    ids = _seed(dsn)
+    with roles(dsn, "NOLOGIN", "LOGIN", "LOGIN") as (owner, app_role, ro):
+        _grant(dsn, owner, app_role, ro)
+        with serving(create_app(_as(dsn, ro))) as base:
+            for path in ("/", "/runs", f"/runs/{ids['a']}", "/leases",
+                         "/runs?status=leased&metadata=%7B%22tenant%22%3A%22acme%22%7D"):
+                r = httpx.get(base + path)
+                assert r.status_code == 200, (path, r.text[-2000:])
+            page = httpx.get(f"{base}/runs/{ids['a']}").text
+            assert 'id="step-1"' in page and "read-only mode" in page
+            assert '{"n": 1}' not in page, "no states for the read-only role"
+
+
+def test_create_app_refuses_actions_without_authorization(dsn: str) -> None:
+    with pytest.raises(ValueError, match="token"):
+        create_app(dsn, actions=True)
+    with pytest.raises(ValueError, match="8 characters"):
+        create_app(dsn, actions=True, token="short")
+
+
+def test_actions_need_token_csrf_and_the_hook(dsn: str) -> None:
+    ids = _seed(dsn)
+    allowed = {"ok": False}
+    app = create_app(dsn, actions=True, token=TOKEN, authorize=lambda req: allowed["ok"])
+    with serving(app) as base:
+        page = httpx.get(f"{base}/runs/{ids['b']}").text
+        csrf = _csrf(page, "cancel")
+        url = f"{base}/runs/{ids['b']}/cancel"
+        refused = [
+            httpx.post(url, data={"csrf": csrf, "token": "wrong-token"}),
+            httpx.post(url, data={"csrf": "0" * 64, "token": TOKEN}),
+            httpx.post(url, data={"csrf": csrf, "token": TOKEN},
+                       headers={"Origin": "https://evil.example"}),
+            httpx.post(url, data={"csrf": csrf, "token": TOKEN},
+                       headers={"Sec-Fetch-Site": "cross-site"}),
+            httpx.post(url, data={"csrf": csrf, "token": TOKEN}),  # the hook says no
+        ]
+        assert [r.status_code for r in refused] == [403] * 5
+        with psycopg.connect(dsn) as c:
+            assert c.execute("SELECT status FROM pgdurable.runs WHERE id = %s",
+                             (ids["b"],)).fetchone() == ("runnable",)
+        allowed["ok"] = True
+        r = httpx.post(url, data={"csrf": csrf, "token": TOKEN}, follow_redirects=True)
+        assert r.status_code == 200 and "cancel: cancelled" in r.text
+        r = httpx.post(f"{base}/runs/{ids['b']}/retry", data={
+            "csrf": _csrf(r.text, "retry"), "token": TOKEN}, follow_redirects=True)
+        assert "retry: runnable" in r.text
+    with psycopg.connect(dsn) as c:
+        assert c.execute("SELECT status FROM pgdurable.runs WHERE id = %s",
+                         (ids["b"],)).fetchone() == ("runnable",)
+
+
+def test_signal_approves_a_waiting_run(dsn: str) -> None:
+    with DurableClient(dsn) as c:
+        rid = c.start("approve", {}, revision="1")
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("SELECT * FROM pgdurable.claim_runs('w1', ARRAY['default'], "
+                     "ARRAY['approve'], ARRAY['1'], 1, '60 s')")
+        conn.execute("SELECT * FROM pgdurable.park_run(%s, 1, 'w1', '{}', 0, 'approval', "
+                     "'deploy-1', NULL, NULL)", (rid,))
+    with serving(create_app(dsn, actions=True, token=TOKEN)) as base:
+        page = httpx.get(f"{base}/runs/{rid}").text
+        r = httpx.post(f"{base}/runs/{rid}/signal", data={
+            "csrf": _csrf(page, "signal"), "token": TOKEN, "kind": "approval",
+            "payload": '{"approved": true}'}, follow_redirects=True)
+        assert "signalled (woke the run)" in r.text
+    with psycopg.connect(dsn) as conn:
+        assert conn.execute("SELECT status, wake->'payload' FROM pgdurable.runs WHERE id = %s",
+                            (rid,)).fetchone() == ("runnable", {"approved": True})
+
+
+def test_sse_fans_one_listen_connection_out_to_every_tab(dsn: str) -> None:
+    ids = _seed(dsn)
+    app = create_app(dsn)
+    got: list[list[dict[str, Any]]] = [[], [], []]
+    with serving(app) as base:
+        ready = threading.Barrier(len(got) + 1, timeout=30)
+
+        def tab(i: int) -> None:
+            with httpx.stream("GET", base + "/events", timeout=30) as r:
+                for line in r.iter_lines():
+                    if not line.startswith("data: "):
+                        continue
+                    msg = json.loads(line[6:])
+                    got[i].append(msg)
+                    if msg["channel"] == "reconnect" and len(got[i]) == 1:
+                        ready.wait()
+                    if msg["channel"] == "steps":
+                        return
+
+        threads = [threading.Thread(target=tab, args=(i,), daemon=True) for i in range(3)]
+        for t in threads:
+            t.start()
+        ready.wait()
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute("SELECT pgdurable.checkpoint_run(%s, 1, 'w1', '{\"n\": 2}', 0)",
+                         (ids["a"],))
+        for t in threads:
+            t.join(30)
+        assert app.state.dashboard.live.connections == 1
+        with psycopg.connect(dsn) as conn:
+            listeners = conn.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                "AND query LIKE 'LISTEN pgdurable%%'").fetchone()
+        assert listeners == (1,), "one LISTEN connection for all tabs"
+    for msgs in got:
+        assert {"channel": "steps", "runs": [ids["a"]]} in msgs
+
+
+def test_metrics_endpoint_parses(dsn: str) -> None:
+    _seed(dsn)
+    with serving(create_app(dsn)) as base:
+        text = httpx.get(base + "/metrics").text
+    fams = {f.name: f for f in text_string_to_metric_families(text)}
+    depth = {(s.labels["queue"], s.labels["status"]): s.value
+             for s in fams["pgdurable_queue_depth"].samples}
+    assert depth[("default", "leased")] == 1 and depth[("mail", "runnable")] == 1
+    assert "pgdurable_queue_oldest_runnable_age_seconds" in fams
+
+

@@ -1,0 +1,130 @@
+"""The dashboard in headless Chromium (Debian's ``chromium`` + Playwright for
+Python, never ``playwright install``): pages render real runs, a filter
+narrows the list, a finished step appears live (SSE, no reload), cancel from
+the UI cancels the run and is refused with a wrong token or with actions off.
+Screenshots go to the test's tmp dir. Skipped, with the reason, without a
+browser."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from _dashboard_server import serving
+
+from pgdurable import DurableClient
+from pgdurable.dashboard import create_app
+
+CHROMIUM = os.environ.get("PGDURABLE_CHROMIUM", "/usr/bin/chromium")
+ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+        "--disable-component-update", "--disable-sync", "--no-first-run"]
+TOKEN = "ui-token-123"
+
+if not (os.path.exists(CHROMIUM) or shutil.which(CHROMIUM)):
+    pytest.skip(f"no Chromium at {CHROMIUM} (apt-get install chromium)", allow_module_level=True)
+sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    with sync_api.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
+        try:
+            yield b
+        finally:
+            b.close()
+
+
+@pytest.fixture
+def page(browser: Any, tmp_path: Path) -> Iterator[Any]:
+    ctx = browser.new_context(viewport={"width": 1280, "height": 800})
+    pg = ctx.new_page()
+    pg.set_default_timeout(30_000)
+    try:
+        yield pg
+    finally:
+        ctx.close()
+
+
+def _shot(page: Any, tmp_path: Path, name: str) -> None:
+    page.screenshot(path=str(tmp_path / f"{name}.png"), full_page=True)
+
+
+def _status(dsn: str, rid: str) -> str:
+    with psycopg.connect(dsn) as c:
+        row = c.execute("SELECT status FROM pgdurable.runs WHERE id = %s", (rid,)).fetchone()
+    assert row is not None
+    return str(row[0])
+
+
+def _claim(dsn: str, task: str) -> None:
+    with psycopg.connect(dsn, autocommit=True) as c:
+        c.execute("SELECT * FROM pgdurable.claim_runs('w1', ARRAY['default'], ARRAY[%s], "
+                  "ARRAY['1'], 1, '300 s')", (task,))
+
+
+def test_pages_filter_and_live_step(dsn: str, page: Any, tmp_path: Path) -> None:
+    with DurableClient(dsn) as c:
+        acme = [c.start("agent", {"n": 0}, revision="1", metadata={"tenant": "acme"})
+                for _ in range(3)]
+        other = c.start("mailer", {}, revision="1", queue="mail", metadata={"tenant": "globex"})
+    _claim(dsn, "agent")
+    with psycopg.connect(dsn) as c:
+        leased = str(c.execute("SELECT id FROM pgdurable.runs WHERE status = 'leased'")
+                     .fetchone()[0])  # type: ignore[index]
+    with serving(create_app(dsn)) as base:
+        page.goto(base + "/")
+        assert page.get_by_role("rowheader", name="mail").is_visible()
+        _shot(page, tmp_path, "queues")
+        page.keyboard.press("r")  # keyboard navigation to Runs
+        page.wait_for_url(base + "/runs")
+        for rid in [*acme, other]:
+            assert page.get_by_role("link", name=rid[:8]).is_visible()
+        page.get_by_label("Metadata (JSON)").fill('{"tenant": "globex"}')
+        page.get_by_role("button", name="Filter").click()
+        page.wait_for_url("**metadata=*")
+        assert page.get_by_role("link", name=other[:8]).is_visible()
+        assert page.get_by_role("link", name=acme[0][:8]).count() == 0
+        _shot(page, tmp_path, "runs-filtered")
+
+        page.goto(f"{base}/runs/{leased}")
+        page.wait_for_function("document.getElementById('live').textContent === 'live'")
+        assert page.locator("#step-1").count() == 0
+        t0 = time.monotonic()
+        with psycopg.connect(dsn, autocommit=True) as c:  # a step finishes (fenced write)
+            c.execute("SELECT pgdurable.checkpoint_run(%s, 1, 'w1', '{\"n\": 1}', 0)", (leased,))
+        page.locator("#step-1").wait_for()  # no reload: SSE + fetch of the page
+        seen = time.monotonic() - t0
+        assert page.locator("#step-count").text_content() == "1"
+        print(f"step visible {seen * 1000:.0f} ms after its checkpoint committed")
+        _shot(page, tmp_path, "run-live")
+
+
+def test_cancel_from_the_ui(dsn: str, page: Any, tmp_path: Path) -> None:
+    with DurableClient(dsn) as c:
+        rid = c.start("agent", {}, revision="1", metadata={"tenant": "acme"})
+    with serving(create_app(dsn)) as base:  # actions off: no form, a forged POST is refused
+        page.goto(f"{base}/runs/{rid}")
+        assert page.get_by_role("button", name="Cancel run").count() == 0
+        r = page.request.post(f"{base}/runs/{rid}/cancel", form={"csrf": "x", "token": TOKEN})
+        assert r.status == 403
+    assert _status(dsn, rid) == "runnable"
+    with serving(create_app(dsn, actions=True, token=TOKEN)) as base:
+        page.goto(f"{base}/runs/{rid}")
+        page.get_by_label("Action token").fill("not-the-token")
+        page.get_by_role("button", name="Cancel run").click()
+        assert page.get_by_role("alert").text_content() == "refused: wrong or missing action token"
+        _shot(page, tmp_path, "cancel-refused")
+        assert _status(dsn, rid) == "runnable"
+        page.goto(f"{base}/runs/{rid}")
+        page.get_by_label("Action token").fill(TOKEN)
+        page.get_by_role("button", name="Cancel run").click()
+        page.get_by_role("status").filter(has_text="cancel: cancelled").wait_for()
+        _shot(page, tmp_path, "cancelled")
+    assert _status(dsn, rid) == "cancelled"

@@ -33,6 +33,20 @@ async def test_metadata_set_at_start_is_readable_in_sql_and_kept_on_repeat(dsn: 
                          (rid,)).fetchone() == ("acme",)
 
 
+async def test_metadata_with_a_flow_control_key_and_a_delayed_start(dsn: str) -> None:
+    """metadata= wraps whichever start statement flow control chose (key, delay):
+    one statement sets the key, the delay and the label."""
+    async with Durable(dsn) as app:
+        rid = await app.start("agent", {}, revision="1", key="tenant:acme",
+                              delay=timedelta(hours=1), metadata={"tenant": "acme"})
+        page = await app.list_runs(metadata={"tenant": "acme"})
+    assert [r.id for r in page.items] == [rid]
+    with psycopg.connect(dsn) as c:
+        row = c.execute("SELECT concurrency_key, available_at > now() + interval '50 minutes', "
+                        "metadata FROM pgdurable.runs WHERE id = %s", (rid,)).fetchone()
+    assert row == ("tenant:acme", True, {"tenant": "acme"})
+
+
 def test_sync_client_start_with_metadata_and_bad_metadata_changes_nothing(dsn: str) -> None:
     with DurableClient(dsn) as client:
         rid = client.start("agent", {}, revision="1", metadata={"tenant": "acme"})

@@ -38,6 +38,7 @@ from pgdurable import (
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tests"))
 import _effects_app as fx  # noqa: E402
+from _pgnet import open_server  # noqa: E402
 from test_effects_crash import kill, spawn_hanging_worker, wait_for  # noqa: E402
 
 # -- terminate every connection of the library to this database (not the test's own),
@@ -445,7 +446,7 @@ class Proxy:
         if not self.forwarding:
             w.close()
             return
-        ur, uw = await asyncio.open_connection(*self.target)
+        ur, uw = await open_server(*self.target)
         await asyncio.gather(self._pipe(r, uw), self._pipe(ur, w))
 
     async def _start(self) -> None:

@@ -20,6 +20,7 @@ import httpx
 import psycopg
 import pytest
 import uvicorn
+from _pgnet import open_server
 from psycopg.conninfo import make_conninfo
 
 from pgdurable import Durable
@@ -291,7 +292,7 @@ class _CutAfterCommit:
         return int(self.server.sockets[0].getsockname()[1])
 
     async def _client(self, cr: asyncio.StreamReader, cw: asyncio.StreamWriter) -> None:
-        sr, sw = await asyncio.open_connection(*self.target)
+        sr, sw = await open_server(*self.target)
         cut = asyncio.Event()
 
         async def upstream() -> None:

@@ -462,10 +462,17 @@ class Proxy:
         async def stop() -> None:
             assert self._server is not None
             self._server.close()
+            # end the connections' pipes here, not when the loop is collected
+            # (their finally would then run on a closed loop: an unraisable error)
+            pipes = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for t in pipes:
+                t.cancel()
+            await asyncio.gather(*pipes, return_exceptions=True)
 
         asyncio.run_coroutine_threadsafe(stop(), self._loop).result(10)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(10)
+        self._loop.close()
 
 
 @pytest.fixture

@@ -611,6 +611,7 @@ class Worker:
 
         def trusted() -> bool:
             return self._trusted(a)
+
         io = RunIO(  # a workflow checkpoints from inside one call; ctx.step follows runs.step
             checkpoint=lambda state_json, spend: self._writer.write(
                 a.run_id, a.token, ctx.step, state_json, spend, None, trusted

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ._runs_sql import MAX_NAME_BYTES
+from .batch_start import Start
 from .children import TreeNode
 from .durable_runs import NOT_PERFORMED, DurableRunContext
 from .effects import with_idempotency, with_idempotency_sync
@@ -111,6 +112,7 @@ __all__ = [
     "Page",
     "RunSummary",
     "Sleep",
+    "Start",
     "StepResult",
     "Task",
     "Wait",

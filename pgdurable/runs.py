@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
@@ -53,6 +53,7 @@ from .signals import DEFAULT_MAX_PAYLOAD, DEFAULT_SIGNAL_TTL, signal_params, sig
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
 
+    from .batch_start import Start
     from .children import TreeNode
     from .fork import ForkedRun
     from .schedules import Schedule
@@ -533,6 +534,23 @@ class Durable:
         metrics.run_started(task)
         return str(_one(row))
 
+    async def start_many(
+        self, starts: Iterable[Start | dict[str, Any]], *,
+        conn: psycopg.AsyncConnection[Any] | None = None,
+    ) -> list[str]:
+        """Start many runs with ONE statement; return their ids in input order.
+
+        Each :class:`~pgdurable.Start` (or dict of its fields) takes the
+        arguments of :meth:`start`. All or nothing: bad input in any start
+        raises before any SQL; at most one NOTIFY per queue; ``conn=`` for the
+        caller's transaction. See :mod:`pgdurable.batch_start`.
+        """
+        from .batch_start import start_many
+
+        if self._closed:
+            raise ProviderClosed("this Durable app is closed")
+        return await start_many(self, starts, conn)
+
     async def list_runs(self, **filters: Any) -> Page:
         """One page of runs, newest first (keyset pagination; see :func:`pgdurable.search.list_runs_query`).
 
@@ -926,6 +944,17 @@ class DurableClient:
             row = self._fetchone(sql, params)
         metrics.run_started(task)
         return str(_one(row))
+
+    def start_many(
+        self, starts: Iterable[Start | dict[str, Any]], *,
+        conn: psycopg.Connection[Any] | None = None,
+    ) -> list[str]:
+        """Sync twin of :meth:`Durable.start_many`; ``conn=`` for a transactional start."""
+        from .batch_start import start_many_sync
+
+        if self._closed:
+            raise ProviderClosed("this DurableClient is closed")
+        return start_many_sync(self, starts, conn)
 
     def list_runs(self, **filters: Any) -> Page:
         """Sync twin of :meth:`Durable.list_runs`."""

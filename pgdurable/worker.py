@@ -395,7 +395,7 @@ class Worker:
                         continue
             claimed = await self._claim(free)
             if claimed:
-                self.wake_limit.refund()  # real work: wake-ups that find some are free
+                self.wake_limit.refund(claimed)  # real work: a token back per run found
             self._pending = claimed == free
             if claimed < free:
                 await self._next_wakeup(min_delay=0.05)

@@ -172,3 +172,24 @@ def test_sqlalchemy_session_start_many(dsn: str) -> None:
         assert _count(dsn) == 1 and isinstance(ids, list) and ids[0] == ids[1]
     finally:
         engine.dispose()
+
+
+def test_claim_runs_plans_generically(conn: psycopg.Connection[Any]) -> None:
+    """0020 sets plan_cache_mode on claim_runs (no planning per claim: enqueue -> start);
+    a migration that re-creates claim_runs must keep it."""
+    row = conn.execute("SELECT proconfig FROM pg_proc WHERE oid = 'pgdurable.claim_runs(text, "
+                       "text[], text[], text[], integer, interval, integer[])'::regprocedure"
+                       ).fetchone()
+    assert row is not None and "plan_cache_mode=force_generic_plan" in row[0]
+
+
+def test_wake_limiter_gives_a_token_back_per_run_claimed() -> None:
+    """A claim that takes the runs of several NOTIFYs refunds each one: a trickle
+    of real starts never defers a wake-up; wake-ups that find nothing stay limited."""
+    from pgdurable._hints import WakeLimiter
+
+    lim = WakeLimiter(rate=0.001, burst=3)
+    assert [lim.take() for _ in range(3)] == [0.0, 0.0, 0.0]  # three NOTIFYs
+    lim.refund(3)  # one claim found their three runs
+    assert [lim.take() for _ in range(3)] == [0.0, 0.0, 0.0]
+    assert lim.take() > 0  # three empty wake-ups later: the fourth is deferred

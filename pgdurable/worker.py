@@ -65,6 +65,7 @@ import importlib
 import inspect
 import json
 import logging
+import math
 import os
 import random
 import signal
@@ -195,6 +196,9 @@ class Worker:
         self._wake = asyncio.Event()
         self._pending = True
         self._due_at: float | None = None
+        self._asked_at = -math.inf  # when next_wakeup last answered (monotonic)
+        # how long a trickle of claims may skip next_wakeup (see _claim_loop)
+        self.recheck_interval = 0.5
         self._stopping = False
         self._grace = 30.0
         self._running = False
@@ -350,6 +354,7 @@ class Worker:
             log.warning("next_wakeup failed: %s", exc)
             self._due_at = None
             return
+        self._asked_at = time.monotonic()
         self._ticker.note(None if row is None or row[1] is None else float(row[1]))
         secs = None if row is None or row[0] is None else float(row[0])
         if secs is None:
@@ -359,6 +364,11 @@ class Worker:
             # this is never early (an early claim would only cost a re-check)
             delay = secs + 0.001 if secs > 0 else max(0.001, min_delay)
             self._due_at = time.monotonic() + delay
+
+    def _recheck(self, at: float) -> None:
+        """Claim again at ``at`` (monotonic) unless a known due time comes first."""
+        if self._due_at is None or self._due_at <= time.monotonic() or at < self._due_at:
+            self._due_at = at
 
     async def _claim_loop(self) -> None:
         self._wake.set()
@@ -398,7 +408,15 @@ class Worker:
                 self.wake_limit.refund(claimed)  # real work: a token back per run found
             self._pending = claimed == free
             if claimed < free:
-                await self._next_wakeup(min_delay=0.05)
+                now = time.monotonic()
+                if claimed and now - self._asked_at < self.recheck_interval:
+                    # a trickle of starts: every claim a NOTIFY triggers takes the
+                    # due timers too, so next_wakeup (a query per run) is asked at
+                    # most every recheck_interval; look again 50 ms after the
+                    # last claim, when the trickle has stopped
+                    self._recheck(now + 0.05)
+                else:
+                    await self._next_wakeup(min_delay=0.05)
 
     async def _claim(self, n: int) -> int:
         names, revs = self._task_arrays()

@@ -28,7 +28,7 @@ Contract:
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, fields
+from dataclasses import KW_ONLY, dataclass, fields
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -60,6 +60,7 @@ class Start:
 
     task: str
     state: Any = None
+    _: KW_ONLY
     queue: str = "default"
     priority: int = 0
     idempotency_key: str | None = None
@@ -73,7 +74,7 @@ class Start:
     delay: timedelta | None = None
 
 
-_FIELDS = frozenset(f.name for f in fields(Start))
+_FIELDS = frozenset(f.name for f in fields(Start))  # (KW_ONLY is not a field)
 
 
 def _as_start(item: object) -> Start:

@@ -362,6 +362,8 @@ def start_many(
     their ids in input order (await it if async). ``starts`` as for
     :meth:`pgdurable.Durable.start_many`; a task not registered on ``app=``
     needs ``revision=`` in its :class:`~pgdurable.Start`."""
+    if app is not None and not isinstance(app, Durable | DurableClient):
+        raise TypeError(f"app must be a Durable or DurableClient, not {type(app).__name__}")
     params = start_many_params(app._registry if app is not None else TaskRegistry(), starts)
     if params is None:
         return _no_ids(target)

@@ -77,7 +77,7 @@ from typing import TYPE_CHECKING, Any
 
 from ._json import dumps
 from .errors import CorruptCheckpoint, ReconcileFailed
-from .runs import Task
+from .registry import Task
 from .steps import Continue, Done, EffectFn, RunContext, in_thread
 from .tasks import (
     CHECKPOINT_VERSION,
@@ -89,7 +89,7 @@ from .tasks import (
 )
 
 if TYPE_CHECKING:
-    from .runs import Durable
+    from ._ports import App
 
 __all__ = [
     "NOT_PERFORMED",
@@ -232,7 +232,7 @@ def _prepare_state(task: DurableTask[Any, Any]) -> Callable[[Any], Any]:
 
 
 def durable_task_spec(
-    app: Durable,
+    app: App,
     task: DurableTask[Any, Any],
     *,
     context: Any = None,

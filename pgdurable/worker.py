@@ -85,6 +85,8 @@ from . import metrics, tracing
 from ._batch_writer import StepWriter
 from ._hints import WakeLimiter, cancel_requested
 from ._json import dumps
+from ._json import exc_message as _exc_message
+from ._json import jsonb_str as _jsonb_str
 from ._retry import backoff, is_lost_connection, is_transient, retry_while
 from .children import park_children
 from .durable_runs import call_effect, is_terminal, mark_terminal, reconcile_effect
@@ -117,7 +119,9 @@ from .steps import (
 )
 
 if TYPE_CHECKING:
-    from .runs import Durable, Task
+    from ._ports import App
+    from .registry import Task
+    from .runs import Durable
 
 __all__ = ["Worker", "main"]
 
@@ -161,7 +165,7 @@ class Worker:
 
     def __init__(
         self,
-        app: Durable,
+        app: App,
         *,
         queues: Sequence[str] = ("default",),
         concurrency: int = 16,
@@ -930,20 +934,6 @@ def _effect_error(exc: BaseException) -> str:
 
 class _StepTypeError(TypeError):
     """A step returned something that cannot be checkpointed (not retried)."""
-
-
-def _jsonb_str(text: str) -> str:
-    """``text`` that jsonb can store: NUL and lone surrogates escaped."""
-    if "\x00" in text:
-        text = text.replace("\x00", "\\x00")
-    return text.encode("utf-8", "backslashreplace").decode("utf-8")
-
-
-def _exc_message(exc: BaseException) -> str:
-    try:
-        return _jsonb_str(str(exc))
-    except Exception:  # a broken __str__ must not lose the error
-        return f"<str() of {type(exc).__name__} failed>"
 
 
 def _error_json(exc: BaseException) -> str:

@@ -33,6 +33,7 @@ from .durable_runs import durable_task_spec
 from .effects import DEFAULT_LEASE as DEFAULT_IDEMPOTENCY_LEASE
 from .effects import DEFAULT_TTL as DEFAULT_IDEMPOTENCY_TTL
 from .effects import with_idempotency, with_idempotency_sync
+from .engine.worker import Worker
 from .errors import InvalidInput, ProviderClosed, RunNotFound
 from .fork import ForkedRun, fork, fork_failed, fork_failed_sync, fork_sync, rewind, rewind_sync
 from .liveness import check_timeout
@@ -61,8 +62,6 @@ from .workflows import workflow_decorator
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
-
-    from .worker import Worker
 
 __all__ = ["RETRY", "Durable", "DurableClient", "RunInfo", "Task", "TaskRegistry", "start_params"]
 
@@ -647,8 +646,6 @@ class Durable:
         **options: Any,
     ) -> Worker:
         """A :class:`~pgdurable.worker.Worker` for this app (see its options)."""
-        from .worker import Worker
-
         return Worker(self, queues=queues, concurrency=concurrency, lease_ttl=lease_ttl, **options)
 
 

@@ -25,12 +25,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from . import _runs_sql as q
-from ._retry import backoff, is_transient
-from .errors import LeaseLost
+from .. import _runs_sql as q
+from .._retry import backoff, is_transient
+from ..errors import LeaseLost
 
 if TYPE_CHECKING:
-    from ._ports import Database
+    from .._ports import Database
 
 __all__ = ["StepWriter"]
 

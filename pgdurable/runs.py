@@ -1,7 +1,7 @@
 """Durable runs: the async app (:class:`Durable`), the sync client
 (:class:`DurableClient`) and :class:`RunInfo`.
 
-A run lives in ``pgdurable.runs``; workers (:mod:`pgdurable.worker`) lease it,
+A run lives in ``pgdurable.runs``; workers (:mod:`pgdurable.engine`) lease it,
 run steps and checkpoint after each one. Every state transition is one SQL
 function (``sql/0003_runs.sql``; parking and signals in ``0005_signals.sql``,
 effects in ``0008_durable_runs.sql``, retry in ``0007_operations.sql``); this module validates arguments in Python
@@ -12,6 +12,12 @@ connections with library settings (:mod:`pgdurable.pooler`: they go through
 PgBouncer; ``pooler="transaction"`` for its transaction mode). A pool passed
 in with ``pool=`` must hand out autocommit connections (the app does not open
 or close it).
+
+This is the app layer (``docs/architecture.md``): the app and the client
+compose the engine, the programming models and the capabilities below; none
+of those imports this module (they take :mod:`pgdurable._ports`). ``Task``,
+``TaskRegistry`` and ``start_params`` live in :mod:`pgdurable.registry` and
+are re-exported here.
 """
 
 from __future__ import annotations
@@ -36,7 +42,6 @@ from .effects import with_idempotency, with_idempotency_sync
 from .engine.worker import Worker
 from .errors import InvalidInput, ProviderClosed, RunNotFound
 from .fork import ForkedRun, fork, fork_failed, fork_failed_sync, fork_sync, rewind, rewind_sync
-from .liveness import check_timeout
 from .metadata import start_statement
 from .migrations import acheck_schema, check_schema
 from .pooler import (
@@ -55,6 +60,7 @@ from .results import await_result, result_sync
 from .schedules import Schedule, declare
 from .search import Page, list_runs_query, make_page
 from .signals import DEFAULT_MAX_PAYLOAD, DEFAULT_SIGNAL_TTL, signal_params, signal_run_params
+from .step_tasks import task_decorator
 from .stream import StreamEvent, stream_run, stream_thread
 from .tasks import DurableTask
 from .threads import SEND, Delivery, ThreadRoute, parse_delivery, routes_of, send_params
@@ -67,39 +73,6 @@ __all__ = ["RETRY", "Durable", "DurableClient", "RunInfo", "Task", "TaskRegistry
 
 RunInfo = q.RunInfo
 F = TypeVar("F", bound=Callable[..., Any])
-
-
-def _task_decorator(
-    registry: TaskRegistry,
-    name: str,
-    revision: str,
-    max_attempts: int,
-    retry_base: float,
-    retry_cap: float,
-    max_reclaims: int = 5,
-    step_timeout: timedelta | float | None = None,
-    heartbeat_timeout: timedelta | float | None = None,
-) -> Callable[[F], F]:
-    q.check_name(name, "task name")
-    step_secs = check_timeout(step_timeout, "step_timeout")
-    hb_secs = check_timeout(heartbeat_timeout, "heartbeat_timeout")
-    q.check_name(revision, "revision")
-    q.check_max_attempts(max_attempts)
-    if retry_base < 0 or retry_cap < 0:
-        raise ValueError("retry_base and retry_cap must be >= 0")
-    if isinstance(max_reclaims, bool) or not isinstance(max_reclaims, int) or max_reclaims < 0:
-        raise ValueError("max_reclaims must be an int >= 0")
-
-    def deco(fn: F) -> F:
-        if not callable(fn):
-            raise TypeError("@task decorates a callable (ctx, state) -> step result")
-        registry.register(
-            Task(name, revision, fn, max_attempts, float(retry_base), float(retry_cap),
-                 max_reclaims, step_timeout=step_secs, heartbeat_timeout=hb_secs)
-        )
-        return fn
-
-    return deco
 
 
 # -- retry a failed or cancelled run (0007); returns the new status ('runnable').
@@ -210,7 +183,7 @@ class Durable:
         and the time between its ``ctx.heartbeat()`` calls (see
         :mod:`pgdurable.liveness`).
         """
-        return _task_decorator(
+        return task_decorator(
             self._registry, name, revision, max_attempts, retry_base, retry_cap, max_reclaims,
             step_timeout, heartbeat_timeout,
         )
@@ -645,7 +618,7 @@ class Durable:
         lease_ttl: timedelta = timedelta(seconds=60),
         **options: Any,
     ) -> Worker:
-        """A :class:`~pgdurable.worker.Worker` for this app (see its options)."""
+        """A :class:`~pgdurable.engine.worker.Worker` for this app (see its options)."""
         return Worker(self, queues=queues, concurrency=concurrency, lease_ttl=lease_ttl, **options)
 
 

@@ -29,7 +29,7 @@ LAYERS: list[tuple[str, set[str]]] = [
         "search", "metadata", "tracing", "steps",
     }),
     ("engine", {"engine.*"}),
-    ("models", {"durable_runs", "workflows"}),
+    ("models", {"step_tasks", "durable_runs", "workflows"}),
     ("app", {"runs"}),
     ("operations", {
         "", "worker", "cli", "_cli_common", "cli_fork", "schedules_cli", "retention",

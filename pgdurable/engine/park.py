@@ -42,6 +42,7 @@ class Parking(WorkerBase):
             await self._fenced(a, q.ACK_CANCEL, (*ident, spend))
         elif a.stop_reason == "shutdown":
             await self._fenced(a, q.RELEASE, ident)
+        # lease_lost: drop, no further writes
 
     async def _park(
         self,

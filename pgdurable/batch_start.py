@@ -30,16 +30,16 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import KW_ONLY, dataclass, fields
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import psycopg
 
 from . import _json, flow, metrics
 from ._db import translated
+from ._ports import Database, SyncDatabase
 from .metadata import check_metadata
-
-if TYPE_CHECKING:
-    from .runs import Durable, DurableClient, TaskRegistry
+from .registry import TaskRegistry, start_params
+from .tracing import current_trace_context
 
 __all__ = ["START_MANY", "Start", "start_many", "start_many_params", "start_many_sync"]
 
@@ -94,9 +94,6 @@ def start_many_params(registry: TaskRegistry, starts: Iterable[object]) -> tuple
     """Validate every start (before any SQL) and return the ``START_MANY``
     parameters, or ``None`` for no starts. The first bad start raises its
     error (with a note ``start_many: start #i``)."""
-    from .runs import start_params
-    from .tracing import current_trace_context
-
     if isinstance(starts, str | bytes | Mapping) or not isinstance(starts, Iterable):
         raise TypeError("start_many takes a list of pgdurable.Start (or dicts)")
     columns: list[list[Any]] = [[] for _ in range(14)]
@@ -130,27 +127,29 @@ def _counted(params: tuple[Any, ...], rows: list[tuple[Any, ...]]) -> list[str]:
 
 
 async def start_many(
-    app: Durable, starts: Iterable[object], conn: psycopg.AsyncConnection[Any] | None
+    db: Database, registry: TaskRegistry, starts: Iterable[object],
+    conn: psycopg.AsyncConnection[Any] | None,
 ) -> list[str]:
-    """:meth:`pgdurable.Durable.start_many`: one statement on the app's pool or ``conn``."""
-    params = start_many_params(app._registry, starts)
+    """:meth:`pgdurable.Durable.start_many`: one statement on ``db``'s pool or ``conn``."""
+    params = start_many_params(registry, starts)
     if params is None:
         return []
     if conn is None:
-        return _counted(params, await app.fetchall(START_MANY, params))
+        return _counted(params, await db.fetchall(START_MANY, params))
     with translated():
         cur = await conn.execute(START_MANY, params)
         return _counted(params, await cur.fetchall())
 
 
 def start_many_sync(
-    client: DurableClient, starts: Iterable[object], conn: psycopg.Connection[Any] | None
+    db: SyncDatabase, registry: TaskRegistry, starts: Iterable[object],
+    conn: psycopg.Connection[Any] | None,
 ) -> list[str]:
     """:meth:`pgdurable.DurableClient.start_many`: the sync twin."""
-    params = start_many_params(client._registry, starts)
+    params = start_many_params(registry, starts)
     if params is None:
         return []
     if conn is None:
-        return _counted(params, client._fetchall(START_MANY, params))
+        return _counted(params, db._fetchall(START_MANY, params))
     with translated():
         return _counted(params, conn.execute(START_MANY, params).fetchall())

@@ -69,6 +69,7 @@ import random
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from json.encoder import encode_basestring
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from . import _runs_sql as q
@@ -88,7 +89,7 @@ from .steps import (
 )
 
 if TYPE_CHECKING:
-    from .runs import Task, TaskRegistry
+    from .runs import Durable, Task, TaskRegistry
     from .threads import Message
 
 __all__ = [
@@ -417,7 +418,7 @@ class WorkflowContext:
                 except (TypeError, ValueError) as exc:
                     raise mark_terminal(type(exc)(str(exc))) from None
                 await self._record({"kind": "step", "name": key, "result": value},
-                                   f'{{"kind":"step","name":{json.dumps(key)},'
+                                   f'{{"kind":"step","name":{encode_basestring(key)},'
                                    f'"result":{result_json}}}')
                 return value
             await self._record({"kind": "step", "name": key, "error": value})
@@ -636,6 +637,10 @@ class WorkflowContext:
             self._busy = False
 
 
+#: the completion's checkpoint state (the first one also holds the input)
+_RETURN: dict[str, Any] = {"workflow": {"kind": "return", "name": "return"}}
+
+
 def _recorded(entry: _Entry) -> Any:
     """A recorded step's result, or its recorded error raised again."""
     if "error" in entry.body:
@@ -665,12 +670,10 @@ class Workflow:
 
     async def drive(self, run: RunContext, state: Any) -> StepResult:
         """The task step function: run the coroutine until it returns or parks."""
-        from .runs import Durable
-
-        app: Durable = run._app
         rows: list[tuple[Any, Any]] = []
-        if run.step > 0:
+        if run.step > 0:  # a fresh run has no history: no query
             self.history_loads += 1
+            app: Durable = run._app
             row = await app.fetchone(LOAD_HISTORY, (q.check_run_id(run.run_id),))
             if row is not None and row[0] is not None:
                 rows = [(s, w) for s, w in json.loads(row[0])]
@@ -691,9 +694,7 @@ class Workflow:
             raise mark_terminal(NonDeterministicWorkflow(
                 f"workflow {self.name!r} run {run.run_id}: the code returned at position "
                 f"{ctx._pos} but the history records {e.kind} {e.name!r} there"))
-        return Done(result, state={"workflow": {"kind": "return", "name": "return"}}
-                    if ctx._rows else {"input": input_,
-                                       "workflow": {"kind": "return", "name": "return"}})
+        return Done(result, state=_RETURN if ctx._rows else {"input": input_, **_RETURN})
 
 
 def workflow_spec(wf: Workflow, *, max_attempts: int, retry_base: float, retry_cap: float,

@@ -4,7 +4,9 @@
 and ``PGDURABLE_DSN`` set. The same logic twice on one app: ``noop3`` (the
 task of benchmarks/_throughput_app.py: three no-op steps, two checkpoints then
 checkpoint + completion) and ``wf3`` (a workflow: three no-op recorded steps,
-then the completion). ``long`` records ``n`` steps, parks on a signal, then
+then the completion: four writes) and ``wf3f`` (the same, its last step by
+``ctx.finish``: the last checkpoint and the completion in one write, three
+writes like the task). ``long`` records ``n`` steps, parks on a signal, then
 records one more step.
 """
 
@@ -33,6 +35,14 @@ async def wf3(ctx: WorkflowContext, _: Any) -> int:
     a = await ctx.step("a", anoop, 1)
     b = await ctx.step("b", anoop, a + 1)
     return await ctx.step("c", anoop, b + 1)
+
+
+@app.workflow("wf3f", revision="1")
+async def wf3f(ctx: WorkflowContext, _: Any) -> int:
+    """wf3 with ``ctx.finish`` as its last step (the task's ``Done``)."""
+    a = await ctx.step("a", anoop, 1)
+    b = await ctx.step("b", anoop, a + 1)
+    return await ctx.finish("c", anoop, b + 1)
 
 
 def _mark(run_id: str) -> int:

@@ -1,22 +1,25 @@
 """Workflows vs tasks: throughput, and the cost of resuming a long history.
 
-One command (about 30 s on a quiet machine, under 2 minutes loaded)::
+One command (about 40 s on a quiet machine, under 2 minutes loaded)::
 
     .venv/bin/python benchmarks/workflows.py [--dsn postgresql://postgres@127.0.0.1:5432/postgres]
-        [--runs 1500] [--rounds 15] [--concurrency 32] [--long 1000] [--resumes 5]
+        [--runs 1000] [--rounds 15] [--concurrency 32] [--long 1000] [--resumes 5]
 
 ``--dsn`` names a maintenance database; the benchmark creates (and drops) its
 scratch database ``pgdurable_bench_workflows``.
 
 1. Throughput, same logic both ways, same worker process: ``--rounds`` rounds,
-   each ``--runs`` runs of the task ``noop3`` and as many runs of the workflow
-   ``wf3`` (three no-op recorded steps), in alternating order, enqueue to last
-   completion on the database clock (benchmarks/_workflows_app.py; the driver
-   is benchmarks/_driver.py, shared with benchmarks/throughput.py). Ratio per
-   round = workflow runs/s / task runs/s; reported: its median and spread
-   (target >= 0.8), and the fenced writes per run of each (checkpoint rows: a
-   workflow writes one more than the task, its last step's checkpoint and
-   then the completion; the task's last step IS its completion).
+   each ``--runs`` runs of the task ``noop3`` (three no-op steps), of the
+   workflow ``wf3`` (three no-op recorded steps, ``return await ctx.step``)
+   and of ``wf3f`` (the same ending in ``return await ctx.finish``), the
+   order rotating, enqueue to last completion on the database clock
+   (benchmarks/_workflows_app.py; the driver is benchmarks/_driver.py, shared
+   with benchmarks/throughput.py). Ratio per round = workflow runs/s / task
+   runs/s; reported: its median and spread (target >= 0.8), and the fenced
+   writes per run (checkpoint rows): ``wf3`` writes one more than the task
+   (its last step's checkpoint, then the completion: a returned step is
+   durable before the code after it runs); ``wf3f`` and the task write the
+   last step and the completion in one statement.
 2. Resume cost, in-process worker: runs of ``long`` record 1 or ``--long``
    steps and park on a signal; after the signal, the time from the claim
    statement's answer to the first new step's function call (the history load
@@ -50,28 +53,33 @@ def writes_per_run(c: psycopg.Connection[Any]) -> float:
     return float(row[0])
 
 
+#: the task, the workflow ending in ``return await ctx.step(...)``, the
+#: workflow ending in ``return await ctx.finish(...)``
+STYLES = {"noop3": "task noop3", "wf3": "workflow wf3 (step + return)",
+          "wf3f": "workflow wf3f (finish)"}
+
+
 def throughput(dsn: str, runs: int, rounds: int, concurrency: int) -> None:
-    ratios: list[float] = []
-    rates: dict[str, list[float]] = {"noop3": [], "wf3": []}
+    names = list(STYLES)
+    rates: dict[str, list[float]] = {t: [] for t in names}
     writes: dict[str, float] = {}
     with (psycopg.connect(dsn, autocommit=True) as c,
           worker_process(dsn, "_workflows_app:app", concurrency=concurrency)):
-        timed_runs(c, "wf3", 500)  # warm-up (prepared statements, caches)
-        timed_runs(c, "noop3", 500)
-        for r in range(1, rounds + 1):
-            order = ("noop3", "wf3") if r % 2 else ("wf3", "noop3")
-            for task in order:
+        for task in names:  # warm-up (prepared statements, caches)
+            timed_runs(c, task, 500)
+        for r in range(rounds):
+            for task in names[r % 3:] + names[:r % 3]:  # each order in turn
                 rates[task].append(runs / timed_runs(c, task, runs))
                 writes[task] = writes_per_run(c)
-            ratio = rates["wf3"][-1] / rates["noop3"][-1]
-            ratios.append(ratio)
-            print(f"round {r}: task noop3 {rates['noop3'][-1]:6.0f} runs/s | workflow wf3 "
-                  f"{rates['wf3'][-1]:6.0f} runs/s | ratio {ratio:.2f} | {load()}")
-    print(f"task noop3 runs/s: {spread(rates['noop3'], '.0f')}; {writes['noop3']:g} "
-          "fenced writes per run")
-    print(f"workflow wf3 runs/s: {spread(rates['wf3'], '.0f')}; {writes['wf3']:g} "
-          "fenced writes per run")
-    print(f"throughput ratio workflow/task: {spread(ratios)} (target >= 0.8)")
+            print(f"round {r + 1}: " + " | ".join(f"{t} {rates[t][-1]:5.0f}" for t in names)
+                  + f" runs/s | ratios {rates['wf3'][-1] / rates['noop3'][-1]:.2f} "
+                  f"{rates['wf3f'][-1] / rates['noop3'][-1]:.2f} | {load()}")
+    for task in names:
+        print(f"{STYLES[task]}: runs/s {spread(rates[task], '.0f')}; {writes[task]:g} "
+              "fenced writes per run")
+    for task in names[1:]:
+        ratios = [w / t for w, t in zip(rates[task], rates["noop3"], strict=True)]
+        print(f"throughput ratio {STYLES[task]} / task: {spread(ratios)} (target >= 0.8)")
 
 
 async def until(get: Callable[[], Awaitable[Any]], ok: Callable[[Any], bool]) -> None:
@@ -136,7 +144,7 @@ async def resume_cost(dsn: str, long_n: int, resumes: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dsn", default="postgresql://postgres@127.0.0.1:5432/postgres")
-    parser.add_argument("--runs", type=int, default=1500)
+    parser.add_argument("--runs", type=int, default=1000)
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--long", type=int, default=1000)

@@ -70,7 +70,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from json.encoder import encode_basestring
-from typing import TYPE_CHECKING, Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, NoReturn, TypeVar
 
 from . import _runs_sql as q
 from ._json import dumps
@@ -173,7 +173,8 @@ DEFAULT_POLICY = StepPolicy()
 
 
 class _Park(BaseException):
-    """Raised at a wait to abandon the coroutine; carries the engine's Wait/Sleep."""
+    """Raised to abandon the coroutine with an engine result: a wait's
+    Wait/Sleep, or a final step's Done (:meth:`WorkflowContext.finish`)."""
 
     def __init__(self, result: StepResult) -> None:
         super().__init__("workflow parks")
@@ -396,6 +397,32 @@ class WorkflowContext:
         JSON raises ``TypeError`` naming the step and the path; nothing is
         checkpointed and the run fails.
         """
+        return await self._step(name, fn, args, kwargs, policy, repeat, False)
+
+    async def finish(self, name: str, fn: Callable[..., Any], *args: Any,
+                     policy: StepPolicy = DEFAULT_POLICY, repeat: bool = False,
+                     **kwargs: Any) -> NoReturn:
+        """The last step, whose result is the workflow's result::
+
+            return await ctx.finish("report", write_report, notes)
+
+        The same as ``return await ctx.step(...)`` except that the step's
+        checkpoint and the run's completion are ONE fenced write, as a task's
+        ``Done`` (``ctx.step`` then ``return`` is two: a step's result is
+        made durable before the code after it runs). The workflow function
+        ends inside the call: code after it never runs. A step that fails
+        raises :class:`StepFailed` as :meth:`step` does (the workflow may
+        catch it and go on). Replayed, a recorded step completes the run with
+        its recorded result.
+        """
+        await self._step(name, fn, args, kwargs, policy, repeat, True)
+        raise AssertionError("unreachable: a final step ends the workflow")
+
+    async def _step(self, name: str, fn: Callable[..., Any], args: tuple[Any, ...],
+                    kwargs: dict[str, Any], policy: StepPolicy, repeat: bool,
+                    final: bool) -> Any:
+        """:meth:`step`, or with ``final`` :meth:`finish` (raises :class:`_Park`
+        with the engine's ``Done`` instead of returning)."""
         if not callable(fn):
             raise mark_terminal(TypeError(f"step {name!r}: fn must be callable"))
         if not isinstance(policy, StepPolicy):
@@ -406,7 +433,11 @@ class WorkflowContext:
             entry = self._next("step", key)
             if entry is not None:
                 self._pos += 1
-                return _recorded(entry)
+                value = _recorded(entry)
+                if final:
+                    self._check_ended()
+                    raise _Park(Done(value, state=_RETURN))
+                return value
             call = functools.partial(fn, *args, **kwargs)
             rec = None if policy.reconcile is None else functools.partial(
                 policy.reconcile, *args, **kwargs)
@@ -417,14 +448,25 @@ class WorkflowContext:
                     result_json = dumps(value, f"step {key!r} result")
                 except (TypeError, ValueError) as exc:
                     raise mark_terminal(type(exc)(str(exc))) from None
-                await self._record({"kind": "step", "name": key, "result": value},
-                                   f'{{"kind":"step","name":{encode_basestring(key)},'
-                                   f'"result":{result_json}}}')
+                body = {"kind": "step", "name": key, "result": value}
+                if final:  # the checkpoint is the completion's state: one write
+                    raise _Park(Done(value, state={"input": self.input, "workflow": body}
+                                     if self._rows == 0 else {"workflow": body}))
+                await self._record(body, f'{{"kind":"step","name":{encode_basestring(key)},'
+                                         f'"result":{result_json}}}')
                 return value
             await self._record({"kind": "step", "name": key, "error": value})
             raise mark_terminal(StepFailed(key, value["type"], value["message"]))
         finally:
             self._busy = False
+
+    def _check_ended(self) -> None:
+        """The code ends here: NonDeterministicWorkflow if the history goes on."""
+        if self._pos < len(self._entries):
+            e = self._entries[self._pos]
+            raise mark_terminal(NonDeterministicWorkflow(
+                f"workflow {self.task!r} run {self.run_id}: the code returned at position "
+                f"{self._pos} but the history records {e.kind} {e.name!r} there"))
 
     async def _attempts(self, key: str, call: Callable[[], Any], rec: Callable[[], Any] | None,
                         policy: StepPolicy, is_async: bool) -> tuple[bool, Any]:
@@ -689,11 +731,7 @@ class Workflow:
             result = await self.fn(ctx, input_)
         except _Park as park:
             return park.result
-        if ctx._pos < len(ctx._entries):
-            e = ctx._entries[ctx._pos]
-            raise mark_terminal(NonDeterministicWorkflow(
-                f"workflow {self.name!r} run {run.run_id}: the code returned at position "
-                f"{ctx._pos} but the history records {e.kind} {e.name!r} there"))
+        ctx._check_ended()
         return Done(result, state=_RETURN if ctx._rows else {"input": input_, **_RETURN})
 
 

@@ -43,6 +43,12 @@ the run, revisions and the operator views are the ones of ``@app.task``:
   the recorded history is used up) fails the run with
   :class:`NonDeterministicWorkflow` naming both. :meth:`WorkflowContext.patched`
   lets new runs take a new path while old runs keep the old one.
+* **A returned step is durable.** ``ctx.step`` returns only after its
+  checkpoint committed, so the code after it never runs on an unrecorded
+  result; ``step`` then ``return`` is two fenced writes (the checkpoint, then
+  the completion). :meth:`WorkflowContext.finish` ends the workflow with a
+  last step whose checkpoint IS the completion: one write, as a task's
+  ``Done``.
 * **Steps** (:meth:`WorkflowContext.step`) are retried in place with backoff
   up to ``StepPolicy.max_attempts``; the last error is recorded and raised as
   :class:`StepFailed`. ``replay="safe"`` steps may run again if a crash came

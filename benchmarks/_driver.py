@@ -100,6 +100,49 @@ def timed_runs(c: psycopg.Connection[Any], task: str, runs: int, *, revision: st
     return float((row[2] - t0).total_seconds())
 
 
+# -- the backends serving this database (the worker's pool and this connection)
+BACKENDS = "SELECT pid FROM pg_stat_activity WHERE datname = current_database()"
+
+
+def _cpu(pid: int) -> float | None:
+    """User + system CPU seconds of local process ``pid``; None if unreadable."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class CpuMeter:
+    """CPU seconds spent by one worker process and the database backends of
+    its database (read from ``/proc``: the server must run on this machine).
+
+    Unlike wall-clock time, this hardly depends on what else the machine
+    runs, so it is the steadier measure on a shared machine. ``start()`` then
+    ``stop()``: the seconds in between, or None where ``/proc`` cannot tell.
+    """
+
+    def __init__(self, c: psycopg.Connection[Any], worker_pid: int) -> None:
+        self._c, self._worker = c, worker_pid
+        self._at: dict[int, float | None] = {}
+
+    def _read(self) -> dict[int, float | None]:
+        pids = {self._worker, *(r[0] for r in self._c.execute(BACKENDS).fetchall())}
+        return {pid: _cpu(pid) for pid in pids}
+
+    def start(self) -> None:
+        self._at = self._read()
+
+    def stop(self) -> float | None:
+        now, total = self._read(), 0.0
+        for pid, cpu in now.items():
+            if cpu is None:
+                return None
+            total += cpu - (self._at.get(pid) or 0.0)  # a new backend: all of it
+        return total
+
+
 def spread(values: list[float], fmt: str = ".2f") -> str:
     """``median M (middle half A-B, all X-Y, n=N)`` of ``values``."""
     med = statistics.median(values)

@@ -19,7 +19,10 @@ scratch database ``pgdurable_bench_workflows``.
    writes per run (checkpoint rows): ``wf3`` writes one more than the task
    (its last step's checkpoint, then the completion: a returned step is
    durable before the code after it runs); ``wf3f`` and the task write the
-   last step and the completion in one statement.
+   last step and the completion in one statement. Also, where the server runs
+   on this machine: the CPU seconds per run of the worker process and of the
+   database backends serving it (from ``/proc``), a cost ratio that depends
+   far less on what else a shared machine runs than the wall-clock one.
 2. Resume cost, in-process worker: runs of ``long`` record 1 or ``--long``
    steps and park on a signal; after the signal, the time from the claim
    statement's answer to the first new step's function call (the history load
@@ -39,7 +42,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import psycopg
-from _driver import HERE, load, spread, timed_runs, worker_process
+from _driver import HERE, CpuMeter, load, spread, timed_runs, worker_process
 from _scratch import drop_scratch, scratch_dsn
 
 DB = "pgdurable_bench_workflows"
@@ -62,24 +65,35 @@ STYLES = {"noop3": "task noop3", "wf3": "workflow wf3 (step + return)",
 def throughput(dsn: str, runs: int, rounds: int, concurrency: int) -> None:
     names = list(STYLES)
     rates: dict[str, list[float]] = {t: [] for t in names}
+    cpu: dict[str, list[float]] = {t: [] for t in names}  # ms per run
     writes: dict[str, float] = {}
     with (psycopg.connect(dsn, autocommit=True) as c,
-          worker_process(dsn, "_workflows_app:app", concurrency=concurrency)):
+          worker_process(dsn, "_workflows_app:app", concurrency=concurrency) as worker):
+        meter = CpuMeter(c, worker.pid)
         for task in names:  # warm-up (prepared statements, caches)
             timed_runs(c, task, 500)
         for r in range(rounds):
             for task in names[r % 3:] + names[:r % 3]:  # each order in turn
+                meter.start()
                 rates[task].append(runs / timed_runs(c, task, runs))
+                used = meter.stop()
+                if used is not None:
+                    cpu[task].append(used * 1000 / runs)
                 writes[task] = writes_per_run(c)
             print(f"round {r + 1}: " + " | ".join(f"{t} {rates[t][-1]:5.0f}" for t in names)
                   + f" runs/s | ratios {rates['wf3'][-1] / rates['noop3'][-1]:.2f} "
                   f"{rates['wf3f'][-1] / rates['noop3'][-1]:.2f} | {load()}")
     for task in names:
+        used = f"; CPU ms per run {spread(cpu[task], '.3f')}" if cpu[task] else ""
         print(f"{STYLES[task]}: runs/s {spread(rates[task], '.0f')}; {writes[task]:g} "
-              "fenced writes per run")
+              f"fenced writes per run{used}")
     for task in names[1:]:
         ratios = [w / t for w, t in zip(rates[task], rates["noop3"], strict=True)]
         print(f"throughput ratio {STYLES[task]} / task: {spread(ratios)} (target >= 0.8)")
+        if cpu[task]:
+            costs = [t / w for w, t in zip(cpu[task], cpu["noop3"], strict=True)]
+            print(f"  CPU per run, task / workflow (the same ratio measured by cost, steadier "
+                  f"under load): {spread(costs)}")
 
 
 async def until(get: Callable[[], Awaitable[Any]], ok: Callable[[Any], bool]) -> None:

@@ -3,7 +3,7 @@
 One command (about 40 s on a quiet machine, under 2 minutes loaded)::
 
     .venv/bin/python benchmarks/workflows.py [--dsn postgresql://postgres@127.0.0.1:5432/postgres]
-        [--runs 1000] [--rounds 15] [--concurrency 32] [--long 1000] [--resumes 5]
+        [--runs 1000] [--rounds 12] [--concurrency 32] [--long 1000] [--resumes 5]
 
 ``--dsn`` names a maintenance database; the benchmark creates (and drops) its
 scratch database ``pgdurable_bench_workflows``.
@@ -159,7 +159,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dsn", default="postgresql://postgres@127.0.0.1:5432/postgres")
     parser.add_argument("--runs", type=int, default=1000)
-    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--rounds", type=int, default=12)
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--long", type=int, default=1000)
     parser.add_argument("--resumes", type=int, default=5)

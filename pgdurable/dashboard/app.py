@@ -40,6 +40,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from .. import _runs_sql as rq
+from .. import metrics
 from .._db import translated, validate_dsn
 from ..errors import PgDurableError, RunNotFound, ScheduleNotFound
 from ..fork import FORK, fork_params
@@ -362,8 +363,6 @@ class _Dashboard:
             f"{root}/schedules?done={_quote(f'{action} {name}: {done}')}", 303)
 
     async def metrics(self, request: Request) -> Response:
-        from .. import metrics
-
         try:
             registry = metrics.enable(self.dsn)
         except ImportError as exc:

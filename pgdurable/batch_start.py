@@ -5,7 +5,7 @@
 validates every start exactly as :meth:`pgdurable.Durable.start` does (the same
 helpers: :func:`pgdurable.runs.start_params`, :func:`pgdurable.flow.start_flow_params`,
 :func:`pgdurable.metadata.check_metadata`), then inserts all the runs with ONE
-call of ``pgdurable.start_runs`` (``sql/0020_start_many.sql``): one INSERT of N
+call of ``pgdurable.start_runs`` (``sql/0021_start_many.sql``): one INSERT of N
 rows and at most one ``NOTIFY pgdurable_wake`` per queue, in one transaction.
 
 Contract:
@@ -43,7 +43,7 @@ from .tracing import current_trace_context
 
 __all__ = ["START_MANY", "Start", "start_many", "start_many_params", "start_many_sync"]
 
-# -- start N runs: one array per argument (see sql/0020_start_many.sql); returns
+# -- start N runs: one array per argument (see sql/0021_start_many.sql); returns
 # -- the run ids in input order
 START_MANY = (
     "SELECT run_id FROM pgdurable.start_runs(%s::text[], %s::text[], %s::text[]::jsonb[], "

@@ -1,4 +1,4 @@
-"""start_many: N runs in one statement (sql/0020_start_many.sql, pgdurable/batch_start.py):
+"""start_many: N runs in one statement (sql/0021_start_many.sql, pgdurable/batch_start.py):
 the same arguments and validation as start(), all or nothing, one NOTIFY per
 queue, idempotency keys (repeated in the call and already existing), the
 caller's transaction (psycopg and SQLAlchemy)."""
@@ -175,7 +175,7 @@ def test_sqlalchemy_session_start_many(dsn: str) -> None:
 
 
 def test_claim_runs_plans_generically(conn: psycopg.Connection[Any]) -> None:
-    """0020 sets plan_cache_mode on claim_runs (no planning per claim: enqueue -> start);
+    """0021 sets plan_cache_mode on claim_runs (no planning per claim: enqueue -> start);
     a migration that re-creates claim_runs must keep it."""
     row = conn.execute("SELECT proconfig FROM pg_proc WHERE oid = 'pgdurable.claim_runs(text, "
                        "text[], text[], text[], integer, interval, integer[])'::regprocedure"

@@ -1,4 +1,4 @@
--- 0020_start_many: start many runs in ONE statement (issue 21).
+-- 0021_start_many: start many runs in ONE statement (issue 21).
 --
 -- pgdurable.start_runs takes one array per start argument (the arrays of
 -- start_run + start_run_flow + tag_started_run, one element per run) and

@@ -117,7 +117,7 @@ def outside_blocks(path: Path) -> Iterator[tuple[int, str]]:
 
 
 ALL = [b for p in PAGES for b in blocks(p)]
-PYTHON = [b for b in ALL if b.lang in ("python", "py", "pycon")]
+PYTHON = [b for b in ALL if b.lang in ("python", "py")]
 SHELL = [b for b in ALL if b.lang in ("sh", "bash", "console", "shell")]
 SQL = [b for b in ALL if b.lang == "sql"]
 

@@ -568,6 +568,34 @@ def test_sql_block(block: Block, catalog: set[str], docs_db: str) -> None:
             c.rollback()
 
 
+def test_api_names_in_prose(catalog: set[str]) -> None:
+    """Inline code in the prose: a call ``pgdurable.name(...)`` names a SQL function or
+    relation of the migrated schema or a Python callable, and ``app.x``, ``ctx.x``,
+    ``client.x``, ``worker.x`` exist on their classes (as in code blocks). Other dotted
+    ``pgdurable.*`` spans are OpenTelemetry attribute names, wait kinds and the like."""
+    conventions = conventional_names()
+    span = re.compile(r"(?<!`)`([^`]+)`(?!`)")
+    wrong, checked = [], 0
+    for path in PAGES:
+        for n, line in outside_blocks(path):
+            where = f"{path.relative_to(ROOT)}:{n}"
+            for m in span.finditer(line):
+                for dotted in re.findall(r"(?<![\w.])(pgdurable(?:\.\w+)+)\(", m[1]):
+                    checked += 1
+                    if dotted.count(".") == 1 and dotted.split(".")[1] in catalog:
+                        continue
+                    try:
+                        resolve(dotted)
+                    except (AttributeError, ImportError):
+                        wrong.append(f"{where}: {dotted}: neither SQL nor Python")
+                for name, attr in re.findall(r"(?<![\w.])(app|ctx|client|worker)\.(\w+)", m[1]):
+                    checked += 1
+                    if not any(attr in attributes(c) for c in conventions[name]):
+                        wrong.append(f"{where}: {name}.{attr}: no such attribute")
+    assert checked > 100
+    assert not wrong, "\n".join(wrong)
+
+
 # ----------------------------------------------------------------------------- links
 
 LINK = re.compile(r"(?<!!)\[(?:[^\]\[]|\[[^\]]*\])*\]\((?P<target>[^)\s]+)(?:\s+\"[^\"]*\")?\)")

@@ -31,6 +31,12 @@ What is checked, per kind of block, and why that much:
   name-checked.
 * Other languages (``text``, ``ini``, ``ts``, ...) are not checked here; the TypeScript
   client has its own tests.
+* Inline code in the prose: a whole ``pgdurable ...`` command is checked like a shell
+  line; a call ``pgdurable.f(...)`` must be a SQL function or relation or a Python name;
+  ``app.x``/``ctx.x``/``client.x``/``worker.x`` must exist as in code blocks. Other
+  dotted ``pgdurable.*`` spans are OpenTelemetry attributes, wait kinds and the like.
+* Every relative link resolves (to a file, and an ``#anchor`` to a heading of a Markdown
+  file); every page is in mkdocs.yml's nav and on the README's map.
 """
 
 from __future__ import annotations

@@ -33,7 +33,7 @@ What is checked, per kind of block, and why that much:
   client has its own tests.
 * Inline code in the prose: a whole ``pgdurable ...`` command is checked like a shell
   line; a call ``pgdurable.f(...)`` must be a SQL function or relation or a Python name;
-  ``app.x``/``ctx.x``/``client.x``/``worker.x`` must exist as in code blocks. Other
+  ``app.x``/``ctx.x``/``client.x`` must exist as in code blocks. Other
   dotted ``pgdurable.*`` spans are OpenTelemetry attributes, wait kinds and the like.
 * Every relative link resolves (to a file, and an ``#anchor`` to a heading of a Markdown
   file); every page is in mkdocs.yml's nav and on the README's map.
@@ -576,8 +576,8 @@ def test_sql_block(block: Block, catalog: set[str], docs_db: str) -> None:
 
 def test_api_names_in_prose(catalog: set[str]) -> None:
     """Inline code in the prose: a call ``pgdurable.name(...)`` names a SQL function or
-    relation of the migrated schema or a Python callable, and ``app.x``, ``ctx.x``,
-    ``client.x``, ``worker.x`` exist on their classes (as in code blocks). Other dotted
+    relation of the migrated schema or a Python callable, and ``app.x``, ``ctx.x`` and
+    ``client.x`` exist on their classes (as in code blocks). Other dotted
     ``pgdurable.*`` spans are OpenTelemetry attribute names, wait kinds and the like."""
     conventions = conventional_names()
     span = re.compile(r"(?<!`)`([^`]+)`(?!`)")
@@ -594,7 +594,10 @@ def test_api_names_in_prose(catalog: set[str]) -> None:
                         resolve(dotted)
                     except (AttributeError, ImportError):
                         wrong.append(f"{where}: {dotted}: neither SQL nor Python")
-                for name, attr in re.findall(r"(?<![\w.])(app|ctx|client|worker)\.(\w+)", m[1]):
+                if "/" in m[1] or ".py" in m[1]:  # a file, not an object
+                    continue
+                # (`worker.Worker` in prose is the module pgdurable.worker: not checked here)
+                for name, attr in re.findall(r"(?<![\w.])(app|ctx|client)\.(\w+)", m[1]):
                     checked += 1
                     if not any(attr in attributes(c) for c in conventions[name]):
                         wrong.append(f"{where}: {name}.{attr}: no such attribute")

@@ -7,6 +7,7 @@ checkpoint after each one, and let go. See the README for the concepts.
 from __future__ import annotations
 
 from ._runs_sql import MAX_NAME_BYTES
+from .batch_start import Start
 from .children import TreeNode
 from .durable_runs import NOT_PERFORMED, DurableRunContext
 from .effects import with_idempotency, with_idempotency_sync
@@ -100,6 +101,7 @@ __all__ = [
     "Page",
     "RunSummary",
     "Sleep",
+    "Start",
     "StepResult",
     "Task",
     "Wait",

@@ -11,8 +11,9 @@ pgdurable_cancel`` (no privilege is needed, and run ids are broadcast on
 * claims on ``pgdurable_wake`` notifications at a bounded rate
   (:class:`WakeLimiter`): a flood of forged wake-ups costs at most ``burst``
   claims plus ``rate`` claims a second, and a wake-up over the limit is not
-  lost but deferred until a claim is allowed again. A claim that found work
-  gives its token back, so real wake-ups (each finds its run) are never slowed.
+  lost but deferred until a claim is allowed again. A claim gives back one
+  token per run it found, so real wake-ups are never slowed (not even when
+  one claim takes the runs of several NOTIFYs).
 """
 
 from __future__ import annotations
@@ -64,6 +65,10 @@ class WakeLimiter:
         self._tokens -= 1.0
         return delay
 
-    def refund(self) -> None:
-        """A claim found work: its wake-up was real, give the token back."""
-        self._tokens = min(self.burst, self._tokens + 1.0)
+    def refund(self, runs: int = 1) -> None:
+        """A claim found ``runs`` runs: their wake-ups were real, give back a
+        token per run. A run's NOTIFY whose run an earlier claim already took
+        finds nothing and spends a token; the run that claim took gives it
+        back, so a trickle of real starts never runs the bucket dry (only
+        wake-ups that find no run at all, e.g. forged ones, are limited)."""
+        self._tokens = min(self.burst, self._tokens + float(runs))

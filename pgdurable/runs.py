@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
@@ -34,6 +34,7 @@ from psycopg_pool import AsyncConnectionPool, ConnectionPool
 from . import _runs_sql as q
 from . import flow, metrics
 from ._db import acheck_connection, check_connection, resolve_dsn, translated, validate_dsn
+from .batch_start import Start, start_many, start_many_sync
 from .children import RUN_TREE, TreeNode, parse_tree, run_tree
 from .durable_runs import durable_task_spec
 from .effects import DEFAULT_LEASE as DEFAULT_IDEMPOTENCY_LEASE
@@ -387,6 +388,21 @@ class Durable:
             row = await self.fetchone(sql, params)
         metrics.run_started(task)
         return str(_one(row))
+
+    async def start_many(
+        self, starts: Iterable[Start | dict[str, Any]], *,
+        conn: psycopg.AsyncConnection[Any] | None = None,
+    ) -> list[str]:
+        """Start many runs with ONE statement; return their ids in input order.
+
+        Each :class:`~pgdurable.Start` (or dict of its fields) takes the
+        arguments of :meth:`start`. All or nothing: bad input in any start
+        raises before any SQL; at most one NOTIFY per queue; ``conn=`` for the
+        caller's transaction. See :mod:`pgdurable.batch_start`.
+        """
+        if self._closed:
+            raise ProviderClosed("this Durable app is closed")
+        return await start_many(self, self._registry, starts, conn)
 
     async def list_runs(self, **filters: Any) -> Page:
         """One page of runs, newest first (keyset pagination; see :func:`pgdurable.search.list_runs_query`).
@@ -761,6 +777,15 @@ class DurableClient:
             row = self._fetchone(sql, params)
         metrics.run_started(task)
         return str(_one(row))
+
+    def start_many(
+        self, starts: Iterable[Start | dict[str, Any]], *,
+        conn: psycopg.Connection[Any] | None = None,
+    ) -> list[str]:
+        """Sync twin of :meth:`Durable.start_many`; ``conn=`` for a transactional start."""
+        if self._closed:
+            raise ProviderClosed("this DurableClient is closed")
+        return start_many_sync(self, self._registry, starts, conn)
 
     def list_runs(self, **filters: Any) -> Page:
         """Sync twin of :meth:`Durable.list_runs`."""

@@ -26,7 +26,7 @@ LAYERS: list[tuple[str, set[str]]] = [
     }),
     ("capabilities", {
         "flow", "fork", "liveness", "children", "threads", "stream", "results", "schedules",
-        "search", "metadata", "tracing", "steps",
+        "search", "metadata", "tracing", "steps", "batch_start",
     }),
     ("engine", {"engine.*"}),
     ("models", {"step_tasks", "durable_runs", "workflows"}),

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import os
 import socket
 import time
@@ -108,6 +109,9 @@ class WorkerBase:
         self._wake = asyncio.Event()
         self._pending = True
         self._due_at: float | None = None
+        self._asked_at = -math.inf  # when next_wakeup last answered (monotonic)
+        # how long a trickle of claims may skip next_wakeup (see engine/claim.py)
+        self.recheck_interval = 0.5
         self._stopping = False
         self._grace = 30.0
         self._running = False

@@ -7,7 +7,9 @@ a freed slot while work may remain, a known due time (timer, retry, lease
 expiry) or a slow jittered poll. When nothing is known to be due, the poll
 first asks ``pgdurable.next_wakeup`` (one query) and sleeps until the earliest
 of: next poll, earliest timer, retry or lease expiry in its queues. Idle = one
-query per poll interval. Under load a claim waits ``claim_delay`` for more
+query per poll interval. A trickle of NOTIFY-driven claims that find runs
+asks ``next_wakeup`` at most every ``recheck_interval`` (0.5 s; the claims take
+due timers themselves) and claims again 50 ms after the last one. Under load a claim waits ``claim_delay`` for more
 slots to free up (fewer, larger claims). Queue limits, buckets and reclaim
 bounds are applied by the claim statement itself (``sql/``); the loop passes
 the task names, revisions and ``max_reclaims`` it serves.
@@ -65,6 +67,7 @@ class ClaimLoop(StepExecution):
             log.warning("next_wakeup failed: %s", exc)
             self._due_at = None
             return
+        self._asked_at = time.monotonic()
         self._ticker.note(None if row is None or row[1] is None else float(row[1]))
         secs = None if row is None or row[0] is None else float(row[0])
         if secs is None:
@@ -74,6 +77,11 @@ class ClaimLoop(StepExecution):
             # this is never early (an early claim would only cost a re-check)
             delay = secs + 0.001 if secs > 0 else max(0.001, min_delay)
             self._due_at = time.monotonic() + delay
+
+    def _recheck(self, at: float) -> None:
+        """Claim again at ``at`` (monotonic) unless a known due time comes first."""
+        if self._due_at is None or self._due_at <= time.monotonic() or at < self._due_at:
+            self._due_at = at
 
     async def _claim_loop(self) -> None:
         self._wake.set()
@@ -110,10 +118,18 @@ class ClaimLoop(StepExecution):
                         continue
             claimed = await self._claim(free)
             if claimed:
-                self.wake_limit.refund()  # real work: wake-ups that find some are free
+                self.wake_limit.refund(claimed)  # real work: a token back per run found
             self._pending = claimed == free
             if claimed < free:
-                await self._next_wakeup(min_delay=0.05)
+                now = time.monotonic()
+                if claimed and now - self._asked_at < self.recheck_interval:
+                    # a trickle of starts: every claim a NOTIFY triggers takes the
+                    # due timers too, so next_wakeup (a query per run) is asked at
+                    # most every recheck_interval; look again 50 ms after the
+                    # last claim, when the trickle has stopped
+                    self._recheck(now + 0.05)
+                else:
+                    await self._next_wakeup(min_delay=0.05)
 
     async def _claim(self, n: int) -> int:
         names, revs = self._task_arrays()

@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import sys
 import weakref
-from collections.abc import Coroutine, Iterator
+from collections.abc import Coroutine, Iterable, Iterator
 from contextlib import contextmanager
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, overload
@@ -66,6 +66,7 @@ from psycopg.conninfo import conninfo_to_dict
 
 from ... import _runs_sql as q
 from ..._db import validate_dsn
+from ...batch_start import START_MANY, Start, start_many_params
 from ...errors import InvalidInput, UnknownTask, translate
 from ...metadata import start_statement
 from ...migrations import acheck_schema, check_schema
@@ -75,7 +76,7 @@ from ...signals import DEFAULT_MAX_PAYLOAD, DEFAULT_SIGNAL_TTL, signal_params, s
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession, async_scoped_session
 
-__all__ = ["signal", "signal_run", "start_run", "url_from_dsn"]
+__all__ = ["signal", "signal_run", "start_many", "start_run", "url_from_dsn"]
 
 # Engines whose pgdurable schema version was checked (never a failed check).
 _checked: weakref.WeakKeyDictionary[Engine, bool] = weakref.WeakKeyDictionary()
@@ -351,6 +352,29 @@ def start_run(
 async def _astart(target: Any, sql: str, params: tuple[Any, ...]) -> str:
     rows = await _run_async(target, sql, params)
     return str(rows[0][0])
+
+
+def start_many(
+    target: Any, starts: Iterable[Start | dict[str, Any]], *,
+    app: Durable | DurableClient | None = None,
+) -> list[str] | Coroutine[Any, Any, list[str]]:
+    """Start many runs with ONE statement inside the caller's transaction; return
+    their ids in input order (await it if async). ``starts`` as for
+    :meth:`pgdurable.Durable.start_many`; a task not registered on ``app=``
+    needs ``revision=`` in its :class:`~pgdurable.Start`."""
+    if app is not None and not isinstance(app, Durable | DurableClient):
+        raise TypeError(f"app must be a Durable or DurableClient, not {type(app).__name__}")
+    params = start_many_params(app._registry if app is not None else TaskRegistry(), starts)
+    if params is None:
+        return _no_ids(target)
+    return _ids(target, START_MANY, params)
+
+
+def _no_ids(target: Any) -> list[str] | Coroutine[Any, Any, list[str]]:
+    async def none() -> list[str]:
+        return []
+
+    return none() if _classify(_unwrap(target)) else []
 
 
 @overload

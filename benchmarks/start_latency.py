@@ -1,0 +1,142 @@
+"""start() latency while a worker is busy, against a bare single-row INSERT +
+commit from the same client.
+
+One command::
+
+    .venv/bin/python benchmarks/start_latency.py [--dsn postgresql://postgres@127.0.0.1:5432/postgres]
+
+``--dsn`` names a maintenance database; the benchmark creates (and drops) the
+scratch database ``pgdurable_bench_start_latency``. A worker process
+(concurrency 32) drains a backlog of three-step runs on queue ``busy`` (kept
+topped up by ``start_many``) for the whole measurement. The client process,
+one asyncio loop, alternates, ``--samples`` times each:
+
+* ``start()``: ``await app.start("t", {...}, queue="idle")`` through the app's
+  pool, as an application calls it (validation, pool checkout, one prepared
+  statement, commit, the NOTIFY);
+* ``sync start()``: ``DurableClient.start`` (a web handler's call), same;
+* baseline: ``INSERT INTO bench_bare (state) VALUES (%s)`` + commit on a
+  dedicated autocommit psycopg connection (prepared), into a table with a
+  uuid primary key and a jsonb column: the least a durable enqueue costs.
+
+Target (issue 21): start() p50 <= 1.5x the bare INSERT's p50.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import subprocess
+import sys
+import time
+from typing import Any
+
+import psycopg
+from _scratch import drop_scratch, scratch_dsn
+
+from pgdurable import Continue, Done, Durable, DurableClient, RunContext, Start
+
+DB = "pgdurable_bench_start_latency"
+BARE = "INSERT INTO bench_bare (state) VALUES (%s::jsonb)"
+
+
+def make_app(dsn: str) -> Durable:
+    app = Durable(dsn, pool_size=8)
+
+    @app.task("t", revision="1")
+    async def t(ctx: RunContext, state: dict[str, Any]) -> Any:
+        return Continue(state) if ctx.step < 2 else Done(None)
+
+    return app
+
+
+async def worker_main(dsn: str) -> None:
+    async with make_app(dsn) as app:
+        await app.worker(queues=["busy"], concurrency=32).run()
+
+
+def pct(xs: list[float], p: float) -> float:
+    s = sorted(xs)
+    return s[min(len(s) - 1, round(p / 100 * (len(s) - 1)))]
+
+
+async def bench(dsn: str, samples: int) -> dict[str, list[float]]:
+    worker = await asyncio.create_subprocess_exec(
+        sys.executable, __file__, "--worker", "--dsn", dsn, stdout=subprocess.DEVNULL)
+    app = make_app(dsn)
+    await app.open()
+    client = DurableClient(dsn, app=app)
+    await asyncio.to_thread(client.open)
+    bare = await psycopg.AsyncConnection.connect(dsn, autocommit=True)
+    await bare.execute("CREATE TABLE bench_bare (id uuid PRIMARY KEY DEFAULT gen_random_uuid(), "
+                       "state jsonb NOT NULL)")
+    out: dict[str, list[float]] = {"start()": [], "sync start()": [], "bare INSERT": []}
+    backlog = [Start("t", {"i": i}, queue="busy") for i in range(2000)]
+    try:
+        await app.start_many(backlog)
+        await asyncio.sleep(0.5)  # the worker is busy
+        for i in range(samples + 50):
+            if i % 200 == 0:  # keep the worker busy: its backlog never runs dry
+                await app.start_many(backlog)
+            state = {"i": i, "user": "u-1", "prompt": "hello"}
+            t0 = time.perf_counter()
+            await app.start("t", state, queue="idle")
+            t1 = time.perf_counter()
+            client.start("t", state, queue="idle")
+            t2 = time.perf_counter()
+            await bare.execute(BARE, (psycopg.types.json.Jsonb(state),), prepare=True)
+            t3 = time.perf_counter()
+            if i >= 50:  # warm-up
+                out["start()"].append(t1 - t0)
+                out["sync start()"].append(t2 - t1)
+                out["bare INSERT"].append(t3 - t2)
+        busy = await app.fetchone("SELECT count(*) FROM pgdurable.runs WHERE queue = 'busy' "
+                                  "AND status IN ('runnable', 'leased')", ())
+        assert busy is not None and busy[0] > 0, "the worker ran dry: measure again"
+    finally:
+        worker.terminate()
+        await worker.wait()
+        await bare.close()
+        client.close()
+        await app.close()
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--dsn", default="postgresql://postgres@127.0.0.1:5432/postgres")
+    ap.add_argument("--samples", type=int, default=1500)
+    ap.add_argument("--live-steps", choices=("on", "off"), default="on",
+                    help="the dashboard's per-batch NOTIFY on checkpoints (docs/dashboard.md)")
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.worker:
+        asyncio.run(worker_main(args.dsn))
+        return
+    dsn = scratch_dsn(args.dsn, DB)
+    try:
+        if args.live_steps == "off":
+            with psycopg.connect(dsn, autocommit=True) as c:
+                c.execute(f"ALTER DATABASE {DB} SET pgdurable.live_steps = off")
+        load0 = os.getloadavg()[0]
+        t = time.monotonic()
+        res = asyncio.run(bench(dsn, args.samples))
+        took = time.monotonic() - t
+    finally:
+        drop_scratch(args.dsn, DB)
+    print(f"start() latency while a worker drains runs ({args.samples} samples each, "
+          f"interleaved; load avg {load0:.1f} -> {os.getloadavg()[0]:.1f}; {took:.0f} s)")
+    base = pct(res["bare INSERT"], 50)
+    print(f"{'call':<14} {'p50 ms':>8} {'p90 ms':>8} {'p99 ms':>8} {'p50 / bare':>10}")
+    for name, xs in res.items():
+        p50 = pct(xs, 50)
+        print(f"{name:<14} {p50 * 1e3:8.3f} {pct(xs, 90) * 1e3:8.3f} {pct(xs, 99) * 1e3:8.3f} "
+              f"{p50 / base:10.2f}")
+    ratio = pct(res["start()"], 50) / base
+    print(f"ratio start() p50 / bare INSERT p50 = {ratio:.2f} "
+          f"(target <= 1.50: {'met' if ratio <= 1.5 else 'NOT met'})")
+
+
+if __name__ == "__main__":
+    main()

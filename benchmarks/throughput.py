@@ -23,6 +23,11 @@ steps/s / pgbench commits/s (target >= 0.5). Each pgdurable step is a whole
 fenced transition (lock the run under the fence, update it, insert the
 checkpoint history row), and every run also costs a start and a claim share,
 so a ratio of 1 would mean a step costs one bare UPDATE.
+
+``--live-steps on|off|both`` sets ``pgdurable.live_steps`` on the scratch
+database (the dashboard's one NOTIFY per ``write_steps`` statement; default
+on, as shipped); ``both`` measures the two in every round against the same
+pgbench. Each round prints its own ratio; the last line gives the medians.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ import math
 import os
 import re
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -133,22 +139,38 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=5000)
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--pool-size", type=int, default=8)
-    parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--live-steps", choices=("on", "off", "both"), default="on",
+                        help="pgdurable.live_steps on the scratch database (both: each round)")
     args = parser.parse_args()
     dsn = scratch_dsn(args.dsn, DB)
+    modes = ["on", "off"] if args.live_steps == "both" else [args.live_steps]
+    ratios: dict[str, list[float]] = {m: [] for m in modes}
     try:
         print(f"{args.runs} runs x {STEPS} no-op steps, one worker process, concurrency "
               f"{args.concurrency}, pool {args.pool_size}; pgbench: {args.runs * STEPS} "
               f"single-row UPDATE commits at {args.concurrency} clients")
         for r in range(1, args.rounds + 1):
-            secs, done = run_pgdurable(dsn, args.runs, args.concurrency, args.pool_size)
-            runs_s, steps_s = done / secs, done * STEPS / secs
             tps = run_pgbench(dsn, args.runs * STEPS, args.concurrency)
-            print(f"round {r}: pgdurable {runs_s:7.0f} runs/s {steps_s:7.0f} steps/s "
-                  f"({secs:.2f} s) | pgbench {tps:7.0f} commits/s | "
-                  f"ratio steps/commits {steps_s / tps:.2f}")
+            for mode in (modes if r % 2 else modes[::-1]):
+                set_live_steps(args.dsn, mode)
+                secs, done = run_pgdurable(dsn, args.runs, args.concurrency, args.pool_size)
+                runs_s, steps_s = done / secs, done * STEPS / secs
+                ratios[mode].append(steps_s / tps)
+                print(f"round {r}: live_steps {mode:>3}: pgdurable {runs_s:7.0f} runs/s "
+                      f"{steps_s:7.0f} steps/s ({secs:.2f} s) | pgbench {tps:7.0f} commits/s | "
+                      f"ratio steps/commits {steps_s / tps:.2f}", flush=True)
     finally:
         drop_scratch(args.dsn, DB)
+    print("median ratio: " + ", ".join(f"live_steps {m} {statistics.median(v):.2f} "
+                                       f"(rounds {' '.join(f'{x:.2f}' for x in v)})"
+                                       for m, v in ratios.items()))
+
+
+def set_live_steps(admin_dsn: str, mode: str) -> None:
+    """``pgdurable.live_steps`` for new sessions of the scratch database."""
+    with psycopg.connect(admin_dsn, autocommit=True) as c:
+        c.execute(f"ALTER DATABASE {DB} SET pgdurable.live_steps = '{mode}'")
 
 
 if __name__ == "__main__":

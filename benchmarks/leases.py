@@ -21,7 +21,10 @@ it measures ops/s for
 
 and prints, per round, each contender's ratio to the pgbench of the same
 round (the contenders run one after another in each round, in rotating order),
-then the worst and the median round per contender. Every client works on its own 100 keys
+then the worst and the median round per contender. Under each round: the
+client CPU per call of each contender (pgbench: its own process; the Python
+providers: their process, server excluded) and the mean calls per batch of the
+pipelined ones. The CPU figures hold on a loaded machine, the ratios do not. Every client works on its own 100 keys
 (``bench-<client>-<n>``, n random), so the numbers measure the call path, not
 lock contention; before each measurement every client holds all its keys (TTL 1 h),
 so each renew extends a live lease. "release" is an acquire + release cycle (two calls; a release
@@ -36,6 +39,7 @@ import asyncio
 import os
 import random
 import re
+import resource
 import shutil
 import statistics
 import subprocess
@@ -86,6 +90,17 @@ def key(client: int) -> str:
     return f"bench-{client}-{random.randrange(KEYS)}"
 
 
+# ---------------------------------------------------------------- client-side notes
+
+STATS: dict[str, float] = {}
+"""The last measurement's client CPU per call (µs) and mean calls per batch."""
+
+
+def note(calls: int, cpu_seconds: float, batches: int) -> None:
+    STATS["cpu_us"] = cpu_seconds / max(calls, 1) * 1e6
+    STATS["batch"] = calls / batches if batches else 1.0
+
+
 # ---------------------------------------------------------------- async
 
 
@@ -126,11 +141,14 @@ async def run_async(dsn: str, op: str, clients: int, seconds: float, lanes: int 
         start = asyncio.Event()
         tasks = [asyncio.create_task(client(c)) for c in range(clients)]
         await asyncio.sleep(0.5)
-        t0 = time.perf_counter()
+        t0, cpu0 = time.perf_counter(), time.process_time()
+        batches0 = p._lanes.batches if p._lanes else 0
         start.set()
         await asyncio.sleep(seconds)
         stop.set()
         await asyncio.gather(*tasks)
+        note(sum(counts), time.process_time() - cpu0,
+             (p._lanes.batches - batches0) if p._lanes else 0)
         return sum(counts) / (time.perf_counter() - t0)
 
 
@@ -175,11 +193,14 @@ def run_sync(dsn: str, op: str, clients: int, seconds: float, lanes: int = 0) ->
         for t in threads:
             t.start()
         ready.wait()
-        t0 = time.perf_counter()
+        t0, cpu0 = time.perf_counter(), time.process_time()
+        batches0 = p._lanes.batches if p._lanes else 0
         time.sleep(seconds)
         stop.set()
         for t in threads:
             t.join()
+        note(sum(counts), time.process_time() - cpu0,
+             (p._lanes.batches - batches0) if p._lanes else 0)
         return sum(counts) / (time.perf_counter() - t0)
 
 
@@ -196,6 +217,7 @@ def run_pgbench(pgbench: str, dsn: str, op: str, clients: int, seconds: float) -
     with tempfile.NamedTemporaryFile("w", suffix=".sql", delete=False) as f:
         f.write(SCRIPTS[op])
         script = f.name
+    ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     try:
         out = subprocess.run(
             [pgbench, "-n", "-M", "prepared", "-c", str(clients), "-j", "1",
@@ -207,6 +229,10 @@ def run_pgbench(pgbench: str, dsn: str, op: str, clients: int, seconds: float) -
     m = re.search(r"tps = ([0-9.]+) \(without initial connection time\)", out)
     if not m:
         raise RuntimeError(f"cannot parse pgbench output:\n{out}")
+    ru1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    n = re.search(r"number of transactions actually processed: ([0-9]+)", out)
+    note(int(n.group(1)) if n else 0,
+         ru1.ru_utime + ru1.ru_stime - ru0.ru_utime - ru0.ru_stime, 0)
     return float(m.group(1))
 
 
@@ -259,13 +285,20 @@ def main() -> int:
                 for r in range(args.rounds):
                     order = ["pgbench", *names]
                     order = order[r % len(order):] + order[:r % len(order)]
-                    got = {c: measure(c, args, dsn, op, n) for c in order}
+                    got, cpu, batch = {}, {}, {}
+                    for c in order:
+                        got[c] = measure(c, args, dsn, op, n)
+                        cpu[c], batch[c] = STATS["cpu_us"], STATS["batch"]
                     cells = []
                     for c in names:
                         ratios[c].append(got[c] / got["pgbench"])
                         cells.append(f"{got[c]:>10.0f} {ratios[c][-1]:>5.2f}")
                     print(f"{op:<8} {n:>7} {r + 1:>5} {got['pgbench']:>8.0f} "
                           + " ".join(cells), flush=True)
+                    print(f"{'':>22}client CPU us/call: "
+                          + " ".join(f"{c} {cpu[c]:.0f}" for c in order)
+                          + "; calls/batch: "
+                          + " ".join(f"{c} {batch[c]:.1f}" for c in names if "pipe" in c))
                 print(f"{op:<8} {n:>7} {'worst/median':>14}  "
                       + "  ".join(f"{c} {min(v):.2f}/{statistics.median(v):.2f}"
                                   for c, v in ratios.items()), flush=True)

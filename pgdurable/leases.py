@@ -43,6 +43,11 @@ terminated) is retried once on a fresh connection for the idempotent calls
 retry that fails again, raises :class:`DatabaseUnavailable`, and the next call
 uses a fresh connection.
 
+Pipelining: ``pipeline=True`` lets concurrent callers share round trips and
+commits (``pgdurable._lease_pipeline``): the calls queued while a batch is in
+flight go together, as one transaction, in the next one. Every guarantee above
+holds per call; an answer comes only after its batch committed.
+
 Capability detection is structural (:func:`is_lease_provider`: all five methods
 callable). :func:`resolve_lease_provider` unwraps ``get_lease_provider()`` and
 falls back to :class:`NoopLeaseProvider`, which always wins (single-process

@@ -73,7 +73,7 @@ from . import _leases_sql as core
 from ._db import validate_dsn
 from ._lease_pipeline import AsyncLanes, SyncLanes
 from ._leases_sql import MAX_TTL_MS, LeaseGrant
-from .errors import DatabaseUnavailable, LeaseLost, ProviderClosed, translate
+from .errors import DatabaseUnavailable, InvalidInput, LeaseLost, ProviderClosed, translate
 from .migrations import acheck_schema, check_schema
 from .pooler import aconfigure, configure, connect_kwargs, connect_timeout
 
@@ -251,6 +251,8 @@ class _Base:
                  pipeline: bool) -> None:
         if not isinstance(pipeline, bool):
             raise TypeError(f"pipeline must be a bool, not {type(pipeline).__name__}")
+        if pipeline and not psycopg.Pipeline.is_supported():
+            raise InvalidInput("pipeline=True needs libpq >= 14 (psycopg's pipeline mode)")
         if isinstance(conninfo_or_pool, str):
             conninfo = validate_dsn(conninfo_or_pool)
             setup = aconfigure() if pool_cls is AsyncConnectionPool else configure()

@@ -264,7 +264,7 @@ def main() -> int:
     ap.add_argument("--ops", default=",".join(OPS), help="comma-separated: acquire,renew,release")
     ap.add_argument("--contenders", default="async,async-pipe,sync,sync-pipe",
                     help="comma-separated: async,async-pipe,sync,sync-pipe")
-    ap.add_argument("--lanes", type=int, default=1,
+    ap.add_argument("--lanes", type=int, default=2,
                     help="pipelined connections (batches in flight) of the -pipe contenders")
     ap.add_argument("--pgbench", default=shutil.which("pgbench") or "/usr/bin/pgbench")
     args = ap.parse_args()

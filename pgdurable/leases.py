@@ -310,14 +310,15 @@ class AsyncPostgresLeaseProvider(_Base):
     ``pipeline=True``: concurrent calls share round trips and commits. Calls
     made while a batch is in flight go together in the next one, sent on one
     connection in psycopg's pipeline mode and run as one transaction (at most
-    ``pipeline_lanes`` batches in flight, each on its own pooled connection).
+    ``pipeline_lanes`` batches in flight, each on its own pooled connection; the
+    second lane keeps calls moving while a batch waits on an outside row lock).
     Every answer comes after its batch committed; see
     ``pgdurable._lease_pipeline`` and ``docs/performance-writes.md``.
     """
 
     def __init__(self, conninfo_or_pool: str | AsyncConnectionPool[Any], *, min_size: int = 1,
                  max_size: int = 4, prepare: bool = True, timeout: float = 30.0,
-                 pipeline: bool = False, pipeline_lanes: int = 1) -> None:
+                 pipeline: bool = False, pipeline_lanes: int = 2) -> None:
         super().__init__(conninfo_or_pool, AsyncConnectionPool, _AsyncLeaseConnection,
                          min_size=min_size,
                          max_size=max_size, prepare=prepare, timeout=timeout,
@@ -432,7 +433,7 @@ class PostgresLeaseProvider(_Base):
 
     def __init__(self, conninfo_or_pool: str | ConnectionPool[Any], *, min_size: int = 1,
                  max_size: int = 4, prepare: bool = True, timeout: float = 30.0,
-                 pipeline: bool = False, pipeline_lanes: int = 1) -> None:
+                 pipeline: bool = False, pipeline_lanes: int = 2) -> None:
         super().__init__(conninfo_or_pool, ConnectionPool, _LeaseConnection, min_size=min_size,
                          max_size=max_size, prepare=prepare, timeout=timeout,
                          pipeline=pipeline)

@@ -218,6 +218,23 @@ async def test_a_neighbours_server_error_fails_only_its_own_call(
     assert p._lanes.batches == before + 4  # the batch, then each call alone
 
 
+async def test_a_stuck_batch_does_not_stall_the_other_lane(
+    dsn: str, conn: psycopg.Connection[Any]
+) -> None:
+    """A batch waits on a row lock an outside transaction holds: with two lanes (the
+    default), later calls go out on the second lane and are answered meanwhile."""
+    async with AsyncPostgresLeaseProvider(dsn, pipeline=True) as p:
+        await p.acquire_lease("x", "z", TTL)
+        with psycopg.connect(dsn) as blocker:
+            blocker.execute("SELECT 1 FROM pgdurable.leases WHERE key = 'x'::bytea FOR UPDATE")
+            stuck = asyncio.create_task(p.acquire_lease("x", "y", TTL))
+            await await_for(lambda: lock_waiters(conn) == 1, "the first batch to block")
+            free = await asyncio.wait_for(p.acquire_lease("k", "a", TTL), timeout=20)
+            assert free.acquired and not stuck.done()
+            blocker.rollback()
+        assert (await stuck).owner == "z"
+
+
 def _check_after_kill(conn: psycopg.Connection[Any], got: list[Any]) -> None:
     """Answers of [acquire x, acquire k1, renew t, transfer t, owner t] after the kill."""
     acq_x, acq_k1, renewed, moved, owner = got
@@ -263,9 +280,9 @@ async def test_backend_killed_mid_pipeline_async(
 
 
 def test_backend_killed_mid_pipeline_sync(dsn: str, conn: psycopg.Connection[Any]) -> None:
-    """The same with threads: the five calls queue behind a blocked batch, go
-    together in the next one, which blocks and whose backend is terminated."""
-    with PostgresLeaseProvider(dsn, pipeline=True) as p:
+    """The same with threads (one lane): the five calls queue behind a blocked batch,
+    go together in the next one, which blocks and whose backend is terminated."""
+    with PostgresLeaseProvider(dsn, pipeline=True, pipeline_lanes=1) as p:
         assert p._lanes is not None
         p.acquire_lease("w", "z", TTL)
         p.acquire_lease("x", "z", TTL)

@@ -63,7 +63,7 @@ COMPLETE = "SELECT pgdurable.complete_run(%s::uuid, %s::bigint, %s::text, %s::js
 # -- the worker's batched hot path: (owner, ids, tokens, states, spends, done, results)
 # -- -> (id, status) per run, 'lost' where the fence failed. ids, tokens and done come
 # -- as array literals, states and results as ONE JSON array each (built by
-# -- _batch_writer.batch_params: no per-element escaping in Python), unpacked here in order
+# -- engine/batch_writer.batch_params: no per-element escaping in Python), unpacked here in order
 WRITE_STEPS = (
     "SELECT id, status FROM pgdurable.write_steps(%s::text, %s::uuid[], %s::bigint[], "
     "ARRAY(SELECT e FROM jsonb_array_elements(%s::jsonb) WITH ORDINALITY AS a(e, n) ORDER BY n), "

@@ -1,4 +1,4 @@
-"""The worker's batched write parameters (``_batch_writer.batch_params``): states and
+"""The worker's batched write parameters (``engine.batch_writer.batch_params``): states and
 results sent as one JSON array each must store exactly what each step returned, in
 order, with each run fenced on its own (the same answers as the per-element arrays)."""
 
@@ -11,7 +11,7 @@ from typing import Any
 import psycopg
 
 from pgdurable import _runs_sql as q
-from pgdurable._batch_writer import _Write, batch_params
+from pgdurable.engine.batch_writer import _Write, batch_params
 
 # JSON that text-array escaping and naive joining both get wrong if done badly
 TRICKY = [

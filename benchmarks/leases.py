@@ -11,11 +11,20 @@ it measures ops/s for
 
 * ``async``: :class:`pgdurable.AsyncPostgresLeaseProvider`, one coroutine per
   client, one pooled connection per client, prepared statements, binary params;
+* ``async-pipe``: the same provider with ``pipeline=True``: the clients'
+  concurrent calls share round trips and commits on ``--lanes`` pipelined
+  connections (one batch = one transaction);
 * ``sync``: :class:`pgdurable.PostgresLeaseProvider`, one thread per client;
+* ``sync-pipe``: the same with ``pipeline=True``;
 * ``pgbench``: ``pgbench -M prepared -c N -j 1 -T s -f <script>`` calling the
-  same SQL functions;
+  same SQL functions, one call per transaction;
 
-and prints the ratio Python / pgbench. Every client works on its own 100 keys
+and prints, per round, each contender's ratio to the pgbench of the same
+round (the contenders run one after another in each round, in rotating order),
+then the worst and the median round per contender. Under each round: the
+client CPU per call of each contender (pgbench: its own process; the Python
+providers: their process, server excluded) and the mean calls per batch of the
+pipelined ones. The CPU figures hold on a loaded machine, the ratios do not. Every client works on its own 100 keys
 (``bench-<client>-<n>``, n random), so the numbers measure the call path, not
 lock contention; before each measurement every client holds all its keys (TTL 1 h),
 so each renew extends a live lease. "release" is an acquire + release cycle (two calls; a release
@@ -30,7 +39,9 @@ import asyncio
 import os
 import random
 import re
+import resource
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -79,6 +90,17 @@ def key(client: int) -> str:
     return f"bench-{client}-{random.randrange(KEYS)}"
 
 
+# ---------------------------------------------------------------- client-side notes
+
+STATS: dict[str, float] = {}
+"""The last measurement's client CPU per call (µs) and mean calls per batch."""
+
+
+def note(calls: int, cpu_seconds: float, batches: int) -> None:
+    STATS["cpu_us"] = cpu_seconds / max(calls, 1) * 1e6
+    STATS["batch"] = calls / batches if batches else 1.0
+
+
 # ---------------------------------------------------------------- async
 
 
@@ -97,8 +119,11 @@ def async_op(p: AsyncPostgresLeaseProvider, op: str, c: int) -> Callable[[], Awa
     return cycle
 
 
-async def run_async(dsn: str, op: str, clients: int, seconds: float) -> float:
-    async with AsyncPostgresLeaseProvider(dsn, min_size=clients, max_size=clients) as p:
+async def run_async(dsn: str, op: str, clients: int, seconds: float, lanes: int = 0) -> float:
+    size = lanes or clients
+    async with AsyncPostgresLeaseProvider(dsn, min_size=size, max_size=size,
+                                          pipeline=bool(lanes),
+                                          pipeline_lanes=max(lanes, 1)) as p:
         counts = [0] * clients
         stop = asyncio.Event()
 
@@ -116,11 +141,14 @@ async def run_async(dsn: str, op: str, clients: int, seconds: float) -> float:
         start = asyncio.Event()
         tasks = [asyncio.create_task(client(c)) for c in range(clients)]
         await asyncio.sleep(0.5)
-        t0 = time.perf_counter()
+        t0, cpu0 = time.perf_counter(), time.process_time()
+        batches0 = p._lanes.batches if p._lanes else 0
         start.set()
         await asyncio.sleep(seconds)
         stop.set()
         await asyncio.gather(*tasks)
+        note(sum(counts), time.process_time() - cpu0,
+             (p._lanes.batches - batches0) if p._lanes else 0)
         return sum(counts) / (time.perf_counter() - t0)
 
 
@@ -142,8 +170,10 @@ def sync_op(p: PostgresLeaseProvider, op: str, c: int) -> Callable[[], Any]:
     return cycle
 
 
-def run_sync(dsn: str, op: str, clients: int, seconds: float) -> float:
-    with PostgresLeaseProvider(dsn, min_size=clients, max_size=clients) as p:
+def run_sync(dsn: str, op: str, clients: int, seconds: float, lanes: int = 0) -> float:
+    size = lanes or clients
+    with PostgresLeaseProvider(dsn, min_size=size, max_size=size, pipeline=bool(lanes),
+                               pipeline_lanes=max(lanes, 1)) as p:
         counts = [0] * clients
         ready = threading.Barrier(clients + 1)
         stop = threading.Event()
@@ -163,11 +193,14 @@ def run_sync(dsn: str, op: str, clients: int, seconds: float) -> float:
         for t in threads:
             t.start()
         ready.wait()
-        t0 = time.perf_counter()
+        t0, cpu0 = time.perf_counter(), time.process_time()
+        batches0 = p._lanes.batches if p._lanes else 0
         time.sleep(seconds)
         stop.set()
         for t in threads:
             t.join()
+        note(sum(counts), time.process_time() - cpu0,
+             (p._lanes.batches - batches0) if p._lanes else 0)
         return sum(counts) / (time.perf_counter() - t0)
 
 
@@ -184,6 +217,7 @@ def run_pgbench(pgbench: str, dsn: str, op: str, clients: int, seconds: float) -
     with tempfile.NamedTemporaryFile("w", suffix=".sql", delete=False) as f:
         f.write(SCRIPTS[op])
         script = f.name
+    ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     try:
         out = subprocess.run(
             [pgbench, "-n", "-M", "prepared", "-c", str(clients), "-j", "1",
@@ -195,10 +229,28 @@ def run_pgbench(pgbench: str, dsn: str, op: str, clients: int, seconds: float) -
     m = re.search(r"tps = ([0-9.]+) \(without initial connection time\)", out)
     if not m:
         raise RuntimeError(f"cannot parse pgbench output:\n{out}")
+    ru1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    n = re.search(r"number of transactions actually processed: ([0-9]+)", out)
+    note(int(n.group(1)) if n else 0,
+         ru1.ru_utime + ru1.ru_stime - ru0.ru_utime - ru0.ru_stime, 0)
     return float(m.group(1))
 
 
 # ---------------------------------------------------------------- main
+
+
+def measure(name: str, args: argparse.Namespace, dsn: str, op: str, n: int) -> float:
+    """One contender's ops/s for ``op`` at ``n`` clients."""
+    hold_all(dsn, n)
+    if name == "pgbench":
+        return run_pgbench(args.pgbench, dsn, op, n, args.seconds)
+    if name == "async":
+        return asyncio.run(run_async(dsn, op, n, args.seconds))
+    if name == "async-pipe":
+        return asyncio.run(run_async(dsn, op, n, args.seconds, args.lanes))
+    if name == "sync":
+        return run_sync(dsn, op, n, args.seconds)
+    return run_sync(dsn, op, n, args.seconds, args.lanes)
 
 
 def main() -> int:
@@ -206,47 +258,57 @@ def main() -> int:
     ap.add_argument("--dsn", default=os.environ.get(
         "PGDURABLE_BENCH_DSN", "postgresql://postgres@127.0.0.1:5432/postgres"),
         help="maintenance database; a scratch database is created next to it")
-    ap.add_argument("--seconds", type=float, default=3.0, help="duration of each measurement")
-    ap.add_argument("--rounds", type=int, default=2,
-                    help="interleaved rounds per cell; the best of each contender counts")
+    ap.add_argument("--seconds", type=float, default=1.0, help="duration of each measurement")
+    ap.add_argument("--rounds", type=int, default=3, help="rounds per cell (each gives ratios)")
     ap.add_argument("--clients", default="1,8", help="comma-separated client counts")
     ap.add_argument("--ops", default=",".join(OPS), help="comma-separated: acquire,renew,release")
-    ap.add_argument("--no-sync", action="store_true", help="skip the sync (threads) provider")
+    ap.add_argument("--contenders", default="async,async-pipe,sync,sync-pipe",
+                    help="comma-separated: async,async-pipe,sync,sync-pipe")
+    ap.add_argument("--lanes", type=int, default=2,
+                    help="pipelined connections (batches in flight) of the -pipe contenders")
     ap.add_argument("--pgbench", default=shutil.which("pgbench") or "/usr/bin/pgbench")
     args = ap.parse_args()
     clients = [int(x) for x in args.clients.split(",")]
     ops = [o for o in args.ops.split(",") if o]
+    names = [c for c in args.contenders.split(",") if c]
     dsn = scratch_dsn(args.dsn, DB)
-    print(f"pgdurable lease benchmark: best of {args.rounds} x {args.seconds:g} s per cell, "
-          f"database {DB}, "
-          f"pgbench -M prepared -j 1; ratio = Python / pgbench (target >= 0.70)")
-    header = f"{'op':<8} {'clients':>7} {'pgbench':>10} {'async':>10} {'ratio':>6}"
-    if not args.no_sync:
-        header += f" {'sync':>10} {'ratio':>6}"
-    print(header)
-    worst = float("inf")
+    print(f"pgdurable lease benchmark: {args.rounds} rounds x {args.seconds:g} s per contender "
+          f"and cell, database {DB}, pgbench -M prepared -j 1, pipeline lanes {args.lanes}; "
+          f"ratio = Python / pgbench of the same round (target >= 0.70)")
+    print(f"{'op':<8} {'clients':>7} {'round':>5} {'pgbench':>8} "
+          + " ".join(f"{c:>10} {'ratio':>5}" for c in names))
+    worst: dict[tuple[str, int], float] = {}
     try:
         for op in ops:
             for n in clients:
-                # Interleave the contenders and keep each one's best round: the
-                # machine is shared, so a slow round says more about neighbours.
-                base = a = s = 0.0
-                for _ in range(args.rounds):
-                    hold_all(dsn, n)
-                    base = max(base, run_pgbench(args.pgbench, dsn, op, n, args.seconds))
-                    hold_all(dsn, n)
-                    a = max(a, asyncio.run(run_async(dsn, op, n, args.seconds)))
-                    if not args.no_sync:
-                        hold_all(dsn, n)
-                        s = max(s, run_sync(dsn, op, n, args.seconds))
-                line = f"{op:<8} {n:>7} {base:>10.0f} {a:>10.0f} {a / base:>6.2f}"
-                worst = min(worst, a / base)
-                if not args.no_sync:
-                    line += f" {s:>10.0f} {s / base:>6.2f}"
-                print(line, flush=True)
+                ratios: dict[str, list[float]] = {c: [] for c in names}
+                for r in range(args.rounds):
+                    order = ["pgbench", *names]
+                    order = order[r % len(order):] + order[:r % len(order)]
+                    got, cpu, batch = {}, {}, {}
+                    for c in order:
+                        got[c] = measure(c, args, dsn, op, n)
+                        cpu[c], batch[c] = STATS["cpu_us"], STATS["batch"]
+                    cells = []
+                    for c in names:
+                        ratios[c].append(got[c] / got["pgbench"])
+                        cells.append(f"{got[c]:>10.0f} {ratios[c][-1]:>5.2f}")
+                    print(f"{op:<8} {n:>7} {r + 1:>5} {got['pgbench']:>8.0f} "
+                          + " ".join(cells), flush=True)
+                    print(f"{'':>22}client CPU us/call: "
+                          + " ".join(f"{c} {cpu[c]:.0f}" for c in order)
+                          + "; calls/batch: "
+                          + " ".join(f"{c} {batch[c]:.1f}" for c in names if "pipe" in c))
+                print(f"{op:<8} {n:>7} {'worst/median':>14}  "
+                      + "  ".join(f"{c} {min(v):.2f}/{statistics.median(v):.2f}"
+                                  for c, v in ratios.items()), flush=True)
+                for c, v in ratios.items():
+                    worst[(c, n)] = min(worst.get((c, n), 9.9), min(v))
     finally:
         drop_scratch(args.dsn, DB)
-    print(f"worst async ratio: {worst:.2f}")
+    for n in clients:
+        print(f"worst round at {n} client(s): "
+              + ", ".join(f"{c} {worst[(c, n)]:.2f}" for c in names))
     return 0
 
 

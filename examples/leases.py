@@ -1,4 +1,5 @@
-"""Leases: one owner per resource across processes, fencing tokens, hand-over with no gap.
+"""Leases: one owner per resource across processes, fencing tokens, hand-over with no gap,
+and concurrent callers sharing round trips (``pipeline=True``).
 
 Run with a migrated database:  PGDURABLE_DSN=postgresql://... python examples/leases.py
 """
@@ -34,6 +35,15 @@ async def main() -> None:
         await leases.release_lease(key, "run-2")
         assert await leases.get_lease_owner(key) is None
         print("released")
+
+    # Many concurrent callers in one process: pipeline=True makes their calls share
+    # round trips and commits (one batch = one transaction; docs/performance-writes.md).
+    async with AsyncPostgresLeaseProvider(os.environ["PGDURABLE_DSN"], pipeline=True) as piped:
+        grants = await asyncio.gather(
+            *(piped.acquire_lease(f"thread-{i % 4}", f"router-{i}", 15_000) for i in range(8)))
+        winners = {g.owner for g in grants if g.acquired}
+        print("8 concurrent acquires on 4 keys, one winner per key:", sorted(winners))
+        assert len(winners) == 4 and all(g.owner in winners for g in grants)
 
 
 if __name__ == "__main__":

@@ -61,10 +61,14 @@ NEXT_WAKEUP = ("SELECT pgdurable.next_wakeup(%s::text[], %s::text[], %s::text[])
 CHECKPOINT = "SELECT pgdurable.checkpoint_run(%s::uuid, %s::bigint, %s::text, %s::jsonb, %s::numeric)"
 COMPLETE = "SELECT pgdurable.complete_run(%s::uuid, %s::bigint, %s::text, %s::jsonb, %s::jsonb, %s::numeric)"
 # -- the worker's batched hot path: (owner, ids, tokens, states, spends, done, results)
-# -- -> (id, status) per run, 'lost' where the fence failed
+# -- -> (id, status) per run, 'lost' where the fence failed. ids, tokens and done come
+# -- as array literals, states and results as ONE JSON array each (built by
+# -- engine/batch_writer.batch_params: no per-element escaping in Python), unpacked here in order
 WRITE_STEPS = (
     "SELECT id, status FROM pgdurable.write_steps(%s::text, %s::uuid[], %s::bigint[], "
-    "%s::text[]::jsonb[], %s::numeric[], %s::boolean[], %s::text[]::jsonb[])"
+    "ARRAY(SELECT e FROM jsonb_array_elements(%s::jsonb) WITH ORDINALITY AS a(e, n) ORDER BY n), "
+    "%s::numeric[], %s::boolean[], "
+    "ARRAY(SELECT e FROM jsonb_array_elements(%s::jsonb) WITH ORDINALITY AS a(e, n) ORDER BY n))"
 )
 # -- after a write_steps whose answer was lost: did it apply? (step, status, token, owner)
 RUN_STEP = "SELECT step, status, lease_token, lease_owner FROM pgdurable.runs WHERE id = %s::uuid"

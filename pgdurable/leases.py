@@ -43,6 +43,11 @@ terminated) is retried once on a fresh connection for the idempotent calls
 retry that fails again, raises :class:`DatabaseUnavailable`, and the next call
 uses a fresh connection.
 
+Pipelining: ``pipeline=True`` lets concurrent callers share round trips and
+commits (``pgdurable._lease_pipeline``): the calls queued while a batch is in
+flight go together, as one transaction, in the next one. Every guarantee above
+holds per call; an answer comes only after its batch committed.
+
 Capability detection is structural (:func:`is_lease_provider`: all five methods
 callable). :func:`resolve_lease_provider` unwraps ``get_lease_provider()`` and
 falls back to :class:`NoopLeaseProvider`, which always wins (single-process
@@ -66,8 +71,9 @@ from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolTimeout
 
 from . import _leases_sql as core
 from ._db import validate_dsn
+from ._lease_pipeline import AsyncLanes, SyncLanes
 from ._leases_sql import MAX_TTL_MS, LeaseGrant
-from .errors import DatabaseUnavailable, LeaseLost, ProviderClosed, translate
+from .errors import DatabaseUnavailable, InvalidInput, LeaseLost, ProviderClosed, translate
 from .migrations import acheck_schema, check_schema
 from .pooler import aconfigure, configure, connect_kwargs, connect_timeout
 
@@ -241,7 +247,12 @@ class _Base:
     _owned: bool
 
     def __init__(self, conninfo_or_pool: object, pool_cls: type[Any], conn_cls: type[Any], *,
-                 min_size: int, max_size: int, prepare: bool, timeout: float) -> None:
+                 min_size: int, max_size: int, prepare: bool, timeout: float,
+                 pipeline: bool) -> None:
+        if not isinstance(pipeline, bool):
+            raise TypeError(f"pipeline must be a bool, not {type(pipeline).__name__}")
+        if pipeline and not psycopg.Pipeline.is_supported():
+            raise InvalidInput("pipeline=True needs libpq >= 14 (psycopg's pipeline mode)")
         if isinstance(conninfo_or_pool, str):
             conninfo = validate_dsn(conninfo_or_pool)
             setup = aconfigure() if pool_cls is AsyncConnectionPool else configure()
@@ -295,13 +306,25 @@ class AsyncPostgresLeaseProvider(_Base):
     (used as is, never closed by this provider). Use ``async with`` or call
     :meth:`open` / :meth:`close`. ``prepare=False`` disables server-side prepared
     statements (PgBouncer in transaction mode).
+
+    ``pipeline=True``: concurrent calls share round trips and commits. Calls
+    made while a batch is in flight go together in the next one, sent on one
+    connection in psycopg's pipeline mode and run as one transaction (at most
+    ``pipeline_lanes`` batches in flight, each on its own pooled connection; the
+    second lane keeps calls moving while a batch waits on an outside row lock).
+    Every answer comes after its batch committed; see
+    ``pgdurable._lease_pipeline`` and ``docs/performance-writes.md``.
     """
 
     def __init__(self, conninfo_or_pool: str | AsyncConnectionPool[Any], *, min_size: int = 1,
-                 max_size: int = 4, prepare: bool = True, timeout: float = 30.0) -> None:
+                 max_size: int = 4, prepare: bool = True, timeout: float = 30.0,
+                 pipeline: bool = False, pipeline_lanes: int = 2) -> None:
         super().__init__(conninfo_or_pool, AsyncConnectionPool, _AsyncLeaseConnection,
                          min_size=min_size,
-                         max_size=max_size, prepare=prepare, timeout=timeout)
+                         max_size=max_size, prepare=prepare, timeout=timeout,
+                         pipeline=pipeline)
+        self._lanes = (AsyncLanes(self._pool, prepare, _check_lanes(pipeline_lanes))
+                       if pipeline else None)
 
     async def open(self) -> None:
         """Open the pool (when owned) and check the schema once.
@@ -342,6 +365,8 @@ class AsyncPostgresLeaseProvider(_Base):
         pool = self._live_pool()
         for attempt in (0, 1):
             try:
+                if self._lanes is not None:
+                    return call.parse(await self._lanes.execute(call))
                 conn = await pool.getconn()
                 try:
                     cur = getattr(conn, "lease_cursor", None)
@@ -401,13 +426,20 @@ class PostgresLeaseProvider(_Base):
     Same SQL, validation and parsing (``pgdurable._leases_sql``); thread-safe
     (each call borrows a pool connection). Built from a conninfo (owns its pool)
     or an existing :class:`psycopg_pool.ConnectionPool` (not owned).
+    ``pipeline=True``: concurrent threads' calls share round trips and commits
+    (the calling threads take turns sending the queued calls; see
+    :class:`AsyncPostgresLeaseProvider`).
     """
 
     def __init__(self, conninfo_or_pool: str | ConnectionPool[Any], *, min_size: int = 1,
-                 max_size: int = 4, prepare: bool = True, timeout: float = 30.0) -> None:
+                 max_size: int = 4, prepare: bool = True, timeout: float = 30.0,
+                 pipeline: bool = False, pipeline_lanes: int = 2) -> None:
         super().__init__(conninfo_or_pool, ConnectionPool, _LeaseConnection, min_size=min_size,
-                         max_size=max_size, prepare=prepare, timeout=timeout)
+                         max_size=max_size, prepare=prepare, timeout=timeout,
+                         pipeline=pipeline)
         self._lock = threading.Lock()
+        self._lanes = (SyncLanes(self._pool, prepare, _check_lanes(pipeline_lanes))
+                       if pipeline else None)
 
     def open(self) -> None:
         """Open the pool (when owned) and check the schema once.
@@ -449,6 +481,8 @@ class PostgresLeaseProvider(_Base):
         pool = self._live_pool()
         for attempt in (0, 1):
             try:
+                if self._lanes is not None:
+                    return call.parse(self._lanes.execute(call))
                 conn = pool.getconn()
                 try:
                     cur = getattr(conn, "lease_cursor", None)
@@ -500,6 +534,15 @@ class PostgresLeaseProvider(_Base):
                        token: int | None = None) -> bool:
         """Atomically hand the live lease to ``to_owner``; False when ``from_owner`` lost it."""
         return self._run(core.transfer(key, from_owner, to_owner, ttl_ms, token))
+
+
+def _check_lanes(lanes: object) -> int:
+    """``pipeline_lanes``: an int >= 1 (batches in flight at once)."""
+    if isinstance(lanes, bool) or not isinstance(lanes, int):
+        raise TypeError(f"pipeline_lanes must be an int, not {type(lanes).__name__}")
+    if lanes < 1:
+        raise ValueError(f"pipeline_lanes must be at least 1, got {lanes}")
+    return lanes
 
 
 def _opening_error(exc: BaseException) -> BaseException:

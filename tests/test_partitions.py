@@ -70,7 +70,7 @@ def test_migration_makes_daily_partitions_and_rows_land_in_their_day(
     conn: psycopg.Connection[Any],
 ) -> None:
     today = db_today(conn)
-    for table in ("checkpoints", "run_events"):
+    for table in ("checkpoints", "run_events", "signal_history"):
         row = conn.execute("SELECT relkind FROM pg_class WHERE oid = %s::regclass",
                            (f"pgdurable.{table}",)).fetchone()
         assert row == ("p",)

@@ -3,7 +3,7 @@
 One command::
 
     .venv/bin/python benchmarks/history_scale.py [--dsn postgresql://postgres@127.0.0.1:5432/postgres]
-        [--rows 1000000] [--days 30] [--seconds 8]
+        [--rows 1000000] [--days 30] [--blocks 8] [--seconds 3]
 
 ``--dsn`` names a maintenance database; two scratch databases are created (and
 dropped at the end):
@@ -20,10 +20,12 @@ evenly over ``--days`` days, every run completed an hour into its day, then
 
 Measured, in each database:
 
-1. **Hot path** (alternating blocks of ``--seconds``/2 s, three each, so load from
-   other processes hits both alike): one client loop of start_run, claim_runs,
-   3 x (emit_event + checkpoint_run), complete_run. Reported: runs/s and the
-   ratio partitioned/flat (target >= 0.9).
+1. **Hot path** (``--blocks`` pairs of blocks of ``--seconds`` s, flat then
+   partitioned, alternating, so load from other processes hits both alike): one
+   client loop of start_run, claim_runs, 3 x (emit_event + checkpoint_run),
+   complete_run. Reported: runs/s, and the ratio partitioned/flat of each pair
+   (adjacent blocks): its median (target >= 0.9) and its spread (min, quartiles,
+   max). The load average is printed before and after.
 2. **Prune the oldest day** while a worker thread claims and checkpoints in a
    loop: flat = the current retention (``prune_runs`` batches of 1,000 runs);
    partitioned = ``drop_history_partitions`` (the day's partition), then the
@@ -39,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
 import threading
@@ -76,6 +79,11 @@ SELECT id, s, 1, '{"messages": [1, 2, 3]}',
          + s * interval '1 s'
   FROM b, generate_series(1, 10) s;
 """
+
+
+def load() -> str:
+    """The 1, 5 and 15 minute load averages (as uptime prints them)."""
+    return ", ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
 def flat_dsn(admin: str) -> str:
@@ -196,7 +204,9 @@ def prune_day(dsn: str, days: int, parts: bool, warmup: float) -> dict[str, Any]
 
     return {"seconds": elapsed, "wal": wal, "lsn_diff": l1 - l0, "wal_drop": wal_drop, "t_drop": t_drop,
             "p99_before": p99(w.claims["before"]), "p99_during": p99(w.claims["during"]),
-            "claims_during": len(w.claims["during"]), "deleted": before[0] - after[0]}
+            "claims_during": len(w.claims["during"]), "claims_before": len(w.claims["before"]),
+            "max_during": max(w.claims["during"], default=float("nan")),
+            "deleted": before[0] - after[0]}
 
 
 def main() -> None:
@@ -204,38 +214,48 @@ def main() -> None:
     ap.add_argument("--dsn", default="postgresql://postgres@127.0.0.1:5432/postgres")
     ap.add_argument("--rows", type=int, default=1_000_000)
     ap.add_argument("--days", type=int, default=30)
-    ap.add_argument("--seconds", type=float, default=8.0)
+    ap.add_argument("--blocks", type=int, default=8, help="pairs of hot-path blocks")
+    ap.add_argument("--seconds", type=float, default=3.0, help="length of one hot-path block")
     ap.add_argument("--keep", action="store_true", help="keep the scratch databases")
     args = ap.parse_args()
     print(f"machine: {platform.node()} {platform.machine()}, Python {platform.python_version()}"
           f", pgdurable {pgdurable.__version__}; {args.rows:,} checkpoint rows over "
-          f"{args.days} days per database")
+          f"{args.days} days per database; load average {load()}")
     try:
         flat, parts = flat_dsn(args.dsn), scratch_dsn(args.dsn, PARTS)
         for name, dsn, p in (("flat", flat, False), ("partitioned", parts, True)):
             print(f"seed {name}: {seed(dsn, args.rows, args.days, p):.1f} s")
         rates: dict[str, list[float]] = {"flat": [], "partitioned": []}
-        for _ in range(3):
+        for dsn in (flat, parts):
+            throughput(dsn, 1.0)  # warm the server's caches alike
+        for _ in range(args.blocks):
             for name, dsn in (("flat", flat), ("partitioned", parts)):
-                rates[name].append(throughput(dsn, args.seconds / 2))
+                rates[name].append(throughput(dsn, args.seconds))
         f, q = statistics.median(rates["flat"]), statistics.median(rates["partitioned"])
-        print(f"hot path runs/s (1 client; start, claim, 3 x emit+checkpoint, complete): "
-              f"flat {f:.0f} ({' '.join(f'{x:.0f}' for x in rates['flat'])}), partitioned "
-              f"{q:.0f} ({' '.join(f'{x:.0f}' for x in rates['partitioned'])}), ratio "
-              f"{q / f:.2f} (target >= 0.9)")
-        res = {"flat": prune_day(flat, args.days, False, args.seconds / 2),
-               "partitioned": prune_day(parts, args.days, True, args.seconds / 2)}
+        pairs = sorted(b / a for a, b in zip(rates["flat"], rates["partitioned"], strict=True))
+        quart = statistics.quantiles(pairs, n=4) if len(pairs) >= 2 else [pairs[0]] * 3
+        print(f"hot path runs/s (1 client; start, claim, 3 x emit+checkpoint, complete; "
+              f"{args.blocks} x {args.seconds:g} s blocks each): flat median {f:.0f} "
+              f"({' '.join(f'{x:.0f}' for x in rates['flat'])}), partitioned median {q:.0f} "
+              f"({' '.join(f'{x:.0f}' for x in rates['partitioned'])})")
+        print(f"hot path ratio partitioned/flat per pair: median {statistics.median(pairs):.2f} "
+              f"(target >= 0.9); min {pairs[0]:.2f}, quartiles {quart[0]:.2f}-{quart[2]:.2f}, "
+              f"max {pairs[-1]:.2f}; load average {load()}")
+        res = {"flat": prune_day(flat, args.days, False, 2.0),
+               "partitioned": prune_day(parts, args.days, True, 2.0)}
         for name, r in res.items():
             print(f"prune one day, {name}: {r['deleted']:,} checkpoint rows in "
                   f"{r['seconds']:.2f} s; WAL of the pruning backend {r['wal'] / 1e6:.2f} MB; "
                   f"lsn diff {r['lsn_diff'] / 1e6:.2f} MB; worker claim p99 "
                   f"{r['p99_before']:.2f} ms before / {r['p99_during']:.2f} ms during "
-                  f"({r['claims_during']} claims during)")
+                  f"({r['claims_before']} claims before, {r['claims_during']} during; max during"
+                  f" {r['max_during']:.2f} ms)")
         a, b = res["flat"], res["partitioned"]
         print(f"partition drop alone: {b['t_drop']:.3f} s, WAL {b['wal_drop'] / 1e3:.1f} kB")
         print(f"WAL, batched delete / partition drop: {a['wal'] / max(b['wal_drop'], 1):.0f}x "
               f"(target >= 50x); / whole new retention (drop + runs rows): "
-              f"{a['wal'] / max(b['wal'], 1):.1f}x; time {a['seconds'] / b['seconds']:.1f}x")
+              f"{a['wal'] / max(b['wal'], 1):.1f}x; time flat/partitioned "
+              f"{a['seconds'] / b['seconds']:.1f}x; load average {load()}")
     finally:
         if not args.keep:
             drop_scratch(args.dsn, FLAT, PARTS)

@@ -406,6 +406,13 @@ $$;
 -- signal_history, and clears forked_from of their forks (the foreign key's
 -- ON DELETE SET NULL, gone in 0020). History rows have no foreign key to runs
 -- any more, so deleting a run fires no cascade over every partition.
+-- BOUND: a run's history is written while the run lives, in transactions that
+-- (then or later) update its row, so none of it is newer than the run's last
+-- update (greatest(finished_at, updated_at)). The deletes are bounded by the
+-- batch's latest such time plus a day (clock steps): the planner skips every
+-- newer partition (with 30 days kept, about 30 of them). A row newer than the
+-- bound (a run edited by hand) is left behind, and dropped with its partition
+-- by drop_history_partitions (its run is gone).
 ------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION pgdurable.prune_runs(p_older_than interval, p_batch integer DEFAULT 1000,
                                                 p_exclusive boolean DEFAULT false)
@@ -415,6 +422,7 @@ LANGUAGE plpgsql
 SET search_path = pg_catalog, pgdurable, pg_temp AS $$
 DECLARE
   v_ids uuid[];
+  v_until timestamptz;
   v_runs bigint := 0;
   v_cp bigint := 0;
   v_eff bigint := 0;
@@ -433,23 +441,24 @@ BEGIN
     RETURN QUERY SELECT 0::bigint, 0::bigint, 0::bigint, 0::bigint, 0::bigint, false;
     RETURN;
   END IF;
-  SELECT array_agg(d.id) INTO v_ids FROM (
-    SELECT r.id FROM pgdurable.runs r
+  SELECT array_agg(d.id), max(d.last) + interval '1 day' INTO v_ids, v_until FROM (
+    SELECT r.id, greatest(r.finished_at, r.updated_at) AS last FROM pgdurable.runs r
      WHERE r.status IN ('completed', 'failed', 'cancelled', 'incompatible')
        AND r.finished_at <= pgdurable.now() - p_older_than
      ORDER BY r.finished_at
      LIMIT p_batch
        FOR UPDATE SKIP LOCKED) d;
   IF v_ids IS NOT NULL THEN
-    DELETE FROM pgdurable.checkpoints c WHERE c.run_id = ANY (v_ids);
+    DELETE FROM pgdurable.checkpoints c WHERE c.run_id = ANY (v_ids) AND c.created_at <= v_until;
     GET DIAGNOSTICS v_cp = ROW_COUNT;
     DELETE FROM pgdurable.effects e WHERE e.run_id = ANY (v_ids);
     GET DIAGNOSTICS v_eff = ROW_COUNT;
-    DELETE FROM pgdurable.run_events e WHERE e.run_id = ANY (v_ids);
+    DELETE FROM pgdurable.run_events e WHERE e.run_id = ANY (v_ids) AND e.created_at <= v_until;
     GET DIAGNOSTICS v_ev = ROW_COUNT;
     DELETE FROM pgdurable.signals s WHERE s.run_id = ANY (v_ids) OR s.consumed_by = ANY (v_ids);
     GET DIAGNOSTICS v_sig = ROW_COUNT;
-    DELETE FROM pgdurable.signal_history h WHERE h.consumed_by = ANY (v_ids);
+    DELETE FROM pgdurable.signal_history h
+     WHERE h.consumed_by = ANY (v_ids) AND h.consumed_at <= v_until;
     GET DIAGNOSTICS v_sig1 = ROW_COUNT;
     UPDATE pgdurable.runs f SET forked_from = NULL
      WHERE f.forked_from = ANY (v_ids) AND NOT f.id = ANY (v_ids);
@@ -522,18 +531,27 @@ DECLARE
   r pgdurable.runs := pgdurable._fenced(p_id, p_token, p_owner);
   v_since timestamptz := r.created_at - interval '1 hour';
   v_until timestamptz := pgdurable.now() + interval '1 hour';
+  v_old bigint;
   v_seq bigint;
 BEGIN
   IF p_idx IS NULL OR p_idx < 0 OR p_event IS NULL THEN
     RAISE EXCEPTION 'emit_event: idx >= 0 and an event are required' USING ERRCODE = 'PD000';
   END IF;
-  UPDATE pgdurable.run_events e SET event = p_event, token = p_token
-   WHERE e.run_id = p_id AND e.step = r.step AND e.idx = p_idx
-     AND e.created_at >= v_since AND e.created_at <= v_until
-  RETURNING e.seq INTO v_seq;
-  IF v_seq IS NULL THEN
-    SELECT coalesce(max(e.seq), 0) + 1 INTO v_seq FROM pgdurable.run_events e
-     WHERE e.run_id = p_id AND e.created_at >= v_since AND e.created_at <= v_until;
+  -- one read for both questions (an UPDATE of a partitioned table costs ten
+  -- times a read even when it matches nothing): was this idx already emitted
+  -- by an earlier attempt of the step (then overwrite it), else the next seq
+  SELECT (SELECT e.seq FROM pgdurable.run_events e
+           WHERE e.run_id = p_id AND e.step = r.step AND e.idx = p_idx
+             AND e.created_at >= v_since AND e.created_at <= v_until LIMIT 1),
+         (SELECT coalesce(max(e.seq), 0) + 1 FROM pgdurable.run_events e
+           WHERE e.run_id = p_id AND e.created_at >= v_since AND e.created_at <= v_until)
+    INTO v_old, v_seq;
+  IF v_old IS NOT NULL THEN
+    UPDATE pgdurable.run_events e SET event = p_event, token = p_token
+     WHERE e.run_id = p_id AND e.seq = v_old
+       AND e.created_at >= v_since AND e.created_at <= v_until;
+    v_seq := v_old;
+  ELSE
     INSERT INTO pgdurable.run_events (run_id, seq, event, step, idx, token)
     VALUES (p_id, v_seq, p_event, r.step, p_idx, p_token);
   END IF;

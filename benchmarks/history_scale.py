@@ -15,7 +15,8 @@ dropped at the end):
 Both get the same dataset, bulk-inserted with ``generate_series``: ``--rows``
 checkpoint rows (default 1,000,000; the issue's figure is 10,000,000 -- pass
 ``--rows 10000000`` on a machine that has the time) in runs of 10 steps, spread
-evenly over ``--days`` days, every run completed an hour into its day, then
+evenly over ``--days`` days, every run completed (and last updated) an hour into
+its day, then
 ``VACUUM ANALYZE``.
 
 Measured, in each database:
@@ -67,8 +68,11 @@ COMPLETE = "SELECT pgdurable.complete_run(%s, %s, %s, '{}', 'null', 0)"
 BULK = """
 CREATE TEMP TABLE b ON COMMIT DROP AS
   SELECT gen_random_uuid() AS id, g %% %(days)s + 1 AS k FROM generate_series(1, %(runs)s) g;
-INSERT INTO pgdurable.runs (id, task, revision, status, step, finished_at, result, created_at)
+INSERT INTO pgdurable.runs (id, task, revision, status, step, finished_at, updated_at, result,
+                            created_at)
 SELECT id, 't', '1', 'completed', 10,
+       date_trunc('day', now() AT TIME ZONE 'UTC') AT TIME ZONE 'UTC' - k * interval '1 day'
+         + interval '1 hour',
        date_trunc('day', now() AT TIME ZONE 'UTC') AT TIME ZONE 'UTC' - k * interval '1 day'
          + interval '1 hour', 'null',
        date_trunc('day', now() AT TIME ZONE 'UTC') AT TIME ZONE 'UTC' - k * interval '1 day'

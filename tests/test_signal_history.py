@@ -171,3 +171,17 @@ def test_migration_with_signals_in_it(empty_dsn: str, monkeypatch: pytest.Monkey
             c.execute(SEND, ("ci", "old", "9", "old"))
         assert c.execute("SELECT count(*) FROM pgdurable.run_rewinds WHERE run_id = %s",
                          (ids[2],)).fetchone() == (1,)
+
+
+def test_partition_drop_does_not_lock_runs(conn: psycopg.Connection[Any]) -> None:
+    """Dropping history partitions never locks runs (with foreign keys it took ACCESS
+    EXCLUSIVE on runs: claims stalled and complete_run deadlocked with it)."""
+    conn.execute("SELECT pgdurable.create_history_partitions(0, 3)")
+    with conn.transaction():
+        dropped = conn.execute("SELECT count(*) FROM pgdurable.drop_history_partitions('1 day')"
+                               ).fetchone()
+        locks = conn.execute("SELECT mode FROM pg_locks WHERE pid = pg_backend_pid()"
+                             " AND relation = 'pgdurable.runs'::regclass").fetchall()
+    assert dropped is not None and dropped[0] in (6, 9)  # 2 or 3 whole days x 3 tables
+    assert all(m not in ("AccessExclusiveLock", "ShareRowExclusiveLock", "ExclusiveLock")
+               for (m,) in locks), locks

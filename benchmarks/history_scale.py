@@ -211,7 +211,7 @@ def prune_day(dsn: str, days: int, parts: bool, warmup: float, workers: int) -> 
     assert before is not None and after is not None
 
     def p99(xs: list[float]) -> float:
-        return statistics.quantiles(xs, n=100)[98] if len(xs) >= 2 else float("nan")
+        return statistics.quantiles(xs, n=100, method="inclusive")[98] if len(xs) >= 2 else float("nan")
 
     return {"seconds": elapsed, "wal": wal, "lsn_diff": l1 - l0, "wal_drop": wal_drop, "t_drop": t_drop,
             "p99_before": p99(claims["before"]), "p99_during": p99(claims["during"]),

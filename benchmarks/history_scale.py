@@ -3,7 +3,7 @@
 One command::
 
     .venv/bin/python benchmarks/history_scale.py [--dsn postgresql://postgres@127.0.0.1:5432/postgres]
-        [--rows 1000000] [--days 30] [--blocks 8] [--seconds 3]
+        [--rows 1000000] [--days 30] [--blocks 20] [--seconds 1.5]
 
 ``--dsn`` names a maintenance database; two scratch databases are created (and
 dropped at the end):
@@ -26,9 +26,14 @@ Measured, in each database:
    client loop of start_run, claim_runs, 3 x (emit_event + checkpoint_run),
    complete_run. Reported: runs/s, and the ratio partitioned/flat of each pair
    (adjacent blocks): its median (target >= 0.9) and its spread (min, quartiles,
-   max). The load average is printed before and after.
-2. **Prune the oldest day** while ``--workers`` threads (4) claim and checkpoint in
-   a loop: flat = the current retention (``prune_runs`` batches of 1,000 runs);
+   max). The load average is printed before and after. Then the same loop inside
+   the server (a DO block, ``ENGINE``: 100 runs in one transaction, rolled back),
+   alternating too: the engine's time per run without the client round trips
+   and commits, which load from other processes disturbs less (but it holds its
+   locks across runs, so it hides the cost of taking them in each transaction).
+2. **Prune the oldest days** (``--prune-days``, 3), one day at a time, while
+   ``--workers`` threads (4) claim and checkpoint in a loop: flat = the current
+   retention (``prune_runs`` batches of 1,000 runs);
    partitioned = ``drop_history_partitions`` (the day's partition), then the
    same ``prune_runs`` batches for the runs rows (the new retention). Reported:
    the time, the WAL written by the pruning backend (``EXPLAIN (ANALYZE, WAL)``:
@@ -84,6 +89,43 @@ SELECT id, s, 1, '{"messages": [1, 2, 3]}',
          + s * interval '1 s'
   FROM b, generate_series(1, 10) s;
 """
+
+
+# the hot-path loop inside the server: microseconds per run (one transaction, rolled back)
+ENGINE = """
+DO $$
+DECLARE
+  t0 timestamptz := clock_timestamp();
+  rid uuid;
+  tok bigint;
+BEGIN
+  FOR i IN 1..%(n)s LOOP
+    PERFORM pgdurable.start_run('t', '1', '{}', 'default', 0, 3, NULL, NULL, NULL, NULL);
+    SELECT c.id, c.lease_token INTO rid, tok
+      FROM pgdurable.claim_runs('engine', '{default}', '{t}', '{1}', 1, '60 s'::interval) c;
+    FOR j IN 1..3 LOOP
+      PERFORM pgdurable.emit_event(rid, tok, 'engine', 0, '{"delta": "token"}');
+      PERFORM pgdurable.checkpoint_run(rid, tok, 'engine', '{"messages": [1, 2, 3]}', 0);
+    END LOOP;
+    PERFORM pgdurable.complete_run(rid, tok, 'engine', '{}', 'null', 0);
+  END LOOP;
+  RAISE EXCEPTION 'us=%%', extract(epoch FROM clock_timestamp() - t0) * 1e6 / %(n)s
+    USING ERRCODE = 'PD999';
+END
+$$
+"""
+
+
+def engine(dsn: str, runs: int = 100) -> float:
+    """Microseconds per run of the hot-path loop inside the server (rolled back)."""
+    with psycopg.connect(dsn, autocommit=True) as c:
+        try:
+            psycopg.ClientCursor(c).execute(ENGINE, {"n": runs})
+        except psycopg.Error as exc:
+            if exc.sqlstate != "PD999" or exc.diag.message_primary is None:
+                raise
+            return float(exc.diag.message_primary.removeprefix("us="))
+    raise AssertionError("the engine loop did not report")
 
 
 def load() -> str:
@@ -169,36 +211,43 @@ def lsn(c: psycopg.Connection[Any]) -> int:
     return int(row[0])
 
 
-def prune_day(dsn: str, days: int, parts: bool, warmup: float, workers: int) -> dict[str, Any]:
-    """Prune the oldest day while worker threads claim and checkpoints."""
+def prune_days(dsn: str, days: int, parts: bool, warmup: float, workers: int,
+               ndays: int) -> dict[str, Any]:
+    """Prune the ``ndays`` oldest days, one at a time, while worker threads claim and
+    checkpoint; WAL and time are totals."""
     ws = [Worker(dsn) for _ in range(workers)]
     for w in ws:
         w.start()
     time.sleep(warmup)
     with psycopg.connect(dsn, autocommit=True) as c:
-        # the cut-off: just after the oldest day ends, before the next one's runs finish
-        row = c.execute("SELECT now() - (date_trunc('day', now() AT TIME ZONE 'UTC') AT TIME ZONE"
-                        " 'UTC' - %s * interval '1 day' + interval '30 min')",
-                        (days - 1,)).fetchone()
-        assert row is not None
-        age = row[0]
         before = c.execute("SELECT count(*) FROM pgdurable.checkpoints").fetchone()
         for w in ws:
             w.phase = "during"
-        l0, t0, wal = lsn(c), time.perf_counter(), 0
+        l0, elapsed, wal = lsn(c), 0.0, 0
         wal_drop, t_drop = 0, 0.0
-        if parts:
-            wal_drop = wal_of(c, "SELECT count(*) FROM pgdurable.drop_history_partitions(%s)",
-                              (age,))
-            t_drop = time.perf_counter() - t0
-            wal += wal_drop
-        while True:
-            wal += wal_of(c, "SELECT * FROM pgdurable.prune_runs(%s, 1000)", (age,))
-            row = c.execute("SELECT count(*) FROM pgdurable.runs WHERE status = 'completed'"
-                            " AND finished_at <= now() - %s", (age,)).fetchone()
-            if row == (0,):
-                break
-        elapsed, l1 = time.perf_counter() - t0, lsn(c)
+        for k in range(ndays):
+            # the cut-off: just after the oldest day left ends, before the next one's runs
+            # finish
+            row = c.execute("SELECT now() - (date_trunc('day', now() AT TIME ZONE 'UTC') AT TIME"
+                            " ZONE 'UTC' - %s * interval '1 day' + interval '30 min')",
+                            (days - 1 - k,)).fetchone()
+            assert row is not None
+            age = row[0]
+            t0 = time.perf_counter()
+            if parts:
+                one = wal_of(c, "SELECT count(*) FROM pgdurable.drop_history_partitions(%s)",
+                             (age,))
+                t_drop += time.perf_counter() - t0
+                wal_drop += one
+                wal += one
+            while True:
+                wal += wal_of(c, "SELECT * FROM pgdurable.prune_runs(%s, 1000)", (age,))
+                row = c.execute("SELECT count(*) FROM pgdurable.runs WHERE status = 'completed'"
+                                " AND finished_at <= now() - %s", (age,)).fetchone()
+                if row == (0,):
+                    break
+            elapsed += time.perf_counter() - t0
+        l1 = lsn(c)
         for w in ws:
             w.claims["after"] = []
             w.phase = "after"
@@ -225,10 +274,12 @@ def main() -> None:
     ap.add_argument("--dsn", default="postgresql://postgres@127.0.0.1:5432/postgres")
     ap.add_argument("--rows", type=int, default=1_000_000)
     ap.add_argument("--days", type=int, default=30)
-    ap.add_argument("--blocks", type=int, default=8, help="pairs of hot-path blocks")
+    ap.add_argument("--blocks", type=int, default=20, help="pairs of hot-path blocks")
+    ap.add_argument("--prune-days", type=int, default=3,
+                    help="oldest days pruned, one at a time (more claims to judge the p99 by)")
     ap.add_argument("--workers", type=int, default=4,
                     help="worker threads claiming and checkpointing during the prune")
-    ap.add_argument("--seconds", type=float, default=3.0, help="length of one hot-path block")
+    ap.add_argument("--seconds", type=float, default=1.5, help="length of one hot-path block")
     ap.add_argument("--keep", action="store_true", help="keep the scratch databases")
     args = ap.parse_args()
     print(f"machine: {platform.node()} {platform.machine()}, Python {platform.python_version()}"
@@ -254,17 +305,29 @@ def main() -> None:
         print(f"hot path ratio partitioned/flat per pair: median {statistics.median(pairs):.2f} "
               f"(target >= 0.9); min {pairs[0]:.2f}, quartiles {quart[0]:.2f}-{quart[2]:.2f}, "
               f"max {pairs[-1]:.2f}; load average {load()}")
-        res = {"flat": prune_day(flat, args.days, False, 3.0, args.workers),
-               "partitioned": prune_day(parts, args.days, True, 3.0, args.workers)}
+        us: dict[str, list[float]] = {"flat": [], "partitioned": []}
+        for _ in range(args.blocks):
+            for name, dsn in (("flat", flat), ("partitioned", parts)):
+                us[name].append(engine(dsn))
+        epairs = sorted(a / b for a, b in zip(us["flat"], us["partitioned"], strict=True))
+        print(f"engine loop inside the server, us per run: flat median "
+              f"{statistics.median(us['flat']):.0f}, partitioned median "
+              f"{statistics.median(us['partitioned']):.0f}; throughput ratio partitioned/flat "
+              f"per pair: median {statistics.median(epairs):.2f}, min {epairs[0]:.2f}, max "
+              f"{epairs[-1]:.2f}; load average {load()}")
+        res = {"flat": prune_days(flat, args.days, False, 3.0, args.workers, args.prune_days),
+               "partitioned": prune_days(parts, args.days, True, 3.0, args.workers,
+                                         args.prune_days)}
         for name, r in res.items():
-            print(f"prune one day, {name}: {r['deleted']:,} checkpoint rows in "
+            print(f"prune the {args.prune_days} oldest days one at a time, {name}: "
+                  f"{r['deleted']:,} checkpoint rows in "
                   f"{r['seconds']:.2f} s; WAL of the pruning backend {r['wal'] / 1e6:.2f} MB; "
                   f"lsn diff {r['lsn_diff'] / 1e6:.2f} MB; worker claim p99 "
                   f"{r['p99_before']:.2f} ms before / {r['p99_during']:.2f} ms during "
                   f"({r['claims_before']} claims before, {r['claims_during']} during; max during"
                   f" {r['max_during']:.2f} ms)")
         a, b = res["flat"], res["partitioned"]
-        print(f"partition drop alone: {b['t_drop']:.3f} s, WAL {b['wal_drop'] / 1e3:.1f} kB")
+        print(f"partition drops alone: {b['t_drop']:.3f} s, WAL {b['wal_drop'] / 1e3:.1f} kB")
         print(f"WAL, batched delete / partition drop: {a['wal'] / max(b['wal_drop'], 1):.0f}x "
               f"(target >= 50x); / whole new retention (drop + runs rows): "
               f"{a['wal'] / max(b['wal'], 1):.1f}x; time flat/partitioned "

@@ -6,12 +6,14 @@ checkpoint after each one, and let go. See the README for the concepts.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
-
 from ._runs_sql import MAX_NAME_BYTES
 from .children import TreeNode
 from .durable_runs import NOT_PERFORMED, DurableRunContext
 from .effects import with_idempotency, with_idempotency_sync
+
+# the engine's Worker (pgdurable/worker.py, the `python -m` entry point, is not
+# imported here: runpy would warn about a second, already-imported copy)
+from .engine.worker import Worker
 from .errors import (
     AttemptsExhausted,
     BudgetExceeded,
@@ -83,19 +85,6 @@ from .workflows import (
     WaitTimeout,
     WorkflowContext,
 )
-
-if TYPE_CHECKING:
-    from .worker import Worker
-
-
-def __getattr__(name: str) -> Any:
-    # pgdurable.worker is imported lazily so that `python -m pgdurable.worker`
-    # runs it without a second, already-imported copy (runpy warning).
-    if name == "Worker":
-        from .worker import Worker
-
-        return Worker
-    raise AttributeError(f"module 'pgdurable' has no attribute {name!r}")
 
 __version__ = "0.1.0"
 

@@ -15,7 +15,10 @@ import json
 import math
 from typing import Any
 
-__all__ = ["DEFAULT_MAX_BYTES", "dumps", "loads", "reject_lone_surrogates", "validate"]
+__all__ = [
+    "DEFAULT_MAX_BYTES", "dumps", "exc_message", "jsonb_str", "loads", "reject_lone_surrogates",
+    "validate",
+]
 
 DEFAULT_MAX_BYTES = 64 * 1024 * 1024  # jsonb's own limit is 255 MiB; be saner.
 MAX_DEPTH = 512  # nesting; Python's json cannot (de)serialise ~1,000 levels anyway
@@ -116,3 +119,17 @@ def loads(text: str | bytes | None) -> Any:
     """Parse JSON text from the database (``None`` stays ``None``)."""
     return None if text is None else json.loads(text)
 
+
+def jsonb_str(text: str) -> str:
+    """``text`` that jsonb can store: NUL and lone surrogates escaped."""
+    if "\x00" in text:
+        text = text.replace("\x00", "\\x00")
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def exc_message(exc: BaseException) -> str:
+    """``str(exc)`` that jsonb can store (a broken ``__str__`` is named, not raised)."""
+    try:
+        return jsonb_str(str(exc))
+    except Exception:  # a broken __str__ must not lose the error
+        return f"<str() of {type(exc).__name__} failed>"

@@ -41,13 +41,15 @@ from typing import TYPE_CHECKING, Any, Literal
 from . import _runs_sql as q
 from ._db import translated
 from .errors import InvalidInput, RunNotFound
+from .registry import start_params
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
     import psycopg
 
-    from .runs import Durable, TaskRegistry
+    from ._ports import App
+    from .registry import TaskRegistry
 
 __all__ = [
     "POLICIES",
@@ -127,8 +129,6 @@ def child_params(
     ``"cancel"`` or ``"abandon"``. Other arguments as in
     :meth:`pgdurable.Durable.start`. TypeError/ValueError for bad input.
     """
-    from .runs import start_params
-
     rid = q.check_run_id(parent_run_id)
     if isinstance(token, bool) or not isinstance(token, int):
         raise TypeError("token must be the parent's lease token (an int)")
@@ -143,7 +143,7 @@ def child_params(
 
 
 async def start_child(
-    app: Durable,
+    app: App,
     parent_run_id: object,
     token: int,
     task: str,
@@ -208,7 +208,7 @@ def need_of(ids: Sequence[object], any: bool = False, at_least: int | None = Non
     return at_least
 
 
-async def check_children(app: Durable, run_id: object, ids: Sequence[object]) -> list[str]:
+async def check_children(app: App, run_id: object, ids: Sequence[object]) -> list[str]:
     """``ids`` as strings if every one is a child of ``run_id``; else ``InvalidInput``
     (a ``ValueError``) naming the first that is not (the run itself included)."""
     rid = q.check_run_id(run_id)
@@ -224,7 +224,7 @@ async def check_children(app: Durable, run_id: object, ids: Sequence[object]) ->
 
 
 async def park_children(
-    app: Durable,
+    app: App,
     ident: tuple[Any, ...],
     state_json: str,
     spend: float,
@@ -250,7 +250,7 @@ def parse_tree(rows: list[tuple[Any, ...]]) -> list[TreeNode]:
     ]
 
 
-async def run_tree(app: Durable, run_id: object) -> list[TreeNode]:
+async def run_tree(app: App, run_id: object) -> list[TreeNode]:
     """The run and all its descendants, in tree order (:class:`~pgdurable.RunNotFound` if none)."""
     rid = q.check_run_id(run_id)
     rows = await app.fetchall(RUN_TREE, (rid,))

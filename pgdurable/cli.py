@@ -21,29 +21,48 @@ from __future__ import annotations
 
 import json
 import sys
-import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict
-from datetime import UTC, datetime, timedelta
-from decimal import Decimal
-from typing import Annotated, Any, NoReturn
+from datetime import UTC, datetime
+from typing import Annotated, Any
 
-import psycopg
 import typer
 from rich import box
-from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
 
-from . import _runs_sql, migrations
-from ._db import connect, resolve_dsn, translated, validate_dsn
-from ._text import escape_controls, escape_json_controls, plain
+from . import _runs_sql, migrations, partitions, retention
+from ._cli_common import (
+    EXIT_BAD_INPUT,
+    EXIT_NOT_FOUND,
+    EXIT_PROBLEM,
+    _error_line,
+    _rows,
+    _run_id,
+    _short,
+    database,
+    err,
+    fail,
+    human_age,
+    need_dsn,
+    out,
+    print_json,
+)
+from ._db import resolve_dsn
+from ._text import escape_controls, plain
 from .children import RUN_TREE
-from .errors import PgDurableError, RunNotFound
+from .cli_fork import register as _register_fork
+from .demo import run_demo
+from .errors import PgDurableError
+from .roles import grant_roles
 from .runs import RETRY
 from .schedules_cli import schedule_app
+from .search import list_runs_query, make_page
+from .signals import DEFAULT_SIGNAL_TTL, parse_payload, signal_params
+from .worker import _load_app
+from .worker import main as worker_main
 
 app = typer.Typer(
     name="pgdurable",
@@ -52,13 +71,7 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-out = Console()
-err = Console(stderr=True)
 app.add_typer(schedule_app)  # pgdurable schedule list | add | pause | resume | delete | trigger
-
-EXIT_PROBLEM = 1
-EXIT_BAD_INPUT = 2
-EXIT_NOT_FOUND = 3
 
 # statuses whose runs.error explains the status (a completed run may keep an old one)
 _ERROR_SHOWN = frozenset({"failed", "cancelled", "incompatible", "runnable"})
@@ -124,108 +137,9 @@ Q_CANCEL = _runs_sql.CANCEL
 Q_RETRY = RETRY
 
 
-def fail(message: str, code: int = EXIT_BAD_INPUT) -> NoReturn:
-    """Print a one-line error and exit (2 = bad input or unusable database)."""
-    err.print(_error_line(message), highlight=False, soft_wrap=True)
-    raise typer.Exit(code)
-
-
-def _error_line(message: object, suffix: str = "") -> Text:
-    """``error: <message>`` on one line, the message as plain text (never markup)."""
-    line = escape_controls(" ".join(str(message).split()))
-    return Text.assemble(("error:", "bold red"), f" {line}{suffix}")
-
-
 def _row(table: Table, *cells: object) -> None:
     """Add a row of data: each cell plain text (not markup), controls escaped."""
     table.add_row(*(c if isinstance(c, Text) else plain(c) for c in cells))
-
-
-def need_dsn(dsn: str | None) -> str:
-    """The DSN from the option or the environment, validated, or exit 2."""
-    resolved = resolve_dsn(dsn)
-    if resolved is None:
-        fail("no database given: pass --dsn or set PGDURABLE_DSN or DATABASE_URL")
-    try:
-        return validate_dsn(resolved)
-    except (PgDurableError, TypeError) as exc:
-        fail(str(exc))
-
-
-@contextmanager
-def database(dsn: str | None) -> Iterator[psycopg.Connection[Any]]:
-    """An autocommit library connection with a checked schema; errors exit 2 (3 for no run)."""
-    target = need_dsn(dsn)
-    try:
-        with connect(target) as conn:
-            with translated():
-                migrations.check_schema(conn)
-            with translated():
-                yield conn
-    except RunNotFound as exc:
-        fail(str(exc), EXIT_NOT_FOUND)
-    except PgDurableError as exc:
-        fail(str(exc))
-    except psycopg.Error as exc:
-        fail(f"database error: {exc}")
-
-
-def _run_id(value: str) -> str:
-    try:
-        return str(uuid.UUID(value))
-    except ValueError:
-        fail(f"{value!r} is not a run id (a UUID)")
-
-
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, datetime):
-        return value.isoformat()
-    if isinstance(value, timedelta):
-        return value.total_seconds()
-    if isinstance(value, Decimal):
-        return float(value)
-    if isinstance(value, uuid.UUID):
-        return str(value)
-    if isinstance(value, dict):
-        return {k: _jsonable(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_jsonable(v) for v in value]
-    return value
-
-
-def print_json(value: Any) -> None:
-    """One JSON document on stdout (datetimes ISO 8601, intervals in seconds)."""
-    text = json.dumps(_jsonable(value), indent=2, ensure_ascii=False)
-    sys.stdout.write(escape_json_controls(text) + "\n")
-
-
-def _rows(cur: psycopg.Cursor[Any]) -> list[dict[str, Any]]:
-    names = [d.name for d in cur.description or ()]
-    return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
-
-
-def human_age(value: timedelta | None) -> str:
-    """``3d4h``, ``12m05s``, ``850ms`` -- short durations for tables."""
-    if value is None:
-        return ""
-    secs = value.total_seconds()
-    sign = "-" if secs < 0 else ""
-    secs = abs(secs)
-    if secs < 1:
-        return f"{sign}{secs * 1000:.0f}ms"
-    if secs < 60:
-        return f"{sign}{secs:.1f}s"
-    if secs < 3600:
-        return f"{sign}{int(secs // 60)}m{int(secs % 60):02d}s"
-    if secs < 86400:
-        return f"{sign}{int(secs // 3600)}h{int(secs % 3600 // 60):02d}m"
-    return f"{sign}{int(secs // 86400)}d{int(secs % 86400 // 3600)}h"
-
-
-def _short(text: Any, width: int = 60) -> str:
-    s = "" if text is None else str(text)
-    s = " ".join(s.split())
-    return s if len(s) <= width else s[: width - 1] + "…"
 
 
 def _progress() -> Progress:
@@ -245,8 +159,6 @@ def grant(
     readonly_role: Annotated[str | None, typer.Option("--readonly-role", help="Operators' role: SELECT on the views only.")] = None,
 ) -> None:
     """Set up the role model on existing roles (run as a superuser; see docs/security.md)."""
-    from .roles import grant_roles
-
     try:
         grant_roles(need_dsn(dsn), owner_role=owner_role, app_role=app_role,
                     readonly_role=readonly_role)
@@ -319,8 +231,6 @@ def runs(
     as_json: JsonOption = False,
 ) -> None:
     """List runs, newest first: where each runs, what it waits on, why it failed."""
-    from .search import list_runs_query, make_page
-
     if status is not None and status not in STATUSES:
         fail(f"unknown status {status!r}: use one of {', '.join(STATUSES)}")
     try:
@@ -514,8 +424,6 @@ def signal(
     dsn: DsnOption = None,
 ) -> None:
     """Send a signal: wake the runs waiting on KIND REF (printed, one id a line), else keep it pending."""
-    from .signals import DEFAULT_SIGNAL_TTL, parse_payload, signal_params
-
     try:
         value = parse_payload(payload or "")
         params = signal_params(kind, ref, value, signal_id, DEFAULT_SIGNAL_TTL)
@@ -540,8 +448,6 @@ def prune(
     as_json: JsonOption = False,
 ) -> None:
     """Delete finished runs older than --older-than with their history, and consumed thread messages, in short batches."""
-    from . import retention
-
     try:
         age = retention.parse_age(older_than)
     except PgDurableError as exc:
@@ -582,8 +488,6 @@ def maintain(
     as_json: JsonOption = False,
 ) -> None:
     """Create the history partitions ahead of time; with --older-than, drop old ones whole."""
-    from . import partitions
-
     try:
         result = partitions.maintain_sync(need_dsn(dsn), days_ahead=days_ahead,
                                           older_than=older_than)
@@ -663,8 +567,6 @@ def worker(
     metrics_port: Annotated[int | None, typer.Option("--metrics-port", help="Serve Prometheus /metrics on this port (pgdurable[metrics]).")] = None,
 ) -> None:
     """Run a worker for MODULE:APP until SIGTERM/SIGINT (same as python -m pgdurable.worker)."""
-    from .worker import main as worker_main
-
     if prune_older_than is not None:
         _start_pruner(app_spec, prune_older_than, prune_every)
     if maintain:
@@ -715,9 +617,6 @@ def _start_pruner(app_spec: str, older_than: str | None, every: float) -> None:
     import os
     import threading
 
-    from . import partitions, retention
-    from .worker import _load_app
-
     try:
         age = retention.parse_age(older_than) if older_than is not None else None
     except PgDurableError as exc:
@@ -742,8 +641,6 @@ def demo(
     data_dir: Annotated[str | None, typer.Option("--data-dir", help="Embedded server data directory (default .pgdurable/pgdata).")] = None,
 ) -> None:
     """Run a durable research agent end to end: effects, CI webhook, approval, a killed worker."""
-    from .demo import run_demo
-
     try:
         ok = run_demo(dsn=resolve_dsn(dsn), data_dir=data_dir, console=out)
     except PgDurableError as exc:
@@ -776,8 +673,6 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(130)
     sys.exit(rv if isinstance(rv, int) else 0)
 
-
-from .cli_fork import register as _register_fork  # noqa: E402
 
 _register_fork(app)  # fork, fork-failed, rewind (pgdurable/cli_fork.py)
 

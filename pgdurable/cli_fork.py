@@ -13,6 +13,7 @@ from typing import Annotated, Any
 
 import typer
 
+from . import _cli_common as c
 from . import fork as f
 from .errors import PgDurableError
 
@@ -37,8 +38,6 @@ _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 def register(app: typer.Typer) -> None:
     """Add ``fork``, ``fork-failed`` and ``rewind`` to the CLI ``app``."""
-    from . import cli as c
-
     def params(run_id: str, step: int, state: str | None, replace: bool,
                revision: str | None, force: bool) -> tuple[Any, ...]:
         patch: Any = None

@@ -41,6 +41,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from . import migrations
+from ._db import connect, validate_dsn
 from .runs import Durable, DurableClient
 from .steps import Continue, Done, RunContext, Wait
 
@@ -296,9 +298,6 @@ def run_demo(*, dsn: str | None = None, data_dir: str | None = None,
     With no ``dsn`` an embedded PostgreSQL is started in ``data_dir``
     (default ``.pgdurable/pgdata``) and stopped at the end.
     """
-    from . import migrations
-    from ._db import connect, validate_dsn
-
     console = console or Console()
     tl = _Timeline(console)
     console.rule("[bold]pgdurable demo: a durable research agent[/]")

@@ -68,16 +68,15 @@ Errors that must end a run at once (never retried) carry the attribute
 
 from __future__ import annotations
 
-import enum
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from ._json import dumps
-from .errors import CorruptCheckpoint, ReconcileFailed
-from .runs import Task
+from .engine.step_effects import NOT_PERFORMED, NotPerformed, call_effect, reconcile_effect
+from .errors import CorruptCheckpoint, ReconcileFailed, is_terminal, mark_terminal
+from .registry import Task
 from .steps import Continue, Done, EffectFn, RunContext, in_thread
 from .tasks import (
     CHECKPOINT_VERSION,
@@ -89,7 +88,7 @@ from .tasks import (
 )
 
 if TYPE_CHECKING:
-    from .runs import Durable
+    from ._ports import App
 
 __all__ = [
     "NOT_PERFORMED",
@@ -109,64 +108,6 @@ _ENTER = (
 )
 # -- mark reconcile step n in flight before it runs (fenced by token)
 _MARK = "SELECT pgdurable.durable_step_mark(%s::uuid, %s::bigint, %s::integer, %s::text)"
-
-
-def mark_terminal(exc: BaseException) -> BaseException:
-    """Flag ``exc`` so that the worker ends the run ``failed`` without retrying it."""
-    exc.pgdurable_terminal = True  # type: ignore[attr-defined]
-    return exc
-
-
-def is_terminal(exc: BaseException) -> bool:
-    """True if ``exc`` was flagged by :func:`mark_terminal`."""
-    return getattr(exc, "pgdurable_terminal", False) is True
-
-
-async def call_effect(fn: Callable[[], Any]) -> Any:
-    """Call a no-argument function: async on the loop, sync in a thread."""
-    if inspect.iscoroutinefunction(fn):
-        return await fn()
-    value = await in_thread(fn)
-    if inspect.isawaitable(value):
-        value = await value
-    return value
-
-
-class NotPerformed(enum.Enum):
-    """The type of :data:`NOT_PERFORMED` (one member)."""
-
-    NOT_PERFORMED = "not performed"
-
-    def __repr__(self) -> str:
-        return "pgdurable.NOT_PERFORMED"
-
-
-#: What an effect's ``reconcile`` returns to say "the effect never happened":
-#: ``fn`` then runs (once) under the current lease token, and its outcome is
-#: recorded as usual.
-NOT_PERFORMED = NotPerformed.NOT_PERFORMED
-
-
-async def reconcile_effect(key: str, reconcile: EffectFn) -> str | NotPerformed:
-    """Replay policy "reconcile" of an effect found started by an earlier attempt.
-
-    Calls ``reconcile`` (never ``fn``): returns the JSON text of the real
-    outcome it reports (to record as the effect's result), or
-    :data:`NOT_PERFORMED` when it says the effect never happened (the caller
-    then runs ``fn``). If it raises (or returns non-JSON), raises a terminal
-    :class:`ReconcileFailed`: nothing is recorded and the effect stays
-    ``started`` for the application to inspect.
-    """
-    try:
-        value = await call_effect(reconcile)
-        if value is NOT_PERFORMED:
-            return NotPerformed.NOT_PERFORMED
-        return dumps(value, f"effect {key!r} reconciled result")
-    except Exception as exc:
-        raise mark_terminal(ReconcileFailed(
-            f"reconcile of effect {key!r} failed: {type(exc).__name__}: {exc}; its first "
-            "attempt started and never recorded an outcome, so it is not re-run"
-        )) from exc
 
 
 @dataclass(frozen=True)
@@ -232,7 +173,7 @@ def _prepare_state(task: DurableTask[Any, Any]) -> Callable[[Any], Any]:
 
 
 def durable_task_spec(
-    app: Durable,
+    app: App,
     task: DurableTask[Any, Any],
     *,
     context: Any = None,

@@ -16,6 +16,8 @@ from typing import Any, ClassVar
 import psycopg
 
 __all__ = [
+    "is_terminal",
+    "mark_terminal",
     "AttemptsExhausted",
     "BudgetExceeded",
     "CorruptCheckpoint",
@@ -246,3 +248,14 @@ class StepTimeout(PgDurableError, TimeoutError):
 
 class StepHung(PgDurableError, TimeoutError):
     """A step did not call ``ctx.heartbeat`` within its task's ``heartbeat_timeout`` (a failed attempt, retried)."""
+
+
+def mark_terminal(exc: BaseException) -> BaseException:
+    """Flag ``exc`` so that the worker ends the run ``failed`` without retrying it."""
+    exc.pgdurable_terminal = True  # type: ignore[attr-defined]
+    return exc
+
+
+def is_terminal(exc: BaseException) -> bool:
+    """True if ``exc`` was flagged by :func:`mark_terminal`."""
+    return getattr(exc, "pgdurable_terminal", False) is True

@@ -21,7 +21,7 @@ from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
-from ._runs_sql import check_name
+from ._runs_sql import START, check_name
 from .errors import PgDurableError
 
 __all__ = ["Rate", "RateLimited", "bucket_params", "queue_params"]
@@ -225,8 +225,6 @@ def start_sql(
 ) -> tuple[str, tuple[Any, ...]]:
     """The start statement and its parameters: ``START_FLOW`` with a key or a
     delayed start, else the plain ``START``."""
-    from ._runs_sql import START
-
     flow_params = start_flow_params(params, key, at, delay)
     return (START, params) if flow_params is None else (START_FLOW, flow_params)
 

@@ -45,7 +45,8 @@ from ._json import dumps
 from .errors import InvalidInput, PgDurableError
 
 if TYPE_CHECKING:
-    from .runs import Durable, DurableClient, Task
+    from ._ports import App, SyncDatabase
+    from .registry import Task
 
 log = logging.getLogger("pgdurable.fork")
 
@@ -139,7 +140,7 @@ def _forked(rows: list[tuple[Any, ...]]) -> list[ForkedRun]:
     return [ForkedRun(str(s), str(f)) for s, f in rows]
 
 
-async def fork(app: Durable, run_id: Any, from_step: int, state: Any = None, *,
+async def fork(app: App, run_id: Any, from_step: int, state: Any = None, *,
                state_mode: StateMode = "merge", revision: str | None = None,
                force: bool = False) -> str:
     """Fork ``run_id`` from its checkpoint ``from_step``; return the new run's id."""
@@ -149,7 +150,7 @@ async def fork(app: Durable, run_id: Any, from_step: int, state: Any = None, *,
     return str(row[0])
 
 
-async def fork_failed(app: Durable, task: str, *, error: str | None, since: datetime,
+async def fork_failed(app: App, task: str, *, error: str | None, since: datetime,
                       revision: str | None = None, force: bool = False,
                       limit: int = 1000) -> list[ForkedRun]:
     """Fork every failed run of ``task`` (error type ``error``, since ``since``) not forked yet."""
@@ -158,7 +159,7 @@ async def fork_failed(app: Durable, task: str, *, error: str | None, since: date
     return _forked(rows)
 
 
-async def rewind(app: Durable, run_id: Any, to_step: int, state: Any = None, *,
+async def rewind(app: App, run_id: Any, to_step: int, state: Any = None, *,
                  state_mode: StateMode = "merge", revision: str | None = None,
                  force: bool = False) -> str:
     """Rewind a failed or cancelled run in place to checkpoint ``to_step``; ``"runnable"``."""
@@ -168,7 +169,7 @@ async def rewind(app: Durable, run_id: Any, to_step: int, state: Any = None, *,
     return str(row[0])
 
 
-def fork_sync(client: DurableClient, run_id: Any, from_step: int, state: Any = None, *,
+def fork_sync(client: SyncDatabase, run_id: Any, from_step: int, state: Any = None, *,
               state_mode: StateMode = "merge", revision: str | None = None,
               force: bool = False) -> str:
     """Sync twin of :func:`fork` on a :class:`~pgdurable.DurableClient`."""
@@ -178,7 +179,7 @@ def fork_sync(client: DurableClient, run_id: Any, from_step: int, state: Any = N
     return str(row[0])
 
 
-def fork_failed_sync(client: DurableClient, task: str, *, error: str | None, since: datetime,
+def fork_failed_sync(client: SyncDatabase, task: str, *, error: str | None, since: datetime,
                      revision: str | None = None, force: bool = False,
                      limit: int = 1000) -> list[ForkedRun]:
     """Sync twin of :func:`fork_failed`."""
@@ -186,7 +187,7 @@ def fork_failed_sync(client: DurableClient, task: str, *, error: str | None, sin
                                                                     revision, force, limit)))
 
 
-def rewind_sync(client: DurableClient, run_id: Any, to_step: int, state: Any = None, *,
+def rewind_sync(client: SyncDatabase, run_id: Any, to_step: int, state: Any = None, *,
                 state_mode: StateMode = "merge", revision: str | None = None,
                 force: bool = False) -> str:
     """Sync twin of :func:`rewind`."""
@@ -196,7 +197,7 @@ def rewind_sync(client: DurableClient, run_id: Any, to_step: int, state: Any = N
     return str(row[0])
 
 
-async def register_worker(app: Durable, worker_id: str, tasks: dict[str, Task]) -> None:
+async def register_worker(app: App, worker_id: str, tasks: dict[str, Task]) -> None:
     """Record the task revisions a starting worker serves (``worker_revisions``).
 
     Only checked by forks/rewinds to another revision: a failure is logged,
@@ -209,7 +210,7 @@ async def register_worker(app: Durable, worker_id: str, tasks: dict[str, Task]) 
         log.warning("worker %s: task revisions not registered (%s)", worker_id, exc)
 
 
-async def unregister_worker(app: Durable, worker_id: str) -> None:
+async def unregister_worker(app: App, worker_id: str) -> None:
     """Remove a stopping worker's ``worker_revisions`` rows (failure only logged)."""
     try:
         await asyncio.wait_for(app.fetchone(UNREGISTER_WORKER, (worker_id,)), timeout=5.0)

@@ -43,12 +43,13 @@ from typing import TYPE_CHECKING, Any
 
 from ._json import dumps
 from .errors import InvalidInput, StepHung, StepTimeout
+from .fork import HEARTBEAT
 
 if TYPE_CHECKING:
     from types import TracebackType
 
-    from .runs import Task
-    from .steps import RunContext
+    from ._ports import StepContext
+    from .registry import Task
 
 __all__ = ["StepGuard", "check_timeout", "heartbeat", "step_guard"]
 
@@ -74,7 +75,7 @@ class StepGuard:
     """Bounds one step by its task's ``step_timeout`` and ``heartbeat_timeout``
     and records its heartbeats. Use as ``async with`` around the step call."""
 
-    def __init__(self, ctx: RunContext, step_timeout: float | None,
+    def __init__(self, ctx: StepContext, step_timeout: float | None,
                  heartbeat_timeout: float | None) -> None:
         self._ctx = ctx
         self._step_timeout = step_timeout
@@ -144,8 +145,6 @@ class StepGuard:
                 w.add_done_callback(_writes.discard)
 
     async def _write(self) -> None:
-        from .fork import HEARTBEAT
-
         ctx = self._ctx
         try:
             while self._pending is not None:
@@ -161,12 +160,12 @@ class StepGuard:
             self._writing = False
 
 
-def step_guard(task: Task, ctx: RunContext) -> StepGuard:
+def step_guard(task: Task, ctx: StepContext) -> StepGuard:
     """The guard of one step of ``task`` (its limits may both be ``None``)."""
     return StepGuard(ctx, task.step_timeout, task.heartbeat_timeout)
 
 
-def heartbeat(ctx: RunContext, progress: Any = None) -> None:
+def heartbeat(ctx: StepContext, progress: Any = None) -> None:
     """``ctx.heartbeat(progress)``: see the module docstring. Callable from an
     async step (on the worker's loop) or a sync step (its thread)."""
     try:

@@ -16,6 +16,7 @@ from typing import Any
 
 from . import _json
 from . import _runs_sql as q
+from .tracing import current_trace_context
 
 __all__ = ["MAX_METADATA_BYTES", "START_TAGGED", "check_metadata", "start_statement"]
 
@@ -54,8 +55,6 @@ def start_statement(
 ) -> tuple[str, tuple[Any, ...]]:
     """A start statement (``sql``, ``params``) as is when there is nothing to
     store, else wrapped by :data:`TAG_STARTED` with metadata and trace context."""
-    from .tracing import current_trace_context
-
     meta = check_metadata(metadata)
     trace = current_trace_context()
     if meta is None and trace is None:

@@ -49,7 +49,7 @@ import threading
 import uuid
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import psycopg
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
@@ -59,9 +59,8 @@ from .errors import InvalidInput, PgDurableError
 from .migrations import acheck_schema, check_schema
 from .pooler import aconnect
 from .pooler import connect as pooler_connect
-
-if TYPE_CHECKING:
-    from .runs import Durable
+from .retention import parse_age
+from .runs import Durable
 
 __all__ = [
     "MAINTENANCE_LEASE",
@@ -138,8 +137,6 @@ class MaintainResult:
 
 def _check(days_ahead: object, older_than: object) -> tuple[int, timedelta | None]:
     """Validate maintenance arguments before any SQL."""
-    from .retention import parse_age
-
     if isinstance(days_ahead, bool) or not isinstance(days_ahead, int):
         raise TypeError("days_ahead must be an int")
     if not 0 <= days_ahead <= MAX_DAYS_AHEAD:
@@ -251,8 +248,6 @@ async def maintain(
     if isinstance(target, AsyncConnectionPool):
         pool = target
     else:
-        from .runs import Durable
-
         if isinstance(target, Durable):
             await target.open()
             pool = target.pool

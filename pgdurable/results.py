@@ -31,9 +31,10 @@ from . import _runs_sql as q
 from ._db import connect, translated
 from .errors import ResultTimeout, RunCancelled, RunFailed, RunNotFound
 from .pooler import Pooler
+from .stream import _hub
 
 if TYPE_CHECKING:
-    from .runs import Durable
+    from ._ports import App
 
 __all__ = ["CHANNEL", "await_result", "outcome", "result_sync"]
 
@@ -81,10 +82,8 @@ def _expired(run_id: uuid.UUID, timeout: float | None) -> ResultTimeout:
     return ResultTimeout(f"run {run_id} did not finish within {timeout} s")
 
 
-async def await_result(app: Durable, run_id: object, timeout: object = None) -> Any:  # noqa: ASYNC109
+async def await_result(app: App, run_id: object, timeout: object = None) -> Any:  # noqa: ASYNC109
     """``await app.result(run_id, timeout)``: see the module docstring."""
-    from .stream import _hub
-
     rid = q.check_run_id(run_id)
     limit = _timeout(timeout)
     end = None if limit is None else time.monotonic() + limit

@@ -52,7 +52,7 @@ import threading
 from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import psycopg
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
@@ -62,9 +62,7 @@ from .errors import InvalidInput, PgDurableError
 from .migrations import acheck_schema, check_schema
 from .pooler import aconnect
 from .pooler import connect as pooler_connect
-
-if TYPE_CHECKING:
-    from .runs import Durable
+from .runs import Durable
 
 __all__ = ["PruneResult", "parse_age", "prune", "prune_sync", "run_pruner", "run_pruner_sync"]
 
@@ -295,8 +293,6 @@ async def prune(
         return await _aloop(target, None, age, size, dry_run, exclusive, pause, on_batch)
     if isinstance(target, AsyncConnectionPool):
         return await _aloop(None, target, age, size, dry_run, exclusive, pause, on_batch)
-    from .runs import Durable
-
     if isinstance(target, Durable):
         await target.open()
         return await _aloop(None, target.pool, age, size, dry_run, exclusive, pause, on_batch)

@@ -1,7 +1,7 @@
 """Durable runs: the async app (:class:`Durable`), the sync client
 (:class:`DurableClient`) and :class:`RunInfo`.
 
-A run lives in ``pgdurable.runs``; workers (:mod:`pgdurable.worker`) lease it,
+A run lives in ``pgdurable.runs``; workers (:mod:`pgdurable.engine`) lease it,
 run steps and checkpoint after each one. Every state transition is one SQL
 function (``sql/0003_runs.sql``; parking and signals in ``0005_signals.sql``,
 effects in ``0008_durable_runs.sql``, retry in ``0007_operations.sql``); this module validates arguments in Python
@@ -12,15 +12,19 @@ connections with library settings (:mod:`pgdurable.pooler`: they go through
 PgBouncer; ``pooler="transaction"`` for its transaction mode). A pool passed
 in with ``pool=`` must hand out autocommit connections (the app does not open
 or close it).
+
+This is the app layer (``docs/architecture.md``): the app and the client
+compose the engine, the programming models and the capabilities below; none
+of those imports this module (they take :mod:`pgdurable._ports`). ``Task``,
+``TaskRegistry`` and ``start_params`` live in :mod:`pgdurable.registry` and
+are re-exported here.
 """
 
 from __future__ import annotations
 
 import asyncio
-import inspect
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
@@ -30,10 +34,14 @@ from psycopg_pool import AsyncConnectionPool, ConnectionPool
 from . import _runs_sql as q
 from . import flow, metrics
 from ._db import acheck_connection, check_connection, resolve_dsn, translated, validate_dsn
+from .children import RUN_TREE, TreeNode, parse_tree, run_tree
+from .durable_runs import durable_task_spec
 from .effects import DEFAULT_LEASE as DEFAULT_IDEMPOTENCY_LEASE
 from .effects import DEFAULT_TTL as DEFAULT_IDEMPOTENCY_TTL
 from .effects import with_idempotency, with_idempotency_sync
-from .errors import InvalidInput, ProviderClosed, RunNotFound, UnknownTask
+from .engine.worker import Worker
+from .errors import InvalidInput, ProviderClosed, RunNotFound
+from .fork import ForkedRun, fork, fork_failed, fork_failed_sync, fork_sync, rewind, rewind_sync
 from .metadata import start_statement
 from .migrations import acheck_schema, check_schema
 from .pooler import (
@@ -47,171 +55,24 @@ from .pooler import (
     probe,
     resolve_pooler,
 )
+from .registry import Task, TaskRegistry, start_params
+from .results import await_result, result_sync
+from .schedules import Schedule, declare
 from .search import Page, list_runs_query, make_page
 from .signals import DEFAULT_MAX_PAYLOAD, DEFAULT_SIGNAL_TTL, signal_params, signal_run_params
+from .step_tasks import task_decorator
+from .stream import StreamEvent, stream_run, stream_thread
+from .tasks import DurableTask
+from .threads import SEND, Delivery, ThreadRoute, parse_delivery, routes_of, send_params
+from .workflows import workflow_decorator
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
-
-    from .children import TreeNode
-    from .fork import ForkedRun
-    from .schedules import Schedule
-    from .stream import StreamEvent
-    from .tasks import DurableTask
-    from .threads import Delivery, ThreadRoute
-    from .worker import Worker
 
 __all__ = ["RETRY", "Durable", "DurableClient", "RunInfo", "Task", "TaskRegistry", "start_params"]
 
 RunInfo = q.RunInfo
 F = TypeVar("F", bound=Callable[..., Any])
-
-
-@dataclass(frozen=True)
-class Task:
-    """A registered task: its step function and policies.
-
-    ``retry_base``/``retry_cap`` (seconds) shape the exponential backoff with
-    jitter between failed attempts: ``min(cap, base * 2**(attempt-1))`` times a
-    random factor in [0.5, 1.5).
-
-    ``max_reclaims`` bounds crashes apart from step errors: a run whose lease
-    expired (its worker crashed or stalled) more than ``max_reclaims`` times
-    in a row without a checkpoint fails with error type ``PoisonRun``.
-
-    ``step_timeout`` / ``heartbeat_timeout`` (seconds) cancel a step that runs
-    too long or stops calling ``ctx.heartbeat`` (a failed attempt, retried;
-    see :mod:`pgdurable.liveness`).
-
-    ``deadline`` is the default deadline of a start (from now, database
-    clock); ``prepare_state`` checks (and defaults) the start state before any
-    SQL. Both are set for registered durable task definitions
-    (:meth:`Durable.register`).
-    """
-
-    name: str
-    revision: str
-    fn: Callable[..., Any]
-    max_attempts: int = 3
-    retry_base: float = 1.0
-    retry_cap: float = 300.0
-    max_reclaims: int = 5
-    deadline: timedelta | None = None
-    prepare_state: Callable[[Any], Any] | None = None
-    step_timeout: float | None = None  # seconds; see pgdurable.liveness
-    heartbeat_timeout: float | None = None  # seconds; see pgdurable.liveness
-
-    @property
-    def is_async(self) -> bool:
-        """True for ``async def`` step functions (sync ones run in a thread)."""
-        return inspect.iscoroutinefunction(self.fn)
-
-
-class TaskRegistry:
-    """Task registry shared by the app, its client, its workers and integrations.
-
-    Maps task names to :class:`Task`; :func:`start_params` reads revisions,
-    ``max_attempts``, deadlines and state defaults from it.
-    """
-
-    def __init__(self) -> None:
-        self.tasks: dict[str, Task] = {}
-
-    def register(self, task: Task) -> None:
-        """Add ``task``; ValueError if its name is taken."""
-        if task.name in self.tasks:
-            raise ValueError(f"task {task.name!r} is already registered")
-        self.tasks[task.name] = task
-
-    def revision_for(self, name: object, revision: str | None) -> str:
-        """``revision`` if given, else the registered task's (UnknownTask if none)."""
-        q.check_name(name, "task")
-        assert isinstance(name, str)
-        if revision is not None:
-            q.check_name(revision, "revision")
-            return revision
-        task = self.tasks.get(name)
-        if task is None:
-            raise UnknownTask(
-                f"no task {name!r} is registered (known: {sorted(self.tasks)}); "
-                "register it with @app.task or pass revision="
-            )
-        return task.revision
-
-    def max_attempts_for(self, name: str) -> int:
-        """The registered task's ``max_attempts`` (3 for an unknown task)."""
-        task = self.tasks.get(name)
-        return task.max_attempts if task is not None else 3
-
-
-def _task_decorator(
-    registry: TaskRegistry,
-    name: str,
-    revision: str,
-    max_attempts: int,
-    retry_base: float,
-    retry_cap: float,
-    max_reclaims: int = 5,
-    step_timeout: timedelta | float | None = None,
-    heartbeat_timeout: timedelta | float | None = None,
-) -> Callable[[F], F]:
-    from .liveness import check_timeout
-
-    q.check_name(name, "task name")
-    step_secs = check_timeout(step_timeout, "step_timeout")
-    hb_secs = check_timeout(heartbeat_timeout, "heartbeat_timeout")
-    q.check_name(revision, "revision")
-    q.check_max_attempts(max_attempts)
-    if retry_base < 0 or retry_cap < 0:
-        raise ValueError("retry_base and retry_cap must be >= 0")
-    if isinstance(max_reclaims, bool) or not isinstance(max_reclaims, int) or max_reclaims < 0:
-        raise ValueError("max_reclaims must be an int >= 0")
-
-    def deco(fn: F) -> F:
-        if not callable(fn):
-            raise TypeError("@task decorates a callable (ctx, state) -> step result")
-        registry.register(
-            Task(name, revision, fn, max_attempts, float(retry_base), float(retry_cap),
-                 max_reclaims, step_timeout=step_secs, heartbeat_timeout=hb_secs)
-        )
-        return fn
-
-    return deco
-
-
-def start_params(
-    registry: TaskRegistry,
-    task: object,
-    state: object = None,
-    queue: object = "default",
-    priority: object = 0,
-    idempotency_key: object = None,
-    deadline: object = None,
-    budget: object = None,
-    revision: str | None = None,
-    max_attempts: int | None = None,
-) -> tuple[Any, ...]:
-    """Validate a start (before any SQL) and return the parameters of ``START``.
-
-    Shared by :meth:`Durable.start`, :meth:`DurableClient.start` and
-    integrations (``pgdurable.contrib.sqlalchemy``). The task's revision and
-    ``max_attempts`` come from ``registry`` unless given; a registered
-    durable task definition also checks/defaults ``state`` and its deadline.
-    TypeError/ValueError/UnknownTask for bad input.
-    """
-    rev = registry.revision_for(task, revision)
-    assert isinstance(task, str)
-    attempts = registry.max_attempts_for(task) if max_attempts is None else max_attempts
-    q.check_max_attempts(attempts)
-    spec = registry.tasks.get(task)
-    if spec is not None and spec.revision == rev:
-        if spec.prepare_state is not None:
-            state = spec.prepare_state(state)
-        if deadline is None:
-            deadline = spec.deadline
-    return q.start_params(
-        task, rev, state, queue, priority, attempts, idempotency_key, deadline, budget
-    )
 
 
 # -- retry a failed or cancelled run (0007); returns the new status ('runnable').
@@ -322,7 +183,7 @@ class Durable:
         and the time between its ``ctx.heartbeat()`` calls (see
         :mod:`pgdurable.liveness`).
         """
-        return _task_decorator(
+        return task_decorator(
             self._registry, name, revision, max_attempts, retry_base, retry_cap, max_reclaims,
             step_timeout, heartbeat_timeout,
         )
@@ -344,8 +205,6 @@ class Durable:
         task: ``await app.start(name, input)``. ``max_attempts`` bounds failed
         attempts of the whole run (each step has its own ``StepPolicy``).
         """
-        from .workflows import workflow_decorator
-
         return workflow_decorator(
             self._registry, name, revision, max_attempts, retry_base, retry_cap, max_reclaims
         )
@@ -366,8 +225,6 @@ class Durable:
         :class:`~pgdurable.durable_runs.DurableRunContext` whose ``app`` is
         ``context``. Returns ``task``.
         """
-        from .durable_runs import durable_task_spec
-
         self._registry.register(durable_task_spec(
             self, task, context=context, retry_base=retry_base, retry_cap=retry_cap
         ))
@@ -393,8 +250,6 @@ class Durable:
         Bad input (invalid cron, unknown time zone or task, both or neither of
         ``cron``/``every``): ValueError. See :mod:`pgdurable.schedules`.
         """
-        from .schedules import declare
-
         return declare(self, name, task=task, cron=cron, every=every, timezone=timezone,
                        state=state, queue=queue, overlap=overlap, catchup=catchup,
                        catchup_limit=catchup_limit)
@@ -572,15 +427,11 @@ class Durable:
         ``timeout`` seconds raises :class:`~pgdurable.ResultTimeout`. Waits with
         LISTEN, not polling (see :mod:`pgdurable.results`).
         """
-        from .results import await_result
-
         await self._ready()
         return await await_result(self, run_id, timeout)
 
     async def run_tree(self, run_id: Any) -> list[TreeNode]:
         """The run and its descendants in tree order (see :mod:`pgdurable.children`)."""
-        from .children import run_tree
-
         return await run_tree(self, run_id)
 
     async def cancel(self, run_id: Any) -> str:
@@ -613,8 +464,6 @@ class Durable:
         copied, ``state`` patches (``state_mode="merge"``, RFC 7396) or replaces
         the state, ``revision`` must be registered by a worker unless ``force``.
         """
-        from .fork import fork
-
         return await fork(self, run_id, from_step, state, state_mode=state_mode,
                           revision=revision, force=force)
 
@@ -622,8 +471,6 @@ class Durable:
                           revision: str | None = None, force: bool = False,
                           limit: int = 1000) -> list[ForkedRun]:
         """Bulk fork: every failed run of ``task`` with error type ``error`` since ``since``."""
-        from .fork import fork_failed
-
         return await fork_failed(self, task, error=error, since=since, revision=revision,
                                  force=force, limit=limit)
 
@@ -631,8 +478,6 @@ class Durable:
                      state_mode: Literal["merge", "replace"] = "merge",
                      revision: str | None = None, force: bool = False) -> str:
         """Rewind a failed or cancelled run in place to checkpoint ``to_step``; ``"runnable"``."""
-        from .fork import rewind
-
         return await rewind(self, run_id, to_step, state, state_mode=state_mode,
                             revision=revision, force=force)
 
@@ -733,8 +578,6 @@ class Durable:
         TTL while its owner run is parked (default 1 hour, renewed by sends).
         ``revision`` is needed only for a task this app does not register.
         """
-        from .threads import routes_of
-
         return routes_of(self._registry).add(prefix, task, queue, priority, idle_ttl, revision)
 
     async def send(
@@ -752,8 +595,6 @@ class Durable:
         contract; ``state`` is the initial state of a newly started run when
         the thread has no previous run.
         """
-        from .threads import SEND, parse_delivery, send_params
-
         if self._closed:
             raise ProviderClosed("this Durable app is closed")
         params, mid = send_params(self._registry, thread_key, message, message_id, sender, state)
@@ -761,16 +602,12 @@ class Durable:
 
     def stream(self, run_id: Any, after: int = 0, *, poll: float = 1.0) -> AsyncIterator[StreamEvent]:
         """Async iterator over a run's output events after ``after``, live, until its end."""
-        from .stream import stream_run
-
         return stream_run(self, run_id, after, poll=poll)
 
     def stream_thread(
         self, thread_key: str, after: Any = None, *, follow: bool = True, poll: float = 1.0
     ) -> AsyncIterator[StreamEvent]:
         """Async iterator over a thread's output events (all its runs) after ``after``."""
-        from .stream import stream_thread
-
         return stream_thread(self, thread_key, after, follow=follow, poll=poll)
 
     def worker(
@@ -781,9 +618,7 @@ class Durable:
         lease_ttl: timedelta = timedelta(seconds=60),
         **options: Any,
     ) -> Worker:
-        """A :class:`~pgdurable.worker.Worker` for this app (see its options)."""
-        from .worker import Worker
-
+        """A :class:`~pgdurable.engine.worker.Worker` for this app (see its options)."""
         return Worker(self, queues=queues, concurrency=concurrency, lease_ttl=lease_ttl, **options)
 
 
@@ -953,8 +788,6 @@ class DurableClient:
 
     def result(self, run_id: Any, timeout: timedelta | float | None = None) -> Any:
         """Sync twin of :meth:`Durable.result` (a connection of its own while it waits)."""
-        from .results import result_sync
-
         if self._closed:
             raise ProviderClosed("this DurableClient is closed")
         return result_sync(self._dsn, run_id, timeout, pooler=self.pooler,
@@ -962,8 +795,6 @@ class DurableClient:
 
     def run_tree(self, run_id: Any) -> list[TreeNode]:
         """Sync twin of :meth:`Durable.run_tree`."""
-        from .children import RUN_TREE, parse_tree
-
         rid = q.check_run_id(run_id)
         rows = self._fetchall(RUN_TREE, (rid,))
         if not rows:
@@ -982,8 +813,6 @@ class DurableClient:
              state_mode: Literal["merge", "replace"] = "merge",
              revision: str | None = None, force: bool = False) -> str:
         """Sync twin of :meth:`Durable.fork`."""
-        from .fork import fork_sync
-
         return fork_sync(self, run_id, from_step, state, state_mode=state_mode,
                          revision=revision, force=force)
 
@@ -991,8 +820,6 @@ class DurableClient:
                     revision: str | None = None, force: bool = False,
                     limit: int = 1000) -> list[ForkedRun]:
         """Sync twin of :meth:`Durable.fork_failed`."""
-        from .fork import fork_failed_sync
-
         return fork_failed_sync(self, task, error=error, since=since, revision=revision,
                                 force=force, limit=limit)
 
@@ -1000,8 +827,6 @@ class DurableClient:
                state_mode: Literal["merge", "replace"] = "merge",
                revision: str | None = None, force: bool = False) -> str:
         """Sync twin of :meth:`Durable.rewind`."""
-        from .fork import rewind_sync
-
         return rewind_sync(self, run_id, to_step, state, state_mode=state_mode,
                            revision=revision, force=force)
 
@@ -1050,8 +875,6 @@ class DurableClient:
 
         A client without ``app=`` does not know the task: pass ``revision=``.
         """
-        from .threads import routes_of
-
         return routes_of(self._registry).add(prefix, task, queue, priority, idle_ttl, revision)
 
     def send(
@@ -1064,7 +887,5 @@ class DurableClient:
         state: Any = None,
     ) -> Delivery:
         """Sync twin of :meth:`Durable.send` (for web handlers)."""
-        from .threads import SEND, parse_delivery, send_params
-
         params, mid = send_params(self._registry, thread_key, message, message_id, sender, state)
         return parse_delivery(self._fetchall(SEND, params)[0], mid)

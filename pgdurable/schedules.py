@@ -63,7 +63,7 @@ from ._db import translated
 from .errors import PgDurableError, ScheduleNotFound
 
 if TYPE_CHECKING:
-    from .runs import Durable
+    from ._ports import App
 
 __all__ = [
     "CATCHUPS",
@@ -350,12 +350,12 @@ def make_schedule(
 _DECLARED: weakref.WeakKeyDictionary[Any, dict[str, Schedule]] = weakref.WeakKeyDictionary()
 
 
-def declared(app: Durable) -> dict[str, Schedule]:
+def declared(app: App) -> dict[str, Schedule]:
     """The schedules ``app`` declares in code, by name."""
     return _DECLARED.setdefault(app, {})
 
 
-def declare(app: Durable, name: str, **definition: Any) -> Schedule:
+def declare(app: App, name: str, **definition: Any) -> Schedule:
     """Validate a schedule against ``app``'s tasks and remember it (written at worker start)."""
     schedule = make_schedule(name, tasks=app.tasks, **definition)
     mine = declared(app)
@@ -365,7 +365,7 @@ def declare(app: Durable, name: str, **definition: Any) -> Schedule:
     return schedule
 
 
-async def declare_all(app: Durable, queues: Sequence[str] = ()) -> float | None:
+async def declare_all(app: App, queues: Sequence[str] = ()) -> float | None:
     """Upsert ``app``'s declared schedules and mark the ones of its tasks it no
     longer declares (one transaction; called when a worker starts). Returns the
     seconds until the next tick in ``queues`` (None: none)."""
@@ -382,7 +382,7 @@ async def declare_all(app: Durable, queues: Sequence[str] = ()) -> float | None:
     return None if row is None or row[0] is None else float(row[0])
 
 
-async def _pool(app: Durable) -> Any:
+async def _pool(app: App) -> Any:
     """The app's pool, opened (the schema checked) on first use."""
     await app.open()
     return app.pool
@@ -440,7 +440,7 @@ def _found(row: tuple[Any, ...] | None) -> Any:
     return row[0]
 
 
-async def upsert_schedule(app: Durable, schedule: Schedule, *,
+async def upsert_schedule(app: App, schedule: Schedule, *,
                           declared_by: str | None = None) -> str:
     """Create or update ``schedule`` (``'created'``, ``'updated'`` or ``'unchanged'``)."""
     with translated():
@@ -460,7 +460,7 @@ def upsert_schedule_sync(conn: psycopg.Connection[Any], schedule: Schedule, *,
                           .fetchone()))
 
 
-async def pause_schedule(app: Durable, name: str) -> bool:
+async def pause_schedule(app: App, name: str) -> bool:
     """Pause; False if it was paused already (:class:`ScheduleNotFound` if unknown)."""
     return bool(_found(await app.fetchone(PAUSE, (check_schedule_name(name),))))
 
@@ -472,7 +472,7 @@ def _resume_plan(row: tuple[Any, ...] | None, name: str) -> datetime:
     return Cadence.of(cron, every, tz).after(now)  # ValueError for a bad cron written by SQL
 
 
-async def resume_schedule(app: Durable, name: str) -> bool:
+async def resume_schedule(app: App, name: str) -> bool:
     """Resume from the next tick after now (ticks missed while paused are not
     caught up); False if it was not paused (:class:`ScheduleNotFound` if unknown)."""
     check_schedule_name(name)
@@ -491,17 +491,17 @@ def resume_schedule_sync(conn: psycopg.Connection[Any], name: str) -> bool:
         return bool(_found(conn.execute(RESUME, (name, nxt)).fetchone()))
 
 
-async def delete_schedule(app: Durable, name: str) -> bool:
+async def delete_schedule(app: App, name: str) -> bool:
     """Delete (its runs stay); False if there was none."""
     return bool(_found(await app.fetchone(DELETE, (check_schedule_name(name),))))
 
 
-async def trigger_schedule(app: Durable, name: str) -> str:
+async def trigger_schedule(app: App, name: str) -> str:
     """Start a run now, outside the cadence; its id (:class:`ScheduleNotFound` if unknown)."""
     return str(_found(await app.fetchone(TRIGGER, (check_schedule_name(name),))))
 
 
-async def list_schedules(app: Durable, name: str | None = None) -> list[ScheduleInfo]:
+async def list_schedules(app: App, name: str | None = None) -> list[ScheduleInfo]:
     """Every schedule (or the one named), by name."""
     return [_info(r) for r in await app.fetchall(LIST, (name, name))]
 
@@ -524,7 +524,7 @@ class Ticker:
     Errors are logged, never raised: a database hiccup must not stop the worker.
     """
 
-    def __init__(self, app: Durable, queues: Sequence[str]) -> None:
+    def __init__(self, app: App, queues: Sequence[str]) -> None:
         self.app = app
         self.queues = list(queues)
         self._due_at: float | None = None  # monotonic time of the next known tick

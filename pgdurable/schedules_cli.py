@@ -16,8 +16,10 @@ import typer
 from rich import box
 from rich.table import Table
 
+from . import _cli_common as cli
 from ._db import translated
 from .errors import PgDurableError, ScheduleNotFound
+from .retention import parse_age
 from .schedules import (
     CATCHUPS,
     DELETE,
@@ -55,20 +57,13 @@ SELECT sr.run_id, sr.tick, sr.triggered, r.status, r.created_at, r.finished_at
 """
 
 
-def _cli() -> Any:
-    from . import cli  # the shared helpers (imported late: cli imports this module)
-
-    return cli
-
-
 def _fail(message: str, code: int | None = None) -> NoReturn:
-    cli = _cli()
     cli.fail(message, cli.EXIT_BAD_INPUT if code is None else code)
     raise AssertionError("unreachable")  # cli.fail exits
 
 
 def _not_found(name: str) -> NoReturn:
-    _fail(f"no schedule {name!r}", _cli().EXIT_NOT_FOUND)
+    _fail(f"no schedule {name!r}", cli.EXIT_NOT_FOUND)
 
 
 def _as_dict(info: ScheduleInfo) -> dict[str, Any]:
@@ -80,13 +75,12 @@ def _as_dict(info: ScheduleInfo) -> dict[str, Any]:
 def _cadence(info: ScheduleInfo) -> str:
     if info.cron is not None:
         return f"{info.cron} ({info.timezone})"
-    return f"every {_cli().human_age(info.every)}"
+    return f"every {cli.human_age(info.every)}"
 
 
 @schedule_app.command("list")
 def list_(dsn: DsnOption = None, as_json: JsonOption = False) -> None:
     """List schedules: cadence, next tick, last run; marks those no code declares any more."""
-    cli = _cli()
     with cli.database(dsn) as conn:
         infos = list_schedules_sync(conn)
     if as_json:
@@ -134,9 +128,6 @@ def add(
     dsn: DsnOption = None,
 ) -> None:
     """Create or update a schedule (the same as declaring it in code, or SQL upsert_schedule)."""
-    from .retention import parse_age
-
-    cli = _cli()
     try:
         interval = parse_age(every) if every is not None else None
         value = json.loads(state) if state is not None else None
@@ -154,7 +145,6 @@ def add(
 
 
 def _one(sql: str, name: str, dsn: str | None) -> Any:
-    cli = _cli()
     with cli.database(dsn) as conn:
         try:
             with translated():
@@ -168,14 +158,13 @@ def _one(sql: str, name: str, dsn: str | None) -> Any:
 def pause(name: NameArg, dsn: DsnOption = None) -> None:
     """Pause a schedule: no tick fires until it is resumed."""
     changed = _one(PAUSE, name, dsn)
-    _cli().out.print(f"schedule {name} paused" if changed else f"schedule {name} was already paused",
+    cli.out.print(f"schedule {name} paused" if changed else f"schedule {name} was already paused",
                      highlight=False)
 
 
 @schedule_app.command()
 def resume(name: NameArg, dsn: DsnOption = None) -> None:
     """Resume a paused schedule from the next tick after now (missed ticks are not caught up)."""
-    cli = _cli()
     with cli.database(dsn) as conn:
         try:
             changed = resume_schedule_sync(conn, name)
@@ -192,7 +181,7 @@ def delete(name: NameArg, dsn: DsnOption = None) -> None:
     """Delete a schedule (its runs stay; one still declared in code comes back at worker start)."""
     if not _one(DELETE, name, dsn):
         _not_found(name)
-    _cli().out.print(f"schedule {name} deleted", highlight=False)
+    cli.out.print(f"schedule {name} deleted", highlight=False)
 
 
 @schedule_app.command()
@@ -210,7 +199,6 @@ def runs(
     as_json: JsonOption = False,
 ) -> None:
     """The runs a schedule started: tick (or trigger time), run id, status."""
-    cli = _cli()
     with cli.database(dsn) as conn:
         rows = cli._rows(conn.execute(Q_SCHEDULE_RUNS, (name, limit)))
     if as_json:

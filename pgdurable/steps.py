@@ -30,14 +30,15 @@ from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from decimal import Decimal
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ._runs_sql import check_name, check_size
+from .children import ChildPolicy, _ids, check_children, need_of, start_child
 from .errors import BudgetExceeded
-
-if TYPE_CHECKING:
-    from .children import ChildPolicy
-    from .threads import Message
+from .flow import acquire, reserved
+from .liveness import heartbeat
+from .stream import emit
+from .threads import Message, encode_thread_key, take
 
 __all__ = ["Continue", "Done", "RunContext", "Sleep", "StepResult", "Wait"]
 
@@ -128,8 +129,6 @@ class Wait:
         ``ValueError``) and nothing is written. ``await ctx.wait_children(...)``
         checks that inside the step instead.
         """
-        from .children import _ids, need_of
-
         uids = _ids(ids)
         need = need_of(uids, any, at_least)
         return cls(signal=("children", "*"), timeout=timeout, state=state,
@@ -274,8 +273,6 @@ class RunContext:
         hung. Works from async and sync steps; does not renew the lease (see
         :mod:`pgdurable.liveness`). Progress that is not JSON: InvalidInput.
         """
-        from .liveness import heartbeat
-
         heartbeat(self, progress)
 
     @property
@@ -326,8 +323,6 @@ class RunContext:
         the start of the step, before other side effects. Unknown bucket,
         ``cost`` <= 0 or above the bucket's burst: ``ValueError``."""
         app, _ = self._attached()
-        from .flow import acquire, reserved
-
         if not self._reservation_used and reserved(self.wake, name):
             self._reservation_used = True  # parked for exactly these tokens
             return
@@ -382,8 +377,6 @@ class RunContext:
         once: a second call returns only what arrived since the first. Raises :class:`~pgdurable.LeaseLost` if
         another run took the thread. See :mod:`pgdurable.threads`.
         """
-        from .threads import take
-
         return await take(self)
 
     async def emit(self, event: Any) -> int:
@@ -392,8 +385,6 @@ class RunContext:
         Fenced by the lease; a retried step overwrites its earlier events
         instead of duplicating them. See :mod:`pgdurable.stream`.
         """
-        from .stream import emit
-
         return await emit(self, event)
 
     async def start_child(
@@ -419,8 +410,6 @@ class RunContext:
         to it if this run ends first: ``"cancel"`` (default) or ``"abandon"``.
         Wait for children with :meth:`Wait.children`. See :mod:`pgdurable.children`.
         """
-        from .children import start_child
-
         app, _owner = self._attached()
         return await start_child(
             app, self.run_id, self.token, task, state, key=key, queue=queue, priority=priority,
@@ -444,8 +433,6 @@ class RunContext:
         """:meth:`Wait.children`, checked now: :class:`~pgdurable.InvalidInput`
         (a ``ValueError``) in this step if an id is not a child of this run or
         is this run itself."""
-        from .children import check_children
-
         wait = Wait.children(ids, any=any, at_least=at_least, timeout=timeout, state=state)
         app, _owner = self._attached()
         await check_children(app, self.run_id, wait.child_ids)
@@ -459,8 +446,6 @@ class RunContext:
         Call ``await ctx.inbox()`` first in the step (it learns the thread key).
         A message that arrives before the run parks wakes it at once.
         """
-        from .threads import encode_thread_key
-
         if self.thread_key is None:
             raise RuntimeError("wait_inbox() needs the thread key: call await ctx.inbox() first")
         # the signal ref is the stored (escaped) key, as send_message signals it

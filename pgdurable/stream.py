@@ -49,8 +49,7 @@ from .pooler import aconnect
 from .threads import encode_thread_key
 
 if TYPE_CHECKING:
-    from .runs import Durable
-    from .steps import RunContext
+    from ._ports import App, StepContext
 
 __all__ = ["StreamEvent", "emit", "stream_run", "stream_thread"]
 
@@ -106,7 +105,7 @@ class StreamEvent:
         return self.seq if self.thread_no is None else f"{self.thread_no}:{self.seq}"
 
 
-async def emit(ctx: RunContext, event: Any) -> int:
+async def emit(ctx: StepContext, event: Any) -> int:
     """``ctx.emit(event)``: append the step's next event (fenced); return its seq."""
     text = dumps(event, "event")
     app, owner = ctx._attached()
@@ -235,7 +234,7 @@ _hubs: dict[str, weakref.WeakKeyDictionary[
 ]] = {}
 
 
-def _hub(app: Durable, channel: str = CHANNEL) -> _Hub:
+def _hub(app: App, channel: str = CHANNEL) -> _Hub:
     """The app's shared listener on ``channel`` for the running event loop
     (``pgdurable_events`` for streams, ``pgdurable_done`` for results)."""
     by_app = _hubs.setdefault(channel, weakref.WeakKeyDictionary())
@@ -255,7 +254,7 @@ class _Follower:
     """A subscription: ``start`` waits (at most ``poll``) for the LISTEN to be
     in place; ``wait`` returns on a notification for ``key`` or after ``poll``."""
 
-    def __init__(self, app: Durable, key: str | None, poll: float) -> None:
+    def __init__(self, app: App, key: str | None, poll: float) -> None:
         self.hub = _hub(app)
         self.key = key
         self.poll = poll
@@ -276,7 +275,7 @@ class _Follower:
 
 
 async def stream_run(
-    app: Durable, run_id: Any, after: int = 0, *, poll: float = 1.0
+    app: App, run_id: Any, after: int = 0, *, poll: float = 1.0
 ) -> AsyncIterator[StreamEvent]:
     """Events of ``run_id`` with ``seq > after``, then live, until its final event."""
     rid = q.check_run_id(run_id)
@@ -315,7 +314,7 @@ async def stream_run(
 
 
 async def stream_thread(
-    app: Durable, thread_key: str, after: Any = None, *, follow: bool = True, poll: float = 1.0
+    app: App, thread_key: str, after: Any = None, *, follow: bool = True, poll: float = 1.0
 ) -> AsyncIterator[StreamEvent]:
     """Events of every run of ``thread_key`` (any str key) after the cursor, in thread order.
 

@@ -69,7 +69,7 @@ from ._json import dumps
 from .errors import UnknownTask
 
 if TYPE_CHECKING:
-    from .steps import RunContext
+    from ._ports import StepContext
 
 __all__ = [
     "Delivery", "Message", "ThreadRoute", "decode_thread_key", "encode_thread_key",
@@ -286,7 +286,7 @@ def parse_message(row: tuple[Any, ...]) -> Message:
     return Message(int(row[0]), row[1], row[2], row[3], row[4], decode_thread_key(row[5]))
 
 
-async def take(ctx: RunContext) -> list[Message]:
+async def take(ctx: StepContext) -> list[Message]:
     """``ctx.inbox()``: drain the thread inbox for this step (fenced, one round trip).
 
     Each message once per attempt: a second ``inbox()`` in the same step

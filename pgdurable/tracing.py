@@ -27,7 +27,7 @@ from collections.abc import AsyncIterator, Iterator
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .runs import Durable
+    from ._ports import Database
 
 __all__ = ["StepSpan", "current_trace_context", "effect_span", "enabled", "step_span"]
 
@@ -58,7 +58,7 @@ _contexts: dict[str, dict[str, str]] = {}
 _MAX_CONTEXTS = 10_000
 
 
-async def _run_context(app: Durable, run_id: str) -> dict[str, str]:
+async def _run_context(app: Database, run_id: str) -> dict[str, str]:
     got = _contexts.get(run_id)
     if got is None:
         row = await app.fetchone(_TRACE_CONTEXT, (run_id,))
@@ -110,7 +110,7 @@ def _attributes(run_id: object, task: str, step: int, attempt: int, token: int) 
 
 @contextlib.asynccontextmanager
 async def step_span(
-    app: Durable, run_id: object, task: str, step: int, attempt: int, token: int
+    app: Database, run_id: object, task: str, step: int, attempt: int, token: int
 ) -> AsyncIterator[StepSpan]:
     """A span around one step, child of the run's stored trace context (no-op without tracing)."""
     if not _tracing_configured():

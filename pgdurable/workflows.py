@@ -69,12 +69,16 @@ import random
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, Literal, TypeVar
+from typing import Any, Literal, TypeVar
 
 from . import _runs_sql as q
 from ._json import dumps
+from ._json import exc_message as _exc_message
+from ._json import jsonb_str as _jsonb_str
+from ._ports import App
 from .durable_runs import mark_terminal
 from .errors import CorruptCheckpoint, EffectFailed, LeaseLost, PgDurableError
+from .registry import Task, TaskRegistry
 from .steps import (
     Done,
     RunContext,
@@ -86,10 +90,7 @@ from .steps import (
     _seconds,
     in_thread,
 )
-
-if TYPE_CHECKING:
-    from .runs import Task, TaskRegistry
-    from .threads import Message
+from .threads import Message, encode_thread_key
 
 __all__ = [
     "NonDeterministicWorkflow",
@@ -218,8 +219,6 @@ def _history(rows: list[tuple[Any, Any]], wake: dict[str, Any] | None,
 
 
 def _error_body(exc: BaseException) -> dict[str, str]:
-    from .worker import _exc_message, _jsonb_str
-
     return {"type": _jsonb_str(type(exc).__name__), "message": _exc_message(exc)}
 
 
@@ -591,8 +590,6 @@ class WorkflowContext:
         checkpoint); an empty drain parks on the thread's inbox. After
         ``timeout`` with nothing new, returns ``[]``.
         """
-        from .threads import encode_thread_key
-
         while True:
             msgs = await self._drain()
             if msgs:
@@ -606,8 +603,6 @@ class WorkflowContext:
                 return []
 
     async def _drain(self) -> list[Message]:
-        from .threads import Message
-
         self._enter()
         try:
             if self.replaying and self._entries[self._pos].kind != "inbox":
@@ -665,9 +660,7 @@ class Workflow:
 
     async def drive(self, run: RunContext, state: Any) -> StepResult:
         """The task step function: run the coroutine until it returns or parks."""
-        from .runs import Durable
-
-        app: Durable = run._app
+        app: App = run._app
         rows: list[tuple[Any, Any]] = []
         if run.step > 0:
             self.history_loads += 1
@@ -699,8 +692,6 @@ class Workflow:
 def workflow_spec(wf: Workflow, *, max_attempts: int, retry_base: float, retry_cap: float,
                   max_reclaims: int) -> Task:
     """The engine :class:`~pgdurable.runs.Task` that drives ``wf``."""
-    from .runs import Task
-
     return Task(wf.name, wf.revision, wf.drive, max_attempts, float(retry_base),
                 float(retry_cap), max_reclaims)
 

@@ -38,6 +38,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from .. import _runs_sql as rq
+from .. import metrics
 from .._db import translated, validate_dsn
 from ..errors import PgDurableError, RunNotFound
 from ..runs import RETRY
@@ -280,8 +281,6 @@ class _Dashboard:
         return RedirectResponse(f"{root}/runs/{rid}?done={_quote(f'{action}: {done}')}", 303)
 
     async def metrics(self, request: Request) -> Response:
-        from .. import metrics
-
         try:
             registry = metrics.enable(self.dsn)
         except ImportError as exc:

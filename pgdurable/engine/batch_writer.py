@@ -25,12 +25,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from . import _runs_sql as q
-from ._retry import backoff, is_transient
-from .errors import LeaseLost
+from .. import _runs_sql as q
+from .._retry import backoff, is_transient
+from ..errors import LeaseLost
 
 if TYPE_CHECKING:
-    from .runs import Durable
+    from .._ports import Database
 
 __all__ = ["StepWriter"]
 
@@ -48,7 +48,7 @@ class _Write:
 class StepWriter:
     """Batches the fenced step writes of one worker (see the module docstring)."""
 
-    def __init__(self, app: Durable, owner: str, lock: asyncio.Lock) -> None:
+    def __init__(self, app: Database, owner: str, lock: asyncio.Lock) -> None:
         self._app = app
         self._owner = owner
         self._lock = lock  # shared with the heartbeat: one write statement at a time

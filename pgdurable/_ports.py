@@ -1,0 +1,70 @@
+"""The small protocols the lower layers take instead of the app object.
+
+The engine (claim, write, heartbeat, listen, park) and the capability modules
+(streams, threads, children, schedules, fork, results, tracing ...) need a few
+things of an app: run one statement on its pool, its task registry, where to
+LISTEN. They take these protocols, never :class:`pgdurable.Durable` or
+:class:`pgdurable.DurableClient`, which satisfy them and sit in the layer
+above (see ``docs/architecture.md``): nothing below the app imports the app.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from psycopg_pool import AsyncConnectionPool
+
+from .registry import Task, TaskRegistry
+
+__all__ = ["App", "Database", "StepContext", "SyncDatabase"]
+
+
+class Database(Protocol):
+    """One statement on a pooled connection, errors translated (``Durable.fetchone``)."""
+
+    async def fetchone(
+        self, sql: str, params: tuple[Any, ...], *, prepare: bool | None = True
+    ) -> tuple[Any, ...] | None: ...
+
+    async def fetchall(
+        self, sql: str, params: tuple[Any, ...], *, prepare: bool | None = True
+    ) -> list[tuple[Any, ...]]: ...
+
+
+class App(Database, Protocol):
+    """What workers and capabilities use of an app (:class:`pgdurable.Durable` is one)."""
+
+    _registry: TaskRegistry
+
+    @property
+    def tasks(self) -> dict[str, Task]: ...
+
+    @property
+    def pool(self) -> AsyncConnectionPool[Any]: ...
+
+    async def open(self) -> None: ...
+
+    def listen_conninfo(self) -> str | None: ...
+
+
+class SyncDatabase(Protocol):
+    """The sync twin of :class:`Database` (:class:`pgdurable.DurableClient` is one)."""
+
+    def _fetchall(self, sql: str, params: tuple[Any, ...]) -> list[tuple[Any, ...]]: ...
+
+    def _fetchone(self, sql: str, params: tuple[Any, ...]) -> tuple[Any, ...] | None: ...
+
+
+class StepContext(Protocol):
+    """What streams, threads and liveness use of a step's :class:`pgdurable.RunContext`."""
+
+    run_id: str
+    step: int
+    token: int
+    thread_key: str | None
+    _app: Any
+    _owner: str | None
+    _emitted: int
+    _liveness: Any
+
+    def _attached(self) -> tuple[Any, str]: ...

@@ -1,0 +1,163 @@
+"""A worker's options and shared state, and the small operations every part uses.
+
+:class:`WorkerBase` holds what the claim loop, the listener, the heartbeat,
+step execution and parking share: the settings, the runs held
+(:class:`_Active`), the wake-up event, the fence (:meth:`WorkerBase._trusted`,
+:meth:`WorkerBase._fenced`) and stopping a run's step
+(:meth:`WorkerBase._stop_run`). Each part is a class in a module named for
+its job; :class:`pgdurable.engine.worker.Worker` composes them. The engine
+takes the :class:`pgdurable._ports.App` protocol, never the app object.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+import psycopg
+
+from .. import _runs_sql as q
+from .. import metrics
+from .._hints import WakeLimiter
+from .._retry import retry_while
+from ..errors import PgDurableError
+from ..schedules import Ticker
+from .batch_writer import StepWriter
+
+if TYPE_CHECKING:
+    from .._ports import App
+    from ..registry import Task
+
+__all__ = ["WorkerBase"]
+
+log = logging.getLogger("pgdurable.worker")
+
+_DB_ERRORS = (PgDurableError, psycopg.Error, OSError)
+
+
+@dataclass
+class _Active:
+    """Book-keeping of one claimed run."""
+
+    run_id: uuid.UUID
+    token: int
+    queue: str
+    trust_until: float
+    task: asyncio.Task[None] | None = None
+    in_step: bool = False
+    stop_reason: str | None = None  # "cancel" | "lease_lost" | "shutdown"
+
+
+def _seconds(value: timedelta | float | int, what: str) -> float:
+    secs = value.total_seconds() if isinstance(value, timedelta) else float(value)
+    if not secs > 0:
+        raise ValueError(f"{what} must be > 0")
+    return secs
+
+
+def _as_timedelta(value: timedelta | float | None) -> timedelta | None:
+    if value is None or isinstance(value, timedelta):
+        return value
+    return timedelta(seconds=float(value))
+
+
+class WorkerBase:
+    """The options and state of a :class:`~pgdurable.engine.worker.Worker` (see there)."""
+
+    def __init__(
+        self,
+        app: App,
+        *,
+        queues: Sequence[str] = ("default",),
+        concurrency: int = 16,
+        lease_ttl: timedelta | float = timedelta(seconds=60),
+        heartbeat: timedelta | float | None = None,
+        poll_interval: timedelta | float = 5.0,
+        lease_window: timedelta | float | None = None,
+        safety_margin: timedelta | float | None = None,
+        worker_id: str | None = None,
+        listen: bool = True,
+    ) -> None:
+        if isinstance(queues, str) or not isinstance(queues, Sequence) or not queues:
+            raise TypeError("queues must be a non-empty list of queue names")
+        for name in queues:
+            q.check_name(name, "queue")
+        if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
+            raise ValueError("concurrency must be an int >= 1")
+        self.app = app
+        self.queues = list(dict.fromkeys(queues))
+        self.concurrency = concurrency
+        self.ttl = _seconds(lease_ttl, "lease_ttl")
+        hb = self.ttl / 3 if heartbeat is None else _seconds(heartbeat, "heartbeat")
+        self.heartbeat_interval = min(hb, self.ttl / 3)
+        self.poll_interval = _seconds(poll_interval, "poll_interval")
+        self.lease_window = self.ttl if lease_window is None else _seconds(lease_window, "lease_window")
+        margin = self.ttl / 6 if safety_margin is None else _seconds(safety_margin, "safety_margin")
+        self.safety_margin = min(margin, self.ttl / 2)
+        self.worker_id = worker_id or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self.listen = listen
+        self._active: dict[uuid.UUID, _Active] = {}
+        self._wake = asyncio.Event()
+        self._pending = True
+        self._due_at: float | None = None
+        self._stopping = False
+        self._grace = 30.0
+        self._running = False
+        self._done = asyncio.Event()
+        self._tasks: list[Task] = []
+        self.claim_count = 0  # claim statements issued (tests, metrics)
+        # when fewer than _claim_batch slots are free, a claim waits claim_delay
+        # seconds for more to free up (under load: fewer, larger claims)
+        self._claim_batch = max(1, concurrency // 8)
+        self.claim_delay = 0.005
+        # after the grace period, how long stopped runs get to settle (release,
+        # acknowledge a cancel) before stop() gives up on them
+        self.settle_limit = 10.0
+        self.heartbeat_count = 0  # renew statements issued
+        # heartbeat and step batches both lock many run rows: never at once
+        # (one worker's two multi-row UPDATEs could otherwise deadlock)
+        self._write_lock = asyncio.Lock()
+        # NOTIFYs are hints anyone can send: wake-up claims are rate-limited,
+        # cancels checked against the database first (pgdurable/_hints.py)
+        self.wake_limit = WakeLimiter()
+        self._deferred_wake: asyncio.TimerHandle | None = None
+        self._cancel_checks: dict[uuid.UUID, asyncio.Task[None]] = {}
+        self._writer = StepWriter(app, self.worker_id, self._write_lock)
+        self._ticker = Ticker(app, self.queues)  # fires due schedule ticks (schedules.py)
+
+    def _poke(self) -> None:
+        self._pending = True
+        self._wake.set()
+
+    def _note_due(self, seconds: float) -> None:
+        """Wake the claim loop in ``seconds`` (a timer or retry this worker set)."""
+        due = time.monotonic() + max(0.0, seconds) + 0.001
+        if self._due_at is None or due < self._due_at:
+            self._due_at = due
+            self._wake.set()
+
+    def _stop_run(self, a: _Active, reason: str) -> None:
+        """Stop a run's step (if one is running) for ``reason``."""
+        if reason == "lease_lost" and a.stop_reason != reason:
+            metrics.lease_lost()
+        if a.stop_reason is None or reason == "lease_lost":
+            a.stop_reason = reason
+        if a.in_step and a.task is not None:
+            a.task.cancel()
+
+    def _trusted(self, a: _Active) -> bool:
+        """Whether ``a``'s lease is still ours to act on (see the heartbeat)."""
+        return a.stop_reason != "lease_lost" and time.monotonic() < a.trust_until
+
+    async def _fenced(self, a: _Active, sql: str, params: tuple[Any, ...]) -> tuple[Any, ...] | None:
+        """One fenced statement of run ``a``, sent again after a lost connection
+        while its lease is trusted (they are idempotent for their token)."""
+        return await retry_while(lambda: self.app.fetchone(sql, params), lambda: self._trusted(a))

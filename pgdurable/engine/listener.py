@@ -1,0 +1,106 @@
+"""Listen and wake: one LISTEN connection per worker, fanned out in-process.
+
+:meth:`Listener._listen` keeps a dedicated autocommit connection (not from the
+pool) LISTENing on ``pgdurable_wake`` and ``pgdurable_cancel``; it reconnects
+with backoff and claims after every (re)connect (wake-ups sent meanwhile are
+lost). It connects to the app's ``listen_dsn`` if set, else to the app's DSN;
+behind a transaction-mode pooler without ``listen_dsn`` there is none (LISTEN
+does not work through it) and the worker polls.
+
+NOTIFYs are hints anyone can send: wake-up claims are rate-limited
+(``_hints.WakeLimiter``; one over the limit is deferred, not lost) and a
+cancel is acted on only once the database confirms the run's
+``cancel_requested_at`` (``_hints.cancel_requested``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import uuid
+from typing import Any
+
+import psycopg
+
+from .._hints import cancel_requested
+from ..errors import DatabaseUnavailable
+from ..pooler import aconnect
+from .base import _DB_ERRORS, WorkerBase, _Active, log
+
+__all__ = ["Listener"]
+
+
+class Listener(WorkerBase):
+    """The LISTEN connection and what its notifications do (part of :class:`~pgdurable.engine.worker.Worker`)."""
+
+    async def _listen(self, conninfo: str) -> None:
+        backoff = 0.2
+        while not self._stopping:
+            conn: psycopg.AsyncConnection[Any] | None = None
+            try:
+                conn = await aconnect(conninfo)
+                await conn.execute("LISTEN pgdurable_wake")
+                await conn.execute("LISTEN pgdurable_cancel")
+                backoff = 0.2
+                self._poke()  # claim after every (re)connect: wake-ups may be lost
+                while not self._stopping:
+                    got = False
+                    async for n in conn.notifies(timeout=60.0):
+                        got = True
+                        if n.channel == "pgdurable_wake":
+                            if n.payload in self.queues:
+                                self._wake_notified()
+                        elif n.channel == "pgdurable_cancel":
+                            self._cancel_notified(n.payload)
+                    if not got:
+                        await conn.execute("SELECT 1")  # health check of a quiet socket
+            except asyncio.CancelledError:
+                raise
+            except (psycopg.Error, OSError, DatabaseUnavailable) as exc:
+                log.warning("listener connection lost: %s; reconnecting", exc)
+                await asyncio.sleep(backoff * random.uniform(0.5, 1.5))
+                backoff = min(backoff * 2, 5.0)
+            finally:
+                if conn is not None:
+                    with contextlib.suppress(Exception):
+                        await conn.close()
+
+    def _wake_notified(self) -> None:
+        """A wake-up NOTIFY: claim, at most at the wake limiter's rate (a forged
+        flood costs bounded claims); one over the limit is deferred, not lost."""
+        if self._wake.is_set() or self._deferred_wake is not None:
+            return  # a claim is already coming
+        delay = self.wake_limit.take()
+        if delay <= 0:
+            self._poke()
+            return
+
+        def deferred() -> None:
+            self._deferred_wake = None
+            self._poke()
+
+        self._deferred_wake = asyncio.get_running_loop().call_later(delay, deferred)
+
+    def _cancel_notified(self, payload: str) -> None:
+        try:
+            rid = uuid.UUID(payload)
+        except ValueError:
+            return
+        a = self._active.get(rid)
+        if a is None or a.stop_reason is not None or rid in self._cancel_checks:
+            return
+        # a hint only: stop the step once the database confirms the request
+        check = asyncio.create_task(self._confirm_cancel(a))
+        self._cancel_checks[rid] = check
+        check.add_done_callback(lambda _t: self._cancel_checks.pop(rid, None))
+
+    async def _confirm_cancel(self, a: _Active) -> None:
+        try:
+            requested = await cancel_requested(self.app, a.run_id, a.token)
+        except _DB_ERRORS as exc:
+            log.warning("run %s: cancel check failed (%s); the heartbeat checks again",
+                        a.run_id, exc)
+            return
+        if requested and self._active.get(a.run_id) is a:
+            self._stop_run(a, "cancel")

@@ -1,0 +1,184 @@
+"""The worker: claims runs, executes their steps, checkpoints, lets go.
+
+:class:`Worker` is the orchestrator: it starts and stops the parts below,
+each a class in a module named for its job, and holds little else.
+
+Structure (one asyncio event loop, three long-lived tasks plus one task per
+run):
+
+* **claim loop** (:mod:`~pgdurable.engine.claim`): claims up to the number of free
+  slots with ONE ``pgdurable.claim_runs`` call, when woken by a NOTIFY on
+  ``pgdurable_wake`` for one of its queues, a freed slot while work may remain,
+  a known due time (timer, retry, lease expiry) or a slow jittered poll. When
+  nothing is known to be due, the poll first asks ``pgdurable.next_wakeup``
+  (one query) and sleeps until the earliest of: next poll, earliest timer,
+  retry or lease expiry in its queues. Idle = one query per poll interval.
+* **listener** (:mod:`~pgdurable.engine.listener`): a dedicated autocommit connection
+  (not from the pool) LISTENing on ``pgdurable_wake`` and ``pgdurable_cancel``;
+  reconnects with backoff and claims after every (re)connect. It connects to
+  the app's ``listen_dsn`` if set, else to the app's DSN; behind a
+  transaction-mode pooler without ``listen_dsn`` there is none (LISTEN does
+  not work through it): the worker polls and says so in a warning at start.
+* **heartbeat** (:mod:`~pgdurable.engine.heartbeat`): every ``heartbeat`` (<= TTL/3)
+  ONE ``pgdurable.renew_runs`` UPDATE renews all of this worker's leases. A
+  run missing from the answer has lost its lease and is stopped locally; a
+  run whose lease could not be renewed is no longer trusted after
+  ``attempt start + ttl - safety_margin`` (monotonic) and is stopped too.
+* **run tasks** (:mod:`~pgdurable.engine.execute`): one per claimed run; step after
+  step within the lease window, then give the run back.
+  A ``Continue``/``Done`` goes to the batched, fenced writer
+  (:mod:`~pgdurable.engine.batch_writer`); ``ctx.effect`` is recorded by
+  :mod:`~pgdurable.engine.step_effects`; parking, failing and releasing a run
+  are in :mod:`~pgdurable.engine.park`. The options and the state the parts
+  share (the runs held, the fence) are in :mod:`~pgdurable.engine.base`.
+
+Step code: sync step functions run in a thread (the worker's own pool: one per
+busy slot, never queued behind the loop's default executor) and so
+cannot block heartbeats; **async step functions must not block the event
+loop** with CPU-bound work (offload it with ``asyncio.to_thread``), or
+heartbeats starve. A cancelled thread step keeps running to its end, but its
+results are never written (every write is fenced).
+
+Cancel: ``pgdurable_cancel`` NOTIFY -- only a hint: the worker first checks
+that the run's ``cancel_requested_at`` is set (``_hints``) -- (and, as a backup,
+the heartbeat's ``cancel_requested`` flag) cancels the step task if a step is
+running; the run
+is recorded ``cancelled`` by ``ack_cancel``. Between steps nothing needs to be
+done: the next fenced write sees the request and ends the run ``cancelled``.
+
+Shutdown: SIGTERM/SIGINT (when :meth:`run` runs in the main thread) or
+:meth:`stop`: stop claiming, let running steps finish within ``grace``
+seconds, checkpoint them, give their leases back (runnable + NOTIFY); steps
+still running after the grace period are cancelled and their runs given back
+at their last checkpoint.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
+
+from ..fork import register_worker, unregister_worker
+from ..steps import STEP_EXECUTOR
+from .base import log
+from .claim import ClaimLoop
+from .heartbeat import Heartbeat
+from .listener import Listener
+
+__all__ = ["Worker"]
+
+
+class Worker(ClaimLoop, Listener, Heartbeat):
+    """Executes runs of an app's tasks from some queues.
+
+    Options: ``queues``, ``concurrency`` (runs at once), ``lease_ttl``,
+    ``heartbeat`` (default TTL/3, at most TTL/3), ``poll_interval`` (default
+    5 s, jittered ±20%), ``lease_window`` (how long a run may continue in one
+    lease before it is given back; default ``lease_ttl``), ``safety_margin``
+    (default TTL/6), ``worker_id``, ``listen`` (False = poll only, e.g.
+    behind PgBouncer in transaction mode). The attribute ``settle_limit``
+    (default 10 s) bounds how long :meth:`stop` waits, after the grace
+    period, for stopped runs to settle before leaving their leases to lapse.
+
+    The worker runs its parts and holds little else: the claim loop
+    (:class:`~pgdurable.engine.claim.ClaimLoop`, which runs each claimed run
+    with :class:`~pgdurable.engine.execute.StepExecution`), the listener
+    (:class:`~pgdurable.engine.listener.Listener`) and the heartbeat
+    (:class:`~pgdurable.engine.heartbeat.Heartbeat`); its options and shared
+    state are :class:`~pgdurable.engine.base.WorkerBase`'s. It takes any
+    :class:`pgdurable._ports.App` (:class:`pgdurable.Durable` is one).
+    """
+
+
+    @property
+    def write_count(self) -> int:
+        """write_steps statements issued (each one batch of steps)."""
+        return self._writer.count
+
+    @property
+    def active_runs(self) -> list[str]:
+        """Ids of the runs this worker holds right now."""
+        return [str(k) for k in self._active]
+
+    async def run(self) -> None:
+        """Run until :meth:`stop` (or SIGTERM/SIGINT in the main thread)."""
+        if self._running:
+            raise RuntimeError("worker is already running")
+        await self.app.open()
+        self._tasks = list(self.app.tasks.values())
+        if not self._tasks:
+            raise ValueError("the app has no registered tasks")
+        await self._ticker.declare()
+        await register_worker(self.app, self.worker_id, self.app.tasks)
+        self._running = True
+        self._done.clear()
+        # Not the loop's default executor (min(32, cpus + 4) threads, shared):
+        # every slot's sync step must run at once, and a cancelled thread step
+        # that keeps running must not hold up the steps of other runs. Threads
+        # are started only when none is idle, so the bound is only a backstop.
+        executor = ThreadPoolExecutor(
+            max_workers=max(64, 4 * self.concurrency), thread_name_prefix="pgdurable-step"
+        )
+        executor_token = STEP_EXECUTOR.set(executor)  # inherited by the run tasks
+        loop = asyncio.get_running_loop()
+        handled: list[signal.Signals] = []
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            try:
+                loop.add_signal_handler(sig, self._request_stop, None)
+                handled.append(sig)
+            except (NotImplementedError, RuntimeError, ValueError):
+                pass
+        helpers = [asyncio.create_task(self._heartbeat(), name="pgdurable-heartbeat")]
+        listen_to = self.app.listen_conninfo() if self.listen else None
+        if listen_to is not None:
+            helpers.append(asyncio.create_task(self._listen(listen_to), name="pgdurable-listener"))
+        elif self.listen:
+            log.warning("worker %s: no LISTEN: the app's DSN goes through a transaction-mode "
+                        "pooler and no listen_dsn is set; finding work by polling every %.1f s",
+                        self.worker_id, self.poll_interval)
+        try:
+            await self._claim_loop()
+            await self._drain()
+            await self._hand_off()
+        except asyncio.CancelledError:
+            # run() itself was cancelled (not stop()): stop the runs as well, so
+            # that no step goes on without heartbeats (its lease would lapse
+            # mid-step and another worker could run the step again)
+            self._stopping = True
+            for a in list(self._active.values()):
+                self._stop_run(a, "shutdown")
+            tasks = [a.task for a in self._active.values() if a.task is not None]
+            if tasks:
+                await asyncio.wait(tasks, timeout=self.settle_limit)
+            raise
+        finally:
+            for t in helpers:
+                t.cancel()
+            for t in helpers:
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await t
+            for sig in handled:
+                loop.remove_signal_handler(sig)
+            await unregister_worker(self.app, self.worker_id)
+            STEP_EXECUTOR.reset(executor_token)
+            executor.shutdown(wait=False, cancel_futures=True)
+            self._running = False
+            self._done.set()
+
+    async def stop(self, grace: timedelta | float = 30.0) -> None:
+        """Stop gracefully: no more claims, steps get ``grace`` seconds, leases go back."""
+        self._request_stop(grace)
+        if self._running:
+            await self._done.wait()
+
+    def _request_stop(self, grace: timedelta | float | None) -> None:
+        if grace is not None:
+            self._grace = grace.total_seconds() if isinstance(grace, timedelta) else float(grace)
+        if not self._stopping:
+            log.info("worker %s stopping: no more claims, %d run(s) get %.1f s to finish",
+                     self.worker_id, len(self._active), self._grace)
+        self._stopping = True
+        self._wake.set()

@@ -8,8 +8,10 @@ One command::
 ``--dsn`` names a maintenance database; two scratch databases are created (and
 dropped at the end):
 
-* ``pgdurable_bench_history_flat``: migrated up to the migration BEFORE the
-  partitioned history (today's unpartitioned ``checkpoints``/``run_events``);
+* ``pgdurable_bench_history_flat``: fully migrated, then ``checkpoints`` and
+  ``run_events`` replaced by plain tables with the same columns, keys, indexes
+  and trigger (so the comparison is partitioning alone, not the features of the
+  migrations since; the views that read them are dropped);
 * ``pgdurable_bench_history_parts``: fully migrated (daily partitions).
 
 Both get the same dataset, bulk-inserted with ``generate_series``: ``--rows``
@@ -59,7 +61,6 @@ import psycopg
 from _scratch import drop_scratch, scratch_dsn
 
 import pgdurable
-from pgdurable import migrations
 
 FLAT, PARTS = "pgdurable_bench_history_flat", "pgdurable_bench_history_parts"
 START = ("SELECT run_id FROM pgdurable.start_run('t', '1', '{}', 'default', 0, 3, NULL, NULL, "
@@ -133,16 +134,30 @@ def load() -> str:
     return ", ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
+# the fully migrated schema with checkpoints and run_events as plain tables: same
+# columns, keys, indexes, defaults, checks and trigger, no partitions
+UNPARTITION = """
+ALTER TABLE pgdurable.checkpoints RENAME TO checkpoints_parts;
+ALTER TABLE pgdurable.run_events RENAME TO run_events_parts;
+CREATE TABLE pgdurable.checkpoints (LIKE pgdurable.checkpoints_parts INCLUDING DEFAULTS
+  INCLUDING CONSTRAINTS INCLUDING INDEXES) WITH (autovacuum_vacuum_scale_factor = 0.05,
+  autovacuum_vacuum_cost_delay = 0);
+CREATE TABLE pgdurable.run_events (LIKE pgdurable.run_events_parts INCLUDING DEFAULTS
+  INCLUDING CONSTRAINTS INCLUDING INDEXES) WITH (autovacuum_vacuum_scale_factor = 0.05,
+  autovacuum_vacuum_cost_delay = 0);
+CREATE TRIGGER checkpoints_notify AFTER INSERT ON pgdurable.checkpoints
+  REFERENCING NEW TABLE AS new_rows FOR EACH STATEMENT
+  EXECUTE FUNCTION pgdurable._checkpoints_notify();
+DROP TABLE pgdurable.checkpoints_parts, pgdurable.run_events_parts CASCADE;
+"""
+
+
 def flat_dsn(admin: str) -> str:
-    """A scratch database with the schema just before the partitioned history."""
-    shipped = migrations.load_migrations()
-    mine = next(m for m in shipped if m.name.endswith("_partitioned_history.sql"))
-    real = migrations.load_migrations
-    migrations.load_migrations = lambda: tuple(m for m in shipped if m.version < mine.version)
-    try:
-        return scratch_dsn(admin, FLAT)
-    finally:
-        migrations.load_migrations = real
+    """A scratch database with today's schema, history tables unpartitioned."""
+    dsn = scratch_dsn(admin, FLAT)
+    with psycopg.connect(dsn) as c:
+        c.execute(UNPARTITION)
+    return dsn
 
 
 def seed(dsn: str, rows: int, days: int, parts: bool) -> float:

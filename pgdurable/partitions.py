@@ -34,6 +34,7 @@ This module runs them:
 From psql::
 
     SELECT pgdurable.create_history_partitions(7);          -- the week ahead
+    SELECT pgdurable.move_consumed_signals('1 hour');        -- one batch (10,000)
     SELECT * FROM pgdurable.drop_history_partitions('30 days');
     SELECT * FROM pgdurable.history_partitions ORDER BY range_from;
 """

@@ -33,6 +33,10 @@ Measured, in each database:
    alternating too: the engine's time per run without the client round trips
    and commits, which load from other processes disturbs less (but it holds its
    locks across runs, so it hides the cost of taking them in each transaction).
+   And, when the server runs on this machine, the CPU time its backend spends per
+   run of the client loop (``/proc/<pid>/stat``, utime + stime; ``--blocks`` / 2
+   alternating pairs of 150 runs): the measure load from other processes
+   disturbs least, since waiting for a CPU is not counted.
 2. **Prune the oldest days** (``--prune-days``, 3), one day at a time, while
    ``--workers`` threads (4) claim and checkpoint in a loop: flat = the current
    retention (``prune_runs`` batches of 1,000 runs);
@@ -127,6 +131,30 @@ def engine(dsn: str, runs: int = 100) -> float:
                 raise
             return float(exc.diag.message_primary.removeprefix("us="))
     raise AssertionError("the engine loop did not report")
+
+
+def backend_cpu(c: psycopg.Connection[Any]) -> float | None:
+    """Seconds of CPU the connection's server backend has used (None: not local)."""
+    row = c.execute("SELECT pg_backend_pid()").fetchone()
+    assert row is not None
+    try:
+        with open(f"/proc/{row[0]}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_per_run(dsn: str, runs: int = 150) -> float | None:
+    """Microseconds of server CPU per run of the client loop (None: server not local)."""
+    with psycopg.connect(dsn, autocommit=True) as c:
+        for _ in range(10):
+            one_run(c, "cpu")
+        c0 = backend_cpu(c)
+        for _ in range(runs):
+            one_run(c, "cpu")
+        c1 = backend_cpu(c)
+    return None if c0 is None or c1 is None else (c1 - c0) * 1e6 / runs
 
 
 def load() -> str:
@@ -330,6 +358,21 @@ def main() -> None:
               f"{statistics.median(us['partitioned']):.0f}; throughput ratio partitioned/flat "
               f"per pair: median {statistics.median(epairs):.2f}, min {epairs[0]:.2f}, max "
               f"{epairs[-1]:.2f}; load average {load()}")
+        cpu: dict[str, list[float]] = {"flat": [], "partitioned": []}
+        for _ in range(max(2, args.blocks // 2)):
+            for name, dsn in (("flat", flat), ("partitioned", parts)):
+                x = cpu_per_run(dsn)
+                if x is not None:
+                    cpu[name].append(x)
+        if cpu["flat"] and cpu["partitioned"]:
+            cpairs = sorted(a / b for a, b in zip(cpu["flat"], cpu["partitioned"], strict=True))
+            print(f"server CPU per run of the client loop (backend utime + stime): flat median "
+                  f"{statistics.median(cpu['flat']):.0f} us, partitioned median "
+                  f"{statistics.median(cpu['partitioned']):.0f} us; throughput ratio "
+                  f"partitioned/flat per pair: median {statistics.median(cpairs):.2f}, min "
+                  f"{cpairs[0]:.2f}, max {cpairs[-1]:.2f}; load average {load()}")
+        else:
+            print("server CPU per run: not measured (the server does not run on this machine)")
         res = {"flat": prune_days(flat, args.days, False, 3.0, args.workers, args.prune_days),
                "partitioned": prune_days(parts, args.days, True, 3.0, args.workers,
                                          args.prune_days)}

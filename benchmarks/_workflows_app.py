@@ -1,40 +1,32 @@
 """The app benchmarks/workflows.py runs in its worker process (and in-process).
 
 ``python -m pgdurable.worker _workflows_app:app`` with ``PYTHONPATH=benchmarks``
-and ``PGDURABLE_DSN`` set. The same logic twice: ``noop3`` (a task: three
-no-op steps, two checkpoints then checkpoint + completion) and ``wf3`` (a
-workflow: three no-op recorded steps, then the completion). ``long`` records
-``n`` steps, parks on a signal, then records one more step.
+and ``PGDURABLE_DSN`` set. The same logic twice on one app: ``noop3`` (the
+task of benchmarks/_throughput_app.py: three no-op steps, two checkpoints then
+checkpoint + completion) and ``wf3`` (a workflow: three no-op recorded steps,
+then the completion: four writes) and ``wf3f`` (the same, its last step by
+``ctx.finish``: the last checkpoint and the completion in one write, three
+writes like the task). ``long`` records ``n`` steps, parks on a signal, then
+records one more step.
 """
 
 from __future__ import annotations
 
-import os
 import time
 from typing import Any
 
-import pgdurable
-from pgdurable import Continue, Done, RunContext, WorkflowContext
+from _throughput_app import app, noop3
 
-app = pgdurable.Durable(pool_size=int(os.environ.get("BENCH_POOL_SIZE", "8")))
+from pgdurable import WorkflowContext
+
+__all__ = ["app", "first_new_step", "noop3"]
 
 #: monotonic time at which the first new step after the resume of ``long`` ran
 first_new_step: dict[str, float] = {}
 
 
-def noop(i: int) -> int:
-    return i
-
-
 async def anoop(i: int) -> int:
     return i
-
-
-@app.task("noop3", revision="1")
-async def noop3(ctx: RunContext, state: dict[str, Any]) -> Any:
-    """Step i of 3: no work, just the state transition."""
-    i = state.get("i", 0) + 1
-    return Done(i) if i >= 3 else Continue({"i": i})
 
 
 @app.workflow("wf3", revision="1")
@@ -43,6 +35,14 @@ async def wf3(ctx: WorkflowContext, _: Any) -> int:
     a = await ctx.step("a", anoop, 1)
     b = await ctx.step("b", anoop, a + 1)
     return await ctx.step("c", anoop, b + 1)
+
+
+@app.workflow("wf3f", revision="1")
+async def wf3f(ctx: WorkflowContext, _: Any) -> int:
+    """wf3 with ``ctx.finish`` as its last step (the task's ``Done``)."""
+    a = await ctx.step("a", anoop, 1)
+    b = await ctx.step("b", anoop, a + 1)
+    return await ctx.finish("c", anoop, b + 1)
 
 
 def _mark(run_id: str) -> int:

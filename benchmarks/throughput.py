@@ -9,12 +9,14 @@ One command::
 drops) its own scratch database ``pgdurable_bench_throughput`` and migrates it.
 
 pgdurable side: ONE worker process (``python -m pgdurable.worker
-_throughput_app:app --concurrency 32``) is started and left idle; then the
-clock starts, ``--runs`` runs of the task ``noop3`` (3 no-op steps: two
-fenced checkpoints, then checkpoint + completion in one statement) are
-enqueued in batches of 500 (one ``start_run`` statement per batch), and the
-clock stops at the last completion (``max(finished_at)`` on the database
-clock). Reported: runs/s and steps/s, enqueue to completion.
+_throughput_app:app --concurrency 32``) is started and warmed up with 500
+runs; then, per round, the clock starts, ``--runs`` runs of the task
+``noop3`` (3 no-op steps: two fenced checkpoints, then checkpoint +
+completion in one statement) are enqueued in batches of 500 (one
+``start_run`` statement per batch), and the clock stops at the last
+completion (``max(finished_at)`` on the database clock; the driver is
+benchmarks/_driver.py, shared with benchmarks/workflows.py). Reported:
+runs/s and steps/s, enqueue to completion.
 
 Baseline, in the same run and the same database: ``pgbench -n -M prepared
 -c 32 -j 2`` doing as many single-row ``UPDATE`` commits as the runs had
@@ -31,77 +33,15 @@ import argparse
 import math
 import os
 import re
-import signal
 import subprocess
-import sys
 import tempfile
-import time
-from pathlib import Path
 
 import psycopg
+from _driver import load, spread, timed_runs, worker_process
 from _scratch import drop_scratch, scratch_dsn
 
 DB = "pgdurable_bench_throughput"
-HERE = Path(__file__).resolve().parent
 STEPS = 3
-BATCH = 500
-
-
-def start_worker(dsn: str, concurrency: int, pool_size: int) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "PYTHONPATH": f"{HERE}{os.pathsep}{HERE.parent}",
-           "PGDURABLE_DSN": dsn, "BENCH_POOL_SIZE": str(pool_size)}
-    return subprocess.Popen(
-        [sys.executable, "-m", "pgdurable.worker", "_throughput_app:app",
-         "--concurrency", str(concurrency), "--lease-ttl", "60", "--poll", "5"],
-        env=env, cwd=HERE.parent)
-
-
-def wait_listening(conn: psycopg.Connection[object]) -> None:
-    """Until the worker's listener is connected (its pool opened before it)."""
-    for _ in range(600):
-        row = conn.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = "
-                           "current_database() AND query LIKE 'LISTEN pgdurable%'").fetchone()
-        if row and row[0]:
-            return
-        time.sleep(0.05)
-    raise RuntimeError("worker did not start")
-
-
-def run_pgdurable(dsn: str, runs: int, concurrency: int, pool_size: int) -> tuple[float, float]:
-    """(seconds enqueue->last completion, runs completed)."""
-    with psycopg.connect(dsn, autocommit=True) as c:
-        c.execute("TRUNCATE pgdurable.runs CASCADE")
-        c.execute("VACUUM ANALYZE pgdurable.runs")
-        worker = start_worker(dsn, concurrency, pool_size)
-        try:
-            wait_listening(c)
-            time.sleep(0.5)
-            row = c.execute("SELECT clock_timestamp()").fetchone()
-            assert row is not None
-            t0 = row[0]
-            left = runs
-            while left > 0:
-                n = min(BATCH, left)
-                c.execute("SELECT pgdurable.start_run('noop3', '1', '{}', 'default', 0, 3, NULL, "
-                          "NULL, NULL, NULL) FROM generate_series(1, %s)", (n,))
-                left -= n
-            deadline = time.monotonic() + 600
-            while True:
-                row = c.execute("SELECT count(*) FILTER (WHERE status = 'completed'), "
-                                "count(*) FILTER (WHERE status IN ('failed', 'cancelled')), "
-                                "max(finished_at) FROM pgdurable.runs").fetchone()
-                assert row is not None
-                if row[0] + row[1] >= runs:
-                    break
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"only {row[0]} of {runs} runs completed")
-                time.sleep(0.2)
-            if row[1]:
-                raise RuntimeError(f"{row[1]} runs did not complete")
-            return (row[2] - t0).total_seconds(), float(row[0])
-        finally:
-            worker.send_signal(signal.SIGTERM)
-            worker.wait(timeout=60)
 
 
 def run_pgbench(dsn: str, commits: int, clients: int) -> float:
@@ -139,14 +79,21 @@ def main() -> None:
     try:
         print(f"{args.runs} runs x {STEPS} no-op steps, one worker process, concurrency "
               f"{args.concurrency}, pool {args.pool_size}; pgbench: {args.runs * STEPS} "
-              f"single-row UPDATE commits at {args.concurrency} clients")
-        for r in range(1, args.rounds + 1):
-            secs, done = run_pgdurable(dsn, args.runs, args.concurrency, args.pool_size)
-            runs_s, steps_s = done / secs, done * STEPS / secs
-            tps = run_pgbench(dsn, args.runs * STEPS, args.concurrency)
-            print(f"round {r}: pgdurable {runs_s:7.0f} runs/s {steps_s:7.0f} steps/s "
-                  f"({secs:.2f} s) | pgbench {tps:7.0f} commits/s | "
-                  f"ratio steps/commits {steps_s / tps:.2f}")
+              f"single-row UPDATE commits at {args.concurrency} clients; {load()}")
+        ratios = []
+        with (psycopg.connect(dsn, autocommit=True) as c,
+              worker_process(dsn, "_throughput_app:app", concurrency=args.concurrency,
+                             pool_size=args.pool_size)):
+            timed_runs(c, "noop3", 500)  # warm-up (prepared statements, caches)
+            for r in range(1, args.rounds + 1):
+                secs = timed_runs(c, "noop3", args.runs)
+                runs_s, steps_s = args.runs / secs, args.runs * STEPS / secs
+                tps = run_pgbench(dsn, args.runs * STEPS, args.concurrency)
+                ratios.append(steps_s / tps)
+                print(f"round {r}: pgdurable {runs_s:7.0f} runs/s {steps_s:7.0f} steps/s "
+                      f"({secs:.2f} s) | pgbench {tps:7.0f} commits/s | "
+                      f"ratio steps/commits {steps_s / tps:.2f}")
+        print(f"ratio steps/commits: {spread(ratios)} (target >= 0.5); {load()}")
     finally:
         drop_scratch(args.dsn, DB)
 

@@ -1,20 +1,28 @@
 """Workflows vs tasks: throughput, and the cost of resuming a long history.
 
-One command::
+One command (about 40 s on a quiet machine, under 2 minutes loaded)::
 
     .venv/bin/python benchmarks/workflows.py [--dsn postgresql://postgres@127.0.0.1:5432/postgres]
-        [--runs 3000] [--rounds 3] [--concurrency 32] [--long 1000] [--resumes 5]
+        [--runs 1000] [--rounds 12] [--concurrency 32] [--long 1000] [--resumes 5]
 
 ``--dsn`` names a maintenance database; the benchmark creates (and drops) its
 scratch database ``pgdurable_bench_workflows``.
 
-1. Throughput, same logic both ways, same worker process, alternating rounds:
-   ``--runs`` runs of the task ``noop3`` (three no-op steps) against as many
-   runs of the workflow ``wf3`` (three no-op recorded steps), enqueue to last
-   completion on the database clock (benchmarks/_workflows_app.py). Ratio =
-   workflow runs/s / task runs/s (target >= 0.8). A workflow writes one row
-   more per run than the task (its last step's checkpoint, then the
-   completion; the task's last step IS its completion).
+1. Throughput, same logic both ways, same worker process: ``--rounds`` rounds,
+   each ``--runs`` runs of the task ``noop3`` (three no-op steps), of the
+   workflow ``wf3`` (three no-op recorded steps, ``return await ctx.step``)
+   and of ``wf3f`` (the same ending in ``return await ctx.finish``), the
+   order rotating, enqueue to last completion on the database clock
+   (benchmarks/_workflows_app.py; the driver is benchmarks/_driver.py, shared
+   with benchmarks/throughput.py). Ratio per round = workflow runs/s / task
+   runs/s; reported: its median and spread (target >= 0.8), and the fenced
+   writes per run (checkpoint rows): ``wf3`` writes one more than the task
+   (its last step's checkpoint, then the completion: a returned step is
+   durable before the code after it runs); ``wf3f`` and the task write the
+   last step and the completion in one statement. Also, where the server runs
+   on this machine: the CPU seconds per run of the worker process and of the
+   database backends serving it (from ``/proc``), a cost ratio that depends
+   far less on what else a shared machine runs than the wall-clock one.
 2. Resume cost, in-process worker: runs of ``long`` record 1 or ``--long``
    steps and park on a signal; after the signal, the time from the claim
    statement's answer to the first new step's function call (the history load
@@ -27,92 +35,65 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import signal
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 from typing import Any
 
 import psycopg
+from _driver import HERE, CpuMeter, load, spread, timed_runs, worker_process
 from _scratch import drop_scratch, scratch_dsn
 
 DB = "pgdurable_bench_workflows"
-HERE = Path(__file__).resolve().parent
-BATCH = 500
 
 
-def start_worker(dsn: str, concurrency: int) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "PYTHONPATH": f"{HERE}{os.pathsep}{HERE.parent}", "PGDURABLE_DSN": dsn}
-    return subprocess.Popen(
-        [sys.executable, "-m", "pgdurable.worker", "_workflows_app:app",
-         "--concurrency", str(concurrency), "--lease-ttl", "60", "--poll", "5"],
-        env=env, cwd=HERE.parent)
-
-
-def wait_listening(conn: psycopg.Connection[Any]) -> None:
-    for _ in range(600):
-        row = conn.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = "
-                           "current_database() AND query LIKE 'LISTEN pgdurable%'").fetchone()
-        if row and row[0]:
-            return
-        time.sleep(0.05)
-    raise RuntimeError("worker did not start")
-
-
-def one_batch(c: psycopg.Connection[Any], task: str, runs: int) -> float:
-    """Seconds from the first enqueue to the last completion (database clock)."""
-    c.execute("TRUNCATE pgdurable.runs CASCADE")
-    c.execute("VACUUM ANALYZE pgdurable.runs")
-    c.execute("VACUUM ANALYZE pgdurable.checkpoints")
-    row = c.execute("SELECT clock_timestamp()").fetchone()
+def writes_per_run(c: psycopg.Connection[Any]) -> float:
+    """Checkpoint rows (= fenced writes) per run of the batch just timed."""
+    row = c.execute("SELECT (SELECT count(*) FROM pgdurable.checkpoints)::float "
+                    "/ greatest(1, (SELECT count(*) FROM pgdurable.runs))").fetchone()
     assert row is not None
-    t0 = row[0]
-    left = runs
-    while left > 0:
-        n = min(BATCH, left)
-        c.execute("SELECT pgdurable.start_run(%s, '1', '{}', 'default', 0, 3, NULL, NULL, NULL, "
-                  "NULL) FROM generate_series(1, %s)", (task, n))
-        left -= n
-    deadline = time.monotonic() + 300
-    while True:
-        row = c.execute("SELECT count(*) FILTER (WHERE status = 'completed'), "
-                        "count(*) FILTER (WHERE status IN ('failed', 'cancelled')), "
-                        "max(finished_at) FROM pgdurable.runs").fetchone()
-        assert row is not None
-        if row[0] + row[1] >= runs:
-            break
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"only {row[0]} of {runs} {task} runs completed")
-        time.sleep(0.1)
-    if row[1]:
-        raise RuntimeError(f"{row[1]} {task} runs did not complete")
-    return float((row[2] - t0).total_seconds())
+    return float(row[0])
+
+
+#: the task, the workflow ending in ``return await ctx.step(...)``, the
+#: workflow ending in ``return await ctx.finish(...)``
+STYLES = {"noop3": "task noop3", "wf3": "workflow wf3 (step + return)",
+          "wf3f": "workflow wf3f (finish)"}
 
 
 def throughput(dsn: str, runs: int, rounds: int, concurrency: int) -> None:
-    with psycopg.connect(dsn, autocommit=True) as c:
-        worker = start_worker(dsn, concurrency)
-        try:
-            wait_listening(c)
-            time.sleep(0.5)
-            one_batch(c, "wf3", 500)  # warm-up (prepared statements, caches)
-            one_batch(c, "noop3", 500)
-            ratios = []
-            for r in range(1, rounds + 1):
-                order = ("noop3", "wf3") if r % 2 else ("wf3", "noop3")
-                secs = {task: one_batch(c, task, runs) for task in order}
-                task_rps, wf_rps = runs / secs["noop3"], runs / secs["wf3"]
-                ratios.append(wf_rps / task_rps)
-                print(f"round {r}: task noop3 {task_rps:6.0f} runs/s | workflow wf3 "
-                      f"{wf_rps:6.0f} runs/s | ratio {wf_rps / task_rps:.2f}")
-            print(f"throughput ratio workflow/task: median {statistics.median(ratios):.2f} "
-                  f"(target >= 0.8)")
-        finally:
-            worker.send_signal(signal.SIGTERM)
-            worker.wait(timeout=60)
+    names = list(STYLES)
+    rates: dict[str, list[float]] = {t: [] for t in names}
+    cpu: dict[str, list[float]] = {t: [] for t in names}  # ms per run
+    writes: dict[str, float] = {}
+    with (psycopg.connect(dsn, autocommit=True) as c,
+          worker_process(dsn, "_workflows_app:app", concurrency=concurrency) as worker):
+        meter = CpuMeter(c, worker.pid)
+        for task in names:  # warm-up (prepared statements, caches)
+            timed_runs(c, task, 500)
+        for r in range(rounds):
+            for task in names[r % 3:] + names[:r % 3]:  # each order in turn
+                meter.start()
+                rates[task].append(runs / timed_runs(c, task, runs))
+                used = meter.stop()
+                if used is not None:
+                    cpu[task].append(used * 1000 / runs)
+                writes[task] = writes_per_run(c)
+            print(f"round {r + 1}: " + " | ".join(f"{t} {rates[t][-1]:5.0f}" for t in names)
+                  + f" runs/s | ratios {rates['wf3'][-1] / rates['noop3'][-1]:.2f} "
+                  f"{rates['wf3f'][-1] / rates['noop3'][-1]:.2f} | {load()}")
+    for task in names:
+        used = f"; CPU ms per run {spread(cpu[task], '.3f')}" if cpu[task] else ""
+        print(f"{STYLES[task]}: runs/s {spread(rates[task], '.0f')}; {writes[task]:g} "
+              f"fenced writes per run{used}")
+    for task in names[1:]:
+        ratios = [w / t for w, t in zip(rates[task], rates["noop3"], strict=True)]
+        print(f"throughput ratio {STYLES[task]} / task: {spread(ratios)} (target >= 0.8)")
+        if cpu[task]:
+            costs = [t / w for w, t in zip(cpu[task], cpu["noop3"], strict=True)]
+            print(f"  CPU per run, task / workflow (the same ratio measured by cost, steadier "
+                  f"under load): {spread(costs)}")
 
 
 async def until(get: Callable[[], Awaitable[Any]], ok: Callable[[Any], bool]) -> None:
@@ -177,15 +158,16 @@ async def resume_cost(dsn: str, long_n: int, resumes: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dsn", default="postgresql://postgres@127.0.0.1:5432/postgres")
-    parser.add_argument("--runs", type=int, default=3000)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--runs", type=int, default=1000)
+    parser.add_argument("--rounds", type=int, default=12)
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--long", type=int, default=1000)
     parser.add_argument("--resumes", type=int, default=5)
     args = parser.parse_args()
     dsn = scratch_dsn(args.dsn, DB)
     try:
-        print(f"{args.runs} runs per round, one worker process, concurrency {args.concurrency}")
+        print(f"{args.runs} runs per round, one worker process, concurrency {args.concurrency}; "
+              f"{load()}")
         throughput(dsn, args.runs, args.rounds, args.concurrency)
         asyncio.run(resume_cost(dsn, args.long, args.resumes))
     finally:

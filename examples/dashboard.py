@@ -2,11 +2,13 @@
 
 Run with a migrated database:  PGDURABLE_DSN=postgresql://... python examples/dashboard.py
 (needs ``pip install 'pgdurable[dashboard]'``). It starts two labelled runs,
-searches them with ``list_runs``, serves the dashboard on a free local port,
-fetches the Runs page filtered by metadata with httpx, and exits 0.
+searches them with ``list_runs``, declares a schedule, serves the dashboard on a
+free local port, fetches the Runs page filtered by metadata and the Schedules
+page with httpx, and exits 0.
 
 From a shell, the same dashboard:  pgdurable dashboard --port 8080
-(read-only; add --actions --token ... to allow cancel/retry/signal).
+(read-only; add --actions --token ... to allow cancel/retry/signal/fork of runs
+and pause/resume/trigger of schedules).
 To mount it in your own Starlette/FastAPI app:  app.mount("/ops", create_app(dsn)).
 """
 
@@ -23,6 +25,7 @@ import uvicorn
 
 import pgdurable
 from pgdurable.dashboard import create_app
+from pgdurable.schedules import make_schedule, upsert_schedule
 
 DSN = os.environ["PGDURABLE_DSN"]
 
@@ -35,6 +38,8 @@ async def main() -> str:
         page = await app.list_runs(task="agent", metadata={"tenant": "acme"}, limit=10)
         assert [r.id for r in page.items] == [acme] and page.next_cursor is None
         print(f"list_runs(metadata={{'tenant': 'acme'}}) -> {acme}")
+        await upsert_schedule(app, make_schedule("nightly-report", task="agent",
+                                                 cron="0 3 * * *", timezone="Europe/Paris"))
 
     return acme
 
@@ -54,6 +59,9 @@ def fetch_dashboard(acme: str) -> None:
         r = httpx.get(f"http://127.0.0.1:{port}/runs", params={"metadata": '{"tenant": "acme"}'})
         assert r.status_code == 200 and acme[:8] in r.text
         print(f"GET /runs?metadata=... -> {r.status_code}, shows run {acme[:8]}")
+        r = httpx.get(f"http://127.0.0.1:{port}/schedules")
+        assert r.status_code == 200 and "nightly-report" in r.text
+        print(f"GET /schedules -> {r.status_code}, shows nightly-report and its next tick")
     finally:
         server.should_exit = True
         thread.join(30)

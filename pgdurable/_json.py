@@ -20,6 +20,9 @@ __all__ = [
     "validate",
 ]
 
+# one encoder for every dumps(): json.dumps() with options builds a new one per call
+_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
 DEFAULT_MAX_BYTES = 64 * 1024 * 1024  # jsonb's own limit is 255 MiB; be saner.
 MAX_DEPTH = 512  # nesting; Python's json cannot (de)serialise ~1,000 levels anyway
 
@@ -107,7 +110,7 @@ def dumps(value: Any, what: str = "value", *, max_bytes: int | None = DEFAULT_MA
     """Validate ``value`` and serialise it compactly; enforce ``max_bytes`` if given."""
     validate(value, what)
     try:
-        text = json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+        text = _ENCODER.encode(value)
     except RecursionError:
         raise ValueError(f"{what} is nested too deeply to serialise as JSON") from None
     if max_bytes is not None and len(text) > max_bytes and len(text.encode()) > max_bytes:

@@ -583,7 +583,7 @@ def dashboard(
     dsn: DsnOption = None,
     host: Annotated[str, typer.Option("--host", help="Interface to bind.")] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", min=1, max=65535, help="TCP port.")] = 8080,
-    actions: Annotated[bool, typer.Option("--actions", help="Enable cancel/retry/signal (needs --token or $PGDURABLE_DASHBOARD_TOKEN).")] = False,
+    actions: Annotated[bool, typer.Option("--actions", help="Enable run cancel/retry/signal/fork and schedule pause/resume/trigger (needs --token or $PGDURABLE_DASHBOARD_TOKEN).")] = False,
     token: Annotated[str | None, typer.Option("--token", envvar="PGDURABLE_DASHBOARD_TOKEN", help="Token an action must carry.", show_default=False)] = None,
 ) -> None:
     """Serve the web dashboard (pgdurable[dashboard]); read-only unless --actions."""

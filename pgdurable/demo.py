@@ -2,17 +2,20 @@
 
 What it shows, on an embedded PostgreSQL (pgserver) or on ``--dsn``:
 
-1. a research loop driven by a deterministic fake model, one checkpointed
-   step per model call;
-2. a tool call wrapped as an effect (``ctx.effect``): its result is stored
-   with the run under the lease fence;
-3. worker-1, a real ``python -m pgdurable.worker`` process, is SIGKILLed right
-   after the tool call and before the step's checkpoint; worker-2 takes the
-   run over when the lease (2 s) lapses, resumes from the last checkpoint, and
-   gets the tool result from the database -- the tool ran exactly once;
-4. a CI wait (``Wait(signal=("ci", build))``) resolved by a simulated webhook;
-5. a human approval (``Wait.approval``) resolved by a signal;
-6. completion, and the run's history read back with SQL.
+1. a research agent written as straight-line code (``@app.workflow``), driven
+   by a deterministic fake model: every model call is a recorded step (its
+   result checkpointed under the lease's fence);
+2. a tool call with a side effect as a ``reconcile`` step: it goes through the
+   run's effect records, so it is never run twice blindly;
+3. worker-1, a real ``python -m pgdurable.worker`` process, is SIGKILLed in the
+   middle of the slow ``summarize`` step, after the tool call was recorded;
+   worker-2 takes the run over when the lease (2 s) lapses, runs the function
+   again from the top -- every recorded step returns its recorded result at
+   once -- and runs only ``summarize`` again: the tool ran exactly once;
+4. a CI wait (``ctx.wait_signal("ci", build)``) resolved by a simulated webhook
+   and a human approval (``ctx.approval``) resolved by a signal: the run parks
+   (no worker holds it) and resumes by replay;
+5. completion, and the run's history read back with SQL.
 
 The worker processes import :data:`app` from this module
 (``python -m pgdurable.worker pgdurable.demo:app``); its DSN comes from
@@ -43,8 +46,9 @@ from rich.table import Table
 
 from . import migrations
 from ._db import connect, validate_dsn
+from .durable_runs import NOT_PERFORMED
 from .runs import Durable, DurableClient
-from .steps import Continue, Done, RunContext, Wait
+from .workflows import StepPolicy, WaitTimeout, WorkflowContext
 
 __all__ = ["TASK", "build_app", "run_demo"]
 
@@ -73,13 +77,19 @@ class FakeModel:
 
     async def plan(self, topic: str) -> list[str]:
         await asyncio.sleep(0.15)
-        return [f"How do durable agents handle {part}?" for part in ("crashes", "waiting", "scale")]
+        questions = [f"How do durable agents handle {part}?"
+                     for part in ("crashes", "waiting", "scale")]
+        say(f"model planned {len(questions)} questions")
+        return questions
 
-    async def answer(self, question: str) -> str:
+    async def answer(self, question: str, i: int, n: int) -> str:
         await asyncio.sleep(0.2)
-        return self._pick(question)[0]
+        fact = self._pick(question)[0]
+        say(f"model answered question {i}/{n}: {fact}")
+        return fact
 
     async def summarize(self, findings: list[str], sources: list[str]) -> str:
+        say("model is summarizing (slow call) ...")
         await asyncio.sleep(2.0)  # the slow call: the demo kills worker-1 during it
         return f"{len(findings)} findings from {len(sources)} sources: " + "; ".join(findings[:2])
 
@@ -88,67 +98,81 @@ model = FakeModel()
 
 
 def say(message: str) -> None:
-    """A progress line from inside a step (the demo driver relays worker stdout)."""
+    """A progress line (the demo driver relays worker stdout)."""
     print(message, flush=True)
+
+
+def note(ctx: WorkflowContext, message: str) -> None:
+    """A progress line from the workflow's own code: printed when the code first
+    gets there, not again when a resumed run replays past it."""
+    if not ctx.replaying:
+        say(message)
+
+
+def _tool_log() -> Path | None:
+    folder = os.environ.get(TOOL_LOG_ENV)
+    return Path(folder) / "tool_calls.log" if folder else None
+
+
+def _search_result(topic: str) -> dict[str, Any]:
+    return {"query": topic, "sources": ["pgdurable README", "PostgreSQL docs: SKIP LOCKED",
+                                        "Agents Should Be Durable, Not Long-Lived"]}
 
 
 def web_search(topic: str) -> dict[str, Any]:
     """The external tool: appends to a log so the demo can count executions."""
     say(f"calling the web_search API for {topic!r} (a real side effect)")
-    folder = os.environ.get(TOOL_LOG_ENV)
-    if folder:
-        with open(Path(folder) / "tool_calls.log", "a", encoding="utf-8") as f:
+    log = _tool_log()
+    if log is not None:
+        with open(log, "a", encoding="utf-8") as f:
             f.write(f"{os.environ.get(WORKER_NAME_ENV, os.getpid())}\n")
-    return {"query": topic, "sources": ["pgdurable README", "PostgreSQL docs: SKIP LOCKED",
-                                        "Agents Should Be Durable, Not Long-Lived"]}
+    return _search_result(topic)
 
 
-async def research_agent(ctx: RunContext, state: dict[str, Any]) -> Any:
-    """One call = one step; the state is checkpointed after each."""
-    phase = state["phase"]
-    if phase == "plan":
-        questions = await model.plan(state["topic"])
-        say(f"model planned {len(questions)} questions")
-        return Continue({**state, "phase": "research", "questions": questions, "findings": []})
-    if phase == "research":
-        i = len(state["findings"])
-        fact = await model.answer(state["questions"][i])
-        say(f"model answered question {i + 1}/{len(state['questions'])}: {fact}")
-        findings = [*state["findings"], fact]
-        nxt = "tool" if len(findings) == len(state["questions"]) else "research"
-        return Continue({**state, "phase": nxt, "findings": findings})
-    if phase == "tool":
-        result = await ctx.effect("web_search", lambda: web_search(state["topic"]))
-        say(f"web_search result: {len(result['sources'])} sources (claim attempt {ctx.attempt})")
-        say("model is summarizing (slow call) ...")
-        summary = await model.summarize(state["findings"], result["sources"])
-        build = f"build-{ctx.run_id[:8]}"
-        return Continue({**state, "phase": "ci", "summary": summary, "sources": result["sources"],
-                         "build": build})
-    if phase == "ci":
-        if ctx.wake is None:
-            say(f"pushed the report branch; parking until CI {state['build']} reports")
-            return Wait(signal=("ci", state["build"]), timeout=600)
-        if ctx.wake.get("type") != "signal":
-            return Done({"ok": False, "reason": "CI timed out"})
-        ci = ctx.wake.get("payload") or {}
-        say(f"CI {state['build']} finished: {ci.get('conclusion')}")
-        return Continue({**state, "phase": "approval", "ci": ci.get("conclusion")})
-    if phase == "approval":
-        if ctx.wake is None:
-            say("asking a human to approve the report; parking")
-            return Wait.approval(f"report-{ctx.run_id[:8]}", timeout=600)
-        decision = (ctx.wake.get("payload") or {}) if ctx.wake.get("type") == "signal" else {}
-        say(f"approval: {decision.get('approved')} by {decision.get('by')}")
-        return Done({"ok": bool(decision.get("approved")), "summary": state["summary"],
-                     "ci": state["ci"], "approved_by": decision.get("by")})
-    raise ValueError(f"unknown phase {phase!r}")
+def find_search(topic: str) -> Any:
+    """Reconcile: a web_search found started and never finished (a crash during
+    the call) asks the API's own record (here its call log) what happened."""
+    log = _tool_log()
+    if log is not None and log.exists() and log.read_text(encoding="utf-8").strip():
+        return _search_result(topic)
+    return NOT_PERFORMED  # provably never happened: web_search runs now
+
+
+async def research_agent(ctx: WorkflowContext, request: dict[str, Any]) -> dict[str, Any]:
+    """The agent, top to bottom: each ``ctx.step`` runs once per run and is
+    checkpointed; a wait parks the run; a resumed run replays the recorded steps."""
+    if ctx.replaying:
+        say(f"resumed under fencing token {ctx.run.token}: the code runs from the top and "
+            f"its {ctx.run.step} recorded entries return at once")
+    topic = request["topic"]
+    questions = await ctx.step("plan", model.plan, topic)
+    findings = [await ctx.step(f"answer:{i}", model.answer, q, i, len(questions))
+                for i, q in enumerate(questions, 1)]
+    search = await ctx.step("web_search", web_search, topic,
+                            policy=StepPolicy(replay="reconcile", reconcile=find_search))
+    note(ctx, f"web_search result: {len(search['sources'])} sources (recorded)")
+    summary = await ctx.step("summarize", model.summarize, findings, search["sources"])
+    build = f"build-{ctx.run_id[:8]}"
+    note(ctx, f"pushed the report branch; parking until CI {build} reports")
+    try:
+        ci = await ctx.wait_signal("ci", build, timeout=600)
+    except WaitTimeout:
+        return {"ok": False, "reason": "CI timed out"}
+    note(ctx, f"CI {build} finished: {ci.get('conclusion')}")
+    note(ctx, "asking a human to approve the report; parking")
+    try:
+        decision = await ctx.approval(f"report-{ctx.run_id[:8]}", timeout=600)
+    except WaitTimeout:
+        decision = {}
+    note(ctx, f"approval: {decision.get('approved')} by {decision.get('by')}")
+    return {"ok": bool(decision.get("approved")), "summary": summary,
+            "ci": ci.get("conclusion"), "approved_by": decision.get("by")}
 
 
 def build_app(dsn: str | None = None) -> Durable:
-    """The demo's :class:`Durable` app with its one task registered."""
+    """The demo's :class:`Durable` app with its one workflow registered."""
     durable = Durable(dsn, pool_size=2)
-    durable.task(TASK, revision=REVISION, max_attempts=5, retry_base=0.1)(research_agent)
+    durable.workflow(TASK, revision=REVISION, max_attempts=5, retry_base=0.1)(research_agent)
     return durable
 
 
@@ -171,11 +195,13 @@ _Q_RUN = """
 SELECT status, step, lease_owner, lease_token, wait_kind, wait_ref, claims, result, error
   FROM pgdurable.runs WHERE id = %s::uuid
 """
-# -- the tool effect's state
-_Q_EFFECT = "SELECT status FROM pgdurable.effects WHERE run_id = %s::uuid AND key = 'web_search'"
-# -- checkpoint history for the closing table
+# -- whether the tool step is recorded (its checkpoint), under which token
+_Q_TOOL = ("SELECT token FROM pgdurable.checkpoints WHERE run_id = %s::uuid "
+           "AND state->'workflow'->>'name' = 'web_search'")
+# -- checkpoint history for the closing table (the workflow's entries)
 _Q_STEPS = """
-SELECT step, token, state->>'phase', coalesce(wake->>'type', '') || coalesce(' ' || (wake->>'kind'), '')
+SELECT step, token, (state->'workflow'->>'kind') || ' ' || (state->'workflow'->>'name'),
+       coalesce(wake->>'type', '') || coalesce(' ' || (wake->>'kind'), '')
   FROM pgdurable.checkpoints WHERE run_id = %s::uuid ORDER BY step
 """
 
@@ -319,9 +345,9 @@ def run_demo(*, dsn: str | None = None, data_dir: str | None = None,
     ok = False
     try:
         with client, connect(dsn) as conn:
-            run_id = client.start(TASK, {"phase": "plan", "topic": "durable AI agents on Postgres"},
+            run_id = client.start(TASK, {"topic": "durable AI agents on Postgres"},
                                   queue=queue_name, revision=REVISION, max_attempts=5)
-            tl.log("driver", f"started run {run_id} (task {TASK}, queue {queue_name})")
+            tl.log("driver", f"started run {run_id} (workflow {TASK}, queue {queue_name})")
             workers.append(_WorkerProc("worker-1", dsn, queue_name, folder, lines))
             tl.log("driver", f"spawned worker-1 (pid {workers[0].proc.pid}, lease TTL {LEASE_TTL:g} s)")
             ok = _drive(tl, conn, client, run_id, workers, dsn, queue_name, folder, lines, timeout)
@@ -364,12 +390,13 @@ def _drive(tl: _Timeline, conn: Any, client: DurableClient, run_id: str,
                 tl.log("postgres", f"run {status} at step {step}")
             last = view
         if not killed:
-            eff = conn.execute(_Q_EFFECT, (run_id,)).fetchone()
-            if eff and eff[0] == "succeeded" and workers[0].proc.poll() is None:
+            if conn.execute(_Q_TOOL, (run_id,)).fetchone() and workers[0].proc.poll() is None:
+                time.sleep(0.1)  # summarize (2 s) is in flight
                 workers[0].kill()
                 killed = True
-                tl.log("driver", f"SIGKILL worker-1 (pid {workers[0].proc.pid}) mid-step: the tool "
-                                 "result is recorded, the step is not checkpointed", "bold red")
+                tl.log("driver", f"SIGKILL worker-1 (pid {workers[0].proc.pid}) mid-step: summarize "
+                                 "is in flight; web_search and the model calls are recorded",
+                       "bold red")
                 workers.append(_WorkerProc("worker-2", dsn, queue_name, folder, lines))
                 tl.log("driver", f"spawned worker-2 (pid {workers[1].proc.pid}); it takes over "
                                  f"when worker-1's lease lapses (≤ {LEASE_TTL:g} s)")
@@ -403,11 +430,12 @@ def _drive(tl: _Timeline, conn: Any, client: DurableClient, run_id: str,
 def _summary(console: Console, conn: Any, run_id: str, folder: str, ok: bool) -> bool:
     calls_file = Path(folder) / "tool_calls.log"
     calls = calls_file.read_text(encoding="utf-8").split() if calls_file.exists() else []
-    table = Table("step", "fencing token", "phase after", "woken by", title="checkpoints (SQL: pgdurable.checkpoints)")
+    table = Table("step", "fencing token", "recorded entry", "woken by",
+                  title="checkpoints (SQL: pgdurable.checkpoints)")
     tokens = set()
-    for step, token, phase, woke in conn.execute(_Q_STEPS, (run_id,)).fetchall():
+    for step, token, entry, woke in conn.execute(_Q_STEPS, (run_id,)).fetchall():
         tokens.add(token)
-        table.add_row(str(step), str(token), phase or "", woke.strip())
+        table.add_row(str(step), str(token), entry or "", woke.strip())
     console.print(table)
     console.print(f"tool web_search executed [bold]{len(calls)}[/] time(s) "
                   f"({', '.join(calls) or 'never'}); steps checkpointed under {len(tokens)} "

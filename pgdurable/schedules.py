@@ -78,6 +78,7 @@ __all__ = [
     "make_schedule",
     "pause_schedule",
     "resume_schedule",
+    "resume_schedule_on",
     "trigger_schedule",
     "upsert_schedule",
 ]
@@ -477,7 +478,15 @@ async def resume_schedule(app: App, name: str) -> bool:
     caught up); False if it was not paused (:class:`ScheduleNotFound` if unknown)."""
     check_schedule_name(name)
     with translated():
-        async with (await _pool(app)).connection() as conn, conn.transaction():
+        async with (await _pool(app)).connection() as conn:
+            return await resume_schedule_on(conn, name)
+
+
+async def resume_schedule_on(conn: psycopg.AsyncConnection[Any], name: str) -> bool:
+    """:func:`resume_schedule` on an open autocommit connection (the dashboard's pool)."""
+    check_schedule_name(name)
+    with translated():
+        async with conn.transaction():
             nxt = _resume_plan(await (await conn.execute(CADENCE_FOR_UPDATE, (name,))
                                       ).fetchone(), name)
             return bool(_found(await (await conn.execute(RESUME, (name, nxt))).fetchone()))

@@ -43,6 +43,12 @@ the run, revisions and the operator views are the ones of ``@app.task``:
   the recorded history is used up) fails the run with
   :class:`NonDeterministicWorkflow` naming both. :meth:`WorkflowContext.patched`
   lets new runs take a new path while old runs keep the old one.
+* **A returned step is durable.** ``ctx.step`` returns only after its
+  checkpoint committed, so the code after it never runs on an unrecorded
+  result; ``step`` then ``return`` is two fenced writes (the checkpoint, then
+  the completion). :meth:`WorkflowContext.finish` ends the workflow with a
+  last step whose checkpoint IS the completion: one write, as a task's
+  ``Done``.
 * **Steps** (:meth:`WorkflowContext.step`) are retried in place with backoff
   up to ``StepPolicy.max_attempts``; the last error is recorded and raised as
   :class:`StepFailed`. ``replay="safe"`` steps may run again if a crash came
@@ -69,7 +75,8 @@ import random
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any, Literal, TypeVar
+from json.encoder import encode_basestring
+from typing import Any, Literal, NoReturn, TypeVar
 
 from . import _runs_sql as q
 from ._json import dumps
@@ -173,7 +180,8 @@ DEFAULT_POLICY = StepPolicy()
 
 
 class _Park(BaseException):
-    """Raised at a wait to abandon the coroutine; carries the engine's Wait/Sleep."""
+    """Raised to abandon the coroutine with an engine result: a wait's
+    Wait/Sleep, or a final step's Done (:meth:`WorkflowContext.finish`)."""
 
     def __init__(self, result: StepResult) -> None:
         super().__init__("workflow parks")
@@ -394,6 +402,32 @@ class WorkflowContext:
         JSON raises ``TypeError`` naming the step and the path; nothing is
         checkpointed and the run fails.
         """
+        return await self._step(name, fn, args, kwargs, policy, repeat, False)
+
+    async def finish(self, name: str, fn: Callable[..., Any], *args: Any,
+                     policy: StepPolicy = DEFAULT_POLICY, repeat: bool = False,
+                     **kwargs: Any) -> NoReturn:
+        """The last step, whose result is the workflow's result::
+
+            return await ctx.finish("report", write_report, notes)
+
+        The same as ``return await ctx.step(...)`` except that the step's
+        checkpoint and the run's completion are ONE fenced write, as a task's
+        ``Done`` (``ctx.step`` then ``return`` is two: a step's result is
+        made durable before the code after it runs). The workflow function
+        ends inside the call: code after it never runs. A step that fails
+        raises :class:`StepFailed` as :meth:`step` does (the workflow may
+        catch it and go on). Replayed, a recorded step completes the run with
+        its recorded result.
+        """
+        await self._step(name, fn, args, kwargs, policy, repeat, True)
+        raise AssertionError("unreachable: a final step ends the workflow")
+
+    async def _step(self, name: str, fn: Callable[..., Any], args: tuple[Any, ...],
+                    kwargs: dict[str, Any], policy: StepPolicy, repeat: bool,
+                    final: bool) -> Any:
+        """:meth:`step`, or with ``final`` :meth:`finish` (raises :class:`_Park`
+        with the engine's ``Done`` instead of returning)."""
         if not callable(fn):
             raise mark_terminal(TypeError(f"step {name!r}: fn must be callable"))
         if not isinstance(policy, StepPolicy):
@@ -404,7 +438,11 @@ class WorkflowContext:
             entry = self._next("step", key)
             if entry is not None:
                 self._pos += 1
-                return _recorded(entry)
+                value = _recorded(entry)
+                if final:
+                    self._check_ended()
+                    raise _Park(Done(value, state=_RETURN))
+                return value
             call = functools.partial(fn, *args, **kwargs)
             rec = None if policy.reconcile is None else functools.partial(
                 policy.reconcile, *args, **kwargs)
@@ -415,14 +453,25 @@ class WorkflowContext:
                     result_json = dumps(value, f"step {key!r} result")
                 except (TypeError, ValueError) as exc:
                     raise mark_terminal(type(exc)(str(exc))) from None
-                await self._record({"kind": "step", "name": key, "result": value},
-                                   f'{{"kind":"step","name":{json.dumps(key)},'
-                                   f'"result":{result_json}}}')
+                body = {"kind": "step", "name": key, "result": value}
+                if final:  # the checkpoint is the completion's state: one write
+                    raise _Park(Done(value, state={"input": self.input, "workflow": body}
+                                     if self._rows == 0 else {"workflow": body}))
+                await self._record(body, f'{{"kind":"step","name":{encode_basestring(key)},'
+                                         f'"result":{result_json}}}')
                 return value
             await self._record({"kind": "step", "name": key, "error": value})
             raise mark_terminal(StepFailed(key, value["type"], value["message"]))
         finally:
             self._busy = False
+
+    def _check_ended(self) -> None:
+        """The code ends here: NonDeterministicWorkflow if the history goes on."""
+        if self._pos < len(self._entries):
+            e = self._entries[self._pos]
+            raise mark_terminal(NonDeterministicWorkflow(
+                f"workflow {self.task!r} run {self.run_id}: the code returned at position "
+                f"{self._pos} but the history records {e.kind} {e.name!r} there"))
 
     async def _attempts(self, key: str, call: Callable[[], Any], rec: Callable[[], Any] | None,
                         policy: StepPolicy, is_async: bool) -> tuple[bool, Any]:
@@ -631,6 +680,10 @@ class WorkflowContext:
             self._busy = False
 
 
+#: the completion's checkpoint state (the first one also holds the input)
+_RETURN: dict[str, Any] = {"workflow": {"kind": "return", "name": "return"}}
+
+
 def _recorded(entry: _Entry) -> Any:
     """A recorded step's result, or its recorded error raised again."""
     if "error" in entry.body:
@@ -660,10 +713,10 @@ class Workflow:
 
     async def drive(self, run: RunContext, state: Any) -> StepResult:
         """The task step function: run the coroutine until it returns or parks."""
-        app: App = run._app
         rows: list[tuple[Any, Any]] = []
-        if run.step > 0:
+        if run.step > 0:  # a fresh run has no history: no query
             self.history_loads += 1
+            app: App = run._app
             row = await app.fetchone(LOAD_HISTORY, (q.check_run_id(run.run_id),))
             if row is not None and row[0] is not None:
                 rows = [(s, w) for s, w in json.loads(row[0])]
@@ -679,14 +732,8 @@ class Workflow:
             result = await self.fn(ctx, input_)
         except _Park as park:
             return park.result
-        if ctx._pos < len(ctx._entries):
-            e = ctx._entries[ctx._pos]
-            raise mark_terminal(NonDeterministicWorkflow(
-                f"workflow {self.name!r} run {run.run_id}: the code returned at position "
-                f"{ctx._pos} but the history records {e.kind} {e.name!r} there"))
-        return Done(result, state={"workflow": {"kind": "return", "name": "return"}}
-                    if ctx._rows else {"input": input_,
-                                       "workflow": {"kind": "return", "name": "return"}})
+        ctx._check_ended()
+        return Done(result, state=_RETURN if ctx._rows else {"input": input_, **_RETURN})
 
 
 def workflow_spec(wf: Workflow, *, max_attempts: int, retry_base: float, retry_cap: float,

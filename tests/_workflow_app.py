@@ -12,6 +12,8 @@ The input (a dict) chooses where the process SIGKILLs itself, once per run
   flight: its result is never checkpointed);
 * ``kill_after`` -- in the workflow body right after that entry was recorded
   (a step boundary: checkpoint committed, next entry not started);
+* ``finish`` -- the last step ``report`` is ``ctx.finish`` (its checkpoint
+  is the completion) instead of ``ctx.step`` and ``return``;
 * ``stall`` -- the fn of step ``slow`` blocks the event loop that many
   seconds the first time it runs (the zombie test SIGSTOPs the process
   meanwhile), then returns into its checkpoint.
@@ -101,6 +103,11 @@ def find_push(rid: str, spec: dict[str, Any], notes: list[str]) -> str:
     return str(row[0])
 
 
+def report_and_result(rid: str, spec: dict[str, Any], final: Any, build: str) -> Any:
+    """Step 'report' as ``ctx.finish`` (``finish`` in the input): its result is the run's."""
+    return {"report": tool(rid, "report", spec, final), "build_prefix": build.split("-")[0]}
+
+
 @app.workflow("agent", revision="1")
 async def agent(ctx: WorkflowContext, spec: dict[str, Any]) -> dict[str, Any]:
     """Six steps, a sleep, a signal wait and an approval."""
@@ -129,6 +136,8 @@ async def agent(ctx: WorkflowContext, spec: dict[str, Any]) -> dict[str, Any]:
     boundary("summarize")
     ok = await ctx.approval(f"report-{topic}")
     boundary("approval")
-    report = await ctx.step("report", tool, rid, "report", spec,
-                            {"summary": summary, "ok": ok, "slow": slow_n})
+    final = {"summary": summary, "ok": ok, "slow": slow_n}
+    if spec.get("finish"):  # the last step's checkpoint IS the completion
+        return await ctx.finish("report", report_and_result, rid, spec, final, build)
+    report = await ctx.step("report", tool, rid, "report", spec, final)
     return {"report": report, "build_prefix": build.split("-")[0]}

@@ -1,9 +1,10 @@
 """The dashboard in headless Chromium (Debian's ``chromium`` + Playwright for
 Python, never ``playwright install``): pages render real runs, a filter
 narrows the list, a finished step appears live (SSE, no reload), cancel from
-the UI cancels the run and is refused with a wrong token or with actions off.
-Screenshots go to the test's tmp dir. Skipped, with the reason, without a
-browser."""
+the UI cancels the run and is refused with a wrong token or with actions off;
+queue limits, a schedule with its runs, and a fork made from the UI with its
+lineage on both runs. Screenshots go to the test's tmp dir. Skipped, with the
+reason, without a browser."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from _dashboard_server import serving
 
 from pgdurable import DurableClient
 from pgdurable.dashboard import create_app
+from pgdurable.schedules import make_schedule, upsert_schedule_sync
 
 CHROMIUM = os.environ.get("PGDURABLE_CHROMIUM", "/usr/bin/chromium")
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
@@ -117,14 +119,55 @@ def test_cancel_from_the_ui(dsn: str, page: Any, tmp_path: Path) -> None:
     assert _status(dsn, rid) == "runnable"
     with serving(create_app(dsn, actions=True, token=TOKEN)) as base:
         page.goto(f"{base}/runs/{rid}")
-        page.get_by_label("Action token").fill("not-the-token")
+        page.locator("form[action$='/cancel']").get_by_label("Action token").fill("not-the-token")
         page.get_by_role("button", name="Cancel run").click()
         assert page.get_by_role("alert").text_content() == "refused: wrong or missing action token"
         _shot(page, tmp_path, "cancel-refused")
         assert _status(dsn, rid) == "runnable"
         page.goto(f"{base}/runs/{rid}")
-        page.get_by_label("Action token").fill(TOKEN)
+        page.locator("form[action$='/cancel']").get_by_label("Action token").fill(TOKEN)
         page.get_by_role("button", name="Cancel run").click()
         page.get_by_role("status").filter(has_text="cancel: cancelled").wait_for()
         _shot(page, tmp_path, "cancelled")
     assert _status(dsn, rid) == "cancelled"
+
+
+def test_limits_schedules_and_fork_from_the_ui(dsn: str, page: Any, tmp_path: Path) -> None:
+    with DurableClient(dsn) as c:
+        rid = c.start("agent", {"n": 0}, revision="1")
+    _claim(dsn, "agent")
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("SELECT pgdurable.checkpoint_run(%s, 1, 'w1', '{\"n\": 1}', 0)", (rid,))
+        conn.execute("SELECT pgdurable.set_queue('default', 4, NULL, 2, 5)")
+        upsert_schedule_sync(conn, make_schedule("nightly-report", task="report",
+                                                 cron="0 3 * * *"))
+        scheduled = str(conn.execute("SELECT pgdurable.trigger_schedule('nightly-report')")
+                        .fetchone()[0])  # type: ignore[index]
+    with serving(create_app(dsn, actions=True, token=TOKEN)) as base:
+        page.goto(base + "/")
+        limits = page.locator("#limits")
+        assert limits.get_by_role("rowheader", name="default").is_visible()
+        assert limits.get_by_role("cell", name="1 / 4").is_visible()  # in use / concurrency
+        _shot(page, tmp_path, "queues-limits")
+        page.keyboard.press("s")  # keyboard navigation to Schedules
+        page.wait_for_url(base + "/schedules")
+        row = page.get_by_role("row").filter(has_text="nightly-report")
+        assert row.get_by_text("0 3 * * * (UTC)").is_visible()
+        assert row.get_by_role("link", name=scheduled[:8]).is_visible()
+        assert row.get_by_role("button", name="Pause nightly-report").is_visible()
+        _shot(page, tmp_path, "schedules")
+
+        page.goto(f"{base}/runs/{rid}")
+        assert page.locator("#step-1").get_by_text("1 · w1").is_visible()  # token · owner
+        page.get_by_label("Fork from step").fill("1")
+        fork = page.locator("form[action$='/fork']")
+        fork.get_by_label("Action token").fill(TOKEN)
+        fork.get_by_role("button", name="Fork run").click()
+        page.get_by_role("status").filter(has_text=f"fork: forked from {rid} at step 1").wait_for()
+        forked = page.url.split("/runs/")[1].split("?")[0]
+        assert forked != rid
+        _shot(page, tmp_path, "forked-run")
+        page.locator("#forked-from").get_by_role("link", name=rid).click()
+        page.wait_for_url(f"{base}/runs/{rid}")
+        assert page.locator("#forks").get_by_role("link", name=forked[:8]).is_visible()
+        _shot(page, tmp_path, "fork-source")

@@ -44,6 +44,9 @@ from pgdurable.tasks import CHECKPOINT_VERSION
 ROOT = Path(__file__).resolve().parent.parent
 HELPER = str(ROOT / "tests" / "_effect_procs.py")
 
+# pg_locks spans the whole cluster: count this test database's advisory locks only
+_THIS_DB = "database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+
 
 def is_count(value: Any) -> bool:
     return isinstance(value, dict) and isinstance(value.get("count"), int)
@@ -503,8 +506,8 @@ def test_postgres_store_is_exclusive_across_processes(dsn: str) -> None:
         c.execute("SELECT pg_advisory_lock(777)")
 
         def waiting() -> int:
-            row = c.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' "
-                            "AND NOT granted").fetchone()
+            row = c.execute(f"SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' "
+                            f"AND NOT granted AND {_THIS_DB}").fetchone()
             return int(row[0]) if row else 0
 
         a = spawn("exclusive", dsn, "t", "A", "s2", "gate")
@@ -623,8 +626,8 @@ async def test_cancelled_while_waiting_for_the_lock_leaves_no_lock(dsn: str) -> 
             waiter = asyncio.create_task(task.run(task_id="t", store=store))
 
             def blocked() -> bool:
-                row = c.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' "
-                                "AND NOT granted").fetchone()
+                row = c.execute(f"SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' "
+                                f"AND NOT granted AND {_THIS_DB}").fetchone()
                 return row == (1,)
 
             await asyncio.to_thread(wait_until, blocked, "the waiter at the task lock")
@@ -634,8 +637,8 @@ async def test_cancelled_while_waiting_for_the_lock_leaves_no_lock(dsn: str) -> 
             c.execute("SELECT pg_advisory_unlock(pgdurable.task_lock_key('t'))")
             # nobody may hold or wait for the task lock now
             for _ in range(500):
-                row = c.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'"
-                                ).fetchone()
+                row = c.execute(f"SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' "
+                                f"AND {_THIS_DB}").fetchone()
                 if row == (0,):
                     break
                 await asyncio.sleep(0.02)
@@ -650,9 +653,8 @@ async def test_save_needs_the_lock_connection(dsn: str) -> None:
     def kill_lock_session(state: Any, _c: Any) -> Any:
         with psycopg.connect(dsn, autocommit=True) as c:
             # this database's advisory locks only: pg_locks spans the whole cluster
-            c.execute("SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = "
-                      "'advisory' AND granted AND pid <> pg_backend_pid() AND database = "
-                      "(SELECT oid FROM pg_database WHERE datname = current_database())")
+            c.execute(f"SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = "
+                      f"'advisory' AND granted AND pid <> pg_backend_pid() AND {_THIS_DB}")
         return {"count": state["count"] + 1}
 
     task = define_durable_task(

@@ -145,6 +145,45 @@ async def test_history_is_one_query_per_claim(dsn: str) -> None:
     assert long.workflow.history_loads == 2  # type: ignore[attr-defined]
 
 
+async def test_finish_is_the_last_step_and_the_completion_in_one_write(dsn: str) -> None:
+    """ctx.finish: the final step's checkpoint IS the completion (one write_steps
+    after the resume, as a task's Done; ctx.step + return is two); the code after
+    it never runs; the steps before it replay without running again."""
+    app = pgdurable.Durable(dsn)
+    calls: list[str] = []
+
+    def tool(name: str, value: int) -> int:
+        calls.append(name)
+        return value
+
+    @app.workflow("fin", revision="1")
+    async def fin(ctx: WorkflowContext, n: int) -> int:
+        a = await ctx.step("a", tool, "a", n + 1)
+        await ctx.wait_signal("go", f"fin-{n}")
+        await ctx.finish("b", tool, "b", a * 10)
+        calls.append("after finish")  # never runs
+        return -1
+
+    writes: list[str] = []
+    fetchall = app.fetchall
+
+    async def many(sql: str, params: tuple[Any, ...], **kw: Any) -> Any:
+        writes.append(_kind_of(sql))
+        return await fetchall(sql, params, **kw)
+
+    app.fetchall = many  # type: ignore[method-assign]
+    async with app, app_running(app, poll_interval=60):
+        rid = await app.start("fin", 4)
+        await _status(app, rid, "waiting")
+        writes.clear()
+        await app.signal("go", "fin-4")
+        info = await finished(app, rid)
+    assert info.status == "completed" and info.result == 50, info.error
+    assert writes.count("write_steps") == 1
+    assert calls == ["a", "b"]
+    assert _names(dsn, rid) == ["a", "signal:go#1", "b"]  # no separate completion row
+
+
 async def test_nondeterminism_is_detected(dsn: str) -> None:
     app = pgdurable.Durable(dsn)
     flip = {"v": "a"}

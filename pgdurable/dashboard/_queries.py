@@ -12,22 +12,72 @@ SELECT queue, runnable, due, leased, expired_leases, waiting, completed, failed,
        extract(epoch FROM oldest_runnable_age)::float8 AS oldest_age
   FROM pgdurable.queue_stats ORDER BY queue
 """
+# -- flow limits of the limited queues: concurrency cap and live leases, per-key cap,
+# -- start rate with its bucket level now, keys with queued runs
+QUEUE_LIMITS = """
+SELECT queue, concurrency, active, per_key_concurrency, rate_per_second::float8 AS rate,
+       burst::float8 AS burst, tokens::float8 AS tokens, keys_queued
+  FROM pgdurable.queue_limits ORDER BY queue
+"""
+# -- the busiest concurrency keys of queues with a per-key cap (at most 20 per queue)
+QUEUE_KEYS = """
+SELECT k.queue, k.key, k.active, k.queued, k.due, q.per_key_concurrency
+  FROM pgdurable.queue_limits q
+  CROSS JOIN LATERAL (
+    SELECT * FROM pgdurable.queue_keys k
+     WHERE k.queue = q.queue AND k.key <> ''
+     ORDER BY k.active DESC, k.queued DESC, k.key LIMIT 20) k
+ WHERE q.per_key_concurrency IS NOT NULL
+ ORDER BY k.queue, k.active DESC, k.queued DESC, k.key
+"""
+# -- named token buckets and their level now
+BUCKETS = """
+SELECT name, rate_per_second::float8 AS rate, burst::float8 AS burst, tokens::float8 AS tokens
+  FROM pgdurable.bucket_levels ORDER BY name LIMIT 500
+"""
+# -- schedules (no start state)
+SCHEDULES = """
+SELECT name, cron, every, timezone, task, queue, overlap, catchup, paused, next_fire_at,
+       last_run_id, last_run_status, last_fired_at, fired, skipped, last_error, declared_by,
+       undeclared_at, pgdurable.now() AS db_now
+  FROM pgdurable.schedule_list ORDER BY name LIMIT 500
+"""
+# -- the last 5 runs of each of these schedules, newest tick first
+SCHEDULE_RUNS = """
+SELECT n.name AS schedule, x.tick, x.triggered, x.run_id, x.status
+  FROM unnest(%s::text[]) AS n(name)
+  CROSS JOIN LATERAL (
+    SELECT * FROM pgdurable.schedule_run_list s
+     WHERE s.schedule = n.name ORDER BY s.tick DESC LIMIT 5) x
+ ORDER BY n.name, x.tick DESC
+"""
 # -- one run (no state or result)
 RUN = "SELECT *, pgdurable.now() AS db_now FROM pgdurable.run_detail WHERE id = %s::uuid"
 # -- its checkpoints (no state), oldest first
 STEPS = """
-SELECT step, token, wake_type, wake_kind, wake_ref, created_at
+SELECT step, step_name, token, owner, wake_type, wake_kind, wake_ref, created_at
   FROM pgdurable.run_steps WHERE run_id = %s::uuid ORDER BY step
 """
 # -- its effects (no result)
 EFFECTS = """
-SELECT key, status, token, error_type, error_message, created_at, updated_at
+SELECT key, status, token, step, error_type, error_message, created_at, updated_at
   FROM pgdurable.run_effects WHERE run_id = %s::uuid ORDER BY created_at, key
 """
 # -- its children, oldest first
 CHILDREN = """
 SELECT id, task, status, created_at FROM pgdurable.run_list
  WHERE parent_run_id = %s::uuid ORDER BY created_at, id LIMIT 200
+"""
+# -- where it was forked from (run and step), how often it was forked and rewound
+LINEAGE = """
+SELECT forked_from, forked_from_step, forks, rewinds
+  FROM pgdurable.run_lineage WHERE id = %s::uuid
+"""
+# -- the runs forked from it, oldest first (runs_forked_from_idx)
+FORKS = """
+SELECT l.id, l.status, l.forked_from_step, d.task, d.created_at
+  FROM pgdurable.run_lineage l JOIN pgdurable.run_list d ON d.id = l.id
+ WHERE l.forked_from = %s::uuid ORDER BY d.created_at, l.id LIMIT 200
 """
 # -- FULL: checkpoint states, for the state change of each step
 FULL_STATES = "SELECT step, state FROM pgdurable.checkpoints WHERE run_id = %s::uuid ORDER BY step"

@@ -1,15 +1,17 @@
 """The dashboard's ASGI app: pages, the SSE stream, actions and /metrics.
 
-Pages read the views only (``queue_stats``, ``run_list``, ``run_detail``,
-``run_steps``, ``run_effects``, ``active_leases``, ``run_overview``,
-``thread_owners``), so the read-only role of ``pgdurable grant`` is enough.
-When the role may also read the tables, the run page adds each step's state
-change and the output stream.
+Pages read the views only (``queue_stats``, ``queue_limits``, ``queue_keys``,
+``bucket_levels``, ``run_list``, ``run_detail``, ``run_steps``, ``run_effects``,
+``run_lineage``, ``schedule_list``, ``schedule_run_list``, ``active_leases``,
+``run_overview``, ``thread_owners``), so the read-only role of ``pgdurable
+grant`` is enough. When the role may also read the tables, the run page adds
+each step's state change and the output stream.
 
-Actions (cancel, retry, signal a waiting run) are off unless
+Actions (cancel, retry, signal a waiting run, fork a run from a step; pause,
+resume and trigger a schedule) are off unless
 ``actions=True``; each POST must then pass ``authorize(request)`` (your hook:
 sessions, SSO...) and/or carry ``token`` (compared in constant time), and is
-CSRF-safe: a form token (HMAC of the action and run with a per-process
+CSRF-safe: a form token (HMAC of the action and its subject with a per-process
 secret, unreadable cross-site) plus an ``Origin``/``Sec-Fetch-Site`` check.
 """
 
@@ -40,8 +42,10 @@ from starlette.staticfiles import StaticFiles
 from .. import _runs_sql as rq
 from .. import metrics
 from .._db import translated, validate_dsn
-from ..errors import PgDurableError, RunNotFound
+from ..errors import PgDurableError, RunNotFound, ScheduleNotFound
+from ..fork import FORK, fork_params
 from ..runs import RETRY
+from ..schedules import PAUSE, TRIGGER, check_schedule_name, resume_schedule_on
 from ..search import STATUSES, list_runs_query, make_page
 from ..signals import parse_payload, signal_run_params
 from . import _queries as Q
@@ -52,7 +56,8 @@ __all__ = ["Authorize", "create_app", "serve"]
 #: ``authorize(request) -> bool`` (or awaitable): may this request act?
 Authorize = Callable[[Request], "bool | Awaitable[bool]"]
 
-_ACTIONS = ("cancel", "retry", "signal")
+_ACTIONS = ("cancel", "retry", "signal", "fork")
+_SCHEDULE_ACTIONS = ("pause", "resume", "trigger")
 
 
 def _env() -> jinja2.Environment:
@@ -123,12 +128,15 @@ class _Dashboard:
     def csrf(self, action: str, run_id: str) -> str:
         return hmac.new(self.secret, f"{action}:{run_id}".encode(), hashlib.sha256).hexdigest()
 
+    def schedule_csrf(self, action: str, name: str) -> str:
+        return self.csrf(action, _schedule_subject(name))
+
     def page(self, request: Request, template: str, status_code: int = 200,
              **ctx: Any) -> HTMLResponse:
         root = request.scope.get("root_path", "")
         html = self.env.get_template(template).render(
             root=root, title=self.title, actions=self.actions, need_token=self.token is not None,
-            csrf=self.csrf, statuses=STATUSES, path=request.url.path, **ctx)
+            csrf=self.csrf, schedule_csrf=self.schedule_csrf, statuses=STATUSES, path=request.url.path, **ctx)
         return HTMLResponse(html, status_code=status_code,
                             headers={"Cache-Control": "no-store",
                                      "Content-Security-Policy": "default-src 'self'; "
@@ -137,7 +145,21 @@ class _Dashboard:
 
     # -- pages ----------------------------------------------------------------
     async def queues(self, request: Request) -> Response:
-        return self.page(request, "queues.html", queues=await self.rows(Q.QUEUES), live="all")
+        return self.page(request, "queues.html", queues=await self.rows(Q.QUEUES),
+                         limits=await self.rows(Q.QUEUE_LIMITS),
+                         keys=await self.rows(Q.QUEUE_KEYS), buckets=await self.rows(Q.BUCKETS),
+                         live="all")
+
+    async def schedules(self, request: Request) -> Response:
+        schedules = await self.rows(Q.SCHEDULES)
+        recent: dict[str, list[dict[str, Any]]] = {}
+        for r in await self.rows(Q.SCHEDULE_RUNS, ([s["name"] for s in schedules],)):
+            recent.setdefault(r["schedule"], []).append(r)
+        for s in schedules:
+            s["runs"] = recent.get(s["name"], [])
+            s["next_in"] = (s["next_fire_at"] - s["db_now"]).total_seconds()
+        return self.page(request, "schedules.html", schedules=schedules, live="all",
+                         message=request.query_params.get("done"))
 
     async def runs(self, request: Request) -> Response:
         p = request.query_params
@@ -191,15 +213,19 @@ class _Dashboard:
         for s in steps:
             s["duration"] = (s["created_at"] - prev).total_seconds()
             prev = s["created_at"]
+        effects = await self.rows(Q.EFFECTS, (rid,))
+        running = _effects_by_step(steps, effects)
         events: list[dict[str, Any]] | None = None
         if await self.can_read_tables():
             states = {r["step"]: r["state"] for r in await self.rows(Q.FULL_STATES, (rid,))}
             for s in steps:
                 s["change"] = _state_change(states.get(s["step"] - 1, {}), states.get(s["step"]))
             events = await self.rows(Q.FULL_EVENTS, (rid,))
+        lineage = await self.rows(Q.LINEAGE, (rid,))
         return self.page(
-            request, "run.html", run=run, steps=steps, events=events,
-            effects=await self.rows(Q.EFFECTS, (rid,)),
+            request, "run.html", run=run, steps=steps, events=events, effects=effects,
+            running=running, lineage=lineage[0] if lineage else None,
+            forks=await self.rows(Q.FORKS, (rid,)) if lineage and lineage[0]["forks"] else [],
             children=await self.rows(Q.CHILDREN, (rid,)), live=rid,
             message=request.query_params.get("done"))
 
@@ -229,25 +255,15 @@ class _Dashboard:
                                  headers={"Cache-Control": "no-store"})
 
     # -- actions --------------------------------------------------------------
-    async def act(self, request: Request) -> Response:
-        action = request.path_params["action"]
-        if not self.actions or action not in _ACTIONS:
-            return self.page(request, "error.html", status_code=403,
-                             message="actions are disabled on this dashboard")
-        try:
-            rid = str(rq.check_run_id(request.path_params["run_id"]))
-        except (TypeError, ValueError) as exc:
-            return self.page(request, "error.html", status_code=404, message=str(exc))
-        body = await request.body()
-        if len(body) > 65536:
-            return self.page(request, "error.html", status_code=413, message="form too large")
-        form = {k: v[0] for k, v in parse_qs(body.decode("utf-8", "replace")).items()}
+    async def _guarded(self, request: Request, action: str, subject: str,
+                       form: dict[str, str]) -> Response | None:
+        """None when this POST may act; else the refusal page (403)."""
         site = request.headers.get("sec-fetch-site")
         origin = request.headers.get("origin")
         own = f"{request.url.scheme}://{request.url.netloc}"
         if (site is not None and site not in ("same-origin", "none")) or (
             origin is not None and origin != own
-        ) or not hmac.compare_digest(str(form.get("csrf", "")), self.csrf(action, rid)):
+        ) or not hmac.compare_digest(str(form.get("csrf", "")), self.csrf(action, subject)):
             return self.page(request, "error.html", status_code=403,
                              message="refused: cross-site request (CSRF check failed)")
         if self.token is not None and not hmac.compare_digest(
@@ -262,11 +278,44 @@ class _Dashboard:
             if not ok:
                 return self.page(request, "error.html", status_code=403,
                                  message="refused by the authorize hook")
+        return None
+
+    async def _form(self, request: Request) -> dict[str, str] | Response:
+        body = await request.body()
+        if len(body) > 65536:
+            return self.page(request, "error.html", status_code=413, message="form too large")
+        return {k: v[0] for k, v in parse_qs(body.decode("utf-8", "replace")).items()}
+
+    def _disabled(self, request: Request) -> Response:
+        return self.page(request, "error.html", status_code=403,
+                         message="actions are disabled on this dashboard")
+
+    async def act(self, request: Request) -> Response:
+        action = request.path_params["action"]
+        if not self.actions or action not in _ACTIONS:
+            return self._disabled(request)
+        try:
+            rid = str(rq.check_run_id(request.path_params["run_id"]))
+        except (TypeError, ValueError) as exc:
+            return self.page(request, "error.html", status_code=404, message=str(exc))
+        form = await self._form(request)
+        if isinstance(form, Response):
+            return form
+        refused = await self._guarded(request, action, rid, form)
+        if refused is not None:
+            return refused
+        target = rid
         try:
             if action == "cancel":
                 done = (await self.rows_tuples(rq.CANCEL, (rid,)))[0][0]
             elif action == "retry":
                 done = (await self.rows_tuples(RETRY, (rid,)))[0][0]
+            elif action == "fork":
+                step = int(form.get("step", ""))
+                patch = json.loads(form["state"]) if form.get("state", "").strip() else None
+                target = str((await self.rows_tuples(
+                    FORK, fork_params(rid, step, patch, "merge", None, False)))[0][0])
+                done = f"forked from {rid} at step {step}"
             else:
                 params = signal_run_params(
                     rid, str(form.get("kind", "")) or "approval",
@@ -275,10 +324,43 @@ class _Dashboard:
                 done = "signalled (woke the run)" if woke else "signalled (kept pending)"
         except RunNotFound as exc:
             return self.page(request, "error.html", status_code=404, message=str(exc))
+        except (PgDurableError, TypeError, ValueError) as exc:
+            return self.page(request, "error.html", status_code=409, message=str(exc))
+        root = request.scope.get("root_path", "")
+        return RedirectResponse(f"{root}/runs/{target}?done={_quote(f'{action}: {done}')}", 303)
+
+    async def act_schedule(self, request: Request) -> Response:
+        action = request.path_params["action"]
+        if not self.actions or action not in _SCHEDULE_ACTIONS:
+            return self._disabled(request)
+        form = await self._form(request)
+        if isinstance(form, Response):
+            return form
+        try:
+            name = check_schedule_name(form.get("name"))
+        except (TypeError, ValueError) as exc:
+            return self.page(request, "error.html", status_code=404, message=str(exc))
+        refused = await self._guarded(request, action, _schedule_subject(name), form)
+        if refused is not None:
+            return refused
+        try:
+            if action == "pause":
+                done = "paused" if (await self.rows_tuples(PAUSE, (name,)))[0][0] else \
+                    "was paused already"
+            elif action == "resume":
+                with translated():
+                    async with self.pool.connection() as conn:
+                        resumed = await resume_schedule_on(conn, name)
+                done = "resumed" if resumed else "was not paused"
+            else:
+                done = f"started run {(await self.rows_tuples(TRIGGER, (name,)))[0][0]}"
+        except ScheduleNotFound as exc:
+            return self.page(request, "error.html", status_code=404, message=str(exc))
         except (PgDurableError, ValueError) as exc:
             return self.page(request, "error.html", status_code=409, message=str(exc))
         root = request.scope.get("root_path", "")
-        return RedirectResponse(f"{root}/runs/{rid}?done={_quote(f'{action}: {done}')}", 303)
+        return RedirectResponse(
+            f"{root}/schedules?done={_quote(f'{action} {name}: {done}')}", 303)
 
     async def metrics(self, request: Request) -> Response:
         try:
@@ -295,6 +377,32 @@ def _quote(value: str) -> str:
     return quote(value, safe="")
 
 
+def _schedule_subject(name: str) -> str:
+    """What a schedule action's CSRF token is bound to (never a run id)."""
+    return f"schedule:{name}"
+
+
+def _effects_by_step(steps: list[dict[str, Any]],
+                     effects: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Put each effect under the checkpoint that followed it (``s["effects"]``);
+    return those of the step still running (no checkpoint yet).
+
+    ``effects.step`` is the 0-based index of the running step, so an effect
+    with step k belongs to checkpoint k + 1; one recorded before 0017 (step
+    NULL) to the first checkpoint written after it settled."""
+    by_number = {s["step"]: s for s in steps}
+    for s in steps:
+        s["effects"] = []
+    running: list[dict[str, Any]] = []
+    for e in effects:
+        if e["step"] is not None:
+            owner = by_number.get(e["step"] + 1)
+        else:
+            owner = next((s for s in steps if s["created_at"] >= e["updated_at"]), None)
+        (owner["effects"] if owner is not None else running).append(e)
+    return running
+
+
 def create_app(
     dsn: str,
     *,
@@ -305,7 +413,8 @@ def create_app(
 ) -> Starlette:
     """The dashboard as an ASGI app (mount it anywhere, e.g. ``app.mount("/ops", ...)``).
 
-    ``actions`` enables cancel/retry/signal; with ``token`` an action needs
+    ``actions`` enables cancel/retry/signal/fork of runs and pause/resume/
+    trigger of schedules; with ``token`` an action needs
     that token, with ``authorize`` your hook must return True (both, if both
     are given). ``actions=True`` with neither is refused (ValueError): an
     action must be authorized somehow.
@@ -330,6 +439,8 @@ def create_app(
         routes=[
             Route("/", d.queues), Route("/runs", d.runs), Route("/runs/{run_id}", d.run),
             Route("/runs/{run_id}/{action}", d.act, methods=["POST"]),
+            Route("/schedules", d.schedules),
+            Route("/schedules/{action}", d.act_schedule, methods=["POST"]),
             Route("/leases", d.leases), Route("/events", d.events),
             Route("/metrics", d.metrics), Mount("/static", StaticFiles(directory=static)),
         ],

@@ -146,6 +146,8 @@ checkpoints = Table(
     # the partition key (daily partitions): part of the primary key
     Column("created_at", _TZ, primary_key=True, server_default=FetchedValue(), nullable=False),
     Column("wake", JSONB),
+    # the lease owner (worker id) that wrote it; NULL before migration 0020 and for fork copies
+    Column("owner", Text),
     comment="Per-step checkpoint history of each run (the latest one is also runs.state).",
 )
 

@@ -1,4 +1,4 @@
-"""Consumed signals as partitioned history (sql/0020): the move, dedup across it,
+"""Consumed signals as partitioned history (sql/0021): the move, dedup across it,
 retention by partition, the migration with data, and the Citus-readiness keys."""
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 
-.PHONY: demo test lint install clean
+.PHONY: demo test lint docs install clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -23,5 +23,8 @@ lint: install
 	$(VENV)/bin/ruff check pgdurable tests benchmarks examples
 	$(VENV)/bin/mypy --strict pgdurable
 
+docs: install  # the documentation site, into ./site (open site/index.html; no network needed)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
+
 clean:
-	rm -rf $(VENV) dist build .pgdurable
+	rm -rf $(VENV) dist build site .pgdurable

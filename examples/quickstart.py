@@ -1,12 +1,10 @@
-"""Quickstart: a three-step durable run, a wait for approval, and a worker.
+"""Quickstart: a durable run that checkpoints each step, parks for an approval, and ends.
 
-Run with a migrated database:  PGDURABLE_DSN=postgresql://... python examples/quickstart.py
+Run it on a migrated database (`pgdurable migrate` first):
+    PGDURABLE_DSN=postgresql://... python examples/quickstart.py
 """
 
-from __future__ import annotations
-
 import asyncio
-from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -17,38 +15,23 @@ app = pgdurable.Durable()  # DSN from PGDURABLE_DSN / DATABASE_URL
 
 
 @app.task("research", revision="1", max_attempts=5)
-async def research(ctx: RunContext, state: dict[str, Any]) -> Any:
-    """One call = one step; the state is checkpointed after each."""
-    if ctx.step < 2:
-        notes = [*state.get("notes", []), f"finding {ctx.step}"]
-        return Continue({**state, "notes": notes})
-    if ctx.wake is None:
+async def research(ctx: RunContext, state: dict[str, Any]) -> Continue | Done | Wait:
+    if ctx.step < 2:  # one call = one step; the state it returns is checkpointed
+        return Continue({**state, "notes": [*state.get("notes", []), f"finding {ctx.step}"]})
+    if ctx.wake is None:  # park: the run holds no worker until a signal or the timeout
         return Wait.approval(state["topic"], timeout=timedelta(hours=1))
-    approved = ctx.wake.get("type") == "signal" and (ctx.wake.get("payload") or {}).get("ok")
-    return Done({"topic": state["topic"], "notes": state["notes"], "approved": bool(approved)})
-
-
-async def poll_until(pred: Callable[[pgdurable.RunInfo], bool], run_id: str) -> pgdurable.RunInfo:
-    """Poll the run until ``pred`` holds (a demo; real code reacts to events)."""
-    for _ in range(600):
-        info = await app.get_run(run_id)
-        if pred(info):
-            return info
-        await asyncio.sleep(0.05)
-    raise TimeoutError(run_id)
+    return Done({**state, "approved": ctx.wake["type"] == "signal"})
 
 
 async def main() -> None:
     async with app:
         worker = app.worker(queues=["default"], concurrency=4)
-        worker_task = asyncio.create_task(worker.run())
+        running = asyncio.create_task(worker.run())  # or a process: pgdurable worker mod:app
         run_id = await app.start("research", {"topic": "pg"}, deadline=timedelta(hours=2))
-        await poll_until(lambda i: i.status == "waiting", run_id)
-        await app.signal("approval", "pg", {"ok": True})
-        info = await poll_until(lambda i: i.terminal, run_id)
-        print(info.status, info.result)
+        await app.signal("approval", "pg", {"ok": True})  # kept until the run parks on it
+        print(await app.result(run_id, timeout=60))  # waits with LISTEN, from any process
         await worker.stop(grace=5)
-        await worker_task
+        await running
 
 
 if __name__ == "__main__":

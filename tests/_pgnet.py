@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import threading
+from collections.abc import Iterator
+
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 
 async def open_server(host: str, port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
@@ -16,3 +21,67 @@ async def open_server(host: str, port: int) -> tuple[asyncio.StreamReader, async
         path = ("\0" + host[1:] if host.startswith("@") else host) + f"/.s.PGSQL.{port}"
         return await asyncio.open_unix_connection(path)
     return await asyncio.open_connection(host, port)
+
+
+class Proxy:
+    """A TCP forwarder on 127.0.0.1 to the test server that drops every
+    connection until ``forwarding`` is set (a database that is down)."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.target = (host, port)
+        self.forwarding = False
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        self._server: asyncio.Server | None = None
+        self.port = 0
+
+    async def _pipe(self, r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        try:
+            while data := await r.read(65536):
+                w.write(data)
+                await w.drain()
+        except OSError:
+            pass
+        finally:
+            w.close()
+
+    async def _handle(self, r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        if not self.forwarding:
+            w.close()
+            return
+        ur, uw = await open_server(*self.target)
+        await asyncio.gather(self._pipe(r, uw), self._pipe(ur, w))
+
+    async def _start(self) -> None:
+        self._server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
+        self.port = self._server.sockets[0].getsockname()[1]
+
+    def __enter__(self) -> Proxy:
+        self._thread.start()
+        asyncio.run_coroutine_threadsafe(self._start(), self._loop).result(10)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        async def stop() -> None:
+            assert self._server is not None
+            self._server.close()
+            # end the connections' pipes here, not when the loop is collected
+            # (their finally would then run on a closed loop: an unraisable error)
+            pipes = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for t in pipes:
+                t.cancel()
+            await asyncio.gather(*pipes, return_exceptions=True)
+
+        asyncio.run_coroutine_threadsafe(stop(), self._loop).result(10)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
+        self._loop.close()
+
+
+@contextlib.contextmanager
+def proxied(dsn: str) -> Iterator[tuple[Proxy, str]]:
+    """A :class:`Proxy` to the server of ``dsn`` (not forwarding yet) and the
+    conninfo that reaches the server through it."""
+    params = conninfo_to_dict(dsn)
+    with Proxy(str(params.get("host") or "127.0.0.1"), int(params.get("port") or 5432)) as p:
+        yield p, make_conninfo(dsn, host="127.0.0.1", port=str(p.port))

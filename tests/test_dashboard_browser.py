@@ -9,6 +9,7 @@ reason, without a browser."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import time
 from collections.abc import Iterator
@@ -96,7 +97,9 @@ def test_pages_filter_and_live_step(dsn: str, page: Any, tmp_path: Path) -> None
         _shot(page, tmp_path, "runs-filtered")
 
         page.goto(f"{base}/runs/{leased}")
-        page.wait_for_function("document.getElementById('live').textContent === 'live'")
+        # a locator, not wait_for_function: a string predicate is eval'd, which the
+        # dashboard's Content-Security-Policy forbids
+        page.locator("#live", has_text=re.compile(r"^live$")).wait_for()
         assert page.locator("#step-1").count() == 0
         t0 = time.monotonic()
         with psycopg.connect(dsn, autocommit=True) as c:  # a step finishes (fenced write)

@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
-import threading
 from collections.abc import AsyncIterator, Iterator
 from datetime import timedelta
 from typing import Any
@@ -21,7 +20,7 @@ from typing import Any
 import psycopg
 import pytest
 from _waiting import WAIT_LIMIT, finished, running, until
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from psycopg.conninfo import make_conninfo
 
 from pgdurable import (
     NOT_PERFORMED,
@@ -38,7 +37,7 @@ from pgdurable import (
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tests"))
 import _effects_app as fx  # noqa: E402
-from _pgnet import open_server  # noqa: E402
+from _pgnet import Proxy, proxied  # noqa: E402
 from test_effects_crash import kill, spawn_hanging_worker, wait_for  # noqa: E402
 
 # -- terminate every connection of the library to this database (not the test's own),
@@ -420,66 +419,10 @@ async def test_owner_interrupted_before_fn_started_releases_its_claim(
 # ----------------------------------------------------------- open after an outage
 
 
-class Proxy:
-    """A TCP forwarder on 127.0.0.1 to the test server that drops every
-    connection until ``forwarding`` is set (a database that is down)."""
-
-    def __init__(self, host: str, port: int) -> None:
-        self.target = (host, port)
-        self.forwarding = False
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
-        self._server: asyncio.Server | None = None
-        self.port = 0
-
-    async def _pipe(self, r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
-        try:
-            while data := await r.read(65536):
-                w.write(data)
-                await w.drain()
-        except OSError:
-            pass
-        finally:
-            w.close()
-
-    async def _handle(self, r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
-        if not self.forwarding:
-            w.close()
-            return
-        ur, uw = await open_server(*self.target)
-        await asyncio.gather(self._pipe(r, uw), self._pipe(ur, w))
-
-    async def _start(self) -> None:
-        self._server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
-        self.port = self._server.sockets[0].getsockname()[1]
-
-    def __enter__(self) -> Proxy:
-        self._thread.start()
-        asyncio.run_coroutine_threadsafe(self._start(), self._loop).result(10)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        async def stop() -> None:
-            assert self._server is not None
-            self._server.close()
-            # end the connections' pipes here, not when the loop is collected
-            # (their finally would then run on a closed loop: an unraisable error)
-            pipes = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
-            for t in pipes:
-                t.cancel()
-            await asyncio.gather(*pipes, return_exceptions=True)
-
-        asyncio.run_coroutine_threadsafe(stop(), self._loop).result(10)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(10)
-        self._loop.close()
-
-
 @pytest.fixture
 def proxy(dsn: str) -> Iterator[tuple[Proxy, str]]:
-    params = conninfo_to_dict(dsn)
-    with Proxy(str(params.get("host") or "127.0.0.1"), int(params.get("port") or 5432)) as p:
-        yield p, make_conninfo(dsn, host="127.0.0.1", port=str(p.port))
+    with proxied(dsn) as pair:
+        yield pair
 
 
 async def test_durable_open_recovers_after_an_outage(proxy: tuple[Proxy, str]) -> None:

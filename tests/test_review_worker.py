@@ -14,6 +14,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+from _pgnet import proxied
 from _waiting import WAIT_LIMIT, finished, running, until
 
 from pgdurable import Continue, Done, Durable, DurableStep, RunContext, define_durable_task
@@ -337,3 +338,23 @@ async def test_cancelling_run_stops_the_steps_and_gives_the_runs_back(app: Durab
     assert step_cancelled.is_set()
     info = await app.get_run(rid)
     assert info.status == "runnable" and info.lease_owner is None  # given back at once
+
+
+async def test_a_cancel_sent_before_the_listener_is_up_is_acted_on(dsn: str) -> None:
+    """A worker claims at once, while its LISTEN connection may still be
+    connecting: a cancel NOTIFY sent in that window is lost. The listener
+    checks the runs it holds for cancel requests whenever it (re)connects, so
+    the cancel is acted on then, not at the next heartbeat (minutes away here)."""
+    with proxied(dsn) as (gate, via_gate):  # the LISTEN connection goes through the gate
+        app = Durable(dsn, listen_dsn=via_gate)
+        try:
+            started = register_cancel_wrapper(app, "wrapping3", max_attempts=3)
+            rid = await app.start("wrapping3", {})
+            async with running(app.worker(lease_ttl=LONG_TTL, poll_interval=5)):
+                await asyncio.wait_for(started.wait(), WAIT_LIMIT)
+                await app.cancel(rid)  # nobody is listening yet: the NOTIFY is lost
+                gate.forwarding = True
+                info = await finished(app, rid)
+            assert info.status == "cancelled" and info.attempts == 0
+        finally:
+            await app.close()

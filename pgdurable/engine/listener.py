@@ -2,8 +2,8 @@
 
 :meth:`Listener._listen` keeps a dedicated autocommit connection (not from the
 pool) LISTENing on ``pgdurable_wake`` and ``pgdurable_cancel``; it reconnects
-with backoff and claims after every (re)connect (wake-ups sent meanwhile are
-lost). It connects to the app's ``listen_dsn`` if set, else to the app's DSN;
+with backoff and, after every (re)connect, claims and checks the runs it holds
+for cancel requests (wake-ups and cancels sent meanwhile are lost). It connects to the app's ``listen_dsn`` if set, else to the app's DSN;
 behind a transaction-mode pooler without ``listen_dsn`` there is none (LISTEN
 does not work through it) and the worker polls.
 
@@ -44,6 +44,8 @@ class Listener(WorkerBase):
                 await conn.execute("LISTEN pgdurable_cancel")
                 backoff = 0.2
                 self._poke()  # claim after every (re)connect: wake-ups may be lost
+                for a in list(self._active.values()):  # and so may cancels of runs held
+                    self._cancel_notified(str(a.run_id))
                 while not self._stopping:
                     got = False
                     async for n in conn.notifies(timeout=60.0):

@@ -37,6 +37,11 @@ async def main() -> None:
     rid = await app.start("agent", {"n": 0})
     await run_until_idle(app)
     with psycopg.connect(dsn) as c:
+        # checkpoints, run_events and signal_history (consumed signals, moved out of
+        # pgdurable.signals an hour after they were consumed) share the daily ranges
+        for table, n in c.execute("SELECT history_table, count(*) FROM pgdurable.history_partitions"
+                                  " GROUP BY 1 ORDER BY 1"):
+            print(f"{table}: {n} partition(s)")
         for part, n in c.execute("SELECT tableoid::regclass::text, count(*)"
                                  " FROM pgdurable.checkpoints WHERE run_id = %s GROUP BY 1",
                                  (rid,)):

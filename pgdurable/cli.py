@@ -496,7 +496,8 @@ def maintain(
     if as_json:
         print_json(result.as_dict())
         return
-    out.print(f"created {result.created} partition(s), dropped {len(result.dropped)}"
+    out.print(f"created {result.created} partition(s), moved {result.signals_moved} consumed "
+              f"signal(s) to signal_history, dropped {len(result.dropped)}"
               + "".join(f"; {d.partition_name}: {d.rows_dropped} row(s) dropped, "
                         f"{d.rows_kept} kept" for d in result.dropped), highlight=False)
 

@@ -1,8 +1,11 @@
 """History partitions: daily partitions made ahead of time, old ones dropped whole.
 
 ``pgdurable.checkpoints`` and ``pgdurable.run_events`` are range-partitioned by
-``created_at``, one partition per UTC day, plus a DEFAULT partition that catches
-rows outside every daily range (docs/scaling.md). Two SQL functions do the work,
+``created_at``, and ``pgdurable.signal_history`` (consumed signals) by
+``consumed_at``: one partition per UTC day, plus a DEFAULT partition that catches
+rows outside every daily range (docs/scaling.md). Consumed signals wait an hour
+in ``pgdurable.signals`` and are then moved to ``signal_history`` by
+``pgdurable.move_consumed_signals`` (each maintenance turn). Two SQL functions do the work,
 each one short transaction, serialised by ``pgdurable.history_lock_key()``:
 
 * ``pgdurable.create_history_partitions(days_ahead, days_back)`` creates the
@@ -31,6 +34,7 @@ This module runs them:
 From psql::
 
     SELECT pgdurable.create_history_partitions(7);          -- the week ahead
+    SELECT pgdurable.move_consumed_signals('1 hour');        -- one batch (10,000)
     SELECT * FROM pgdurable.drop_history_partitions('30 days');
     SELECT * FROM pgdurable.history_partitions ORDER BY range_from;
 """
@@ -75,6 +79,11 @@ log = logging.getLogger("pgdurable.partitions")
 DEFAULT_DAYS_AHEAD = 3
 #: The largest ``days_ahead`` accepted (as the SQL function).
 MAX_DAYS_AHEAD = 366
+#: Consumed signals stay in ``pgdurable.signals`` this long before they move to
+#: ``pgdurable.signal_history`` (see sql/0021_partitioned_signals.sql).
+SIGNAL_MIN_AGE = timedelta(hours=1)
+#: Signals moved per statement (each its own short transaction).
+SIGNAL_BATCH = 10_000
 #: The lease key whose holder is the maintenance leader.
 MAINTENANCE_LEASE = "pgdurable:history-maintenance"
 
@@ -87,6 +96,9 @@ DROP = (
     "SELECT history_table, partition_name, rows_dropped, rows_kept "
     "FROM pgdurable.drop_history_partitions(%s::interval)"
 )
+# -- move one batch of signals consumed over an hour ago into signal_history; how many
+# -- params: (min_age, batch)
+MOVE_SIGNALS = "SELECT pgdurable.move_consumed_signals(%s::interval, %s::integer)"
 # -- take (or keep) the maintenance lease: true when this owner is the leader
 # -- params: (key, owner, ttl_ms)
 LEAD = "SELECT acquired FROM pgdurable.acquire_lease(%s::text, %s::text, %s::bigint)"
@@ -107,18 +119,20 @@ class MaintainResult:
     """What one maintenance turn did.
 
     ``created`` counts new partitions; ``dropped`` lists the dropped ones;
+    ``signals_moved`` counts consumed signals moved into ``signal_history``;
     ``skipped`` is True when another process holds the maintenance lease.
     """
 
     created: int = 0
     dropped: tuple[DroppedPartition, ...] = ()
     skipped: bool = False
+    signals_moved: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         """The result as a JSON-ready dict."""
         return {
             "created": self.created, "skipped": self.skipped,
-            "dropped": [vars(d) for d in self.dropped],
+            "dropped": [vars(d) for d in self.dropped], "signals_moved": self.signals_moved,
         }
 
 
@@ -168,10 +182,17 @@ async def _aturn(
             if not (row and row[0]):
                 return MaintainResult(skipped=True)
         created = await (await conn.execute(CREATE, (days,))).fetchone()
+        moved = 0
+        while True:
+            row = await (await conn.execute(MOVE_SIGNALS, (SIGNAL_MIN_AGE, SIGNAL_BATCH))).fetchone()
+            moved += int(row[0]) if row else 0
+            if not row or row[0] < SIGNAL_BATCH:
+                break
         dropped: list[tuple[Any, ...]] = []
         if age is not None:
             dropped = await (await conn.execute(DROP, (age,))).fetchall()
-    return MaintainResult(int(created[0]) if created else 0, _dropped(dropped))
+    return MaintainResult(int(created[0]) if created else 0, _dropped(dropped),
+                          signals_moved=moved)
 
 
 def _turn(
@@ -184,8 +205,15 @@ def _turn(
             if not (row and row[0]):
                 return MaintainResult(skipped=True)
         created = conn.execute(CREATE, (days,)).fetchone()
+        moved = 0
+        while True:
+            row = conn.execute(MOVE_SIGNALS, (SIGNAL_MIN_AGE, SIGNAL_BATCH)).fetchone()
+            moved += int(row[0]) if row else 0
+            if not row or row[0] < SIGNAL_BATCH:
+                break
         dropped = conn.execute(DROP, (age,)).fetchall() if age is not None else []
-    return MaintainResult(int(created[0]) if created else 0, _dropped(dropped))
+    return MaintainResult(int(created[0]) if created else 0, _dropped(dropped),
+                          signals_moved=moved)
 
 
 async def maintain(
@@ -196,6 +224,9 @@ async def maintain(
     _lead: tuple[str, int] | None = None,
 ) -> MaintainResult:
     """Create the daily history partitions ``days_ahead`` days ahead; drop old ones.
+
+    Also moves signals consumed over :data:`SIGNAL_MIN_AGE` ago from
+    ``pgdurable.signals`` into the partitioned ``pgdurable.signal_history``.
 
     ``target`` is a DSN, an autocommit ``AsyncConnection``, an
     ``AsyncConnectionPool`` or a :class:`~pgdurable.Durable` app. With

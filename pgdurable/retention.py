@@ -88,12 +88,13 @@ PRUNE = (
 # -- delete in total
 # -- params: (older_than, older_than, older_than)
 # -- retention by partition first: drop whole daily history partitions older than
-# -- the cut-off; how many, and the checkpoint and event rows they held
+# -- the cut-off; how many, and the checkpoint, event and signal rows they held
 # -- params: (older_than)
 DROP_PARTITIONS = (
     "SELECT count(*), "
     "coalesce(sum(d.rows_dropped) FILTER (WHERE d.history_table = 'checkpoints'), 0), "
-    "coalesce(sum(d.rows_dropped) FILTER (WHERE d.history_table = 'run_events'), 0) "
+    "coalesce(sum(d.rows_dropped) FILTER (WHERE d.history_table = 'run_events'), 0), "
+    "coalesce(sum(d.rows_dropped) FILTER (WHERE d.history_table = 'signal_history'), 0) "
     "FROM pgdurable.drop_history_partitions(%s::interval) d"
 )
 PREVIEW = (
@@ -158,7 +159,7 @@ class PruneResult:
     #: LangGraph checkpoints beyond their retention policy (pgdurable.contrib.langgraph)
     graph_checkpoints: int = 0
     #: Whole history partitions dropped (their rows are counted in
-    #: ``checkpoints`` and ``events``).
+    #: ``checkpoints``, ``events`` and ``signals``).
     partitions: int = 0
 
     @property
@@ -246,7 +247,7 @@ def _plan(
     dropped = yield _Statement(DROP_PARTITIONS, (age,))
     assert dropped is not None
     total = PruneResult(checkpoints=int(dropped[1]), events=int(dropped[2]),
-                        partitions=int(dropped[0]))
+                        signals=int(dropped[3]), partitions=int(dropped[0]))
     params = _prune_params(age, size, exclusive)
     row = yield _Statement(PRUNE, params)
     while True:

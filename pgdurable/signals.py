@@ -20,8 +20,10 @@ Delivery rules (each one tested):
   and payload changes nothing and returns the run ids the first send woke
   (empty if it was kept pending). The same id with other content raises
   :class:`~pgdurable.SignalConflict` and changes nothing. Dedup lasts as long as
-  the signal row: retention (``prune_runs``) deletes a run's signals with the
-  run, and expired pending ones; after that the same id counts as new.
+  the signal row, in ``pgdurable.signals`` or, an hour after it was consumed, in
+  the partitioned ``pgdurable.signal_history`` (docs/scaling.md): retention
+  (``prune_runs``, or dropping a history partition) deletes a run's signals with
+  the run, and expired pending ones; after that the same id counts as new.
 * **Timeout race**: a signal and a wait's timeout racing yield exactly one
   outcome. If the timeout wins, the signal is not consumed: it stays pending
   until its TTL (``pgdurable.signals.consumed_at IS NULL``).

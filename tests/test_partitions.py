@@ -70,7 +70,7 @@ def test_migration_makes_daily_partitions_and_rows_land_in_their_day(
     conn: psycopg.Connection[Any],
 ) -> None:
     today = db_today(conn)
-    for table in ("checkpoints", "run_events"):
+    for table in ("checkpoints", "run_events", "signal_history"):
         row = conn.execute("SELECT relkind FROM pg_class WHERE oid = %s::regclass",
                            (f"pgdurable.{table}",)).fetchone()
         assert row == ("p",)
@@ -114,7 +114,7 @@ def test_rollover_at_a_day_boundary_with_runs_in_flight(conn: psycopg.Connection
         ]
     # maintenance on that day makes its partition and moves the rows out of the default
     result = maintain_sync(conn, days_ahead=0)
-    assert result.created == 2 and not result.skipped
+    assert result.created == 3 and not result.skipped  # three history tables
     for rid, token in leased:
         assert where(conn, "checkpoints", rid)[2] == (3, f"pgdurable.checkpoints_p{far:%Y%m%d}")
         assert where(conn, "run_events", rid) == [
@@ -150,7 +150,7 @@ def test_retention_drops_whole_partitions_and_keeps_live_runs_history(
     at(conn, day0 + timedelta(days=40))
     result = prune_sync(conn, "30d")
     day = f"{day0:%Y%m%d}"
-    assert result.partitions == 8  # 4 days x 2 tables, all ended before the cut-off
+    assert result.partitions == 12  # 4 days x 3 tables, all ended before the cut-off
     assert result.runs == 1
     # done_old's: a checkpoint and an event per step, its last (complete_run) and the final event
     assert result.checkpoints == 2 and result.events == 2
@@ -186,19 +186,19 @@ def test_maintain_rejects_bad_input_and_changes_nothing(conn: psycopg.Connection
 
 async def test_maintain_async_and_leader_election(dsn: str) -> None:
     result = await maintain(dsn, days_ahead=10)
-    assert result.created == 14  # days 4 to 10 ahead, two tables
+    assert result.created == 21  # days 4 to 10 ahead, three tables
     with psycopg.connect(dsn, autocommit=True) as c:
         assert c.execute("SELECT acquired FROM pgdurable.acquire_lease(%s, 'other', 60000)",
                          (pgdurable.partitions.MAINTENANCE_LEASE,)).fetchone() == (True,)
         assert maintain_sync(c, days_ahead=20, _lead=("me", 60000)).skipped
-        assert maintain_sync(c, days_ahead=20, _lead=("other", 60000)).created == 20
+        assert maintain_sync(c, days_ahead=20, _lead=("other", 60000)).created == 30
 
 
 def test_cli_maintain(dsn: str) -> None:
     out = subprocess.run([sys.executable, "-m", "pgdurable.cli", "maintain", "--dsn", dsn,
                           "--days-ahead", "9", "--json"], capture_output=True, text=True,
                          check=True).stdout
-    assert '"created": 12' in out  # days 4 to 9 ahead, two tables
+    assert '"created": 18' in out  # days 4 to 9 ahead, three tables
 
 
 # the checkpoint columns before 0018 (later migrations may add more)

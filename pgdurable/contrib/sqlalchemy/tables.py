@@ -51,6 +51,7 @@ __all__ = [
     "run_overview",
     "runs",
     "schema_migrations",
+    "signal_history",
     "signals",
     "task_checkpoints",
     "views",
@@ -111,7 +112,8 @@ runs = Table(
     Column("child_key", Text),
     Column("parent_policy", Text),
     Column("concurrency_key", Text, nullable=False, server_default=FetchedValue()),
-    Column("forked_from", UUID(as_uuid=True), ForeignKey("pgdurable.runs.id", ondelete="SET NULL")),
+    # no foreign key (0021): set to NULL by retention when the source run is pruned
+    Column("forked_from", UUID(as_uuid=True)),
     Column("forked_from_step", Integer),
     Column("progress", JSONB),
     _ts("heartbeat_at"),
@@ -136,8 +138,8 @@ leases = Table(
 checkpoints = Table(
     "checkpoints",
     metadata,
-    Column("run_id", UUID(as_uuid=True), ForeignKey("pgdurable.runs.id", ondelete="CASCADE"),
-           primary_key=True),
+    # no foreign key to runs (0021): written under the run's lock, deleted by retention
+    Column("run_id", UUID(as_uuid=True), primary_key=True),
     Column("step", Integer, primary_key=True),
     Column("token", BigInteger, nullable=False),
     Column("state", JSONB, nullable=False),
@@ -157,13 +159,31 @@ signals = Table(
     Column("ref", Text, nullable=False),
     Column("payload", JSONB),
     Column("signal_id", Text),
-    Column("run_id", UUID(as_uuid=True), ForeignKey("pgdurable.runs.id", ondelete="CASCADE")),
+    Column("run_id", UUID(as_uuid=True)),  # no foreign key (0021)
     _ts("created_at", nullable=False, default=True),
     _ts("expires_at"),
     Column("consumed_by", UUID(as_uuid=True)),
     _ts("consumed_at"),
     Column("woke", ARRAY(UUID(as_uuid=True)), nullable=False, server_default=FetchedValue()),
     comment="Signals: delivered (consumed) and pending ones, by (kind, ref).",
+)
+
+signal_history = Table(
+    "signal_history",
+    metadata,
+    Column("id", BigInteger, primary_key=True),
+    Column("kind", Text, nullable=False),
+    Column("ref", Text, nullable=False),
+    Column("payload", JSONB),
+    Column("signal_id", Text),
+    Column("run_id", UUID(as_uuid=True)),
+    _ts("created_at", nullable=False),
+    _ts("expires_at"),
+    Column("consumed_by", UUID(as_uuid=True)),
+    # the partition key (daily partitions): part of the primary key
+    Column("consumed_at", _TZ, primary_key=True, nullable=False),
+    Column("woke", ARRAY(UUID(as_uuid=True)), nullable=False, server_default=FetchedValue()),
+    comment="Consumed signals moved out of signals (partitioned by consumed_at).",
 )
 
 effects = Table(
@@ -185,8 +205,7 @@ effects = Table(
 run_events = Table(
     "run_events",
     metadata,
-    Column("run_id", UUID(as_uuid=True), ForeignKey("pgdurable.runs.id", ondelete="CASCADE"),
-           primary_key=True),
+    Column("run_id", UUID(as_uuid=True), primary_key=True),  # no foreign key (0021)
     Column("seq", BigInteger, primary_key=True),
     Column("event", JSONB, nullable=False),
     # the partition key (daily partitions): part of the primary key

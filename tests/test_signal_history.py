@@ -1,0 +1,187 @@
+"""Consumed signals as partitioned history (sql/0021): the move, dedup across it,
+retention by partition, the migration with data, and the Citus-readiness keys."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import psycopg
+import pytest
+
+import pgdurable
+from pgdurable import migrations
+from pgdurable.partitions import maintain_sync
+from pgdurable.retention import prune_sync
+from tests.test_partitions import at, claim, db_today, start
+
+SEND = "SELECT array_agg(x) FROM pgdurable.send_signal(%s, %s, %s, %s) x"
+SIGNAL_RUN = "SELECT array_agg(x) FROM pgdurable.signal_run(%s, %s, %s, %s) x"
+
+
+def park(conn: psycopg.Connection[Any], ref: str) -> Any:
+    """A run parked on ('ci', ref)."""
+    start(conn)
+    rid, token = claim(conn)
+    conn.execute("SELECT pgdurable.park_run(%s, %s, 'w1', '{}', 0, 'ci', %s, NULL)",
+                 (rid, token, ref))
+    return rid
+
+
+def where(conn: psycopg.Connection[Any], signal_id: str) -> list[str]:
+    """Which tables (partitions) hold the signal with this id."""
+    return [r[0] for r in conn.execute(
+        "SELECT tableoid::regclass::text FROM pgdurable.signals WHERE signal_id = %s"
+        " UNION ALL SELECT tableoid::regclass::text FROM pgdurable.signal_history"
+        " WHERE signal_id = %s", (signal_id, signal_id))]
+
+
+def move(conn: psycopg.Connection[Any], min_age: str = "1 hour") -> int:
+    row = conn.execute("SELECT pgdurable.move_consumed_signals(%s)", (min_age,)).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def test_consumed_signals_move_and_still_deduplicate(conn: psycopg.Connection[Any]) -> None:
+    day = db_today(conn) + timedelta(hours=12)
+    at(conn, day)
+    a, b = park(conn, "b1"), park(conn, "b2")
+    woke = conn.execute(SEND, ("ci", "b1", '{"ok": 1}', "gh-1")).fetchone()
+    assert woke == ([a],)
+    assert conn.execute(SIGNAL_RUN, (b, "ci", '{"ok": 2}', "run-1")).fetchone() == ([b],)
+    assert conn.execute(SEND, ("ci", "nobody", "{}", "pending-1")).fetchone() == (None,)
+    # consumed less than an hour ago: not moved yet; pending ones never move
+    assert move(conn) == 0
+    at(conn, day + timedelta(minutes=61))
+    assert maintain_sync(conn, days_ahead=0).signals_moved == 2
+    part = f"pgdurable.signal_history_p{day:%Y%m%d}"
+    assert where(conn, "gh-1") == [part] and where(conn, "run-1") == [part]
+    assert where(conn, "pending-1") == ["pgdurable.signals"]
+    # a resend answers what the first send answered and changes nothing
+    c0 = conn.execute("SELECT (SELECT count(*) FROM pgdurable.signals),"
+                      " (SELECT count(*) FROM pgdurable.signal_history)").fetchone()
+    assert conn.execute(SEND, ("ci", "b1", '{"ok": 1}', "gh-1")).fetchone() == ([a],)
+    assert conn.execute(SIGNAL_RUN, (b, "ci", '{"ok": 2}', "run-1")).fetchone() == ([b],)
+    with pytest.raises(psycopg.Error, match="already sent") as conflict:
+        conn.execute(SEND, ("ci", "b1", '{"ok": "other"}', "gh-1"))
+    with pytest.raises(psycopg.Error, match="already sent") as conflict:
+        conn.execute(SEND, ("ci", "b1", '{"ok": 2}', "run-1"))
+    assert conflict.value.sqlstate == "PD008"  # SignalConflict
+    assert conn.execute("SELECT (SELECT count(*) FROM pgdurable.signals),"
+                        " (SELECT count(*) FROM pgdurable.signal_history)").fetchone() == c0
+    # bad input changes nothing
+    for bad in ("-1 s", None):
+        with pytest.raises(psycopg.Error, match="min_age"):
+            move(conn, bad)  # type: ignore[arg-type]
+
+
+def test_retention_by_partition_keeps_signals_of_kept_runs(conn: psycopg.Connection[Any]) -> None:
+    day0 = db_today(conn) + timedelta(hours=12)
+    at(conn, day0)
+    done, live = park(conn, "d"), park(conn, "l")
+    conn.execute(SEND, ("ci", "d", "{}", "sig-done"))
+    conn.execute(SEND, ("ci", "l", "{}", "sig-live"))
+    rid, token = claim(conn)  # the woken run that finishes (claim order: either)
+    rid2, token2 = claim(conn)
+    for r, t in ((rid, token), (rid2, token2)):
+        if r == done:
+            conn.execute("SELECT pgdurable.complete_run(%s, %s, 'w1', '{}', '1')", (r, t))
+    at(conn, day0 + timedelta(hours=2))
+    assert move(conn) == 2
+    at(conn, day0 + timedelta(days=40))
+    result = prune_sync(conn, "30d")
+    assert result.runs == 1 and result.signals == 1
+    assert where(conn, "sig-done") == []
+    # the live run's signal went to the default partition and still deduplicates
+    assert where(conn, "sig-live") == ["pgdurable.signal_history_default"]
+    assert conn.execute(SEND, ("ci", "l", "{}", "sig-live")).fetchone() == ([live],)
+    # a signal of a run pruned row by row goes with it
+    conn.execute("UPDATE pgdurable.runs SET status = 'completed', finished_at = pgdurable.now(),"
+                 " lease_owner = NULL, lease_expires_at = NULL WHERE id = %s", (live,))
+    at(conn, day0 + timedelta(days=80))
+    assert prune_sync(conn, "30d").signals == 1
+    assert where(conn, "sig-live") == []
+
+
+def test_prune_clears_forked_from_of_the_pruned_source(conn: psycopg.Connection[Any]) -> None:
+    src, fork = start(conn), start(conn)
+    conn.execute("UPDATE pgdurable.runs SET status = 'completed', finished_at = now() - interval '2 days'"
+                 " WHERE id = %s", (src,))
+    conn.execute("UPDATE pgdurable.runs SET forked_from = %s, forked_from_step = 0 WHERE id = %s",
+                 (src, fork))
+    assert prune_sync(conn, "1d").runs == 1
+    assert conn.execute("SELECT forked_from FROM pgdurable.runs WHERE id = %s",
+                        (fork,)).fetchone() == (None,)
+
+
+def test_distributable_keys(conn: psycopg.Connection[Any]) -> None:
+    """No foreign key to runs except from co-located per-run tables keyed by run id; the
+    primary key of every per-run table contains the run id."""
+    fks = {r[0] for r in conn.execute(
+        "SELECT conrelid::regclass::text || '.' || a.attname FROM pg_constraint c"
+        " JOIN pg_attribute a ON a.attrelid = c.conrelid AND a.attnum = c.conkey[1]"
+        " WHERE c.contype = 'f' AND c.confrelid = 'pgdurable.runs'::regclass"
+        " AND c.conparentid = 0")}
+    assert fks == {"pgdurable.effects.run_id", "pgdurable.durable_steps.run_id",
+                   "pgdurable.schedule_runs.run_id", "pgdurable.run_rewinds.run_id"}
+    pk = conn.execute("SELECT pg_get_constraintdef(oid) FROM pg_constraint"
+                      " WHERE conname = 'run_rewinds_pkey'").fetchone()
+    assert pk == ("PRIMARY KEY (run_id, id)",)
+
+
+def test_migration_with_signals_in_it(empty_dsn: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    shipped = migrations.load_migrations()
+    mine = next(m for m in shipped if m.name.endswith("_partitioned_signals.sql"))
+    monkeypatch.setattr(migrations, "load_migrations",
+                        lambda: tuple(m for m in shipped if m.version < mine.version))
+    pgdurable.migrate(empty_dsn)
+    with psycopg.connect(empty_dsn, autocommit=True) as c:
+        ids = [r[0] for r in c.execute(
+            "INSERT INTO pgdurable.runs (task, revision, status, finished_at)"
+            " SELECT 't', '1', 'completed', now() FROM generate_series(1, 3) RETURNING id")]
+        # consumed 3 days ago, consumed a minute ago, pending
+        c.execute("""
+          INSERT INTO pgdurable.signals (kind, ref, payload, signal_id, created_at,
+                                         consumed_by, consumed_at, woke)
+          VALUES ('ci', 'old', '1', 'old', now() - interval '3 days', %(a)s,
+                  now() - interval '3 days',
+                  ARRAY[%(a)s]::uuid[]),
+                 ('ci', 'new', '2', 'new', now(), %(b)s, now() - interval '1 minute', ARRAY[%(b)s]::uuid[]),
+                 ('ci', 'pending', '3', 'pending', now(), NULL, NULL, '{}')""",
+                  {"a": ids[0], "b": ids[1]})
+        c.execute("INSERT INTO pgdurable.run_rewinds (run_id, from_step, to_step, status, revision,"
+                  " checkpoints, effects) VALUES (%s, 2, 1, 'failed', '1', '[]', '[]')", (ids[2],))
+        before = c.execute("SELECT id, kind, ref, payload, signal_id, consumed_by, woke"
+                           " FROM pgdurable.signals ORDER BY id").fetchall()
+    monkeypatch.undo()
+    assert mine.version in [m.version for m in pgdurable.migrate(empty_dsn)]
+    with psycopg.connect(empty_dsn, autocommit=True) as c:
+        rows = c.execute(
+            "SELECT id, kind, ref, payload, signal_id, consumed_by, woke, tableoid::regclass::text"
+            " FROM (SELECT *, tableoid FROM pgdurable.signals UNION ALL"
+            "       SELECT *, tableoid FROM pgdurable.signal_history) s ORDER BY id").fetchall()
+        assert [r[:-1] for r in rows] == before
+        old_day = c.execute("SELECT to_char((now() - interval '3 days') AT TIME ZONE 'UTC', 'YYYYMMDD')"
+                            ).fetchone()
+        assert old_day is not None
+        assert [r[-1] for r in rows] == [f"pgdurable.signal_history_p{old_day[0]}",
+                                         "pgdurable.signals", "pgdurable.signals"]
+        assert c.execute(SEND, ("ci", "old", "1", "old")).fetchone() == ([ids[0]],)
+        with pytest.raises(psycopg.Error, match="already sent"):
+            c.execute(SEND, ("ci", "old", "9", "old"))
+        assert c.execute("SELECT count(*) FROM pgdurable.run_rewinds WHERE run_id = %s",
+                         (ids[2],)).fetchone() == (1,)
+
+
+def test_partition_drop_does_not_lock_runs(conn: psycopg.Connection[Any]) -> None:
+    """Dropping history partitions never locks runs (with foreign keys it took ACCESS
+    EXCLUSIVE on runs: claims stalled and complete_run deadlocked with it)."""
+    conn.execute("SELECT pgdurable.create_history_partitions(0, 3)")
+    with conn.transaction():
+        dropped = conn.execute("SELECT count(*) FROM pgdurable.drop_history_partitions('1 day')"
+                               ).fetchone()
+        locks = conn.execute("SELECT mode FROM pg_locks WHERE pid = pg_backend_pid()"
+                             " AND relation = 'pgdurable.runs'::regclass").fetchall()
+    assert dropped is not None and dropped[0] in (6, 9)  # 2 or 3 whole days x 3 tables
+    assert all(m not in ("AccessExclusiveLock", "ShareRowExclusiveLock", "ExclusiveLock")
+               for (m,) in locks), locks

@@ -80,7 +80,7 @@ DEFAULT_DAYS_AHEAD = 3
 #: The largest ``days_ahead`` accepted (as the SQL function).
 MAX_DAYS_AHEAD = 366
 #: Consumed signals stay in ``pgdurable.signals`` this long before they move to
-#: ``pgdurable.signal_history`` (see sql/0021_partitioned_signals.sql).
+#: ``pgdurable.signal_history`` (see sql/0022_partitioned_signals.sql).
 SIGNAL_MIN_AGE = timedelta(hours=1)
 #: Signals moved per statement (each its own short transaction).
 SIGNAL_BATCH = 10_000

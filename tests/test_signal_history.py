@@ -1,5 +1,5 @@
-"""Consumed signals as partitioned history (sql/0021): the move, dedup across it,
-retention by partition, the migration with data, and the Citus-readiness keys."""
+"""Consumed signals as partitioned history (sql/0022_partitioned_signals.sql): the move,
+dedup across it, retention by partition, the migration with data, and the Citus-readiness keys."""
 
 from __future__ import annotations
 

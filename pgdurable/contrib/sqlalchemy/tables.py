@@ -112,7 +112,7 @@ runs = Table(
     Column("child_key", Text),
     Column("parent_policy", Text),
     Column("concurrency_key", Text, nullable=False, server_default=FetchedValue()),
-    # no foreign key (0021): set to NULL by retention when the source run is pruned
+    # no foreign key (0022): set to NULL by retention when the source run is pruned
     Column("forked_from", UUID(as_uuid=True)),
     Column("forked_from_step", Integer),
     Column("progress", JSONB),
@@ -138,7 +138,7 @@ leases = Table(
 checkpoints = Table(
     "checkpoints",
     metadata,
-    # no foreign key to runs (0021): written under the run's lock, deleted by retention
+    # no foreign key to runs (0022): written under the run's lock, deleted by retention
     Column("run_id", UUID(as_uuid=True), primary_key=True),
     Column("step", Integer, primary_key=True),
     Column("token", BigInteger, nullable=False),
@@ -159,7 +159,7 @@ signals = Table(
     Column("ref", Text, nullable=False),
     Column("payload", JSONB),
     Column("signal_id", Text),
-    Column("run_id", UUID(as_uuid=True)),  # no foreign key (0021)
+    Column("run_id", UUID(as_uuid=True)),  # no foreign key (0022)
     _ts("created_at", nullable=False, default=True),
     _ts("expires_at"),
     Column("consumed_by", UUID(as_uuid=True)),
@@ -205,7 +205,7 @@ effects = Table(
 run_events = Table(
     "run_events",
     metadata,
-    Column("run_id", UUID(as_uuid=True), primary_key=True),  # no foreign key (0021)
+    Column("run_id", UUID(as_uuid=True), primary_key=True),  # no foreign key (0022)
     Column("seq", BigInteger, primary_key=True),
     Column("event", JSONB, nullable=False),
     # the partition key (daily partitions): part of the primary key

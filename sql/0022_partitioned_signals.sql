@@ -1,4 +1,4 @@
--- 0021_partitioned_signals: finished signals become partitioned history, the
+-- 0022_partitioned_signals: finished signals become partitioned history, the
 -- history tables lose their foreign keys to runs, and the schema takes the
 -- Citus-readiness fixes that need no behaviour change (docs/scaling.md).
 --
@@ -241,7 +241,7 @@ $$;
 -- cut-off) or its run no longer exists; the run of a checkpoint or event is
 -- run_id, of a signal the run that consumed it. Rows of every other run are
 -- moved to the DEFAULT partition before the drop. No foreign key points from
--- these tables to runs (0021), so neither the detach nor the drop locks runs.
+-- these tables to runs (0022), so neither the detach nor the drop locks runs.
 ------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION pgdurable.drop_history_partitions(p_older_than interval)
 RETURNS TABLE (history_table text, partition_name text, rows_dropped bigint, rows_kept bigint)
@@ -319,7 +319,7 @@ COMMENT ON COLUMN pgdurable.history_partitions.history_table IS
 -- ONE short transaction: move up to p_batch signals consumed at least p_min_age
 -- ago (oldest first) from signals to signal_history; returns how many. Rows
 -- locked by someone else are skipped. p_min_age (default 1 hour) bounds the
--- dedup race with a REPEATABLE READ sender (see the top of 0021); 0 is allowed
+-- dedup race with a REPEATABLE READ sender (see the top of 0022); 0 is allowed
 -- (tests, or installations that send signals only in READ COMMITTED).
 -- p_min_age < 0 or p_batch outside 1..100000: PD000.
 ------------------------------------------------------------------------------
@@ -404,7 +404,7 @@ $$;
 --   -> TABLE(runs, checkpoints, effects, events, signals bigint, locked boolean)
 -- (0007's contract.) Also deletes the pruned runs' consumed signals from
 -- signal_history, and clears forked_from of their forks (the foreign key's
--- ON DELETE SET NULL, gone in 0021). History rows have no foreign key to runs
+-- ON DELETE SET NULL, gone in 0022). History rows have no foreign key to runs
 -- any more, so deleting a run fires no cascade over every partition.
 -- BOUND: a run's history is written while the run lives, in transactions that
 -- (then or later) update its row, so none of it is newer than the run's last

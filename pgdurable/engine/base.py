@@ -107,6 +107,7 @@ class WorkerBase:
         self.listen = listen
         self._active: dict[uuid.UUID, _Active] = {}
         self._wake = asyncio.Event()
+        self._renew_now = asyncio.Event()  # the heartbeat renews (and reads cancels) at once
         self._pending = True
         self._due_at: float | None = None
         self._asked_at = -math.inf  # when next_wakeup last answered (monotonic)

@@ -6,7 +6,8 @@ missing from the answer has lost its lease and is stopped locally; a run whose
 lease could not be renewed is no longer trusted after
 ``attempt start + ttl - safety_margin`` (monotonic) and is stopped too. The
 answer also carries each run's ``cancel_requested`` flag (the backup of the
-cancel NOTIFY). Renewals and step batches hold ``_write_lock`` in turn: both
+cancel NOTIFY; the listener asks for a renewal at once after every (re)connect,
+when cancel NOTIFYs may have been lost). Renewals and step batches hold ``_write_lock`` in turn: both
 lock many run rows, and one worker's two multi-row UPDATEs could otherwise
 deadlock.
 """
@@ -14,6 +15,7 @@ deadlock.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from datetime import timedelta
 from typing import Any
@@ -36,8 +38,13 @@ class Heartbeat(WorkerBase):
             for a in self._active.values():
                 if a.stop_reason != "lease_lost":
                     wake_at = min(wake_at, a.trust_until)
-            await asyncio.sleep(max(0.0, wake_at - time.monotonic()) + 0.001)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._renew_now.wait(),
+                                       max(0.0, wake_at - time.monotonic()) + 0.001)
             now = time.monotonic()
+            if self._renew_now.is_set():  # asked for (the listener reconnected): renew now
+                self._renew_now.clear()
+                next_renew = now
             for a in list(self._active.values()):
                 if now >= a.trust_until and a.stop_reason != "lease_lost":
                     log.warning("run %s: lease no longer trusted (renewals failed)", a.run_id)

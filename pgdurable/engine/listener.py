@@ -44,8 +44,7 @@ class Listener(WorkerBase):
                 await conn.execute("LISTEN pgdurable_cancel")
                 backoff = 0.2
                 self._poke()  # claim after every (re)connect: wake-ups may be lost
-                for a in list(self._active.values()):  # and so may cancels of runs held
-                    self._cancel_notified(str(a.run_id))
+                self._renew_now.set()  # and so may cancels: the renewal reads them, one statement
                 while not self._stopping:
                     got = False
                     async for n in conn.notifies(timeout=60.0):

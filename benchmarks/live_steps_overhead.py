@@ -7,9 +7,12 @@ One command::
 One scratch database. Each block starts ``--batch`` runs and claims them (not
 timed), then times ONE ``write_steps`` checkpointing them all (Continue steps, so
 no other NOTIFY; the worker's hot path, autocommit: statement and commit), alternating blocks with
-``pgdurable.live_steps`` on (shipped) and off (no NOTIFY). Printed: p50 of each
-and the ratio on/off. A single client: the NOTIFY's cluster-wide commit lock
-(PITFALLS 1) costs more under many concurrent committers than measured here.
+a dashboard present (``pgdurable.listen_presence('pgdurable_steps')``: the
+NOTIFY is sent) and nobody listening (the default for a database no dashboard
+watches: no NOTIFY, one lookup in ``pgdurable.listeners``). Printed: p50 of
+each and the ratio watched/unwatched. A single client: the NOTIFY's
+cluster-wide commit lock (PITFALLS 1) costs more under many concurrent
+committers than measured here.
 """
 
 from __future__ import annotations
@@ -36,13 +39,16 @@ def main() -> None:
     ap.add_argument("--blocks", type=int, default=200)
     ap.add_argument("--batch", type=int, default=16)
     a = ap.parse_args()
-    out: dict[str, list[float]] = {"on": [], "off": []}
+    out: dict[str, list[float]] = {"watched": [], "unwatched": []}
     try:
         dsn = scratch_dsn(a.dsn, DB)
         with psycopg.connect(dsn, autocommit=True) as c:
             for i in range(a.blocks):
-                mode = "on" if i % 2 == 0 else "off"
-                c.execute(f"SET pgdurable.live_steps = {mode}")
+                mode = "watched" if i % 2 == 0 else "unwatched"
+                if mode == "watched":
+                    c.execute("SELECT pgdurable.listen_presence('pgdurable_steps', 3600)")
+                else:
+                    c.execute("UPDATE pgdurable.listeners SET until = NULL")
                 c.execute(START, (a.batch,)).fetchall()
                 rows = c.execute(CLAIM, (a.batch,), prepare=True).fetchall()
                 n = len(rows)
@@ -52,9 +58,9 @@ def main() -> None:
                 out[mode].append(time.perf_counter() - t)
     finally:
         drop_scratch(a.dsn, DB)
-    on, off = statistics.median(out["on"]), statistics.median(out["off"])
-    print(f"write_steps x{a.batch}: p50 live_steps on {on * 1000:.2f} ms, off {off * 1000:.2f} ms,"
-          f" ratio {on / off:.2f}")
+    on, off = statistics.median(out["watched"]), statistics.median(out["unwatched"])
+    print(f"write_steps x{a.batch}: p50 watched (NOTIFY) {on * 1000:.2f} ms, unwatched "
+          f"{off * 1000:.2f} ms, ratio {on / off:.2f}")
 
 
 if __name__ == "__main__":

@@ -91,9 +91,12 @@ async def bench(dsn: str, samples: int) -> dict[str, list[float]]:
                 out["start()"].append(t1 - t0)
                 out["sync start()"].append(t2 - t1)
                 out["bare INSERT"].append(t3 - t2)
-        busy = await app.fetchone("SELECT count(*) FROM pgdurable.runs WHERE queue = 'busy' "
-                                  "AND status IN ('runnable', 'leased')", ())
+        busy = await app.fetchone("SELECT count(*) FILTER (WHERE status IN ('runnable', 'leased')), "
+                                  "count(*) FILTER (WHERE status = 'completed') "
+                                  "FROM pgdurable.runs WHERE queue = 'busy'", ())
         assert busy is not None and busy[0] > 0, "the worker ran dry: measure again"
+        assert busy[1] > 0, "the worker completed nothing: it did not run"
+        out["drained"] = [float(busy[1])]
     finally:
         worker.terminate()
         await worker.wait()
@@ -109,6 +112,9 @@ def main() -> None:
     ap.add_argument("--samples", type=int, default=1500)
     ap.add_argument("--live-steps", choices=("on", "off"), default="on",
                     help="the dashboard's per-batch NOTIFY on checkpoints (docs/dashboard.md)")
+    ap.add_argument("--watched", action="store_true",
+                    help="as with a dashboard open: pgdurable_steps and pgdurable_done announced "
+                         "(sent), else nobody listens (not sent)")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
@@ -116,9 +122,12 @@ def main() -> None:
         return
     dsn = scratch_dsn(args.dsn, DB)
     try:
-        if args.live_steps == "off":
-            with psycopg.connect(dsn, autocommit=True) as c:
+        with psycopg.connect(dsn, autocommit=True) as c:
+            if args.live_steps == "off":
                 c.execute(f"ALTER DATABASE {DB} SET pgdurable.live_steps = off")
+            if args.watched:
+                for ch in ("pgdurable_steps", "pgdurable_done"):
+                    c.execute("SELECT pgdurable.listen_presence(%s, 3600)", (ch,))
         load0 = os.getloadavg()[0]
         t = time.monotonic()
         res = asyncio.run(bench(dsn, args.samples))
@@ -126,14 +135,17 @@ def main() -> None:
     finally:
         drop_scratch(args.dsn, DB)
     print(f"start() latency while a worker drains runs ({args.samples} samples each, "
-          f"interleaved; load avg {load0:.1f} -> {os.getloadavg()[0]:.1f}; {took:.0f} s)")
+          f"interleaved; {'watched' if args.watched else 'unwatched'}, live_steps "
+          f"{args.live_steps}; load avg {load0:.1f} -> {os.getloadavg()[0]:.1f}; {took:.0f} s)")
     base = pct(res["bare INSERT"], 50)
     print(f"{'call':<14} {'p50 ms':>8} {'p90 ms':>8} {'p99 ms':>8} {'p50 / bare':>10}")
+    drained = int(res.pop("drained")[0])
     for name, xs in res.items():
         p50 = pct(xs, 50)
         print(f"{name:<14} {p50 * 1e3:8.3f} {pct(xs, 90) * 1e3:8.3f} {pct(xs, 99) * 1e3:8.3f} "
               f"{p50 / base:10.2f}")
     ratio = pct(res["start()"], 50) / base
+    print(f"meanwhile the worker completed {drained} runs ({drained / took:.0f}/s)")
     print(f"ratio start() p50 / bare INSERT p50 = {ratio:.2f} "
           f"(target <= 1.50: {'met' if ratio <= 1.5 else 'NOT met'})")
 

@@ -1,12 +1,15 @@
 """Awaiting a run's result from any process: ``await app.result(run_id, timeout)``
 and the sync twin ``DurableClient.result``.
 
-Every run that becomes terminal NOTIFYs ``pgdurable_done`` (payload = its id)
-in the transaction that ends it (``sql/0010_children.sql``). A waiter first
-LISTENs, then reads the run (so a run already finished returns at once, and a
-run that finishes between the read and the wait is not missed: its
-notification arrives after the LISTEN), then sleeps until a notification for
-its run or a slow safety poll (``poll`` seconds) and reads again.
+A run that becomes terminal NOTIFYs ``pgdurable_done`` (payload = its id) in
+the transaction that ends it (``sql/0010_children.sql``), while a listener is
+present (``sql/0023_listener_presence.sql``, :mod:`pgdurable.presence`). A
+waiter first LISTENs and announces itself, then reads the run (so a run
+already finished returns at once, and a run that finishes between the read and
+the wait is not missed: its notification arrives after the LISTEN), then sleeps
+until a notification for its run or a slow safety poll (``poll`` seconds) and
+reads again; after its first announcement it also reads again at each
+:data:`~pgdurable.presence.RECHECK` delay.
 
 Outcome: a ``completed`` run's result is returned; ``failed`` (or
 ``incompatible``) raises :class:`~pgdurable.RunFailed` carrying the recorded
@@ -31,6 +34,7 @@ from . import _runs_sql as q
 from ._db import connect, translated
 from .errors import ResultTimeout, RunCancelled, RunFailed, RunNotFound
 from .pooler import Pooler
+from .presence import RECHECK, RENEW, announce_sync
 from .stream import _hub
 
 if TYPE_CHECKING:
@@ -120,18 +124,28 @@ def result_sync(conninfo: str, run_id: object, timeout: object = None, *,
     with contextlib.ExitStack() as stack, translated():
         conn = stack.enter_context(connect(conninfo, pooler=pooler))
         listener = None
+        rechecks: list[float] = []  # monotonic times of the reads after the announcement
+        announced = -math.inf
         if listen_to is not None:
             listener = conn if listen_to == conninfo and pooler != "transaction" else (
                 stack.enter_context(connect(listen_to)))
             listener.execute(f"LISTEN {CHANNEL}")
         while True:
+            if listener is not None and time.monotonic() - announced >= RENEW:
+                if announced == -math.inf:
+                    rechecks = [time.monotonic() + d for d in RECHECK]
+                announced = time.monotonic()
+                announce_sync(listener, CHANNEL)
             done, result = outcome(conn.execute(READ, (rid,)).fetchone(), rid)
             if done:
                 return result
-            left = None if end is None else end - time.monotonic()
+            now = time.monotonic()
+            left = None if end is None else end - now
             if left is not None and left <= 0:
                 raise _expired(rid, limit)
-            wait = POLL if left is None else min(POLL, left)
+            rechecks = [t for t in rechecks if t > now]
+            wait = min([POLL, *(t - now for t in rechecks[:1])])
+            wait = wait if left is None else min(wait, left)
             if listener is None:
                 time.sleep(wait)  # no LISTEN possible (transaction pooler): poll
                 continue

@@ -46,6 +46,8 @@ from . import _runs_sql as q
 from ._json import dumps
 from .errors import DatabaseUnavailable, RunNotFound
 from .pooler import aconnect
+from .presence import CHANNELS as PRESENCE_CHANNELS
+from .presence import RECHECK, RENEW, announce
 from .threads import encode_thread_key
 
 if TYPE_CHECKING:
@@ -157,6 +159,12 @@ class _Hub:
     every (re)connect it sets all events (notifications may have been lost
     meanwhile), then reconnects with backoff on failure. The task and its
     connection end when the last subscriber leaves.
+
+    On a watch-only channel (``pgdurable_done``) the hub also announces itself
+    after its LISTEN and every :data:`~pgdurable.presence.RENEW` seconds (see
+    :mod:`pgdurable.presence`), and sets all events again at each
+    :data:`~pgdurable.presence.RECHECK` delay after the first announcement of
+    a connection.
     """
 
     def __init__(self, conninfo: str | None, channel: str = CHANNEL) -> None:
@@ -189,6 +197,12 @@ class _Hub:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
 
+    def _recheck(self) -> None:
+        """After a first announcement: every subscriber reads again soon, a few times."""
+        loop = asyncio.get_running_loop()
+        for delay in RECHECK:
+            loop.call_later(delay, self._wake_all)
+
     def _wake_all(self) -> None:
         for group in self.subs.values():
             for ev in group:
@@ -202,18 +216,24 @@ class _Hub:
             try:
                 conn = await aconnect(self.conninfo)
                 await conn.execute(f"LISTEN {self.channel}")
+                presence = self.channel in PRESENCE_CHANNELS
+                if presence:
+                    await announce(conn, self.channel)
+                    self._recheck()
                 backoff = 0.1
                 self.listening.set()
                 self._wake_all()  # re-read: notifications may have been missed
                 while True:
                     got = False
-                    async for n in conn.notifies(timeout=60.0):
+                    async for n in conn.notifies(timeout=RENEW if presence else 60.0):
                         got = True
                         for ev in self.subs.get(n.payload, ()):
                             ev.set()
                         for ev in self.subs.get(None, ()):
                             ev.set()
-                    if not got:
+                    if presence:  # also the health check of a quiet socket
+                        await announce(conn, self.channel)
+                    elif not got:
                         await conn.execute("SELECT 1")  # health check of a quiet socket
             except asyncio.CancelledError:
                 raise

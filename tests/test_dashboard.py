@@ -184,7 +184,8 @@ def test_sse_fans_one_listen_connection_out_to_every_tab(dsn: str) -> None:
         with psycopg.connect(dsn) as conn:
             listeners = conn.execute(
                 "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-                "AND query LIKE 'LISTEN pgdurable%%'").fetchone()
+                "AND (query LIKE 'LISTEN pgdurable%%' "
+                "     OR query LIKE 'SELECT pgdurable.listen_presence%%')").fetchone()
         assert listeners == (1,), "one LISTEN connection for all tabs"
     for msgs in got:
         assert {"channel": "steps", "runs": [ids["a"]]} in msgs

@@ -22,7 +22,7 @@ LAYERS: list[tuple[str, set[str]]] = [
     ("foundation", {
         "errors", "_json", "_text", "_hints", "_retry", "_runs_sql", "_leases_sql",
         "_schema_trust", "_db", "pooler", "migrations", "metrics", "embedded", "roles",
-        "registry", "_ports", "signals", "leases", "_lease_pipeline", "effects", "tasks",
+        "registry", "_ports", "presence", "signals", "leases", "_lease_pipeline", "effects", "tasks",
     }),
     ("capabilities", {
         "flow", "fork", "liveness", "children", "threads", "stream", "results", "schedules",

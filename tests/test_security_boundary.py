@@ -434,6 +434,13 @@ def test_readonly_role_selects_the_views_only(dsn: str) -> None:
                          "NULL, NULL, NULL, NULL)"):
                 with pytest.raises(psycopg.errors.InsufficientPrivilege):
                     c.execute(stmt)
+            # a read-only dashboard announces itself on the watch-only channels
+            c.execute("SELECT pgdurable.listen_presence('pgdurable_steps', 60)")
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                c.execute("UPDATE pgdurable.listeners SET until = 'infinity'")
+        with psycopg.connect(dsn) as c:
+            assert c.execute("SELECT until > now() FROM pgdurable.listeners "
+                             "WHERE channel = 'pgdurable_steps'").fetchone() == (True,)
 
 
 def test_functions_of_a_later_migration_follow_the_role_model(dsn: str) -> None:

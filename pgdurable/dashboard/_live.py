@@ -9,6 +9,12 @@ The connection is opened with the first subscriber, re-opened after a loss,
 and closed by :meth:`close`. A subscriber gets ``{"channel": "reconnect"}``
 ("refresh everything; every later event will reach you") as soon as the
 connection listens: when it subscribes, or when the connection is (re)made.
+While it listens, the connection announces the dashboard on the watch-only
+channels (``pgdurable_steps``, ``pgdurable_done``: the database sends them only
+while somebody listens, see :mod:`pgdurable.presence`) and renews that every
+:data:`~pgdurable.presence.RENEW` seconds; after its first announcement the
+subscribers also get ``reconnect`` at each :data:`~pgdurable.presence.RECHECK`
+delay (a step or a run's end that raced the announcement is read then).
 """
 
 from __future__ import annotations
@@ -19,6 +25,9 @@ import logging
 from typing import Any
 
 import psycopg
+
+from ..presence import CHANNELS as PRESENCE_CHANNELS
+from ..presence import RECHECK, RENEW, announce
 
 log = logging.getLogger("pgdurable.dashboard")
 
@@ -72,16 +81,28 @@ class Broadcaster:
                     self.connections += 1
                     for ch in CHANNELS:
                         await conn.execute(f"LISTEN {ch}")
+                    await self._announce(conn)
                     self.ready.set()
                     self._publish({"channel": "reconnect"})
-                    async for n in conn.notifies():
-                        self._publish(_message(n.channel, n.payload))
+                    loop = asyncio.get_running_loop()
+                    for delay in RECHECK:  # what raced the announcement
+                        loop.call_later(delay, self._publish, {"channel": "reconnect"})
+                    while True:
+                        async for n in conn.notifies(timeout=RENEW):
+                            self._publish(_message(n.channel, n.payload))
+                        await self._announce(conn)
             except asyncio.CancelledError:
                 raise
             except (psycopg.Error, OSError) as exc:
                 self.ready.clear()
                 log.warning("dashboard listener lost: %s; reconnecting", exc)
                 await asyncio.sleep(1.0)
+
+    @staticmethod
+    async def _announce(conn: psycopg.AsyncConnection[Any]) -> None:
+        """Announce the dashboard on the watch-only channels (renewed every RENEW s)."""
+        for ch in sorted(PRESENCE_CHANNELS):
+            await announce(conn, ch)
 
     async def close(self) -> None:
         """Stop the listener."""

@@ -19,6 +19,11 @@ one asyncio loop, alternates, ``--samples`` times each:
   dedicated autocommit psycopg connection (prepared), into a table with a
   uuid primary key and a jsonb column: the least a durable enqueue costs.
 
+``--watched`` announces a listener on ``pgdurable_steps`` and ``pgdurable_done``
+first (as an open dashboard does), so the worker's batches NOTIFY; by default
+nobody listens and they do not (sql/0023_listener_presence.sql).
+``--live-steps off`` sets ``pgdurable.live_steps = off`` on the database.
+
 Target (issue 21): start() p50 <= 1.5x the bare INSERT's p50.
 """
 

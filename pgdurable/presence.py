@@ -20,11 +20,15 @@ each :data:`RECHECK` delay, not only after its slow safety poll.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import psycopg
+import psycopg.errors
 
 __all__ = ["ANNOUNCE", "CHANNELS", "RECHECK", "RENEW", "TTL", "announce", "announce_sync"]
+
+log = logging.getLogger("pgdurable")
 
 #: The channels sent only while a listener is present.
 CHANNELS = frozenset({"pgdurable_steps", "pgdurable_done"})
@@ -38,11 +42,35 @@ RECHECK = (0.1, 0.5, 2.0)
 ANNOUNCE = "SELECT pgdurable.listen_presence(%s, %s)"
 
 
+#: A role that may not announce (set up by hand, without ``pgdurable grant``) still
+#: listens: it hears what others' announcements make the database send, and reads again
+#: at its safety poll.
+_REFUSED = (psycopg.errors.InsufficientPrivilege, psycopg.errors.UndefinedFunction)
+
+
+_warned: list[bool] = []  # the refusal is logged once per process, not every RENEW seconds
+
+
+def _refused(exc: psycopg.Error) -> None:
+    if _warned:
+        log.debug("cannot announce a listener: %s", exc)
+        return
+    _warned.append(True)
+    log.warning("cannot announce a listener (%s): watch-only notifications are sent only "
+                "while another listener is present; waiting falls back to polling", exc)
+
+
 async def announce(conn: psycopg.AsyncConnection[Any], channel: str) -> None:
     """Announce a listener on ``channel`` for :data:`TTL` seconds (autocommit ``conn``)."""
-    await conn.execute(ANNOUNCE, (channel, TTL))
+    try:
+        await conn.execute(ANNOUNCE, (channel, TTL))
+    except _REFUSED as exc:
+        _refused(exc)
 
 
 def announce_sync(conn: psycopg.Connection[Any], channel: str) -> None:
     """Sync twin of :func:`announce`."""
-    conn.execute(ANNOUNCE, (channel, TTL))
+    try:
+        conn.execute(ANNOUNCE, (channel, TTL))
+    except _REFUSED as exc:
+        _refused(exc)

@@ -8,6 +8,7 @@ the SQL helpers and the errors (the lowest layer, see ``docs/architecture.md``).
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -54,7 +55,7 @@ class Task:
     step_timeout: float | None = None  # seconds; see pgdurable.liveness
     heartbeat_timeout: float | None = None  # seconds; see pgdurable.liveness
 
-    @property
+    @functools.cached_property
     def is_async(self) -> bool:
         """True for ``async def`` step functions (sync ones run in a thread)."""
         return inspect.iscoroutinefunction(self.fn)

@@ -108,14 +108,35 @@ def _attributes(run_id: object, task: str, step: int, attempt: int, token: int) 
     }
 
 
-@contextlib.asynccontextmanager
-async def step_span(
+class _NoSpan(contextlib.AbstractAsyncContextManager[StepSpan]):
+    """What :func:`step_span` gives without tracing: one shared object, no
+    async generator per step (the worker's hot path)."""
+
+    _handle = StepSpan()
+
+    async def __aenter__(self) -> StepSpan:
+        return self._handle
+
+    async def __aexit__(self, *exc: object) -> None:
+        return None
+
+
+_NO_SPAN = _NoSpan()
+
+
+def step_span(
     app: Database, run_id: object, task: str, step: int, attempt: int, token: int
-) -> AsyncIterator[StepSpan]:
+) -> contextlib.AbstractAsyncContextManager[StepSpan]:
     """A span around one step, child of the run's stored trace context (no-op without tracing)."""
     if not _tracing_configured():
-        yield StepSpan()
-        return
+        return _NO_SPAN
+    return _step_span(app, run_id, task, step, attempt, token)
+
+
+@contextlib.asynccontextmanager
+async def _step_span(
+    app: Database, run_id: object, task: str, step: int, attempt: int, token: int
+) -> AsyncIterator[StepSpan]:
     from opentelemetry import propagate, trace
 
     parent = propagate.extract(await _run_context(app, str(run_id)))

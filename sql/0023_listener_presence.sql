@@ -47,8 +47,9 @@ VALUES ('pgdurable_steps', NULL), ('pgdurable_done', NULL);
 ------------------------------------------------------------------------------
 -- pgdurable.listen_presence(channel, ttl_seconds) -> timestamptz
 -- "I listen to channel for the next ttl_seconds" (1..3600): until becomes
--- greatest(until, now + ttl), which is returned. A bad channel or ttl raises
--- PD000 and changes nothing.
+-- greatest(until, now + ttl), which is returned (the channel's row is made
+-- again if somebody deleted it). A bad channel or ttl raises PD000 and changes
+-- nothing.
 ------------------------------------------------------------------------------
 CREATE FUNCTION pgdurable.listen_presence(p_channel text, p_ttl_seconds integer DEFAULT 60)
 RETURNS timestamptz
@@ -64,10 +65,10 @@ BEGIN
     RAISE EXCEPTION 'listen_presence: ttl_seconds must be between 1 and 3600, not %',
       coalesce(p_ttl_seconds::text, 'NULL') USING ERRCODE = 'PD000';
   END IF;
-  UPDATE pgdurable.listeners l
-     SET until = greatest(l.until, pg_catalog.statement_timestamp()
-                                   + make_interval(secs => p_ttl_seconds))
-   WHERE l.channel = p_channel
+  INSERT INTO pgdurable.listeners AS l (channel, until)
+  VALUES (p_channel, pg_catalog.statement_timestamp() + make_interval(secs => p_ttl_seconds))
+  ON CONFLICT (channel) DO UPDATE
+     SET until = greatest(l.until, excluded.until)
   RETURNING l.until INTO v_until;
   RETURN v_until;
 END

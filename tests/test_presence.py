@@ -83,6 +83,11 @@ def test_watch_channels_are_sent_only_while_a_listener_is_present(dsn: str) -> N
         # an announcement that lapsed counts for nothing
         c.execute("UPDATE pgdurable.listeners SET until = now() - interval '1 second'")
         assert _heard(dsn) == set()
+        # a deleted row counts as nobody listening, and an announcement makes it again
+        c.execute("DELETE FROM pgdurable.listeners")
+        assert _heard(dsn) == set()
+        assert _announce(c, "pgdurable_done") == 60
+        assert _heard(dsn) == {"pgdurable_done"}
 
 
 @pytest.mark.parametrize(("args", "what"), [

@@ -8,6 +8,7 @@ named uniquely (pid + uuid) and dropped at teardown.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import re
 import subprocess
@@ -646,3 +647,23 @@ def test_wake_limiter_spends_defers_and_refunds() -> None:
     assert lim.take() == 0.0
     with pytest.raises(ValueError):
         WakeLimiter(rate=0, burst=1)
+
+
+def test_a_role_that_may_not_announce_still_waits(dsn: str, caplog: pytest.LogCaptureFixture) -> None:
+    """A role set up by hand without EXECUTE on listen_presence: result() logs that
+    it cannot announce itself and still gets the outcome (by reading)."""
+    from pgdurable.results import result_sync
+
+    caplog.set_level(logging.DEBUG, logger="pgdurable")  # warned once per process, then debug
+    with psycopg.connect(dsn, autocommit=True) as c:
+        rid = c.execute("SELECT run_id FROM pgdurable.start_run('t', '1', '{}', 'default', 0, 3, "
+                        "NULL, NULL, NULL, NULL)").fetchone()[0]  # type: ignore[index]
+        c.execute("SELECT pgdurable.cancel_run(%s)", (rid,))
+    with roles(dsn, "LOGIN") as (who,):
+        with psycopg.connect(dsn, autocommit=True) as c:
+            c.execute(sql.SQL("GRANT USAGE ON SCHEMA pgdurable TO {}").format(sql.Identifier(who)))
+            c.execute(sql.SQL("GRANT SELECT ON pgdurable.runs TO {}").format(sql.Identifier(who)))
+        mine = _as(dsn, who)
+        with pytest.raises(pgdurable.RunCancelled):
+            result_sync(mine, rid, 5, listen_to=mine)
+    assert "cannot announce a listener" in caplog.text

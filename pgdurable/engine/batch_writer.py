@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -65,7 +65,7 @@ class StepWriter:
         After a lost connection, looks whether the write applied and otherwise
         sends it again, while ``trusted()`` holds.
         """
-        delays = backoff()
+        delays: Iterator[float] | None = None  # made on the first failure only (hot path)
         sent = False
         while True:
             try:
@@ -84,6 +84,8 @@ class StepWriter:
             except Exception as exc:
                 if not is_transient(exc) or not trusted():
                     raise
+            if delays is None:
+                delays = backoff()
             await asyncio.sleep(next(delays))
 
     def _applied(self, row: tuple[Any, ...] | None, token: int, step: int) -> str | None:

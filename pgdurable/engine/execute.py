@@ -74,6 +74,7 @@ class StepExecution(Parking, StepEffects):
                 return await self._effect(a, key, fn, reconcile)
 
         db_delays = backoff()
+        run_id = str(a.run_id)
 
         def trusted() -> bool:
             return self._trusted(a)
@@ -94,7 +95,7 @@ class StepExecution(Parking, StepEffects):
                         f"deadline {deadline_at.isoformat()} passed"), 0.0, terminal=True)
                     return
                 ctx = RunContext(
-                    run_id=str(a.run_id), task=task.name, step=step, attempt=attempts + 1,
+                    run_id=run_id, task=task.name, step=step, attempt=attempts + 1,
                     token=a.token, wake=wake, deadline=deadline_at, budget=budget, spent=spent,
                     _effect=effect, _app=self.app, _owner=self.worker_id, _io=io,
                 )

@@ -8,6 +8,8 @@ database next to it, migrates it, and drops it at the end. Imported as
 
 from __future__ import annotations
 
+import argparse
+
 import psycopg
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
@@ -31,3 +33,25 @@ def drop_scratch(admin_dsn: str, *dbs: str) -> None:
         for db in dbs:
             c.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
                 sql.Identifier(db)))
+
+
+def add_watch_args(ap: argparse.ArgumentParser) -> None:
+    """``--watched`` and ``--live-steps``: who listens to the watch-only NOTIFYs
+    (sql/0023_listener_presence.sql), for :func:`set_watch`."""
+    ap.add_argument("--watched", action="store_true",
+                    help="as with a dashboard open: pgdurable_steps and pgdurable_done announced "
+                         "(sent), else nobody listens (not sent)")
+    ap.add_argument("--live-steps", choices=("on", "off"), default="on",
+                    help="pgdurable.live_steps on the database (off: no live-step NOTIFY even "
+                         "when watched)")
+
+
+def set_watch(dsn: str, args: argparse.Namespace) -> None:
+    """Apply :func:`add_watch_args`' options to the scratch database at ``dsn``."""
+    with psycopg.connect(dsn, autocommit=True) as c:
+        if args.live_steps == "off":
+            c.execute(sql.SQL("ALTER DATABASE {} SET pgdurable.live_steps = off").format(
+                sql.Identifier(str(c.info.dbname))))
+        if args.watched:  # for longer than any benchmark runs
+            for ch in ("pgdurable_steps", "pgdurable_done"):
+                c.execute("SELECT pgdurable.listen_presence(%s, 3600)", (ch,))

@@ -38,7 +38,7 @@ import time
 from typing import Any
 
 import psycopg
-from _scratch import drop_scratch, scratch_dsn
+from _scratch import add_watch_args, drop_scratch, scratch_dsn, set_watch
 
 from pgdurable import Continue, Done, Durable, DurableClient, RunContext, Start
 
@@ -115,11 +115,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--dsn", default="postgresql://postgres@127.0.0.1:5432/postgres")
     ap.add_argument("--samples", type=int, default=1500)
-    ap.add_argument("--live-steps", choices=("on", "off"), default="on",
-                    help="the dashboard's per-batch NOTIFY on checkpoints (docs/dashboard.md)")
-    ap.add_argument("--watched", action="store_true",
-                    help="as with a dashboard open: pgdurable_steps and pgdurable_done announced "
-                         "(sent), else nobody listens (not sent)")
+    add_watch_args(ap)
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
@@ -127,12 +123,7 @@ def main() -> None:
         return
     dsn = scratch_dsn(args.dsn, DB)
     try:
-        with psycopg.connect(dsn, autocommit=True) as c:
-            if args.live_steps == "off":
-                c.execute(f"ALTER DATABASE {DB} SET pgdurable.live_steps = off")
-            if args.watched:
-                for ch in ("pgdurable_steps", "pgdurable_done"):
-                    c.execute("SELECT pgdurable.listen_presence(%s, 3600)", (ch,))
+        set_watch(dsn, args)
         load0 = os.getloadavg()[0]
         t = time.monotonic()
         res = asyncio.run(bench(dsn, args.samples))

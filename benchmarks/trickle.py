@@ -38,8 +38,7 @@ from datetime import timedelta
 from typing import Any
 
 import _peers
-import psycopg
-from _scratch import drop_scratch, scratch_dsn
+from _scratch import add_watch_args, drop_scratch, scratch_dsn, set_watch
 
 from pgdurable import Continue, Done, Durable, RunContext, Start
 
@@ -188,8 +187,7 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=1500)
     ap.add_argument("--hogs", type=int, default=os.cpu_count() or 2, help="busy-loop processes")
     ap.add_argument("--no-peer", action="store_true", help="skip pgqueuer")
-    ap.add_argument("--live-steps", choices=("on", "off"), default="on",
-                    help="the dashboard's per-batch NOTIFY on checkpoints (docs/dashboard.md)")
+    add_watch_args(ap)
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
@@ -200,9 +198,7 @@ def main() -> None:
         sys.exit("pgqueuer is missing: pip install -e '.[bench]' (or --no-peer)")
     dsn = scratch_dsn(args.dsn, DB)
     try:
-        if args.live_steps == "off":
-            with psycopg.connect(dsn, autocommit=True) as c:
-                c.execute(f"ALTER DATABASE {DB} SET pgdurable.live_steps = off")
+        set_watch(dsn, args)
         if with_peer:
             asyncio.run(_peers.pgqueuer_install(dsn))
         t = time.monotonic()

@@ -48,8 +48,10 @@ VALUES ('pgdurable_steps', NULL), ('pgdurable_done', NULL);
 -- pgdurable.listen_presence(channel, ttl_seconds) -> timestamptz
 -- "I listen to channel for the next ttl_seconds" (1..3600): until becomes
 -- greatest(until, now + ttl), which is returned (the channel's row is made
--- again if somebody deleted it). A bad channel or ttl raises PD000 and changes
--- nothing.
+-- again if somebody deleted it). While until is still more than ttl/2 away,
+-- nothing is written (many waiters announcing at once would otherwise queue on
+-- the row and each pay a WAL flush). A bad channel or ttl raises PD000 and
+-- changes nothing.
 ------------------------------------------------------------------------------
 CREATE FUNCTION pgdurable.listen_presence(p_channel text, p_ttl_seconds integer DEFAULT 60)
 RETURNS timestamptz
@@ -64,6 +66,12 @@ BEGIN
   IF p_ttl_seconds IS NULL OR p_ttl_seconds < 1 OR p_ttl_seconds > 3600 THEN
     RAISE EXCEPTION 'listen_presence: ttl_seconds must be between 1 and 3600, not %',
       coalesce(p_ttl_seconds::text, 'NULL') USING ERRCODE = 'PD000';
+  END IF;
+  SELECT l.until INTO v_until FROM pgdurable.listeners l
+   WHERE l.channel = p_channel
+     AND l.until >= pg_catalog.statement_timestamp() + make_interval(secs => p_ttl_seconds / 2.0);
+  IF FOUND THEN
+    RETURN v_until;  -- announced recently enough: no write
   END IF;
   INSERT INTO pgdurable.listeners AS l (channel, until)
   VALUES (p_channel, pg_catalog.statement_timestamp() + make_interval(secs => p_ttl_seconds))

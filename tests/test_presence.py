@@ -74,6 +74,12 @@ def test_watch_channels_are_sent_only_while_a_listener_is_present(dsn: str) -> N
         assert _heard(dsn) == {"pgdurable_steps"}
         assert _announce(c, "pgdurable_done") == 60
         assert _announce(c, "pgdurable_done", 1) > 50, "a shorter ttl never shortens it"
+        version = c.execute("SELECT xmin::text FROM pgdurable.listeners "
+                            "WHERE channel = 'pgdurable_done'").fetchone()
+        assert _announce(c, "pgdurable_done") > 50
+        assert c.execute("SELECT xmin::text FROM pgdurable.listeners "
+                         "WHERE channel = 'pgdurable_done'").fetchone() == version, \
+            "an announcement more than half its ttl away is not written again"
         assert _heard(dsn) == set(WATCH)
         # the setting still switches the live timeline off
         db = c.info.dbname

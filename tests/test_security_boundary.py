@@ -649,7 +649,7 @@ def test_wake_limiter_spends_defers_and_refunds() -> None:
         WakeLimiter(rate=0, burst=1)
 
 
-def test_a_role_that_may_not_announce_still_waits(dsn: str, caplog: pytest.LogCaptureFixture) -> None:
+def test_a_role_that_may_not_announce_still_reads_the_outcome(dsn: str, caplog: pytest.LogCaptureFixture) -> None:
     """A role set up by hand without EXECUTE on listen_presence: result() logs that
     it cannot announce itself and still gets the outcome (by reading)."""
     from pgdurable.results import result_sync

@@ -117,6 +117,8 @@ class WorkerBase:
         self._grace = 30.0
         self._running = False
         self._done = asyncio.Event()
+        self._claims: asyncio.Task[None] | None = None  # the claim loop, while run() runs
+        self._claims_deadline: asyncio.TimerHandle | None = None  # see Worker._abandon_claims
         self._tasks: list[Task] = []
         self.claim_count = 0  # claim statements issued (tests, metrics)
         # when fewer than _claim_batch slots are free, a claim waits claim_delay

@@ -50,7 +50,10 @@ Shutdown: SIGTERM/SIGINT (when :meth:`run` runs in the main thread) or
 :meth:`stop`: stop claiming, let running steps finish within ``grace``
 seconds, checkpoint them, give their leases back (runnable + NOTIFY); steps
 still running after the grace period are cancelled and their runs given back
-at their last checkpoint.
+at their last checkpoint. Every wait of a stop is bounded: a claim statement
+that has not returned ``settle_limit`` seconds after the request (a lock it
+waits for, a socket gone quiet) is cancelled, and a run that does not settle
+is left to its lease's TTL, so that :meth:`Worker.stop` always returns.
 """
 
 from __future__ import annotations
@@ -58,12 +61,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
+from collections.abc import Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
+from typing import Any
 
 from ..fork import register_worker, unregister_worker
 from ..steps import STEP_EXECUTOR
-from .base import log
+from .base import _DB_ERRORS, log
 from .claim import ClaimLoop
 from .heartbeat import Heartbeat
 from .listener import Listener
@@ -139,10 +144,18 @@ class Worker(ClaimLoop, Listener, Heartbeat):
             log.warning("worker %s: no LISTEN: the app's DSN goes through a transaction-mode "
                         "pooler and no listen_dsn is set; finding work by polling every %.1f s",
                         self.worker_id, self.poll_interval)
+        claims = asyncio.create_task(self._claim_loop(), name="pgdurable-claims")
+        self._claims = claims
         try:
-            await self._claim_loop()
+            try:
+                await claims
+            except asyncio.CancelledError:
+                if _cancelling():
+                    raise  # run() itself was cancelled
+                # stop() gave up on a claim statement that did not return (see
+                # _abandon_claims); the runs it held are stopped as usual below
             await self._drain()
-            await self._hand_off()
+            await self._bounded(self._hand_off(), "the hand-off NOTIFY")
         except asyncio.CancelledError:
             # run() itself was cancelled (not stop()): stop the runs as well, so
             # that no step goes on without heartbeats (its lease would lapse
@@ -162,14 +175,23 @@ class Worker(ClaimLoop, Listener, Heartbeat):
                     await t
             for sig in handled:
                 loop.remove_signal_handler(sig)
-            await unregister_worker(self.app, self.worker_id)
+            if self._claims_deadline is not None:
+                self._claims_deadline.cancel()
+                self._claims_deadline = None
+            self._claims = None
+            await unregister_worker(self.app, self.worker_id)  # bounded (5 s) itself
             STEP_EXECUTOR.reset(executor_token)
             executor.shutdown(wait=False, cancel_futures=True)
             self._running = False
             self._done.set()
 
     async def stop(self, grace: timedelta | float = 30.0) -> None:
-        """Stop gracefully: no more claims, steps get ``grace`` seconds, leases go back."""
+        """Stop gracefully: no more claims, steps get ``grace`` seconds, leases go back.
+
+        Returns within about ``grace`` + 2 * ``settle_limit`` seconds, whatever the
+        database does: a claim statement still waiting ``settle_limit`` seconds
+        after the request is cancelled, stopped runs get ``settle_limit`` seconds
+        to settle, and the leases of those that do not are left to lapse."""
         self._request_stop(grace)
         if self._running:
             await self._done.wait()
@@ -182,3 +204,37 @@ class Worker(ClaimLoop, Listener, Heartbeat):
                      self.worker_id, len(self._active), self._grace)
         self._stopping = True
         self._wake.set()
+        claims = self._claims
+        if claims is not None and not claims.done() and self._claims_deadline is None:
+            self._claims_deadline = asyncio.get_running_loop().call_later(
+                self.settle_limit, self._abandon_claims)
+
+    def _abandon_claims(self) -> None:
+        """``settle_limit`` seconds after a stop request the claim loop has not
+        ended: one of its statements has not returned (a lock it waits for, a
+        socket that went quiet). Cancel it, so that :meth:`stop` returns; psycopg
+        cancels the statement on the server, and runs that a claim committed
+        anyway are recovered when their leases lapse, like a crashed worker's."""
+        self._claims_deadline = None
+        claims = self._claims
+        if claims is not None and not claims.done():
+            log.warning("worker %s: a claim statement has not returned %.0f s after stop was "
+                        "asked; cancelling it", self.worker_id, self.settle_limit)
+            claims.cancel()
+
+    async def _bounded(self, step: Coroutine[Any, Any, object], what: str) -> None:
+        """A shutdown statement, given up (cancelled) after ``settle_limit`` seconds."""
+        try:
+            await asyncio.wait_for(step, self.settle_limit)
+        except TimeoutError:
+            log.warning("worker %s: %s did not finish within %.0f s; going on",
+                        self.worker_id, what, self.settle_limit)
+        except _DB_ERRORS as exc:
+            log.warning("worker %s: %s failed: %s", self.worker_id, what, exc)
+
+
+def _cancelling() -> bool:
+    """Whether the current task has been asked to cancel (not merely seen a
+    cancelled task it awaited)."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0

@@ -1,0 +1,72 @@
+"""A test that runs too long says where it is.
+
+``WATCHDOG_AFTER`` seconds into a test (``PGDURABLE_TEST_WATCHDOG`` overrides
+it), :func:`arm` prints, to the terminal and not to the test's captured
+output (a hung suite may never show that): every thread's stack and every
+asyncio task's stack of every running event loop, so that a hang in CI (a
+worker that does not stop, a statement that never returns) is seen where it
+is. pytest-timeout (``timeout`` in ``pyproject.toml``) later fails the test.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import io
+import os
+import sys
+import threading
+import traceback
+from collections.abc import Callable
+
+WATCHDOG_AFTER = float(os.environ.get("PGDURABLE_TEST_WATCHDOG", "120"))
+
+
+def _threads() -> str:
+    names = {t.ident: t.name for t in threading.enumerate()}
+    out = io.StringIO()
+    for ident, frame in sys._current_frames().items():
+        out.write(f"--- thread {names.get(ident, ident)}\n")
+        out.write("".join(traceback.format_stack(frame)))
+    return out.getvalue()
+
+
+def _running_loops() -> list[asyncio.AbstractEventLoop]:
+    return [o for o in gc.get_objects()
+            if isinstance(o, asyncio.AbstractEventLoop) and o.is_running()]
+
+
+def _tasks(loop: asyncio.AbstractEventLoop) -> str:
+    """Every task's stack, read in the loop's own thread (5 s, else: blocked)."""
+    got: list[str] = []
+    answered = threading.Event()
+
+    def read() -> None:
+        try:
+            out = io.StringIO()
+            for t in asyncio.all_tasks(loop):
+                out.write(f"--- task {t.get_name()}: {t.get_coro()!r}\n")
+                t.print_stack(file=out)
+            got.append(out.getvalue())
+        finally:
+            answered.set()
+
+    loop.call_soon_threadsafe(read)
+    if not answered.wait(5.0):
+        return "(the event loop did not answer within 5 s: it is blocked)\n"
+    return got[0] if got else ""
+
+
+def arm(test: str, write: Callable[[str], None]) -> threading.Timer:
+    """Start the watchdog of ``test``; ``cancel()`` the timer when the test ends."""
+
+    def bark() -> None:
+        report = [f"\n=== watchdog: {test} still running after {WATCHDOG_AFTER:.0f} s ===\n",
+                  _threads()]
+        report += [_tasks(loop) for loop in _running_loops()]
+        write("".join(report))
+
+    timer = threading.Timer(WATCHDOG_AFTER, bark)
+    timer.daemon = True
+    timer.start()
+    return timer

@@ -339,8 +339,11 @@ def test_sigkilled_worker_slots_come_back_when_its_leases_lapse(
             "AND lease_expires_at > now()")
     until_sync(lambda: one(conn, held, "A") == 5, "A holds the 5 slots")
     workers.start("B", "capk", concurrency=5, ttl=ttl)
+    # B's claim loop claims first, then asks next_wakeup: either as a connection's
+    # latest statement means B has claimed (a claim alone is seen only while in flight)
     until_sync(lambda: one(conn, "SELECT count(*) FROM pg_stat_activity WHERE application_name "
-                                 "= 'flow-B' AND query LIKE '%%claim_runs%%'") > 0,
+                                 "= 'flow-B' AND (query LIKE '%%claim_runs%%' "
+                                 "OR query LIKE '%%next_wakeup%%')") > 0,
                "B tried to claim")
     assert one(conn, held, "B") == 0  # the cap holds: B gets nothing while A lives
     a.send_signal(signal.SIGKILL)

@@ -19,6 +19,14 @@ one asyncio loop, alternates, ``--samples`` times each:
   dedicated autocommit psycopg connection (prepared), into a table with a
   uuid primary key and a jsonb column: the least a durable enqueue costs.
 
+``--breakdown`` also times, in the same interleaved loop, where ``start()``'s
+time goes: ``pool start_run`` (the same prepared ``start_run`` through the
+app's pool, parameters built beforehand: no validation) and ``conn
+start_run`` (that statement on a dedicated connection: no pool either), so
+that ``start()`` - ``pool start_run`` is the Python before the statement,
+``pool`` - ``conn`` the pool's checkout and ``conn`` - bare the server's
+``start_run`` against a bare INSERT.
+
 ``--watched`` announces a listener on ``pgdurable_steps`` and ``pgdurable_done``
 first (as an open dashboard does), so the worker's batches NOTIFY; by default
 nobody listens and they do not (sql/0023_listener_presence.sql).
@@ -41,6 +49,8 @@ import psycopg
 from _scratch import add_watch_args, drop_scratch, scratch_dsn, set_watch
 
 from pgdurable import Continue, Done, Durable, DurableClient, RunContext, Start
+from pgdurable._runs_sql import START
+from pgdurable.registry import start_params
 
 DB = "pgdurable_bench_start_latency"
 BARE = "INSERT INTO bench_bare (state) VALUES (%s::jsonb)"
@@ -66,7 +76,7 @@ def pct(xs: list[float], p: float) -> float:
     return s[min(len(s) - 1, round(p / 100 * (len(s) - 1)))]
 
 
-async def bench(dsn: str, samples: int) -> dict[str, list[float]]:
+async def bench(dsn: str, samples: int, breakdown: bool = False) -> dict[str, list[float]]:
     worker = await asyncio.create_subprocess_exec(
         sys.executable, __file__, "--worker", "--dsn", dsn, stdout=subprocess.DEVNULL)
     app = make_app(dsn)
@@ -77,6 +87,9 @@ async def bench(dsn: str, samples: int) -> dict[str, list[float]]:
     await bare.execute("CREATE TABLE bench_bare (id uuid PRIMARY KEY DEFAULT gen_random_uuid(), "
                        "state jsonb NOT NULL)")
     out: dict[str, list[float]] = {"start()": [], "sync start()": [], "bare INSERT": []}
+    conn = await psycopg.AsyncConnection.connect(dsn, autocommit=True)
+    if breakdown:
+        out |= {"pool start_run": [], "conn start_run": []}
     backlog = [Start("t", {"i": i}, queue="busy") for i in range(2000)]
     try:
         await app.start_many(backlog)
@@ -92,6 +105,17 @@ async def bench(dsn: str, samples: int) -> dict[str, list[float]]:
             t2 = time.perf_counter()
             await bare.execute(BARE, (psycopg.types.json.Jsonb(state),), prepare=True)
             t3 = time.perf_counter()
+            if breakdown:
+                params = start_params(app._registry, "t", state, "idle", 0, None, None, None,
+                                      None, None)
+                t4 = time.perf_counter()
+                await app.fetchone(START, params)
+                t5 = time.perf_counter()
+                await (await conn.execute(START, params, prepare=True)).fetchone()
+                t6 = time.perf_counter()
+                if i >= 50:
+                    out["pool start_run"].append(t5 - t4)
+                    out["conn start_run"].append(t6 - t5)
             if i >= 50:  # warm-up
                 out["start()"].append(t1 - t0)
                 out["sync start()"].append(t2 - t1)
@@ -106,6 +130,7 @@ async def bench(dsn: str, samples: int) -> dict[str, list[float]]:
         worker.terminate()
         await worker.wait()
         await bare.close()
+        await conn.close()
         client.close()
         await app.close()
     return out
@@ -115,6 +140,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--dsn", default="postgresql://postgres@127.0.0.1:5432/postgres")
     ap.add_argument("--samples", type=int, default=1500)
+    ap.add_argument("--breakdown", action="store_true",
+                    help="also time start_run through the pool and on a dedicated connection")
     add_watch_args(ap)
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -126,7 +153,7 @@ def main() -> None:
         set_watch(dsn, args)
         load0 = os.getloadavg()[0]
         t = time.monotonic()
-        res = asyncio.run(bench(dsn, args.samples))
+        res = asyncio.run(bench(dsn, args.samples, args.breakdown))
         took = time.monotonic() - t
     finally:
         drop_scratch(args.dsn, DB)
@@ -134,11 +161,11 @@ def main() -> None:
           f"interleaved; {'watched' if args.watched else 'unwatched'}, live_steps "
           f"{args.live_steps}; load avg {load0:.1f} -> {os.getloadavg()[0]:.1f}; {took:.0f} s)")
     base = pct(res["bare INSERT"], 50)
-    print(f"{'call':<14} {'p50 ms':>8} {'p90 ms':>8} {'p99 ms':>8} {'p50 / bare':>10}")
+    print(f"{'call':<16} {'p50 ms':>8} {'p90 ms':>8} {'p99 ms':>8} {'p50 / bare':>10}")
     drained = int(res.pop("drained")[0])
     for name, xs in res.items():
         p50 = pct(xs, 50)
-        print(f"{name:<14} {p50 * 1e3:8.3f} {pct(xs, 90) * 1e3:8.3f} {pct(xs, 99) * 1e3:8.3f} "
+        print(f"{name:<16} {p50 * 1e3:8.3f} {pct(xs, 90) * 1e3:8.3f} {pct(xs, 99) * 1e3:8.3f} "
               f"{p50 / base:10.2f}")
     ratio = pct(res["start()"], 50) / base
     print(f"meanwhile the worker completed {drained} runs ({drained / took:.0f}/s)")

@@ -446,11 +446,11 @@ async def test_stopping_worker_hands_its_timer_to_an_idle_worker(dsn: str) -> No
 def test_worker_module_entry_point_sigterm(dsn: str, tmp_path: Any) -> None:
     mod = tmp_path / "wapp.py"
     mod.write_text(
-        "import pgdurable\n"
+        "import gc, pgdurable\n"
         f"app = pgdurable.Durable({dsn!r})\n"
         "@app.task('x', revision='1')\n"
         "async def x(ctx, state):\n"
-        "    return pgdurable.Done(state)\n"
+        "    return pgdurable.Done({**state, 'frozen': gc.get_freeze_count() > 0})\n"
     )
     with psycopg.connect(dsn, autocommit=True) as c:
         c.execute("LISTEN pgdurable_wake")
@@ -467,7 +467,8 @@ def test_worker_module_entry_point_sigterm(dsn: str, tmp_path: Any) -> None:
                 if st and st[0] == "completed":
                     break
                 c.execute("SELECT pg_sleep(0.05)")
-            assert st == ("completed", {"a": 1})
+            # the command froze its start-up objects (gc.freeze) before running
+            assert st == ("completed", {"a": 1, "frozen": True})
         finally:
             proc.send_signal(signal.SIGTERM)
             assert proc.wait(timeout=WAIT_LIMIT) == 0

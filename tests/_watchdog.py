@@ -6,18 +6,22 @@ output (a hung suite may never show that): every thread's stack and every
 asyncio task's stack of every running event loop, so that a hang in CI (a
 worker that does not stop, a statement that never returns) is seen where it
 is. pytest-timeout (``timeout`` in ``pyproject.toml``) later fails the test.
+:func:`watchdog` is the autouse fixture (``tests/conftest.py`` imports it).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import io
 import os
 import sys
 import threading
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+
+import pytest
 
 WATCHDOG_AFTER = float(os.environ.get("PGDURABLE_TEST_WATCHDOG", "120"))
 
@@ -70,3 +74,23 @@ def arm(test: str, write: Callable[[str], None]) -> threading.Timer:
     timer.daemon = True
     timer.start()
     return timer
+
+
+@pytest.fixture(autouse=True)
+def watchdog(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A test still running after ``WATCHDOG_AFTER`` seconds prints its stacks."""
+    plugins = request.config.pluginmanager
+    reporter = plugins.get_plugin("terminalreporter")
+    capture = plugins.get_plugin("capturemanager")
+
+    def write(text: str) -> None:  # to the terminal, past the test's captured output
+        with (capture.global_and_fixture_disabled() if capture is not None
+              else contextlib.nullcontext()):
+            (reporter.write if reporter is not None else sys.stderr.write)(text)
+            sys.stderr.flush()
+
+    timer = arm(request.node.nodeid, write)
+    try:
+        yield
+    finally:
+        timer.cancel()

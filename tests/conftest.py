@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import itertools
 import os
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import psycopg
 import pytest
-from _watchdog import arm
+from _watchdog import watchdog  # noqa: F401 (autouse: a hung test prints its stacks)
 from psycopg.conninfo import make_conninfo
 from pytest_postgresql.janitor import DatabaseJanitor
 
@@ -46,25 +45,6 @@ class PgServer:
             user=self.user, host=self.host, port=self.port, password=self.password,
             dbname=dbname, **kw,
         )
-
-
-@pytest.fixture(autouse=True)
-def _watchdog(request: pytest.FixtureRequest) -> Iterator[None]:
-    """A test still running after a few minutes prints its threads' and tasks' stacks."""
-    plugins = request.config.pluginmanager
-    reporter = plugins.get_plugin("terminalreporter")
-    capture = plugins.get_plugin("capturemanager")
-
-    def write(text: str) -> None:  # to the terminal, past the test's captured output
-        with capture.global_and_fixture_disabled():
-            (reporter.write if reporter is not None else sys.stderr.write)(text)
-            sys.stderr.flush()
-
-    timer = arm(request.node.nodeid, write)
-    try:
-        yield
-    finally:
-        timer.cancel()
 
 
 @pytest.fixture(scope="session")

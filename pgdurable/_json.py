@@ -47,6 +47,52 @@ def reject_lone_surrogates(text: str, what: str) -> None:
         ) from None
 
 
+def _plain(value: Any) -> bool:
+    """True if ``value`` is certainly plain JSON (see :func:`validate`); False
+    if it may not be. The fast path: level by level, exact types only, no path
+    kept. A subclass, a value met twice (shared or circular), an odd string or
+    too deep a nesting answers False and :func:`_validate` looks closely."""
+    seen: set[int] = set()
+    level = [value]
+    depth = 0  # of the values in ``level``; a container is allowed below MAX_DEPTH
+    while level:
+        below: list[Any] = []
+        for v in level:
+            t = type(v)
+            if t is str:
+                if "\x00" in v or (not v.isascii() and _surrogate(v)):
+                    return False
+            elif t is dict:
+                if depth >= MAX_DEPTH or id(v) in seen:
+                    return False
+                seen.add(id(v))
+                for k in v:
+                    if type(k) is not str or "\x00" in k or (not k.isascii() and _surrogate(k)):
+                        return False
+                below.extend(v.values())
+            elif t is list:
+                if depth >= MAX_DEPTH or id(v) in seen:
+                    return False
+                seen.add(id(v))
+                below.extend(v)
+            elif t is float:
+                if not math.isfinite(v):
+                    return False
+            elif not (v is None or t is int or t is bool):
+                return False
+        level = below
+        depth += 1
+    return True
+
+
+def _surrogate(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
 def validate(value: Any, what: str = "value") -> None:
     """Raise ``TypeError``/``ValueError`` naming the path if ``value`` is not plain JSON.
 
@@ -54,7 +100,15 @@ def validate(value: Any, what: str = "value") -> None:
     NUL or lone surrogates, ``list``, and ``dict`` with ``str`` keys (without
     NUL or lone surrogates), nested at most
     :data:`MAX_DEPTH` levels; the same value may appear in several places.
+    A value that passes the fast check (:func:`_plain`, the common case) is
+    not walked again; any other is walked with its paths (:func:`_validate`).
     """
+    if not _plain(value):
+        _validate(value, what)
+
+
+def _validate(value: Any, what: str) -> None:
+    """:func:`validate`'s close look: the path of the first value that is not JSON."""
     # depth-first; a container's id is on ``path`` while its children are
     # checked (an exit marker pops it), so a value shared by two branches is
     # fine and only a container inside itself is circular

@@ -91,3 +91,53 @@ json_values = st.recursive(
 @given(json_values)
 def test_plain_json_round_trips(value: Any) -> None:
     assert _json.loads(_json.dumps(value)) == value
+
+
+class _Int(int):
+    pass
+
+
+# everything validate() must judge: plain JSON, and each kind of value it refuses
+any_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text()
+    | st.sampled_from(["\x00", "a\ud800b", "\udfff", "é", (1, 2), b"x", {1, 2}, _Int(3)]),
+    lambda inner: st.lists(inner, max_size=4)
+    | st.dictionaries(st.text() | st.integers() | st.sampled_from(["k\x00", "\ud800", None]),
+                      inner, max_size=4),
+    max_leaves=30,
+)
+
+
+def _refused(value: Any) -> bool:
+    try:
+        _json._validate(value, "v")
+    except (TypeError, ValueError):
+        return True
+    return False
+
+
+@given(any_values)
+def test_the_fast_check_never_passes_what_the_close_look_refuses(value: Any) -> None:
+    """validate() trusts _plain() (no path kept, exact types) and walks the
+    value with its paths only when _plain() is unsure: _plain() must never
+    accept a value that the walk refuses."""
+    if _json._plain(value):
+        assert not _refused(value)
+
+
+@pytest.mark.parametrize("leaf", [[], {}, 1, "x"])
+@pytest.mark.parametrize("depth", [_json.MAX_DEPTH - 1, _json.MAX_DEPTH, _json.MAX_DEPTH + 1])
+def test_the_fast_check_and_the_close_look_agree_at_the_depth_limit(leaf: Any, depth: int) -> None:
+    value: Any = leaf
+    for _ in range(depth):
+        value = [value]
+    assert _json._plain(value) == (not _refused(value))
+
+
+def test_shared_and_circular_values_take_the_close_look() -> None:
+    x = [1]
+    shared = [x, {"again": x}]
+    assert not _json._plain(shared) and not _refused(shared)  # shared: fine, looked at closely
+    loop: list[Any] = []
+    loop.append(loop)
+    assert not _json._plain(loop) and _refused(loop)

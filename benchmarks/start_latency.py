@@ -87,7 +87,7 @@ async def bench(dsn: str, samples: int, breakdown: bool = False) -> dict[str, li
     await bare.execute("CREATE TABLE bench_bare (id uuid PRIMARY KEY DEFAULT gen_random_uuid(), "
                        "state jsonb NOT NULL)")
     out: dict[str, list[float]] = {"start()": [], "sync start()": [], "bare INSERT": []}
-    conn = await psycopg.AsyncConnection.connect(dsn, autocommit=True)
+    conn = await psycopg.AsyncConnection.connect(dsn, autocommit=True) if breakdown else None
     if breakdown:
         out |= {"pool start_run": [], "conn start_run": []}
     backlog = [Start("t", {"i": i}, queue="busy") for i in range(2000)]
@@ -105,7 +105,7 @@ async def bench(dsn: str, samples: int, breakdown: bool = False) -> dict[str, li
             t2 = time.perf_counter()
             await bare.execute(BARE, (psycopg.types.json.Jsonb(state),), prepare=True)
             t3 = time.perf_counter()
-            if breakdown:
+            if conn is not None:
                 params = start_params(app._registry, "t", state, "idle", 0, None, None, None,
                                       None, None)
                 t4 = time.perf_counter()
@@ -130,7 +130,8 @@ async def bench(dsn: str, samples: int, breakdown: bool = False) -> dict[str, li
         worker.terminate()
         await worker.wait()
         await bare.close()
-        await conn.close()
+        if conn is not None:
+            await conn.close()
         client.close()
         await app.close()
     return out

@@ -61,14 +61,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
-from collections.abc import Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
-from typing import Any
 
 from ..fork import register_worker, unregister_worker
 from ..steps import STEP_EXECUTOR
-from .base import _DB_ERRORS, log
+from .base import log
 from .claim import ClaimLoop
 from .heartbeat import Heartbeat
 from .listener import Listener
@@ -155,7 +153,11 @@ class Worker(ClaimLoop, Listener, Heartbeat):
                 # stop() gave up on a claim statement that did not return (see
                 # _abandon_claims); the runs it held are stopped as usual below
             await self._drain()
-            await self._bounded(self._hand_off(), "the hand-off NOTIFY")
+            try:  # _hand_off logs its own errors; a statement that never returns is let go
+                await asyncio.wait_for(self._hand_off(), self.settle_limit)
+            except TimeoutError:
+                log.warning("worker %s: the hand-off NOTIFY did not finish within %.0f s",
+                            self.worker_id, self.settle_limit)
         except asyncio.CancelledError:
             # run() itself was cancelled (not stop()): stop the runs as well, so
             # that no step goes on without heartbeats (its lease would lapse
@@ -221,16 +223,6 @@ class Worker(ClaimLoop, Listener, Heartbeat):
             log.warning("worker %s: a claim statement has not returned %.0f s after stop was "
                         "asked; cancelling it", self.worker_id, self.settle_limit)
             claims.cancel()
-
-    async def _bounded(self, step: Coroutine[Any, Any, object], what: str) -> None:
-        """A shutdown statement, given up (cancelled) after ``settle_limit`` seconds."""
-        try:
-            await asyncio.wait_for(step, self.settle_limit)
-        except TimeoutError:
-            log.warning("worker %s: %s did not finish within %.0f s; going on",
-                        self.worker_id, what, self.settle_limit)
-        except _DB_ERRORS as exc:
-            log.warning("worker %s: %s failed: %s", self.worker_id, what, exc)
 
 
 def _cancelling() -> bool:

@@ -79,6 +79,7 @@ from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 from . import _json
+from ._aio import wait_set
 from ._db import connect, translated, validate_dsn
 from ._retry import SETTLE_DELAYS
 from ._runs_sql import MAX_NAME_BYTES, check_size
@@ -422,11 +423,8 @@ async def _arun(conns: Callable[[], Any], p: _Params, owner: str, fn: Callable[[
 
     async def heartbeat() -> None:
         while True:
-            try:
-                await asyncio.wait_for(stop.wait(), p.lease.total_seconds() / 3)
+            if await wait_set(stop, p.lease.total_seconds() / 3):
                 return
-            except TimeoutError:
-                pass
             try:
                 row = await _aone(conns, _RENEW, (p.key, owner, p.lease))
             except Exception:

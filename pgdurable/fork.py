@@ -213,7 +213,8 @@ async def register_worker(app: App, worker_id: str, tasks: dict[str, Task]) -> N
 async def unregister_worker(app: App, worker_id: str) -> None:
     """Remove a stopping worker's ``worker_revisions`` rows (failure only logged)."""
     try:
-        await asyncio.wait_for(app.fetchone(UNREGISTER_WORKER, (worker_id,)), timeout=5.0)
+        async with asyncio.timeout(5.0):
+            await app.fetchone(UNREGISTER_WORKER, (worker_id,))
     except (TimeoutError, PgDurableError, psycopg.Error, OSError) as exc:
         log.warning("worker %s: task revisions not unregistered (%s)", worker_id, exc)
 

@@ -55,6 +55,7 @@ from typing import Any
 import psycopg
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
+from ._aio import wait_set
 from ._db import translated, validate_dsn
 from .errors import InvalidInput, PgDurableError
 from .migrations import acheck_schema, check_schema
@@ -311,10 +312,7 @@ async def run_maintenance(
                                    _lead=lead))
         except (PgDurableError, psycopg.Error, OSError) as exc:
             log.warning("history partition maintenance failed: %s", exc)
-        try:
-            await asyncio.wait_for(stop.wait(), timeout=interval * random.uniform(0.9, 1.1))
-        except TimeoutError:
-            pass
+        await wait_set(stop, interval * random.uniform(0.9, 1.1))
 
 
 def run_maintenance_sync(

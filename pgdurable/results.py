@@ -22,7 +22,6 @@ when the reads go through a transaction pooler and a ``listen_dsn`` is set).
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import math
 import time
@@ -31,6 +30,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from . import _runs_sql as q
+from ._aio import wait_set
 from ._db import connect, translated
 from .errors import ResultTimeout, RunCancelled, RunFailed, RunNotFound
 from .pooler import Pooler
@@ -96,8 +96,7 @@ async def await_result(app: App, run_id: object, timeout: object = None) -> Any:
     try:
         # the LISTEN must be in place before the first read (no lost wake-up);
         # if the listener cannot connect, the reads below still poll
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(hub.listening.wait(), POLL if limit is None else min(POLL, limit))
+        await wait_set(hub.listening, POLL if limit is None else min(POLL, limit))
         while True:
             event.clear()
             done, result = outcome(await app.fetchone(READ, (rid,)), rid)
@@ -106,8 +105,7 @@ async def await_result(app: App, run_id: object, timeout: object = None) -> Any:
             left = None if end is None else end - time.monotonic()
             if left is not None and left <= 0:
                 raise _expired(rid, limit)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(event.wait(), POLL if left is None else min(POLL, left))
+            await wait_set(event, POLL if left is None else min(POLL, left))
     finally:
         await hub.unsubscribe(str(rid), event)
 

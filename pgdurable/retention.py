@@ -57,6 +57,7 @@ from typing import Any
 import psycopg
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
+from ._aio import wait_set
 from ._db import translated, validate_dsn
 from .errors import InvalidInput, PgDurableError
 from .migrations import acheck_schema, check_schema
@@ -435,10 +436,7 @@ async def run_pruner(
                     on_prune)
         except (PgDurableError, psycopg.Error, OSError) as exc:
             log.warning("prune failed: %s", exc)
-        try:
-            await asyncio.wait_for(stop.wait(), timeout=_jittered(interval))
-        except TimeoutError:
-            pass
+        await wait_set(stop, _jittered(interval))
 
 
 def run_pruner_sync(

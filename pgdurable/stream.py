@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 
 from . import _runs_sql as q
+from ._aio import wait_set
 from ._json import dumps
 from .errors import DatabaseUnavailable, RunNotFound
 from .pooler import aconnect
@@ -281,13 +282,11 @@ class _Follower:
         self.event = self.hub.subscribe(key)
 
     async def start(self) -> None:
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self.hub.listening.wait(), self.poll)
+        await wait_set(self.hub.listening, self.poll)
         self.event.clear()
 
     async def wait(self) -> None:
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self.event.wait(), self.poll)
+        await wait_set(self.event, self.poll)
         self.event.clear()  # before the re-read: a later notification sets it again
 
     async def close(self) -> None:

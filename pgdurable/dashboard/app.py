@@ -243,7 +243,8 @@ class _Dashboard:
                 yield "retry: 1000\n\n"
                 while True:
                     try:
-                        msg = await asyncio.wait_for(q.get(), 15.0)
+                        async with asyncio.timeout(15.0):
+                            msg = await q.get()
                     except TimeoutError:
                         yield ": keep-alive\n\n"
                         continue

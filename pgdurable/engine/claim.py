@@ -26,6 +26,7 @@ from typing import Any
 
 from .. import _runs_sql as q
 from .. import metrics
+from .._aio import wait_set
 from .base import _DB_ERRORS, _Active, log
 from .execute import StepExecution
 
@@ -93,10 +94,7 @@ class ClaimLoop(StepExecution):
             timeout = self._ticker.timeout(timeout)
             woke = True
             if not self._wake.is_set():
-                try:
-                    await asyncio.wait_for(self._wake.wait(), timeout)
-                except TimeoutError:
-                    woke = False
+                woke = await wait_set(self._wake, timeout)
             if self._stopping:
                 break
             self._wake.clear()

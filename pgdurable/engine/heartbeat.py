@@ -15,12 +15,12 @@ deadlock.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from datetime import timedelta
 from typing import Any
 
 from .. import _runs_sql as q
+from .._aio import wait_set
 from .base import _DB_ERRORS, WorkerBase, _Active, log
 
 __all__ = ["Heartbeat"]
@@ -38,9 +38,7 @@ class Heartbeat(WorkerBase):
             for a in self._active.values():
                 if a.stop_reason != "lease_lost":
                     wake_at = min(wake_at, a.trust_until)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._renew_now.wait(),
-                                       max(0.0, wake_at - time.monotonic()) + 0.001)
+            await wait_set(self._renew_now, max(0.0, wake_at - time.monotonic()) + 0.001)
             now = time.monotonic()
             if self._renew_now.is_set():  # asked for (the listener reconnected): renew now
                 self._renew_now.clear()
@@ -58,9 +56,8 @@ class Heartbeat(WorkerBase):
             sent = time.monotonic()
             try:
                 self.heartbeat_count += 1
-                rows = await asyncio.wait_for(
-                    self._renew(live, ttl), timeout=max(self.heartbeat_interval, 1.0)
-                )
+                async with asyncio.timeout(max(self.heartbeat_interval, 1.0)):
+                    rows = await self._renew(live, ttl)
             except (TimeoutError, *_DB_ERRORS) as exc:
                 log.warning("heartbeat failed: %s", exc)
                 continue

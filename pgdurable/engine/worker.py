@@ -154,7 +154,8 @@ class Worker(ClaimLoop, Listener, Heartbeat):
                 # _abandon_claims); the runs it held are stopped as usual below
             await self._drain()
             try:  # _hand_off logs its own errors; a statement that never returns is let go
-                await asyncio.wait_for(self._hand_off(), self.settle_limit)
+                async with asyncio.timeout(self.settle_limit):
+                    await self._hand_off()
             except TimeoutError:
                 log.warning("worker %s: the hand-off NOTIFY did not finish within %.0f s",
                             self.worker_id, self.settle_limit)

@@ -1,0 +1,37 @@
+"""Waiting for an event, bounded, without ever losing a cancellation.
+
+Not ``asyncio.wait_for``: on Python 3.11 it runs the awaited thing in a task
+of its own, and when the waiting task is cancelled just as that inner task
+finishes (an event set up to a few loop iterations before the cancel), it
+returns the inner result and the cancellation is lost (CPython gh-86296,
+fixed in 3.12). A loop that then waits again never ends: a worker's heartbeat
+did exactly that when its LISTEN connection came up as the worker stopped, and
+``Worker.stop()`` hung for the heartbeat's whole interval.
+
+``asyncio.timeout`` waits in the task itself: a cancel always raises, and the
+deadline's own cancellation is told apart from an outside one. The package
+bounds its waits with ``asyncio.timeout`` (directly, or through
+:func:`wait_set` for an event); ``tests/test_aio.py`` checks that no module
+uses ``wait_for``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+__all__ = ["wait_set"]
+
+
+async def wait_set(event: asyncio.Event, timeout: float) -> bool:  # noqa: ASYNC109
+    """Wait up to ``timeout`` seconds for ``event``; whether it is set.
+
+    (A ``timeout`` parameter, against ruff's ASYNC109: the answer is whether
+    the event is set, which ``asyncio.timeout`` around ``event.wait()`` does
+    not give; this is that wrapper, once, for the package's many waits.)"""
+    if event.is_set():
+        return True
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(max(0.0, timeout)):
+            await event.wait()
+    return event.is_set()

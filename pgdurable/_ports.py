@@ -14,9 +14,10 @@ from typing import Any, Protocol
 
 from psycopg_pool import AsyncConnectionPool
 
+from .pooler import Pooler
 from .registry import Task, TaskRegistry
 
-__all__ = ["App", "Database", "StepContext", "SyncDatabase"]
+__all__ = ["App", "AppSettings", "Database", "StepContext", "SyncDatabase"]
 
 
 class Database(Protocol):
@@ -45,6 +46,16 @@ class App(Database, Protocol):
     async def open(self) -> None: ...
 
     def listen_conninfo(self) -> str | None: ...
+
+
+class AppSettings(Protocol):
+    """What :class:`pgdurable.DurableClient` takes of an app passed as ``app=``
+    (:class:`pgdurable.Durable` is one): where and how it connects, its tasks."""
+
+    conninfo: str | None
+    pooler: Pooler | None
+    listen_dsn: str | None
+    _registry: TaskRegistry
 
 
 class SyncDatabase(Protocol):

@@ -20,7 +20,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "pgdurable"
 #: with everything under it.
 LAYERS: list[tuple[str, set[str]]] = [
     ("foundation", {
-        "errors", "_json", "_text", "_hints", "_retry", "_runs_sql", "_leases_sql",
+        "errors", "_aio", "_json", "_text", "_hints", "_retry", "_runs_sql", "_leases_sql",
         "_schema_trust", "_db", "pooler", "migrations", "metrics", "embedded", "roles",
         "registry", "_ports", "presence", "signals", "leases", "_lease_pipeline", "effects", "tasks",
     }),
@@ -30,7 +30,7 @@ LAYERS: list[tuple[str, set[str]]] = [
     }),
     ("engine", {"engine.*"}),
     ("models", {"step_tasks", "durable_runs", "workflows"}),
-    ("app", {"runs"}),
+    ("app", {"runs", "client", "_app_common"}),
     ("operations", {
         "", "worker", "cli", "_cli_common", "cli_fork", "schedules_cli", "retention",
         "partitions", "demo", "webhooks", "testing", "dashboard.*", "contrib.*",
@@ -44,7 +44,7 @@ LATE_IMPORTS = {
     ("pgdurable.testing", "pgdurable.embedded"),  # pgdurable[embedded]: pgserver
 }
 
-APP_MODULE = "pgdurable.runs"  # Durable and DurableClient
+APP_MODULE = "pgdurable.runs"  # Durable (it re-exports DurableClient)
 
 
 def _name(path: Path) -> str:

@@ -1,8 +1,9 @@
 """A test that runs too long says where it is.
 
 ``WATCHDOG_AFTER`` seconds into a test (``PGDURABLE_TEST_WATCHDOG`` overrides
-it), :func:`arm` prints, to the terminal and not to the test's captured
-output (a hung suite may never show that): every thread's stack and every
+it), :func:`arm` prints, to the terminal (a hung suite may never show the
+test's captured output) and again into that captured output (shown with the
+failure, next to pytest-timeout's dump): every thread's stack and every
 asyncio task's stack of every running event loop, so that a hang in CI (a
 worker that does not stop, a statement that never returns) is seen where it
 is. pytest-timeout (``timeout`` in ``pyproject.toml``) later fails the test.
@@ -69,6 +70,10 @@ def arm(test: str, write: Callable[[str], None]) -> threading.Timer:
                   _threads()]
         report += [_tasks(loop) for loop in _running_loops()]
         write("".join(report))
+        # and into the test's captured output, so that the failure's report
+        # (what a shortened CI log keeps) has every task's stack too
+        sys.stdout.write("".join(report))
+        sys.stdout.flush()
 
     timer = threading.Timer(WATCHDOG_AFTER, bark)
     timer.daemon = True

@@ -43,5 +43,8 @@ def test_a_hung_test_prints_its_stacks_then_fails_and_the_suite_goes_on(tmp_path
     assert ("=== watchdog: test_hangs_async.py::test_hangs_in_the_loop still running "
             "after 1 s ===") in out, out
     assert "--- task stuck-task" in out and "await asyncio.sleep(600)" in out, out
+    # the stacks are in the failure's report too (its captured stdout)
+    assert out.count("--- task stuck-task") == 2, out
+    assert out.count("--- thread side-thread") >= 2, out  # (the next test lists it too)
     assert "Timeout" in out and "2 failed, 1 passed" in out, out  # failed, and went on
     assert p.returncode == 1

@@ -185,3 +185,72 @@ def test_partition_drop_does_not_lock_runs(conn: psycopg.Connection[Any]) -> Non
     assert dropped is not None and dropped[0] in (6, 9)  # 2 or 3 whole days x 3 tables
     assert all(m not in ("AccessExclusiveLock", "ShareRowExclusiveLock", "ExclusiveLock")
                for (m,) in locks), locks
+
+
+def ids(conn: psycopg.Connection[Any]) -> dict[str, Any]:
+    """signal_history_ids as {signal_id: consumed_at}."""
+    return dict(conn.execute("SELECT signal_id, consumed_at FROM pgdurable.signal_history_ids"
+                             ).fetchall())
+
+
+def history_ids(conn: psycopg.Connection[Any]) -> dict[str, Any]:
+    """What signal_history_ids must hold: signal_history's rows that have a signal_id."""
+    return dict(conn.execute("SELECT signal_id, consumed_at FROM pgdurable.signal_history"
+                             " WHERE signal_id IS NOT NULL").fetchall())
+
+
+def test_a_new_signal_id_probes_no_history_partition(conn: psycopg.Connection[Any]) -> None:
+    """With many days of history, telling a new signal_id from a resent one takes
+    one probe of signal_history_ids, not one of every partition (0024)."""
+    conn.execute("SELECT pgdurable.create_history_partitions(40, 0)")
+    parts = {r[0] for r in conn.execute(
+        "SELECT inhrelid FROM pg_inherits WHERE inhparent = 'pgdurable.signal_history'::regclass")}
+    assert len(parts) > 40
+    park(conn, "p1")
+    for _ in range(7):  # past plpgsql's custom plans: its generic plan is what runs from then on
+        conn.execute(SEND, ("ci", "nobody", "{}", f"fresh-{_}"))
+    with conn.transaction():
+        assert conn.execute(SEND, ("ci", "p1", "{}", "fresh")).fetchone() is not None
+        locked = {r[0] for r in conn.execute(
+            "SELECT relation FROM pg_locks WHERE pid = pg_backend_pid() AND relation IS NOT NULL")}
+    assert not locked & parts, "a new signal_id locked signal_history partitions"
+
+
+def test_signal_history_ids_follow_the_history(conn: psycopg.Connection[Any]) -> None:
+    """The ids mirror signal_history through the move, prune_runs, a partition drop
+    that keeps a live run's signal (moved to the default partition) and one that
+    drops them; an entry whose row went with a partition dropped by hand is a new id."""
+    day0 = db_today(conn) + timedelta(hours=12)
+    at(conn, day0)
+    park(conn, "d")
+    live, gone = park(conn, "l"), park(conn, "g")
+    park(conn, "n")
+    for ref in ("d", "l", "g"):
+        conn.execute(SEND, ("ci", ref, "{}", f"sig-{ref}"))
+    conn.execute(SEND, ("ci", "n", "{}", None))  # consumed, no signal_id: nothing to index
+    for _ in range(4):
+        rid, token = claim(conn)
+        if rid != live:
+            conn.execute("SELECT pgdurable.complete_run(%s, %s, 'w1', '{}', '1')", (rid, token))
+    assert ids(conn) == {}
+    at(conn, day0 + timedelta(hours=2))
+    assert move(conn) == 4
+    assert set(ids(conn)) == {"sig-d", "sig-l", "sig-g"} and ids(conn) == history_ids(conn)
+    # prune_runs deletes one run's signal row by row
+    conn.execute("UPDATE pgdurable.runs SET finished_at = pgdurable.now() - interval '31 days'"
+                 " WHERE id = %s", (gone,))
+    assert prune_sync(conn, "30d").signals == 1
+    assert set(ids(conn)) == {"sig-d", "sig-l"} and ids(conn) == history_ids(conn)
+    assert conn.execute(SEND, ("ci", "g", "{}", "sig-g")).fetchone() == (None,)  # new again
+    # a partition drop: the finished run's signal goes, the live run's moves to default
+    at(conn, day0 + timedelta(days=40))
+    maintain_sync(conn, days_ahead=0, older_than="30d")
+    assert where(conn, "sig-l") == ["pgdurable.signal_history_default"]
+    assert set(ids(conn)) == {"sig-l"} and ids(conn) == history_ids(conn)
+    assert conn.execute(SEND, ("ci", "l", "{}", "sig-l")).fetchone() == ([live],)
+    assert conn.execute(SEND, ("ci", "d", "{}", "sig-d")).fetchone() == (None,)
+    # a partition dropped by hand leaves a stale entry: the id is new, the entry goes
+    conn.execute("INSERT INTO pgdurable.signal_history_ids VALUES ('stale', now())")
+    assert conn.execute(SEND, ("ci", "x", "{}", "stale")).fetchone() == (None,)
+    assert "stale" not in ids(conn)
+    assert where(conn, "stale") == ["pgdurable.signals"]

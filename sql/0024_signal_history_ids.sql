@@ -37,12 +37,6 @@ COMMENT ON COLUMN pgdurable.signal_history_ids.signal_id IS
 COMMENT ON COLUMN pgdurable.signal_history_ids.consumed_at IS
   'Its row''s consumed_at: the partition to read it from.';
 
-INSERT INTO pgdurable.signal_history_ids (signal_id, consumed_at)
-SELECT DISTINCT ON (h.signal_id) h.signal_id, h.consumed_at
-  FROM pgdurable.signal_history h
- WHERE h.signal_id IS NOT NULL
- ORDER BY h.signal_id, h.consumed_at DESC;
-
 ------------------------------------------------------------------------------
 -- Triggers: signal_history's rows with a signal_id, mirrored (one statement
 -- each, over the statement's transition table).
@@ -89,6 +83,16 @@ CREATE TRIGGER signal_history_ids_update_remove AFTER UPDATE ON pgdurable.signal
 CREATE TRIGGER signal_history_ids_update_add AFTER UPDATE ON pgdurable.signal_history
   REFERENCING NEW TABLE AS new_rows
   FOR EACH STATEMENT EXECUTE FUNCTION pgdurable._signal_history_ids_add();
+
+-- The rows already there, read only now: creating the triggers locked
+-- signal_history against writers (SHARE ROW EXCLUSIVE, until this migration
+-- commits), so a move_consumed_signals that commits while this runs is either
+-- seen here or waits and fires the triggers; none of its ids is left out.
+INSERT INTO pgdurable.signal_history_ids (signal_id, consumed_at)
+SELECT DISTINCT ON (h.signal_id) h.signal_id, h.consumed_at
+  FROM pgdurable.signal_history h
+ WHERE h.signal_id IS NOT NULL
+ ORDER BY h.signal_id, h.consumed_at DESC;
 
 ------------------------------------------------------------------------------
 -- pgdurable._signal_dup(signal_id, kind, ref, payload, run_id) -> uuid[]

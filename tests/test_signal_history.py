@@ -3,11 +3,14 @@ dedup across it, retention by partition, the migration with data, and the Citus-
 
 from __future__ import annotations
 
+import threading
+import time
 from datetime import timedelta
 from typing import Any
 
 import psycopg
 import pytest
+from _waiting import WAIT_LIMIT
 
 import pgdurable
 from pgdurable import migrations
@@ -254,3 +257,53 @@ def test_signal_history_ids_follow_the_history(conn: psycopg.Connection[Any]) ->
     assert conn.execute(SEND, ("ci", "x", "{}", "stale")).fetchone() == (None,)
     assert "stale" not in ids(conn)
     assert where(conn, "stale") == ["pgdurable.signals"]
+
+
+def test_migration_keeps_the_ids_of_a_move_that_commits_meanwhile(
+        empty_dsn: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """0024 fills signal_history_ids after its triggers lock signal_history: a
+    move_consumed_signals still open when the migration starts is waited for and its
+    ids are in the table (filled first, its ids would be left out and never deduplicate)."""
+    shipped = migrations.load_migrations()
+    mine = next(m for m in shipped if m.name.endswith("_signal_history_ids.sql"))
+    monkeypatch.setattr(migrations, "load_migrations",
+                        lambda: tuple(m for m in shipped if m.version < mine.version))
+    pgdurable.migrate(empty_dsn)
+    monkeypatch.undo()
+    with psycopg.connect(empty_dsn, autocommit=True) as c:
+        c.execute("""
+          INSERT INTO pgdurable.signals (kind, ref, payload, signal_id, created_at,
+                                         consumed_by, consumed_at, woke)
+          VALUES ('ci', 'a', '1', 'moved-meanwhile', now() - interval '2 hours',
+                  gen_random_uuid(), now() - interval '2 hours', '{}'),
+                 ('ci', 'b', '2', 'moved-before', now() - interval '2 hours',
+                  gen_random_uuid(), now() - interval '3 hours', '{}')""")
+        c.execute("SELECT pgdurable.move_consumed_signals('1 hour', 1)")  # moved-before
+        with psycopg.connect(empty_dsn) as mover:  # moved-meanwhile: not committed yet
+            assert mover.execute("SELECT pgdurable.move_consumed_signals('1 hour')"
+                                 ).fetchone() == (1,)
+            done = threading.Event()
+            failed: list[BaseException] = []
+
+            def run_migration() -> None:
+                try:
+                    pgdurable.migrate(empty_dsn)
+                except BaseException as exc:  # reported below
+                    failed.append(exc)
+                finally:
+                    done.set()
+
+            t = threading.Thread(target=run_migration)
+            t.start()
+            end = time.monotonic() + WAIT_LIMIT
+            while not c.execute("SELECT count(*) FROM pg_stat_activity WHERE datname ="
+                                " current_database() AND wait_event_type = 'Lock'").fetchone()[0]:
+                assert not done.is_set() and time.monotonic() < end, "the migration did not wait"
+                time.sleep(0.02)
+            mover.commit()
+            t.join(WAIT_LIMIT)
+        assert done.is_set() and not failed, failed
+        got = {r[0] for r in c.execute("SELECT signal_id FROM pgdurable.signal_history_ids")}
+        assert got == {"moved-before", "moved-meanwhile"}
+        with pytest.raises(psycopg.Error, match="already sent"):
+            c.execute(SEND, ("ci", "a", "9", "moved-meanwhile"))

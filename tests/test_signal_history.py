@@ -251,6 +251,10 @@ def test_signal_history_ids_follow_the_history(conn: psycopg.Connection[Any]) ->
     assert where(conn, "sig-l") == ["pgdurable.signal_history_default"]
     assert set(ids(conn)) == {"sig-l"} and ids(conn) == history_ids(conn)
     assert conn.execute(SEND, ("ci", "l", "{}", "sig-l")).fetchone() == ([live],)
+    # an UPDATE by hand (no function updates history) is a remove and an add
+    conn.execute("UPDATE pgdurable.signal_history SET signal_id = 'sig-l2' WHERE signal_id = 'sig-l'")
+    assert set(ids(conn)) == {"sig-l2"} and ids(conn) == history_ids(conn)
+    conn.execute("UPDATE pgdurable.signal_history SET signal_id = 'sig-l' WHERE signal_id = 'sig-l2'")
     assert conn.execute(SEND, ("ci", "d", "{}", "sig-d")).fetchone() == (None,)
     # a partition dropped by hand leaves a stale entry: the id is new, the entry goes
     conn.execute("INSERT INTO pgdurable.signal_history_ids VALUES ('stale', now())")

@@ -47,8 +47,26 @@ HOG = "while True: pass"
 
 
 def _say(*words: object) -> None:
+    """Report an event with its time: a buffered write, flushed by :func:`_flusher`
+    (a write system call per event, to a pipe, would be the harness's cost in
+    the measured worker, paid per run)."""
     sys.stdout.write(" ".join(map(str, words)) + f" {time.monotonic():.9f}\n")
-    sys.stdout.flush()
+
+
+async def _flusher() -> None:
+    """Flush the worker's reports every 20 ms (the times are in the lines)."""
+    while True:
+        await asyncio.sleep(0.02)
+        sys.stdout.flush()
+
+
+async def _reporting(main: Any) -> None:
+    flusher = asyncio.create_task(_flusher())
+    try:
+        await main
+    finally:
+        flusher.cancel()
+        sys.stdout.flush()
 
 
 def make_app(dsn: str) -> Durable:
@@ -74,18 +92,23 @@ async def our_worker(dsn: str) -> None:
 def worker_main(system: str, dsn: str) -> None:
     print("ready", flush=True)
     if system == "pgdurable":
-        asyncio.run(our_worker(dsn))
+        asyncio.run(_reporting(our_worker(dsn)))
     else:
-        asyncio.run(_peers.WORKER[system](dsn, lambda p: _say("end", p), steps=3))
+        asyncio.run(_reporting(_peers.WORKER[system](dsn, lambda p: _say("end", p), steps=3)))
 
 
 class Worker:
-    """A worker process and the times it reports (``first``/``end`` per run)."""
+    """A worker process and the times it reports (``first``/``end`` per run).
+
+    Its output is read all along by a task of the driver (a pipe left unread
+    while the producer runs would fill and stall the worker)."""
 
     def __init__(self, system: str, dsn: str) -> None:
         self.system = system
         self.dsn = dsn
         self.proc: asyncio.subprocess.Process | None = None
+        self._lines: asyncio.Queue[tuple[str, str, float]] = asyncio.Queue()
+        self._reader: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         self.proc = await asyncio.create_subprocess_exec(
@@ -94,29 +117,36 @@ class Worker:
         )
         assert self.proc.stdout is not None
         assert (await self.proc.stdout.readline()).strip() == b"ready"
+        self._reader = asyncio.create_task(self._read())
+
+    async def _read(self) -> None:
+        assert self.proc is not None and self.proc.stdout is not None
+        async for line in self.proc.stdout:
+            kind, payload, t = line.decode().split()
+            self._lines.put_nowait((kind, payload, float(t)))
 
     async def times(self, prefix: str, n: int) -> tuple[float, float]:
         """(first step of the first run, end of the last run) of n runs ``prefix-*``."""
-        assert self.proc is not None and self.proc.stdout is not None
         first: float | None = None
         ends = 0
         last = 0.0
         while ends < n:
-            line = await asyncio.wait_for(self.proc.stdout.readline(), 120)
-            kind, payload, t = line.decode().split()
+            kind, payload, t = await asyncio.wait_for(self._lines.get(), 120)
             if not payload.startswith(prefix + "-"):
                 continue
             if kind == "first":
-                first = float(t) if first is None else min(first, float(t))
+                first = t if first is None else min(first, t)
             else:
                 ends += 1
-                last = max(last, float(t))
+                last = max(last, t)
         return (first or 0.0), last
 
     async def stop(self) -> None:
         if self.proc is not None and self.proc.returncode is None:
             self.proc.terminate()
             await asyncio.wait_for(self.proc.wait(), 20)
+        if self._reader is not None:
+            self._reader.cancel()
 
 
 async def phase(name: str, app: Durable, ours: Worker, peer: Worker | None,

@@ -111,6 +111,7 @@ class WorkerBase:
         self._pending = True
         self._due_at: float | None = None
         self._asked_at = -math.inf  # when next_wakeup last answered (monotonic)
+        self._found_at = -math.inf  # when a claim last found runs (NOTIFY coalescing)
         # how long a trickle of claims may skip next_wakeup (see engine/claim.py)
         self.recheck_interval = 0.5
         self._stopping = False
@@ -122,7 +123,9 @@ class WorkerBase:
         self._tasks: list[Task] = []
         self.claim_count = 0  # claim statements issued (tests, metrics)
         # when fewer than _claim_batch slots are free, a claim waits claim_delay
-        # seconds for more to free up (under load: fewer, larger claims)
+        # seconds for more to free up (under load: fewer, larger claims); a
+        # NOTIFY within claim_delay of a claim that found runs waits for the
+        # rest of it (a trickle of starts: engine/claim.py)
         self._claim_batch = max(1, concurrency // 8)
         self.claim_delay = 0.005
         # after the grace period, how long stopped runs get to settle (release,

@@ -10,7 +10,10 @@ of: next poll, earliest timer, retry or lease expiry in its queues. Idle = one
 query per poll interval. A trickle of NOTIFY-driven claims that find runs
 asks ``next_wakeup`` at most every ``recheck_interval`` (0.5 s; the claims take
 due timers themselves) and claims again 50 ms after the last one. Under load a claim waits ``claim_delay`` for more
-slots to free up (fewer, larger claims). Queue limits, buckets and reclaim
+slots to free up (fewer, larger claims), and a wake-up within ``claim_delay`` of a
+claim that found runs waits out the rest of that window (a trickle of starts is
+claimed a few runs at a time, not a claim and its writes per run; a start after
+a quiet spell is claimed at once). Queue limits, buckets and reclaim
 bounds are applied by the claim statement itself (``sql/``); the loop passes
 the task names, revisions and ``max_reclaims`` it serves.
 """
@@ -107,6 +110,12 @@ class ClaimLoop(StepExecution):
                 # first so that one claim takes several runs (claim batching)
                 await asyncio.sleep(self.claim_delay)
                 free = self.concurrency - len(self._active)
+            elif woke and (cooldown := self._found_at + self.claim_delay - time.monotonic()) > 0:
+                # a trickle of starts: the last claim found runs moments ago;
+                # wait out claim_delay after it, so that one claim (and then one
+                # write per step) takes every run started meanwhile
+                await asyncio.sleep(cooldown)
+                free = self.concurrency - len(self._active)
             if not woke:
                 due = self._due_at is not None and time.monotonic() >= self._due_at
                 if not due:
@@ -117,6 +126,7 @@ class ClaimLoop(StepExecution):
             claimed = await self._claim(free)
             if claimed:
                 self.wake_limit.refund(claimed)  # real work: a token back per run found
+                self._found_at = time.monotonic()
             self._pending = claimed == free
             if claimed < free:
                 now = time.monotonic()

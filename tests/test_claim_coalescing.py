@@ -1,0 +1,95 @@
+"""Claims under a trickle of starts: a wake-up that comes within ``claim_delay``
+of a claim that found runs waits out the rest of that window, so that one claim
+takes every run started meanwhile; a start after a quiet spell is claimed at once
+(pgdurable/engine/claim.py). ``claim_delay`` is made long here (2 s) so that the
+window is unmistakable on a loaded machine."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from _waiting import finished, running
+
+from pgdurable import Done, Durable, RunContext, Worker
+from pgdurable import _runs_sql as q
+
+WINDOW = 2.0
+
+
+@pytest.fixture
+async def app(dsn: str) -> AsyncIterator[Durable]:
+    a = Durable(dsn)
+
+    @a.task("quick", revision="1")
+    async def quick(ctx: RunContext, state: Any) -> Any:
+        return Done(state)
+
+    yield a
+    await a.close()
+
+
+def claims_seen(app: Durable) -> list[int]:
+    """The number of runs each claim statement of ``app`` returned, in order."""
+    found: list[int] = []
+    orig = app.fetchall
+
+    async def fetchall(sql: str, params: tuple[Any, ...], **kw: Any) -> Any:
+        rows = await orig(sql, params, **kw)
+        if sql == q.CLAIM:
+            found.append(len(rows))
+        return rows
+
+    app.fetchall = fetchall  # type: ignore[method-assign]
+    return found
+
+
+def slow_window_worker(app: Durable) -> Worker:
+    worker = app.worker(concurrency=8, poll_interval=30)
+    worker.claim_delay = WINDOW
+    return worker
+
+
+async def test_starts_within_the_window_of_a_claim_that_found_runs_are_claimed_together(
+    app: Durable,
+) -> None:
+    found = claims_seen(app)
+    async with running(slow_window_worker(app)) as worker:
+        first = await app.start("quick", {"n": 0})
+        began = time.monotonic()  # the claim that finds it comes after this
+        await finished(app, first)
+        await asyncio.sleep(0.2)  # past the worker's own re-check 50 ms after that claim
+        base = worker.claim_count
+        claims = len(found)
+        later = [await app.start("quick", {"n": i}) for i in (1, 2, 3)]
+        # each start NOTIFYs; within the window none of them is claimed
+        await asyncio.sleep(0.5)
+        assert time.monotonic() - began < WINDOW, "the machine was too slow to test the window"
+        assert worker.claim_count == base
+        assert {(await app.get_run(r)).status for r in later} == {"runnable"}
+        infos = [await finished(app, r) for r in later]
+    assert [i.result for i in infos] == [{"n": 1}, {"n": 2}, {"n": 3}]
+    # one claim, at the window's end, took all three (the worker's re-check
+    # 50 ms after it finds nothing)
+    assert [n for n in found[claims:] if n] == [3]
+
+
+async def test_a_start_after_a_quiet_spell_is_claimed_at_once(app: Durable) -> None:
+    found = claims_seen(app)
+    async with running(slow_window_worker(app)):
+        first = await app.start("quick", {"n": 0})
+        await finished(app, first)
+        await asyncio.sleep(WINDOW + 0.2)  # the window of the claim that found it is over
+        claims = len(found)
+        started = time.monotonic()
+        rid = await app.start("quick", {"n": 1})
+        info = await finished(app, rid)
+        took = time.monotonic() - started
+    assert info.result == {"n": 1}
+    assert found[claims] == 1  # the first claim after the start took it
+    # claimed on its NOTIFY, not at the end of another window (2 s): the
+    # margin is wide, this checks which path ran, not how fast
+    assert took < WINDOW / 2

@@ -171,11 +171,8 @@ class Worker(ClaimLoop, Listener, Heartbeat):
                 await asyncio.wait(tasks, timeout=self.settle_limit)
             raise
         finally:
-            for t in helpers:
-                t.cancel()
-            for t in helpers:
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await t
+            with contextlib.suppress(asyncio.CancelledError):
+                await _end_helpers(helpers)
             for sig in handled:
                 loop.remove_signal_handler(sig)
             if self._claims_deadline is not None:
@@ -231,3 +228,20 @@ def _cancelling() -> bool:
     cancelled task it awaited)."""
     task = asyncio.current_task()
     return task is not None and task.cancelling() > 0
+
+
+async def _end_helpers(helpers: list[asyncio.Task[None]]) -> None:
+    """Cancel the heartbeat and the listener and wait for them to end, cancelling
+    again each second while one goes on. On Python 3.11 a cancel can be lost
+    inside a library's ``asyncio.wait_for`` (psycopg_pool's connection checkout:
+    CPython gh-86296): the heartbeat would then finish its renewal, wait out its
+    interval and renew again, forever, and ``stop()`` would never return."""
+    pending = set(helpers)
+    while pending:
+        for t in pending:
+            t.cancel()
+        _, pending = await asyncio.wait(pending, timeout=1.0)
+    for t in helpers:
+        if not t.cancelled() and t.exception() is not None:
+            log.debug("worker helper %s ended with %r", t.get_name(), t.exception())
+

@@ -16,6 +16,8 @@ the producer. Two phases, each measuring, in this order:
   1 s delayed start, so the worker finds them all at once;
 * **trickle**: the producer calls ``await app.start(...)`` ``--runs`` times,
   one after the other, as fast as it can;
+* **producer alone**: the same starts on a queue no worker serves (then
+  deleted): the ceiling of any trickle, printed as ``alone / drain``;
 * **pgqueuer trickle**: the same with ``Queries.enqueue``.
 
 Rate = runs / (the worker's ``time.monotonic()`` at the end of the last run's
@@ -38,11 +40,13 @@ from datetime import timedelta
 from typing import Any
 
 import _peers
+import psycopg
 from _scratch import add_watch_args, drop_scratch, scratch_dsn, set_watch
 
 from pgdurable import Continue, Done, Durable, RunContext, Start
 
 DB = "pgdurable_bench_trickle"
+ALONE = "bench-alone"  # a queue no worker serves
 HOG = "while True: pass"
 
 
@@ -149,7 +153,7 @@ class Worker:
             self._reader.cancel()
 
 
-async def phase(name: str, app: Durable, ours: Worker, peer: Worker | None,
+async def phase(name: str, dsn: str, app: Durable, ours: Worker, peer: Worker | None,
                 pgq_enqueue: Any, runs: int) -> dict[str, float]:
     out: dict[str, float] = {}
     # drain: every run at once (a delayed start makes them due together)
@@ -166,6 +170,14 @@ async def phase(name: str, app: Durable, ours: Worker, peer: Worker | None,
     _, last = await ours.times(f"{name}T", runs)
     out["trickle"] = runs / (last - t0)
     out["producer"] = runs / produced
+    # the producer alone: the same starts on a queue no worker serves (the
+    # ceiling of any trickle: no worker can run runs faster than they start)
+    t0 = time.monotonic()
+    for i in range(runs):
+        await app.start("three", {"p": f"{name}A-{i}"}, queue=ALONE)
+    out["alone"] = runs / (time.monotonic() - t0)
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as c:
+        await c.execute("DELETE FROM pgdurable.runs WHERE queue = %s", (ALONE,))
     if peer is not None:
         t0 = time.monotonic()
         for i in range(runs):
@@ -187,7 +199,7 @@ async def bench(dsn: str, runs: int, hogs: int, with_peer: bool) -> dict[str, di
         if peer is not None:
             await peer.start()
         await asyncio.sleep(1.0)
-        await phase("warm", app, ours, peer, enqueue, 200)
+        await phase("warm", dsn, app, ours, peer, enqueue, 200)
         for name in ("quiet", "hog"):
             procs = [await asyncio.create_subprocess_exec(sys.executable, "-c", HOG)
                      for _ in range(hogs if name == "hog" else 0)]
@@ -195,7 +207,7 @@ async def bench(dsn: str, runs: int, hogs: int, with_peer: bool) -> dict[str, di
                 if procs:
                     await asyncio.sleep(1.0)  # the hog's load is there before we start
                 load = os.getloadavg()[0]
-                results[name] = await phase(name, app, ours, peer, enqueue, runs)
+                results[name] = await phase(name, dsn, app, ours, peer, enqueue, runs)
                 results[name]["load"] = max(load, os.getloadavg()[0])
             finally:
                 for p in procs:
@@ -239,11 +251,15 @@ def main() -> None:
     print(f"trickle vs drain, {args.runs} three-step runs per measurement, one worker process "
           f"({took:.0f} s; hog = {args.hogs} busy-loop processes)")
     print(f"{'phase':<6} {'load':>5} {'drain/s':>8} {'trickle/s':>9} {'ratio':>6} "
-          f"{'producer/s':>10} {'pgqueuer/s':>10}")
+          f"{'producer/s':>10} {'alone/s':>8} {'ceiling':>7} {'pgqueuer/s':>10}")
     for name, r in res.items():
         pgq = f"{r['pgqueuer']:10.0f}" if "pgqueuer" in r else f"{'-':>10}"
         print(f"{name:<6} {r['load']:5.1f} {r['drain']:8.0f} {r['trickle']:9.0f} "
-              f"{r['trickle'] / r['drain']:6.2f} {r['producer']:10.0f} {pgq}")
+              f"{r['trickle'] / r['drain']:6.2f} {r['producer']:10.0f} {r['alone']:8.0f} "
+              f"{r['alone'] / r['drain']:7.2f} {pgq}")
+    print("(producer/s: its start() rate while the worker runs the runs; alone/s: the same "
+          "starts with no worker taking them; ceiling = alone / drain, the most a trickle "
+          "ratio can be)")
     q, h = res["quiet"], res["hog"]
     print(f"ratio trickle/drain quiet = {q['trickle'] / q['drain']:.2f} (target >= 0.80: "
           f"{'met' if q['trickle'] >= 0.8 * q['drain'] else 'NOT met'})")

@@ -111,7 +111,7 @@ class WorkerBase:
         self._pending = True
         self._due_at: float | None = None
         self._asked_at = -math.inf  # when next_wakeup last answered (monotonic)
-        self._found_at = -math.inf  # when a claim last found runs (NOTIFY coalescing)
+        self._found_at = -math.inf  # when a claim last found some runs, not a full batch
         # how long a trickle of claims may skip next_wakeup (see engine/claim.py)
         self.recheck_interval = 0.5
         self._stopping = False
@@ -124,8 +124,8 @@ class WorkerBase:
         self.claim_count = 0  # claim statements issued (tests, metrics)
         # when fewer than _claim_batch slots are free, a claim waits claim_delay
         # seconds for more to free up (under load: fewer, larger claims); a
-        # NOTIFY within claim_delay of a claim that found runs waits for the
-        # rest of it (a trickle of starts: engine/claim.py)
+        # wake-up within claim_delay of a claim that found runs (fewer than
+        # its free slots) waits for the rest of it (a trickle: engine/claim.py)
         self._claim_batch = max(1, concurrency // 8)
         self.claim_delay = 0.005
         # after the grace period, how long stopped runs get to settle (release,

@@ -9,13 +9,14 @@ first asks ``pgdurable.next_wakeup`` (one query) and sleeps until the earliest
 of: next poll, earliest timer, retry or lease expiry in its queues. Idle = one
 query per poll interval. A trickle of NOTIFY-driven claims that find runs
 asks ``next_wakeup`` at most every ``recheck_interval`` (0.5 s; the claims take
-due timers themselves) and claims again 50 ms after the last one. Under load a claim waits ``claim_delay`` for more
-slots to free up (fewer, larger claims), and a wake-up within ``claim_delay`` of a
-claim that found runs waits out the rest of that window (a trickle of starts is
-claimed a few runs at a time, not a claim and its writes per run; a start after
-a quiet spell is claimed at once). Queue limits, buckets and reclaim
-bounds are applied by the claim statement itself (``sql/``); the loop passes
-the task names, revisions and ``max_reclaims`` it serves.
+due timers themselves) and claims again 50 ms after the last one. Under load a
+claim waits ``claim_delay`` for more slots to free up (fewer, larger claims), and a
+wake-up within ``claim_delay`` of a claim that found runs, but fewer than its free
+slots, waits out the rest of that window: a trickle of starts is claimed a few runs
+at a time, not a claim and its writes per run, while a start after a quiet spell is
+claimed at once and a backlog (claims that fill every slot) is not slowed. Queue
+limits, buckets and reclaim bounds are applied by the claim statement itself
+(``sql/``); the loop passes the task names, revisions and ``max_reclaims`` it serves.
 """
 
 from __future__ import annotations
@@ -111,9 +112,10 @@ class ClaimLoop(StepExecution):
                 await asyncio.sleep(self.claim_delay)
                 free = self.concurrency - len(self._active)
             elif woke and (cooldown := self._found_at + self.claim_delay - time.monotonic()) > 0:
-                # a trickle of starts: the last claim found runs moments ago;
-                # wait out claim_delay after it, so that one claim (and then one
-                # write per step) takes every run started meanwhile
+                # a trickle of starts: the last claim found runs (fewer than it
+                # had room for) moments ago; wait out claim_delay after it, so
+                # that one claim (and then one write per step) takes every run
+                # started meanwhile
                 await asyncio.sleep(cooldown)
                 free = self.concurrency - len(self._active)
             if not woke:
@@ -126,6 +128,9 @@ class ClaimLoop(StepExecution):
             claimed = await self._claim(free)
             if claimed:
                 self.wake_limit.refund(claimed)  # real work: a token back per run found
+            if 0 < claimed < free:
+                # runs found, and room for more: a trickle, not a backlog (a
+                # backlog fills every slot, and its next claim finds plenty)
                 self._found_at = time.monotonic()
             self._pending = claimed == free
             if claimed < free:

@@ -55,6 +55,7 @@ class _Active:
     task: asyncio.Task[None] | None = None
     in_step: bool = False
     stop_reason: str | None = None  # "cancel" | "lease_lost" | "shutdown"
+    finishing: bool = False  # its completion is written: its slot is free (engine/claim.py)
 
 
 def _seconds(value: timedelta | float | int, what: str) -> float:
@@ -106,6 +107,7 @@ class WorkerBase:
         self.worker_id = worker_id or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.listen = listen
         self._active: dict[uuid.UUID, _Active] = {}
+        self._finishing = 0  # of _active, the runs whose completion is being written
         self._wake = asyncio.Event()
         self._renew_now = asyncio.Event()  # the heartbeat renews (and reads cancels) at once
         self._pending = True
@@ -142,6 +144,24 @@ class WorkerBase:
         self._cancel_checks: dict[uuid.UUID, asyncio.Task[None]] = {}
         self._writer = StepWriter(app, self.worker_id, self._write_lock)
         self._ticker = Ticker(app, self.queues)  # fires due schedule ticks (schedules.py)
+
+    def _busy(self) -> int:
+        """Slots in use: the runs held, less those whose completion is being written."""
+        return len(self._active) - self._finishing
+
+    def _finishing_now(self, a: _Active) -> None:
+        """``a``'s completion is about to be written: its slot is free now, so the
+        next claim overlaps that write instead of waiting for its commit."""
+        if not a.finishing:
+            a.finishing = True
+            self._finishing += 1
+            self._slot_freed()
+
+    def _slot_freed(self) -> None:
+        """A slot is free: claim again if work may remain (or to stop, or a due time)."""
+        due = self._due_at is not None and time.monotonic() >= self._due_at
+        if self._pending or self._stopping or due:
+            self._wake.set()
 
     def _poke(self) -> None:
         self._pending = True

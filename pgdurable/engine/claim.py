@@ -14,7 +14,9 @@ claim waits ``claim_delay`` for more slots to free up (fewer, larger claims), an
 wake-up within ``claim_delay`` of a claim that found runs, but fewer than its free
 slots, waits out the rest of that window: a trickle of starts is claimed a few runs
 at a time, not a claim and its writes per run, while a start after a quiet spell is
-claimed at once and a backlog (claims that fill every slot) is not slowed. Queue
+claimed at once and a backlog (claims that fill every slot) is not slowed. A run
+whose completion is being written frees its slot (``_finishing_now``): at full
+concurrency the next claim overlaps that write instead of waiting for it. Queue
 limits, buckets and reclaim bounds are applied by the claim statement itself
 (``sql/``); the loop passes the task names, revisions and ``max_reclaims`` it serves.
 """
@@ -92,7 +94,7 @@ class ClaimLoop(StepExecution):
         self._wake.set()
         while not self._stopping:
             timeout = self.poll_interval * random.uniform(0.8, 1.2)
-            if self._due_at is not None and len(self._active) < self.concurrency:
+            if self._due_at is not None and self._busy() < self.concurrency:
                 # with no free slot, a finishing run sets the event instead
                 timeout = min(timeout, max(0.0, self._due_at - time.monotonic()))
             timeout = self._ticker.timeout(timeout)
@@ -103,21 +105,21 @@ class ClaimLoop(StepExecution):
                 break
             self._wake.clear()
             await self._ticker.fire_if_due()
-            free = self.concurrency - len(self._active)
+            free = self.concurrency - self._busy()
             if free <= 0:
                 continue
             if woke and free < self._claim_batch and self._active:
                 # most slots busy (a run just finished): let a few more finish
                 # first so that one claim takes several runs (claim batching)
                 await asyncio.sleep(self.claim_delay)
-                free = self.concurrency - len(self._active)
+                free = self.concurrency - self._busy()
             elif woke and (cooldown := self._found_at + self.claim_delay - time.monotonic()) > 0:
                 # a trickle of starts: the last claim found runs (fewer than it
                 # had room for) moments ago; wait out claim_delay after it, so
                 # that one claim (and then one write per step) takes every run
                 # started meanwhile
                 await asyncio.sleep(cooldown)
-                free = self.concurrency - len(self._active)
+                free = self.concurrency - self._busy()
             if not woke:
                 due = self._due_at is not None and time.monotonic() >= self._due_at
                 if not due:
@@ -178,9 +180,9 @@ class ClaimLoop(StepExecution):
     def _finished(self, a: _Active) -> None:
         if self._active.get(a.run_id) is a:
             del self._active[a.run_id]
-        due = self._due_at is not None and time.monotonic() >= self._due_at
-        if self._pending or self._stopping or due:
-            self._wake.set()
+            if a.finishing:
+                self._finishing -= 1
+        self._slot_freed()
 
     async def _drain(self) -> None:
         tasks = [a.task for a in self._active.values() if a.task is not None]

@@ -1,12 +1,17 @@
-"""Claims under a trickle of starts: a wake-up that comes within ``claim_delay``
-of a claim that found runs waits out the rest of that window, so that one claim
-takes every run started meanwhile; a start after a quiet spell is claimed at once
-(pgdurable/engine/claim.py). ``claim_delay`` is made long here (2 s) so that the
-window is unmistakable on a loaded machine."""
+"""When the claim loop claims (pgdurable/engine/claim.py).
+
+* Under a trickle of starts: a wake-up that comes within ``claim_delay`` of a
+  claim that found runs waits out the rest of that window, so that one claim
+  takes every run started meanwhile; a start after a quiet spell is claimed at
+  once. ``claim_delay`` is made long here (2 s) so that the window is
+  unmistakable on a loaded machine.
+* At full concurrency: a run whose completion is being written frees its slot,
+  so the next claim overlaps that write instead of waiting for its commit."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -93,3 +98,39 @@ async def test_a_start_after_a_quiet_spell_is_claimed_at_once(app: Durable) -> N
     # claimed on its NOTIFY, not at the end of another window (2 s): the
     # margin is wide, this checks which path ran, not how fast
     assert took < WINDOW / 2
+
+
+async def test_the_next_claim_overlaps_the_completion_being_written(app: Durable) -> None:
+    """Concurrency 1 and a backlog of two runs: the second is claimed while the
+    first one's completion (its ``write_steps`` with done) is still in flight.
+    The completion is held until a claim is sent, at most 10 s (without the
+    overlap the claim would wait for the completion: the order shows it)."""
+    events: list[str] = []
+    claim_sent = asyncio.Event()
+    orig = app.fetchall
+
+    async def fetchall(sql: str, params: tuple[Any, ...], **kw: Any) -> Any:
+        if sql == q.CLAIM:
+            events.append("claim")
+            claim_sent.set()
+            return await orig(sql, params, **kw)
+        if sql == q.WRITE_STEPS and "t" in params[5]:  # a batch with a completion
+            events.append("completion sent")
+            claim_sent.clear()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(10):
+                    await claim_sent.wait()
+            rows = await orig(sql, params, **kw)
+            events.append("completion written")
+            return rows
+        return await orig(sql, params, **kw)
+
+    app.fetchall = fetchall  # type: ignore[method-assign]
+    first = await app.start("quick", {"n": 1})
+    second = await app.start("quick", {"n": 2})
+    async with running(app.worker(concurrency=1, poll_interval=30)):
+        a, b = await finished(app, first), await finished(app, second)
+    assert (a.result, b.result) == ({"n": 1}, {"n": 2})
+    # the first completion was sent, the second run claimed, then that completion written
+    i = events.index("completion sent")
+    assert events[i:i + 3] == ["completion sent", "claim", "completion written"], events

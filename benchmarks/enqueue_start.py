@@ -83,7 +83,8 @@ class Worker:
     async def start(self) -> None:
         self.proc = await asyncio.create_subprocess_exec(
             sys.executable, __file__, "--worker", self.system, "--dsn", self.dsn,
-            stdout=subprocess.PIPE, env={**os.environ, "PYTHONPATH": os.path.dirname(__file__)},
+            stdout=subprocess.PIPE, env={**os.environ, "PYTHONPATH": os.pathsep.join(
+                filter(None, [os.path.dirname(__file__), os.environ.get("PYTHONPATH")]))},
         )
         assert self.proc.stdout is not None
         assert (await self.proc.stdout.readline()).strip() == b"ready"

@@ -1,7 +1,7 @@
 """When the claim loop claims (pgdurable/engine/claim.py).
 
 * Under a trickle of starts: a wake-up that comes within ``claim_delay`` of a
-  claim that found runs waits out the rest of that window, so that one claim
+  claim that found runs (fewer than its free slots) waits out the rest of that window, so that one claim
   takes every run started meanwhile; a start after a quiet spell is claimed at
   once. ``claim_delay`` is made long here (2 s) so that the window is
   unmistakable on a loaded machine.

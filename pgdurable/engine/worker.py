@@ -245,4 +245,3 @@ async def _end_helpers(helpers: list[asyncio.Task[None]]) -> None:
     for t in helpers:
         if not t.cancelled() and t.exception() is not None:
             log.debug("worker helper %s ended with %r", t.get_name(), t.exception())
-

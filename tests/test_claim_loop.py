@@ -5,8 +5,9 @@
   takes every run started meanwhile; a start after a quiet spell is claimed at
   once. ``claim_delay`` is made long here (2 s) so that the window is
   unmistakable on a loaded machine.
-* At full concurrency: a run whose completion is being written frees its slot,
-  so the next claim overlaps that write instead of waiting for its commit."""
+* At full concurrency: a run whose last write of its lease is being sent (its
+  completion, its park) frees its slot, so the next claim overlaps that write
+  instead of waiting for its commit."""
 
 from __future__ import annotations
 
@@ -17,9 +18,9 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from _waiting import finished, running
+from _waiting import finished, running, until
 
-from pgdurable import Done, Durable, RunContext, Worker
+from pgdurable import Done, Durable, RunContext, Sleep, Worker
 from pgdurable import _runs_sql as q
 
 WINDOW = 2.0
@@ -100,37 +101,62 @@ async def test_a_start_after_a_quiet_spell_is_claimed_at_once(app: Durable) -> N
     assert took < WINDOW / 2
 
 
-async def test_the_next_claim_overlaps_the_completion_being_written(app: Durable) -> None:
+@pytest.mark.parametrize("last", ["completion", "park"])
+async def test_the_next_claim_overlaps_the_last_write_being_sent(app: Durable, last: str) -> None:
     """Concurrency 1 and a backlog of two runs: the second is claimed while the
-    first one's completion (its ``write_steps`` with done) is still in flight.
-    The completion is held until a claim is sent, at most 10 s (without the
-    overlap the claim would wait for the completion: the order shows it)."""
+    first one's last write of its lease is still in flight: its completion
+    (``write_steps`` with done) or its park (a ``Sleep``). That write is held
+    until a claim is sent, at most 10 s (without the overlap the claim would
+    wait for the write: the order of the events shows it)."""
+
+    @app.task("nap", revision="1")
+    async def nap(ctx: RunContext, state: Any) -> Any:
+        return Sleep(3600) if ctx.step == 0 else Done(state)
+
     events: list[str] = []
     claim_sent = asyncio.Event()
-    orig = app.fetchall
+    orig_all, orig_one = app.fetchall, app.fetchone
 
-    async def fetchall(sql: str, params: tuple[Any, ...], **kw: Any) -> Any:
+    def is_last(sql: str, params: tuple[Any, ...]) -> bool:
+        if last == "completion":
+            return sql == q.WRITE_STEPS and "t" in params[5]  # a batch with a completion
+        return sql == q.PARK
+
+    async def held(call: Any, sql: str, params: tuple[Any, ...], **kw: Any) -> Any:
         if sql == q.CLAIM:
             events.append("claim")
             claim_sent.set()
-            return await orig(sql, params, **kw)
-        if sql == q.WRITE_STEPS and "t" in params[5]:  # a batch with a completion
-            events.append("completion sent")
+            return await call(sql, params, **kw)
+        if is_last(sql, params):
+            events.append("last write sent")
             claim_sent.clear()
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(10):
                     await claim_sent.wait()
-            rows = await orig(sql, params, **kw)
-            events.append("completion written")
-            return rows
-        return await orig(sql, params, **kw)
+            result = await call(sql, params, **kw)
+            events.append("last write done")
+            return result
+        return await call(sql, params, **kw)
+
+    async def fetchall(sql: str, params: tuple[Any, ...], **kw: Any) -> Any:
+        return await held(orig_all, sql, params, **kw)
+
+    async def fetchone(sql: str, params: tuple[Any, ...], **kw: Any) -> Any:
+        return await held(orig_one, sql, params, **kw)
 
     app.fetchall = fetchall  # type: ignore[method-assign]
-    first = await app.start("quick", {"n": 1})
-    second = await app.start("quick", {"n": 2})
+    app.fetchone = fetchone  # type: ignore[method-assign]
+    task = "quick" if last == "completion" else "nap"
+    first = await app.start(task, {"n": 1})
+    second = await app.start(task, {"n": 2})
+    want = "completed" if last == "completion" else "waiting"
     async with running(app.worker(concurrency=1, poll_interval=30)):
-        a, b = await finished(app, first), await finished(app, second)
-    assert (a.result, b.result) == ({"n": 1}, {"n": 2})
-    # the first completion was sent, the second run claimed, then that completion written
-    i = events.index("completion sent")
-    assert events[i:i + 3] == ["completion sent", "claim", "completion written"], events
+        for rid in (first, second):
+            await until(lambda rid=rid: _status_is(app, rid, want), f"run {rid} {want}")
+    # the first run's last write was sent, a run claimed, then that write done
+    i = events.index("last write sent")
+    assert events[i:i + 3] == ["last write sent", "claim", "last write done"], events
+
+
+async def _status_is(app: Durable, rid: str, status: str) -> bool:
+    return (await app.get_run(rid)).status == status

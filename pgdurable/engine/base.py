@@ -55,7 +55,7 @@ class _Active:
     task: asyncio.Task[None] | None = None
     in_step: bool = False
     stop_reason: str | None = None  # "cancel" | "lease_lost" | "shutdown"
-    finishing: bool = False  # its completion is written: its slot is free (engine/claim.py)
+    finishing: bool = False  # its lease's last write is being sent: its slot is free
 
 
 def _seconds(value: timedelta | float | int, what: str) -> float:
@@ -107,7 +107,7 @@ class WorkerBase:
         self.worker_id = worker_id or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.listen = listen
         self._active: dict[uuid.UUID, _Active] = {}
-        self._finishing = 0  # of _active, the runs whose completion is being written
+        self._finishing = 0  # of _active, the runs whose last write is being sent
         self._wake = asyncio.Event()
         self._renew_now = asyncio.Event()  # the heartbeat renews (and reads cancels) at once
         self._pending = True
@@ -146,12 +146,13 @@ class WorkerBase:
         self._ticker = Ticker(app, self.queues)  # fires due schedule ticks (schedules.py)
 
     def _busy(self) -> int:
-        """Slots in use: the runs held, less those whose completion is being written."""
+        """Slots in use: the runs held, less those whose last write is being sent."""
         return len(self._active) - self._finishing
 
     def _finishing_now(self, a: _Active) -> None:
-        """``a``'s completion is about to be written: its slot is free now, so the
-        next claim overlaps that write instead of waiting for its commit."""
+        """``a``'s last write of this lease (completion, park, failure) is about to
+        be sent: its slot is free now, so the next claim overlaps that write
+        instead of waiting for its commit."""
         if not a.finishing:
             a.finishing = True
             self._finishing += 1

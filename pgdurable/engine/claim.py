@@ -15,8 +15,9 @@ wake-up within ``claim_delay`` of a claim that found runs, but fewer than its fr
 slots, waits out the rest of that window: a trickle of starts is claimed a few runs
 at a time, not a claim and its writes per run, while a start after a quiet spell is
 claimed at once and a backlog (claims that fill every slot) is not slowed. A run
-whose completion is being written frees its slot (``_finishing_now``): at full
-concurrency the next claim overlaps that write instead of waiting for it. Queue
+whose last write of its lease is being sent (its completion, park or failure)
+frees its slot (``_finishing_now``): at full concurrency the next claim overlaps
+that write instead of waiting for it. Queue
 limits, buckets and reclaim bounds are applied by the claim statement itself
 (``sql/``); the loop passes the task names, revisions and ``max_reclaims`` it serves.
 """

@@ -155,7 +155,7 @@ class StepExecution(Parking, StepEffects):
                         # like a non-JSON state: a bug of the step, not retried
                         await self._fail(a, task, attempts, _StepTypeError(str(exc)), spend, True)
                         return
-                    self._finishing_now(a)
+                    self._finishing_now(a)  # this lease's last write: the slot is free
                     st = await self._writer.write(
                         a.run_id, a.token, step, state_json, spend, result_json, trusted
                     )

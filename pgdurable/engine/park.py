@@ -55,6 +55,7 @@ class Parking(WorkerBase):
         until: datetime | None,
         wake_in: timedelta | None,
     ) -> None:
+        self._finishing_now(a)  # this lease's last write: the slot is free (engine/claim.py)
         row = await self._fenced(
             a, q.PARK, (*ident, state_json, spend, kind, ref, until, wake_in)
         )
@@ -69,6 +70,7 @@ class Parking(WorkerBase):
         """Wait.children: the fenced park of pgdurable.children (sent again after a
         transient error while the lease is trusted, like :meth:`_fenced`); ids that
         are not this run's children fail the run (InvalidInput, nothing written)."""
+        self._finishing_now(a)
         try:
             row = await retry_while(
                 lambda: park_children(self.app, ident, state_json, spend, wait.child_ids,
@@ -85,6 +87,7 @@ class Parking(WorkerBase):
         self, a: _Active, task: Task, attempts: int, exc: BaseException, spend: float,
         terminal: bool,
     ) -> None:
+        self._finishing_now(a)
         delay = min(task.retry_cap, task.retry_base * (2 ** min(attempts, 30)))
         delay *= random.uniform(0.5, 1.5)
         err = _error_json(exc)

@@ -78,7 +78,7 @@ class Worker(ClaimLoop, Listener, Heartbeat):
     """Executes runs of an app's tasks from some queues.
 
     Options: ``queues``, ``concurrency`` (runs executing steps at once; a run
-    whose completion is being written frees its slot), ``lease_ttl``,
+    whose last write of its lease is being sent frees its slot), ``lease_ttl``,
     ``heartbeat`` (default TTL/3, at most TTL/3), ``poll_interval`` (default
     5 s, jittered ±20%), ``lease_window`` (how long a run may continue in one
     lease before it is given back; default ``lease_ttl``), ``safety_margin``

@@ -153,9 +153,11 @@ async def test_the_next_claim_overlaps_the_last_write_being_sent(app: Durable, l
     async with running(app.worker(concurrency=1, poll_interval=30)):
         for rid in (first, second):
             await until(lambda rid=rid: _status_is(app, rid, want), f"run {rid} {want}")
-    # the first run's last write was sent, a run claimed, then that write done
-    i = events.index("last write sent")
-    assert events[i:i + 3] == ["last write sent", "claim", "last write done"], events
+    # a run was claimed after the first run's last write was sent and before that
+    # write was done (parks are separate statements: the second run's park may be
+    # sent in between too)
+    i, j = events.index("last write sent"), events.index("last write done")
+    assert "claim" in events[i:j], events
 
 
 async def _status_is(app: Durable, rid: str, status: str) -> bool:

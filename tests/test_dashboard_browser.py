@@ -106,6 +106,8 @@ def test_pages_filter_and_live_step(dsn: str, page: Any, tmp_path: Path) -> None
             c.execute("SELECT pgdurable.checkpoint_run(%s, 1, 'w1', '{\"n\": 1}', 0)", (leased,))
         page.locator("#step-1").wait_for()  # no reload: SSE + fetch of the page
         seen = time.monotonic() - t0
+        # the count is its own update of the page: wait for it, it must become 1
+        page.locator("#step-count", has_text=re.compile(r"^1$")).wait_for()
         assert page.locator("#step-count").text_content() == "1"
         print(f"step visible {seen * 1000:.0f} ms after its checkpoint committed")
         _shot(page, tmp_path, "run-live")

@@ -6,7 +6,7 @@
   once. ``claim_delay`` is made long here (2 s) so that the window is
   unmistakable on a loaded machine.
 * At full concurrency: a run whose last write of its lease is being sent (its
-  completion, its park) frees its slot, so the next claim overlaps that write
+  completion, its park, its failure) frees its slot, so the next claim overlaps that write
   instead of waiting for its commit."""
 
 from __future__ import annotations
@@ -101,17 +101,22 @@ async def test_a_start_after_a_quiet_spell_is_claimed_at_once(app: Durable) -> N
     assert took < WINDOW / 2
 
 
-@pytest.mark.parametrize("last", ["completion", "park"])
+@pytest.mark.parametrize("last", ["completion", "park", "failure"])
 async def test_the_next_claim_overlaps_the_last_write_being_sent(app: Durable, last: str) -> None:
     """Concurrency 1 and a backlog of two runs: the second is claimed while the
     first one's last write of its lease is still in flight: its completion
-    (``write_steps`` with done) or its park (a ``Sleep``). That write is held
+    (``write_steps`` with done), its park (a ``Sleep``) or its failure (a step
+    that raises, no attempts left). That write is held
     until a claim is sent, at most 10 s (without the overlap the claim would
     wait for the write: the order of the events shows it)."""
 
     @app.task("nap", revision="1")
     async def nap(ctx: RunContext, state: Any) -> Any:
         return Sleep(3600) if ctx.step == 0 else Done(state)
+
+    @app.task("boom", revision="1", max_attempts=1)
+    async def boom(ctx: RunContext, state: Any) -> Any:
+        raise RuntimeError("no attempts left")
 
     events: list[str] = []
     claim_sent = asyncio.Event()
@@ -120,7 +125,9 @@ async def test_the_next_claim_overlaps_the_last_write_being_sent(app: Durable, l
     def is_last(sql: str, params: tuple[Any, ...]) -> bool:
         if last == "completion":
             return sql == q.WRITE_STEPS and "t" in params[5]  # a batch with a completion
-        return sql == q.PARK
+        if last == "park":
+            return sql == q.PARK
+        return sql == q.FAIL
 
     async def held(call: Any, sql: str, params: tuple[Any, ...], **kw: Any) -> Any:
         if sql == q.CLAIM:
@@ -146,16 +153,16 @@ async def test_the_next_claim_overlaps_the_last_write_being_sent(app: Durable, l
 
     app.fetchall = fetchall  # type: ignore[method-assign]
     app.fetchone = fetchone  # type: ignore[method-assign]
-    task = "quick" if last == "completion" else "nap"
+    task, want = {"completion": ("quick", "completed"), "park": ("nap", "waiting"),
+                  "failure": ("boom", "failed")}[last]
     first = await app.start(task, {"n": 1})
     second = await app.start(task, {"n": 2})
-    want = "completed" if last == "completion" else "waiting"
     async with running(app.worker(concurrency=1, poll_interval=30)):
         for rid in (first, second):
             await until(lambda rid=rid: _status_is(app, rid, want), f"run {rid} {want}")
     # a run was claimed after the first run's last write was sent and before that
-    # write was done (parks are separate statements: the second run's park may be
-    # sent in between too)
+    # write was done (parks and failures are separate statements: the second
+    # run's may be sent in between too)
     i, j = events.index("last write sent"), events.index("last write done")
     assert "claim" in events[i:j], events
 

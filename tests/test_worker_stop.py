@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import AsyncIterator
 from typing import Any
@@ -71,3 +72,45 @@ async def test_cancelling_run_still_raises_cancelled(app: Durable) -> None:
 async def _true_after_claims(worker: Any) -> bool:
     return bool(worker.claim_count)
 
+
+
+async def test_stop_returns_when_the_heartbeat_loses_its_cancel(app: Durable) -> None:
+    """On Python 3.11 a cancel can be lost inside psycopg_pool's checkout (its
+    ``asyncio.wait_for``, CPython gh-86296). A renewal that swallows the cancel
+    stands in for it here: run() cancels its helpers again until they end, so
+    stop() returns instead of waiting on a heartbeat that renews forever."""
+    started, release = asyncio.Event(), asyncio.Event()
+
+    @app.task("held", revision="1")
+    async def held(ctx: RunContext, state: Any) -> Any:
+        started.set()
+        await release.wait()
+        return Done(None)
+
+    worker = app.worker(poll_interval=0.2, lease_ttl=300)  # renewals 100 s apart
+    in_renew = asyncio.Event()
+    swallowed: list[bool] = []
+    real_renew = worker._renew
+
+    async def renew_losing_the_cancel(live: Any, ttl: Any) -> Any:
+        in_renew.set()
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:  # lost in the library: the renewal goes on
+            swallowed.append(True)
+        return await real_renew(live, ttl)
+
+    worker._renew = renew_losing_the_cancel  # type: ignore[method-assign]
+    rid = await app.start("held", {})
+    task = asyncio.create_task(worker.run())
+    await asyncio.wait_for(started.wait(), WAIT_LIMIT)  # the run is held: a renewal has work
+    async with asyncio.timeout(WAIT_LIMIT):
+        while not in_renew.is_set():  # ask until the heartbeat has entered the renewal
+            worker._renew_now.set()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(in_renew.wait(), 0.5)
+    release.set()
+    await finished(app, rid)
+    await asyncio.wait_for(worker.stop(grace=1), WAIT_LIMIT)
+    await asyncio.wait_for(task, WAIT_LIMIT)
+    assert swallowed == [True]  # the first cancel was lost; a second one ended it

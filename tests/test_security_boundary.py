@@ -33,6 +33,10 @@ from pgdurable.errors import InvalidInput, LeaseLost, MigrationError, SchemaVers
 CLI = [sys.executable, "-m", "pgdurable.cli"]
 PINNED = "search_path=pg_catalog, pgdurable, pg_temp"
 
+RUNS_CHECK = ("pgdurable._runs_check(text,text,text,integer,integer,integer,integer,integer,"
+              "numeric,text,text,text,uuid,uuid,integer)")
+
+
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k not in ("PGDURABLE_DSN", "DATABASE_URL")}
@@ -86,10 +90,12 @@ def test_every_function_pins_search_path_or_is_an_allowed_inlinable_helper(
     assert unpinned == []
     not_definer = [r[0] for r in rows if not r[4] and not r[5] and not r[2]]
     assert not_definer == []
-    # the allow-list holds only tiny inlinable SQL helpers: no SET, invoker rights
+    # the allow-list holds only tiny inlinable SQL helpers and the runs CHECK's
+    # PL/pgSQL function: no SET, invoker rights
     allowed = [r for r in rows if r[4]]
     assert {r[0] for r in allowed} >= {"pgdurable.now()", "pgdurable.wait_lock_key(text,text)"}
-    assert all(r[1] == "sql" and r[3] is None and not r[2] for r in allowed), allowed
+    assert all(r[3] is None and not r[2] for r in allowed), allowed
+    assert [r[0] for r in allowed if r[1] != "sql"] == [RUNS_CHECK], allowed
 
 
 def test_inlinable_helpers_call_only_schema_qualified_builtins(conn: psycopg.Connection[Any]) -> None:
@@ -99,14 +105,17 @@ def test_inlinable_helpers_call_only_schema_qualified_builtins(conn: psycopg.Con
     through the caller's search_path."""
     rows = conn.execute("SELECT p.oid::regprocedure::text, p.prosrc FROM pg_proc p "
                         "WHERE p.oid IN (SELECT * FROM pgdurable.security_inlinable())").fetchall()
-    assert rows
+    assert RUNS_CHECK in {r[0] for r in rows}
     for name, src in rows:
         body = re.sub(r"E?'(?:[^']|'')*'", "''", src)  # string literals out
         body = re.sub(r"::\s*pg_catalog\.\w+", "", body)  # qualified casts out
-        calls = re.findall(r"(?<![.\w])(\w+)\s*\(", body)
-        assert set(calls) <= {"coalesce", "SELECT", "select"}, (name, calls)
+        body = re.sub(r"--[^\n]*", "", body)  # comments out
+        if name == RUNS_CHECK:  # PL/pgSQL: its assignment and RAISE options are not SQL
+            body = re.sub(r"\bUSING\b[^;]*;", ";", body).replace(":=", "")
+        ops = re.sub(r"OPERATOR\(pg_catalog\.[^)]*\)", "", body)  # qualified operators out
+        calls = re.findall(r"(?<![.\w])(\w+)\s*\(", ops)
+        assert set(calls) <= {"coalesce", "SELECT", "select", "NOT", "ANY"}, (name, calls)
         assert not re.search(r"::\s*(?!pg_catalog\.)\w", body), (name, "unqualified cast")
-        ops = re.sub(r"OPERATOR\(pg_catalog\.[^)]*\)", "", body)
         assert not re.search(r"[<>=~!+*/|&^%-]", ops), (name, ops)
 
 
@@ -135,6 +144,14 @@ CREATE OPERATOR public.|| (LEFTARG = text, RIGHTARG = text, FUNCTION = public.sh
 CREATE FUNCTION public.shadow_numgt(numeric, numeric) RETURNS boolean LANGUAGE plpgsql AS $$
 BEGIN INSERT INTO public.tripwire (what) VALUES ('operator >'); RETURN pg_catalog.numeric_gt($1, $2); END $$;
 CREATE OPERATOR public.> (LEFTARG = numeric, RIGHTARG = numeric, FUNCTION = public.shadow_numgt);
+CREATE FUNCTION public.int4lt(integer, integer) RETURNS boolean LANGUAGE plpgsql AS $$
+BEGIN INSERT INTO public.tripwire (what) VALUES ('int4lt'); RETURN pg_catalog.int4lt($1, $2); END $$;
+CREATE FUNCTION public.shadow_texteq(text, text) RETURNS boolean LANGUAGE plpgsql AS $$
+BEGIN INSERT INTO public.tripwire (what) VALUES ('operator ='); RETURN pg_catalog.texteq($1, $2); END $$;
+CREATE OPERATOR public.= (LEFTARG = text, RIGHTARG = text, FUNCTION = public.shadow_texteq);
+CREATE FUNCTION public.shadow_textne(text, text) RETURNS boolean LANGUAGE plpgsql AS $$
+BEGIN INSERT INTO public.tripwire (what) VALUES ('operator <>'); RETURN pg_catalog.textne($1, $2); END $$;
+CREATE OPERATOR public.<> (LEFTARG = text, RIGHTARG = text, FUNCTION = public.shadow_textne);
 """
 
 
@@ -205,6 +222,13 @@ def test_inlinable_helpers_resolve_no_builtin_through_the_callers_search_path(
                                 pgdurable._error('a', 'b')""")
             row = c.execute("SELECT pgdurable._verdict(r, 1, true) FROM pgdurable.runs r").fetchone()
             assert row is not None and row[0]["type"] == "BudgetExceeded"
+            # the runs CHECK's function, on a direct write (a superuser's, this path)
+            c.execute("INSERT INTO pgdurable.runs (task, revision, thread_key) "
+                      "VALUES ('t2', '1', 'k')")
+            c.execute("UPDATE pgdurable.runs SET step = 1")
+            with pytest.raises(psycopg.errors.CheckViolation) as broken:
+                c.execute("UPDATE pgdurable.runs SET status = 'nonsense'")
+            assert broken.value.diag.constraint_name == "runs_status_check"
             # the test clock's definition too
             c.execute("SELECT pgdurable.set_test_clock(true)")
             with c.transaction():

@@ -26,13 +26,10 @@ baseline is the old schema in the same round.
 from __future__ import annotations
 
 import argparse
-import os
-import re
 import statistics
-import subprocess
-import tempfile
 
 import psycopg
+from _pgbench import pgbench_tps
 from _scratch import drop_scratch, scratch_dsn
 
 NEW, OLD = "pgdurable_bench_check_new", "pgdurable_bench_check_old"
@@ -74,23 +71,6 @@ def reset(dsn: str) -> None:
         c.execute("VACUUM ANALYZE pgdurable.runs")
 
 
-def pgbench(dsn: str, script: str, seconds: int) -> float:
-    with tempfile.NamedTemporaryFile("w", suffix=".sql", delete=False) as f:
-        f.write(script)
-        path = f.name
-    try:
-        out = subprocess.run(
-            ["pgbench", "-n", "-M", "prepared", "-c", "1", "-T", str(seconds), "-f", path, dsn],
-            check=True, capture_output=True, text=True,
-            env={**os.environ, "PGOPTIONS": "-c synchronous_commit=off"}).stdout
-    finally:
-        os.unlink(path)
-    m = re.search(r"tps = ([0-9.]+) \(without initial connection time\)", out)
-    if m is None:
-        raise RuntimeError(f"cannot parse pgbench output:\n{out}")
-    return float(m.group(1))
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dsn", default="postgresql://postgres@127.0.0.1:5432/postgres")
@@ -111,7 +91,8 @@ def main() -> None:
                 for which in (("old", "new") if r % 2 else ("new", "old")):
                     dsn = old if which == "old" else new
                     reset(dsn)
-                    tps[which] = pgbench(dsn, script, args.seconds)
+                    tps[which] = pgbench_tps(dsn, script, ["-c", "1", "-T", str(args.seconds)],
+                                             {"PGOPTIONS": "-c synchronous_commit=off"})
                 ratio = tps["new"] / tps["old"]
                 ratios[name].append(ratio)
                 print(f"{r:<6} {name:<10} {tps['old']:>14,.0f} {tps['new']:>15,.0f} {ratio:>10.2f}")

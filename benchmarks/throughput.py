@@ -31,13 +31,10 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
-import re
-import subprocess
-import tempfile
 
 import psycopg
 from _driver import load, spread, timed_runs, worker_process
+from _pgbench import pgbench_tps
 from _scratch import drop_scratch, scratch_dsn
 
 DB = "pgdurable_bench_throughput"
@@ -51,20 +48,9 @@ def run_pgbench(dsn: str, commits: int, clients: int) -> float:
         c.execute("CREATE TABLE bench_counter (id int PRIMARY KEY, v bigint NOT NULL DEFAULT 0)")
         c.execute("INSERT INTO bench_counter (id) SELECT g FROM generate_series(1, 10000) g")
         c.execute("VACUUM ANALYZE bench_counter")
-    with tempfile.NamedTemporaryFile("w", suffix=".sql", delete=False) as f:
-        f.write("\\set id random(1, 10000)\nUPDATE bench_counter SET v = v + 1 WHERE id = :id;\n")
-        script = f.name
-    try:
-        out = subprocess.run(
-            ["pgbench", "-n", "-M", "prepared", "-c", str(clients), "-j", "2",
-             "-t", str(math.ceil(commits / clients)), "-f", script, dsn],
-            check=True, capture_output=True, text=True).stdout
-    finally:
-        os.unlink(script)
-    m = re.search(r"tps = ([0-9.]+) \(without initial connection time\)", out)
-    if m is None:
-        raise RuntimeError(f"cannot parse pgbench output:\n{out}")
-    return float(m.group(1))
+    return pgbench_tps(
+        dsn, "\\set id random(1, 10000)\nUPDATE bench_counter SET v = v + 1 WHERE id = :id;\n",
+        ["-c", str(clients), "-j", "2", "-t", str(math.ceil(commits / clients))])
 
 
 def main() -> None:

@@ -15,6 +15,8 @@
 -- as before: SQLSTATE 23514 (check_violation), the old constraint's name as
 -- the error's constraint name and in its message
 -- ('new row for relation "runs" violates check constraint "runs_step_check"').
+-- Only PostgreSQL's DETAIL line ('Failing row contains (...)') is no longer
+-- there.
 --
 -- The function takes the columns it checks, not the whole row: a whole-row
 -- argument would copy every column of each written row, detoasting a large

@@ -73,7 +73,6 @@ async def _true_after_claims(worker: Any) -> bool:
     return bool(worker.claim_count)
 
 
-
 async def test_stop_returns_when_the_heartbeat_loses_its_cancel(app: Durable) -> None:
     """On Python 3.11 a cancel can be lost inside psycopg_pool's checkout (its
     ``asyncio.wait_for``, CPython gh-86296). A renewal that swallows the cancel

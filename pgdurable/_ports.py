@@ -36,6 +36,7 @@ class App(Database, Protocol):
     """What workers and capabilities use of an app (:class:`pgdurable.Durable` is one)."""
 
     _registry: TaskRegistry
+    open_timeout: float
 
     @property
     def tasks(self) -> dict[str, Task]: ...

@@ -15,19 +15,26 @@ be running the same work.
 * :func:`backoff` -- 0.1 s doubling to 2 s, with jitter;
 * :func:`retry_while` -- await a call again after a transient error (a lost
   connection, a deadlock, a statement timeout: :func:`is_transient`) for as
-  long as a ``trusted()`` predicate holds (the worker's lease check).
+  long as a ``trusted()`` predicate holds (the worker's lease check);
+  :func:`retry_while_sync` is its sync twin.
+
+Reads and idempotent start-up writes (the schema check when a pool opens, a
+worker's schedule declarations) use the same helpers with a deadline as the
+predicate.
 """
 
 from __future__ import annotations
 
 import asyncio
 import random
+import time
 from collections.abc import Awaitable, Callable, Iterator
 from typing import TypeVar
 
 from .errors import DatabaseUnavailable, translate
 
-__all__ = ["SETTLE_DELAYS", "backoff", "is_lost_connection", "is_transient", "retry_while"]
+__all__ = ["SETTLE_DELAYS", "backoff", "for_seconds", "is_lost_connection", "is_transient",
+           "retry_while", "retry_while_sync"]
 
 T = TypeVar("T")
 
@@ -52,6 +59,12 @@ def is_transient(exc: BaseException) -> bool:
     return isinstance(code, str) and (code.startswith(("40", "53")) or code == "57014")
 
 
+def for_seconds(seconds: float) -> Callable[[], bool]:
+    """A ``trusted()`` predicate for :func:`retry_while`: true for the next ``seconds``."""
+    deadline = time.monotonic() + seconds
+    return lambda: time.monotonic() < deadline
+
+
 def backoff(first: float = 0.1, cap: float = 2.0) -> Iterator[float]:
     """Delays between retries: ``first`` doubling up to ``cap``, each jittered ±25%."""
     delay = first
@@ -73,3 +86,15 @@ async def retry_while(call: Callable[[], Awaitable[T]], trusted: Callable[[], bo
             if not is_transient(exc) or not trusted():
                 raise
         await asyncio.sleep(next(delays))
+
+
+def retry_while_sync(call: Callable[[], T], trusted: Callable[[], bool]) -> T:
+    """Sync twin of :func:`retry_while`."""
+    delays = backoff()
+    while True:
+        try:
+            return call()
+        except Exception as exc:
+            if not is_transient(exc) or not trusted():
+                raise
+        time.sleep(next(delays))

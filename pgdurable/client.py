@@ -28,7 +28,7 @@ from .effects import with_idempotency_sync
 from .errors import InvalidInput, ProviderClosed, RunNotFound
 from .fork import ForkedRun, fork_failed_sync, fork_sync, rewind_sync
 from .metadata import start_statement
-from .migrations import check_schema
+from .migrations import check_pool_schema
 from .pooler import Pooler, configure, listen_conninfo, probe, resolve_pooler
 from .registry import TaskRegistry, start_params
 from .results import result_sync
@@ -88,8 +88,7 @@ class DurableClient:
             with translated():
                 probe(self.conninfo, self.pooler)  # a refusal, at once
                 self._pool.open(wait=True, timeout=self.open_timeout)
-                with self._pool.connection() as conn:
-                    check_schema(conn)
+                check_pool_schema(self._pool, self.open_timeout)
         except BaseException:
             # a pool that failed to open is closed for good: start afresh
             failed = self._pool

@@ -74,7 +74,7 @@ from ._db import validate_dsn
 from ._lease_pipeline import AsyncLanes, SyncLanes
 from ._leases_sql import MAX_TTL_MS, LeaseGrant
 from .errors import DatabaseUnavailable, InvalidInput, LeaseLost, ProviderClosed, translate
-from .migrations import acheck_schema, check_schema
+from .migrations import acheck_pool_schema, check_pool_schema
 from .pooler import aconfigure, configure, connect_kwargs, connect_timeout
 
 __all__ = [
@@ -337,8 +337,7 @@ class AsyncPostgresLeaseProvider(_Base):
         try:
             if self._owned:
                 await self._pool.open(wait=True, timeout=self._timeout)
-            async with self._pool.connection() as conn:
-                await acheck_schema(conn)
+            await acheck_pool_schema(self._pool, self._timeout)
         except BaseException as exc:
             err = self._open_failed(exc)
             if self._owned:
@@ -453,8 +452,7 @@ class PostgresLeaseProvider(_Base):
             try:
                 if self._owned:
                     self._pool.open(wait=True, timeout=self._timeout)
-                with self._pool.connection() as conn:
-                    check_schema(conn)
+                check_pool_schema(self._pool, self._timeout)
             except BaseException as exc:
                 err = self._open_failed(exc)
                 if self._owned:

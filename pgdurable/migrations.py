@@ -25,19 +25,24 @@ from __future__ import annotations
 
 import hashlib
 import re
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from functools import cache
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 
 from . import _schema_trust
 from ._db import connect, validate_dsn
+from ._retry import for_seconds, retry_while, retry_while_sync
 from .errors import DatabaseUnavailable, MigrationError, SchemaVersionMismatch, first_line
+
+if TYPE_CHECKING:
+    from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 __all__ = [
     "Migration",
@@ -393,6 +398,34 @@ async def acheck_schema(conn: psycopg.AsyncConnection[Any]) -> None:
     state = await (await conn.execute(_schema_trust.SCHEMA_STATE)).fetchone()
     names = await (await conn.execute(_NAMES)).fetchall() if _needs_names(state) else None
     _judge(_trusted_version(state, names, conn.info.dbname), conn.info.dbname)
+
+
+def check_pool_schema(pool: ConnectionPool[Any], within: float) -> None:
+    """:func:`check_schema` on a connection of ``pool``.
+
+    A connection lost during the check (a restart of the server or of a pooler
+    just as the pool opened) is discarded by the pool, and the check is asked
+    again on another connection, with a short backoff, for up to ``within``
+    seconds. Any other error, a version mismatch included, is raised at once.
+    """
+    deadline = time.monotonic() + within
+
+    def check() -> None:
+        with pool.connection(timeout=max(deadline - time.monotonic(), 0.0)) as conn:
+            check_schema(conn)
+
+    retry_while_sync(check, for_seconds(within))
+
+
+async def acheck_pool_schema(pool: AsyncConnectionPool[Any], within: float) -> None:
+    """Async twin of :func:`check_pool_schema`."""
+    deadline = time.monotonic() + within
+
+    async def check() -> None:
+        async with pool.connection(timeout=max(deadline - time.monotonic(), 0.0)) as conn:
+            await acheck_schema(conn)
+
+    await retry_while(check, for_seconds(within))
 
 
 def pending_sql(migrations: Sequence[Migration]) -> str:

@@ -46,7 +46,7 @@ from .engine.worker import Worker
 from .errors import InvalidInput, ProviderClosed
 from .fork import ForkedRun, fork, fork_failed, rewind
 from .metadata import start_statement
-from .migrations import acheck_schema
+from .migrations import acheck_pool_schema
 from .pooler import (
     Pooler,
     aconfigure,
@@ -241,8 +241,7 @@ class Durable:
                         assert self.conninfo is not None  # set with an owned pool
                         await aprobe(self.conninfo, self.pooler)
                         await self._pool.open(wait=True, timeout=self.open_timeout)
-                    async with self._pool.connection() as conn:
-                        await acheck_schema(conn)
+                    await acheck_pool_schema(self._pool, self.open_timeout)
             except BaseException:
                 if self._own_pool and self.conninfo is not None:
                     # a pool that failed to open is closed for good: start afresh

@@ -25,11 +25,18 @@ async def open_server(host: str, port: int) -> tuple[asyncio.StreamReader, async
 
 class Proxy:
     """A TCP forwarder on 127.0.0.1 to the test server that drops every
-    connection until ``forwarding`` is set (a database that is down)."""
+    connection until ``forwarding`` is set (a database that is down).
+
+    ``cut_on``: bytes that, in what a client sends, make the proxy close that
+    connection (both ways) instead of passing them on, ``cuts_left`` times (a
+    server or pooler that restarts under a statement); ``cut`` counts them."""
 
     def __init__(self, host: str, port: int) -> None:
         self.target = (host, port)
         self.forwarding = False
+        self.cut_on: bytes | None = None
+        self.cuts_left = 0
+        self.cut = 0
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
         self._server: asyncio.Server | None = None
@@ -45,12 +52,29 @@ class Proxy:
         finally:
             w.close()
 
+    async def _upstream(self, r: asyncio.StreamReader, w: asyncio.StreamWriter,
+                        client: asyncio.StreamWriter) -> None:
+        """Client to server, closing both ends at a ``cut_on`` marker."""
+        try:
+            while data := await r.read(65536):
+                if self.cut_on is not None and self.cuts_left > 0 and self.cut_on in data:
+                    self.cuts_left -= 1
+                    self.cut += 1
+                    client.close()
+                    break
+                w.write(data)
+                await w.drain()
+        except OSError:
+            pass
+        finally:
+            w.close()
+
     async def _handle(self, r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
         if not self.forwarding:
             w.close()
             return
         ur, uw = await open_server(*self.target)
-        await asyncio.gather(self._pipe(r, uw), self._pipe(ur, w))
+        await asyncio.gather(self._upstream(r, uw, w), self._pipe(ur, w))
 
     async def _start(self) -> None:
         self._server = await asyncio.start_server(self._handle, "127.0.0.1", 0)

@@ -24,15 +24,19 @@ from psycopg.conninfo import make_conninfo
 
 from pgdurable import (
     NOT_PERFORMED,
+    AsyncPostgresLeaseProvider,
     Continue,
     DatabaseUnavailable,
     Done,
     Durable,
     DurableClient,
     EffectFailed,
+    PostgresLeaseProvider,
     RunContext,
     with_idempotency,
 )
+from pgdurable._schema_trust import SCHEMA_STATE
+from pgdurable.schedules import DECLARE_LOCK
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tests"))
@@ -453,6 +457,89 @@ def test_client_open_recovers_after_an_outage(proxy: tuple[Proxy, str]) -> None:
         assert client.get_run(rid).status == "runnable"
     finally:
         client.close()
+
+
+# The schema check's first statement: a proxy cut there is a server (or PgBouncer)
+# that restarts just after the pool opened, under the check.
+SCHEMA_CHECK = SCHEMA_STATE.strip().splitlines()[0].encode()
+
+
+@pytest.fixture
+def cut_once(proxy: tuple[Proxy, str]) -> tuple[Proxy, str]:
+    p, via_proxy = proxy
+    p.forwarding = True
+    p.cut_on, p.cuts_left = SCHEMA_CHECK, 1
+    return p, via_proxy
+
+
+async def test_durable_open_asks_again_when_its_schema_check_loses_the_connection(
+        cut_once: tuple[Proxy, str]) -> None:
+    """The CI failure of 2026-12-02: a worker opening while PgBouncer restarted died."""
+    p, via_proxy = cut_once
+    async with Durable(via_proxy) as app:
+        assert p.cut == 1  # the check lost its connection once, then went through
+        assert await app.fetchone("SELECT 1", ()) == (1,)
+
+
+def test_client_open_asks_again_when_its_schema_check_loses_the_connection(
+        cut_once: tuple[Proxy, str]) -> None:
+    p, via_proxy = cut_once
+    with DurableClient(via_proxy) as client:
+        assert p.cut == 1
+        rid = client.start("t", {}, revision="1")
+        assert client.get_run(rid).status == "runnable"
+
+
+async def test_lease_providers_open_asks_again_when_the_schema_check_loses_the_connection(
+        cut_once: tuple[Proxy, str]) -> None:
+    p, via_proxy = cut_once
+    with PostgresLeaseProvider(via_proxy) as leases:
+        assert p.cut == 1
+        assert leases.acquire_lease("k", "me", 60_000).acquired
+    p.cuts_left = 1
+    async with AsyncPostgresLeaseProvider(via_proxy) as aleases:
+        assert p.cut == 2
+        assert (await aleases.acquire_lease("k2", "me", 60_000)).acquired
+
+
+async def test_open_gives_up_when_every_schema_check_loses_its_connection(
+        cut_once: tuple[Proxy, str]) -> None:
+    """Asked again only until the open timeout: then the same clear error as an outage."""
+    p, via_proxy = cut_once
+    p.cuts_left = 1_000_000
+    app = Durable(via_proxy)
+    app.open_timeout = 0.5
+    with pytest.raises(DatabaseUnavailable):
+        await app.open()
+    assert p.cut > 1
+    await app.close()
+    client = DurableClient(via_proxy)
+    client.open_timeout = 0.5
+    with pytest.raises(DatabaseUnavailable):
+        client.open()
+    client.close()
+    p.cuts_left = 0  # back: the next open works
+    async with Durable(via_proxy) as again:
+        assert await again.fetchone("SELECT 1", ()) == (1,)
+
+
+async def test_a_worker_starts_when_its_schedule_declaration_loses_the_connection(
+        cut_once: tuple[Proxy, str]) -> None:
+    """A worker's other start-up write (its schedules, idempotent) is asked again too."""
+    p, via_proxy = cut_once
+    p.cut_on = DECLARE_LOCK.replace("%s", "$1").encode()  # as psycopg sends it
+    app = Durable(via_proxy)
+
+    @app.task("t")
+    async def t(ctx: RunContext, state: dict[str, Any]) -> Any:
+        return Done({"ok": True})
+
+    async with app:
+        p.cut = 0
+        async with running(app.worker(poll_interval=0.2)):
+            rid = await app.start("t", {})
+            assert (await finished(app, rid)).result == {"ok": True}
+        assert p.cut == 1
 
 
 def test_pool_connections_have_a_connect_timeout(dsn: str) -> None:

@@ -64,6 +64,7 @@ import signal
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 
+from .._retry import for_seconds, retry_while
 from ..fork import register_worker, unregister_worker
 from ..steps import STEP_EXECUTOR
 from .base import log
@@ -115,7 +116,9 @@ class Worker(ClaimLoop, Listener, Heartbeat):
         self._tasks = list(self.app.tasks.values())
         if not self._tasks:
             raise ValueError("the app has no registered tasks")
-        await self._ticker.declare()
+        # idempotent: asked again if the connection is lost under it (a server or a
+        # pooler restarting as the worker starts), as the schema check was
+        await retry_while(self._ticker.declare, for_seconds(self.app.open_timeout))
         await register_worker(self.app, self.worker_id, self.app.tasks)
         self._running = True
         self._done.clear()

@@ -11,7 +11,9 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from pgdurable import DurableClient
+import pgdurable
+from pgdurable import DurableClient, migrations
+from pgdurable.migrations import load_migrations
 
 # (the change, the old constraint that refuses it)
 BROKEN = [
@@ -92,3 +94,103 @@ def test_runs_has_one_validated_check(conn: psycopg.Connection[Any]) -> None:
         "SELECT conname, convalidated FROM pg_constraint "
         "WHERE conrelid = 'pgdurable.runs'::regclass AND contype = 'c'").fetchall()
     assert rows == [("runs_check", True)]
+
+
+def _sql_of(version: int) -> str:
+    return next(m.sql for m in load_migrations() if m.version == version)
+
+
+def _start_within(dsn: str, seconds: str) -> None:
+    """A start from another connection, which gives up after ``seconds`` of waiting
+    for a lock (psycopg.errors.LockNotAvailable)."""
+    with psycopg.connect(dsn) as other:
+        other.execute(sql.SQL("SET lock_timeout = {}").format(sql.Literal(seconds)))
+        other.execute("SELECT * FROM pgdurable.start_run('t', '1', '{}', 'default', 0, 3, "
+                      "NULL, NULL, NULL, NULL)")
+
+
+def _drop_runs_check(c: psycopg.Connection[Any]) -> str:
+    """Drop runs_check; its definition, to add it back."""
+    row = c.execute("SELECT pg_get_constraintdef(oid) FROM pg_constraint "
+                    "WHERE conrelid = 'pgdurable.runs'::regclass AND conname = 'runs_check'"
+                    ).fetchone()
+    assert row is not None
+    c.execute("ALTER TABLE pgdurable.runs DROP CONSTRAINT runs_check")
+    return str(row[0])
+
+
+def _add_not_valid(c: psycopg.Connection[Any], definition: str) -> None:
+    """runs_check as 0025 leaves it: added NOT VALID, for 0026 to validate."""
+    c.execute(sql.SQL("ALTER TABLE pgdurable.runs ADD CONSTRAINT runs_check {} NOT VALID")
+              .format(sql.SQL(definition)))  # type: ignore[arg-type]
+
+
+def test_0026_validates_rows_while_starts_go_on(dsn: str) -> None:
+    """0026's scan holds a lock that starts pass (SHARE UPDATE EXCLUSIVE), unlike
+    0025's ALTER (ACCESS EXCLUSIVE), with rows written before it to check."""
+    with psycopg.connect(dsn) as c:  # not autocommit: 0026 is held open below
+        definition = _drop_runs_check(c)
+        for _ in range(50):
+            _one_run(c)
+        _add_not_valid(c, definition)
+        c.commit()
+        c.execute(_sql_of(26))  # its lock is held until the commit
+        _start_within(dsn, "5s")
+        c.commit()
+        assert c.execute(
+            "SELECT convalidated FROM pg_constraint WHERE conrelid = 'pgdurable.runs'::regclass "
+            "AND conname = 'runs_check'").fetchone() == (True,)
+        assert c.execute("SELECT count(*) FROM pgdurable.runs").fetchone() == (51,)
+        # the control: the same start waits behind an ALTER TABLE that adds a CHECK
+        c.execute("ALTER TABLE pgdurable.runs ADD CONSTRAINT probe CHECK (true) NOT VALID")
+        with pytest.raises(psycopg.errors.LockNotAvailable):
+            _start_within(dsn, "200ms")
+        c.rollback()
+
+
+def test_0026_fails_on_a_row_written_around_the_rules(conn: psycopg.Connection[Any]) -> None:
+    definition = _drop_runs_check(conn)
+    _one_run(conn)
+    conn.execute("UPDATE pgdurable.runs SET step = -1")  # no rule to refuse it now
+    _add_not_valid(conn, definition)
+    with pytest.raises(psycopg.errors.CheckViolation) as e:
+        conn.execute(_sql_of(26))
+    assert e.value.diag.constraint_name == "runs_step_check"
+
+
+def test_an_installation_with_runs_upgrades_to_one_check(
+        empty_dsn: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """From 0024 (14 CHECKs) with rows of every shape: 0025 and 0026 apply, every row
+    is kept as it was, and runs ends with one validated CHECK."""
+    shipped = load_migrations()
+    monkeypatch.setattr(migrations, "load_migrations",
+                        lambda: tuple(m for m in shipped if m.version < 25))
+    pgdurable.migrate(empty_dsn)
+    with psycopg.connect(empty_dsn, autocommit=True) as c:
+        assert c.execute("SELECT count(*) FROM pg_constraint WHERE conrelid = "
+                         "'pgdurable.runs'::regclass AND contype = 'c'").fetchone() == (14,)
+        c.execute("""
+          INSERT INTO pgdurable.runs (task, revision, queue, status, step, attempts, budget,
+                                      thread_key, forked_from_step, finished_at)
+          SELECT 't', '1', 'q' || g % 3,
+                 (ARRAY['runnable', 'waiting', 'completed', 'failed'])[g % 4 + 1],
+                 g % 5, g % 2, CASE WHEN g % 3 = 0 THEN 1.5 END,
+                 CASE WHEN g % 7 = 0 THEN 'th' || g END, CASE WHEN g % 11 = 0 THEN 1 END,
+                 CASE WHEN g % 4 >= 2 THEN pgdurable.now() END
+            FROM generate_series(1, 200) g""")
+        c.execute("""
+          INSERT INTO pgdurable.runs (task, revision, queue, parent_run_id, root_run_id,
+                                      child_key, parent_policy)
+          SELECT 'child', '1', 'default', id, id, 'c' || id, 'cancel'
+            FROM pgdurable.runs WHERE task = 't' LIMIT 20""")
+        before = c.execute("SELECT * FROM pgdurable.runs ORDER BY id").fetchall()
+    monkeypatch.undo()
+    applied = pgdurable.migrate(empty_dsn)
+    assert [m.version for m in applied][:2] == [25, 26]  # and any later ones
+    with psycopg.connect(empty_dsn, autocommit=True) as c:
+        assert c.execute("SELECT * FROM pgdurable.runs ORDER BY id").fetchall() == before
+        assert c.execute("SELECT conname, convalidated FROM pg_constraint WHERE conrelid = "
+                         "'pgdurable.runs'::regclass AND contype = 'c'").fetchall() == [
+            ("runs_check", True)]
+    with DurableClient(empty_dsn) as client:
+        assert client.start("t", {}, revision="1")

@@ -281,6 +281,10 @@ def count(conn: psycopg.Connection[Any], sql: str, *params: Any) -> int:
 
 
 STEPS, N, APPROVALS, NAPS = 40, 4, 10, 5
+BOTH_LISTENING = ("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                  "AND query = 'LISTEN pgdurable_cancel'")
+BOTH_REGISTERED = ("SELECT count(DISTINCT worker_id) FROM pgdurable.worker_revisions "
+                   "WHERE worker_id IN ('a', 'b')")
 
 
 def _scenario(dsn: str, b: PgBouncer, workers: Callable[..., Worker], env: dict[str, str],
@@ -299,6 +303,11 @@ def _scenario(dsn: str, b: PgBouncer, workers: Callable[..., Worker], env: dict[
     with psycopg.connect(dsn, autocommit=True) as c:
         wait_for(lambda: count(c, "SELECT count(*) FROM pgdurable.runs WHERE task = 'steps' "
                                "AND status = 'completed'") >= 5, "some runs to complete")
+        # both up before the restart (a worker still opening would miss it): listening,
+        # or registered where they only poll
+        listening = pooler != "transaction" or "PGDURABLE_LISTEN_DSN" in env
+        wait_for(lambda: count(c, BOTH_LISTENING if listening else BOTH_REGISTERED) == 2,
+                 "workers a and b to be up")
         os.kill(a.proc.pid, signal.SIGKILL)  # its leased runs are reclaimed after the TTL
         a.proc.wait()
         b.restart()  # every client connection of every worker is dropped

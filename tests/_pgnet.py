@@ -42,24 +42,20 @@ class Proxy:
         self._server: asyncio.Server | None = None
         self.port = 0
 
-    async def _pipe(self, r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
-        try:
-            while data := await r.read(65536):
-                w.write(data)
-                await w.drain()
-        except OSError:
-            pass
-        finally:
-            w.close()
+    def _cuts(self, data: bytes) -> bool:
+        """True (and counted) when client ``data`` holds the ``cut_on`` marker, while cuts are left."""
+        if self.cut_on is None or self.cuts_left <= 0 or self.cut_on not in data:
+            return False
+        self.cuts_left -= 1
+        self.cut += 1
+        return True
 
-    async def _upstream(self, r: asyncio.StreamReader, w: asyncio.StreamWriter,
-                        client: asyncio.StreamWriter) -> None:
-        """Client to server, closing both ends at a ``cut_on`` marker."""
+    async def _pipe(self, r: asyncio.StreamReader, w: asyncio.StreamWriter,
+                    client: asyncio.StreamWriter | None = None) -> None:
+        """``r`` to ``w``; with ``client`` (client to server), both ends are closed at a cut."""
         try:
             while data := await r.read(65536):
-                if self.cut_on is not None and self.cuts_left > 0 and self.cut_on in data:
-                    self.cuts_left -= 1
-                    self.cut += 1
+                if client is not None and self._cuts(data):
                     client.close()
                     break
                 w.write(data)
@@ -74,7 +70,7 @@ class Proxy:
             w.close()
             return
         ur, uw = await open_server(*self.target)
-        await asyncio.gather(self._upstream(r, uw, w), self._pipe(ur, w))
+        await asyncio.gather(self._pipe(r, uw, client=w), self._pipe(ur, w))
 
     async def _start(self) -> None:
         self._server = await asyncio.start_server(self._handle, "127.0.0.1", 0)

@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import itertools
 import os
+import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import psycopg
 import pytest
@@ -74,6 +75,22 @@ def template_db(pg_server: PgServer) -> Iterator[str]:
         janitor.drop()
 
 
+T = TypeVar("T")
+
+
+def _through_restarts(op: Callable[[], T], limit: float = 120.0) -> T:
+    """``op()``, again while the server restarts under it: a test may restart the
+    suite's own server (tests/test_crash.py R9) while the next clone runs."""
+    end = time.monotonic() + limit
+    while True:
+        try:
+            return op()
+        except psycopg.OperationalError:
+            if time.monotonic() > end:
+                raise
+            time.sleep(0.5)
+
+
 class _Supply:
     """Fresh databases (clones of ``template``, or empty) made ``depth`` ahead.
 
@@ -91,12 +108,15 @@ class _Supply:
         self._ahead: deque[Future[str]] = deque()
 
     def _clone(self) -> str:
-        name = f"pgd_{os.getpid()}_{next(_counter)}"
+        return _through_restarts(self._clone_once)
+
+    def _clone_once(self) -> str:
+        name = f"pgd_{os.getpid()}_{next(_counter)}"  # a new name each try
         self._server.janitor(name, template_dbname=self._template).init()
         return name
 
     def _drop(self, name: str) -> None:
-        self._server.janitor(name).drop()
+        _through_restarts(lambda: self._server.janitor(name).drop())  # DROP ... IF EXISTS
 
     def take(self) -> str:
         while len(self._ahead) <= self._depth:

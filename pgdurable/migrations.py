@@ -406,7 +406,9 @@ def check_pool_schema(pool: ConnectionPool[Any], within: float) -> None:
     A connection lost during the check (a restart of the server or of a pooler
     just as the pool opened) is discarded by the pool, and the check is asked
     again on another connection, with a short backoff, for up to ``within``
-    seconds. Any other error, a version mismatch included, is raised at once.
+    seconds; so is the check after another transient error (``_retry.is_transient``:
+    a statement timeout, a lack of resources). Any other error, a version
+    mismatch included, is raised at once.
     """
     deadline = time.monotonic() + within
 

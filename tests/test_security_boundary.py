@@ -486,6 +486,33 @@ def test_functions_of_a_later_migration_follow_the_role_model(dsn: str) -> None:
             c.execute("SELECT pgdurable.later_one()")
 
 
+def test_the_runs_check_function_of_0025_after_grant_is_the_roles_not_publics(
+        empty_dsn: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """0025 applied (as the owner) after grant_roles: the app and read-only roles may
+    execute _runs_check, another role may not, so a role given DML on runs by hand
+    cannot write it until it is granted EXECUTE too."""
+    shipped = migrations.load_migrations()
+    monkeypatch.setattr(migrations, "load_migrations",
+                        lambda: tuple(m for m in shipped if m.version < 25))
+    with roles(empty_dsn, "NOLOGIN", "LOGIN", "LOGIN", "LOGIN") as (owner, app_role, ro, other):
+        pgdurable.migrate(empty_dsn)
+        pgdurable.grant_roles(empty_dsn, owner_role=owner, app_role=app_role, readonly_role=ro)
+        monkeypatch.undo()
+        with psycopg.connect(empty_dsn, autocommit=True, options=f"-c role={owner}") as c:
+            assert [m.version for m in pgdurable.migrate(c)][:2] == [25, 26]
+        with psycopg.connect(empty_dsn, autocommit=True) as c:
+            granted = {r: c.execute("SELECT has_function_privilege(%s, %s, 'EXECUTE')",
+                                    (r, RUNS_CHECK)).fetchone() for r in (app_role, ro, other)}
+            assert granted == {app_role: (True,), ro: (True,), other: (False,)}
+            c.execute(sql.SQL("GRANT USAGE ON SCHEMA pgdurable TO {0}; "
+                              "GRANT INSERT ON pgdurable.runs TO {0}").format(sql.Identifier(other)))
+        with psycopg.connect(_as(empty_dsn, other), autocommit=True) as c, pytest.raises(
+                psycopg.errors.InsufficientPrivilege, match="_runs_check"):
+            c.execute("INSERT INTO pgdurable.runs (task, revision, queue) VALUES ('t', '1', 'q')")
+        with psycopg.connect(empty_dsn, autocommit=True) as c:
+            assert c.execute("SELECT count(*) FROM pgdurable.runs").fetchone() == (0,)
+
+
 def test_migrations_run_as_the_owner_role(dsn: str) -> None:
     """Documented: a login member of the owner role migrates with SET ROLE."""
     with roles(dsn, "NOLOGIN", "LOGIN", "LOGIN", "LOGIN") as (owner, app_role, ro, dba):

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import psycopg
+import psycopg.sql
 import pytest
 from _watchdog import watchdog  # noqa: F401 (autouse: a hung test prints its stacks)
 from psycopg.conninfo import make_conninfo
@@ -116,7 +117,14 @@ class _Supply:
         return name
 
     def _drop(self, name: str) -> None:
-        _through_restarts(lambda: self._server.janitor(name).drop())  # DROP ... IF EXISTS
+        # WITH (FORCE): ends the test's leftover connections; also drops a database
+        # that a restart left invalid mid-DROP (the janitor's ALTER DATABASE cannot)
+        def drop() -> None:
+            with psycopg.connect(self._server.dsn, autocommit=True) as c:
+                c.execute(psycopg.sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
+                    psycopg.sql.Identifier(name)))
+
+        _through_restarts(drop)
 
     def take(self) -> str:
         while len(self._ahead) <= self._depth:

@@ -33,8 +33,8 @@ from typing import TypeVar
 
 from .errors import DatabaseUnavailable, translate
 
-__all__ = ["SETTLE_DELAYS", "backoff", "for_seconds", "is_lost_connection", "is_transient",
-           "retry_while", "retry_while_sync"]
+__all__ = ["SETTLE_DELAYS", "Deadline", "backoff", "for_seconds", "is_lost_connection",
+           "is_transient", "retry_while", "retry_while_sync"]
 
 T = TypeVar("T")
 
@@ -59,10 +59,27 @@ def is_transient(exc: BaseException) -> bool:
     return isinstance(code, str) and (code.startswith(("40", "53")) or code == "57014")
 
 
-def for_seconds(seconds: float) -> Callable[[], bool]:
+class Deadline:
+    """A point ``seconds`` from now on the monotonic clock. Calling it is a
+    ``trusted()`` predicate for :func:`retry_while` (true until then);
+    :meth:`left` bounds each try's own waits (a pool checkout) by what remains."""
+
+    __slots__ = ("_at",)
+
+    def __init__(self, seconds: float) -> None:
+        self._at = time.monotonic() + seconds
+
+    def __call__(self) -> bool:
+        return time.monotonic() < self._at
+
+    def left(self) -> float:
+        """Seconds until the deadline, never below zero."""
+        return max(self._at - time.monotonic(), 0.0)
+
+
+def for_seconds(seconds: float) -> Deadline:
     """A ``trusted()`` predicate for :func:`retry_while`: true for the next ``seconds``."""
-    deadline = time.monotonic() + seconds
-    return lambda: time.monotonic() < deadline
+    return Deadline(seconds)
 
 
 def backoff(first: float = 0.1, cap: float = 2.0) -> Iterator[float]:

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import hashlib
 import re
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -410,24 +409,24 @@ def check_pool_schema(pool: ConnectionPool[Any], within: float) -> None:
     a statement timeout, a lack of resources). Any other error, a version
     mismatch included, is raised at once.
     """
-    deadline = time.monotonic() + within
+    deadline = for_seconds(within)
 
     def check() -> None:
-        with pool.connection(timeout=max(deadline - time.monotonic(), 0.0)) as conn:
+        with pool.connection(timeout=deadline.left()) as conn:
             check_schema(conn)
 
-    retry_while_sync(check, for_seconds(within))
+    retry_while_sync(check, deadline)
 
 
 async def acheck_pool_schema(pool: AsyncConnectionPool[Any], within: float) -> None:
     """Async twin of :func:`check_pool_schema`."""
-    deadline = time.monotonic() + within
+    deadline = for_seconds(within)
 
     async def check() -> None:
-        async with pool.connection(timeout=max(deadline - time.monotonic(), 0.0)) as conn:
+        async with pool.connection(timeout=deadline.left()) as conn:
             await acheck_schema(conn)
 
-    await retry_while(check, for_seconds(within))
+    await retry_while(check, deadline)
 
 
 def pending_sql(migrations: Sequence[Migration]) -> str:

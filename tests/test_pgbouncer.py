@@ -9,7 +9,8 @@
   a direct ``listen_dsn``, or polling with a warning without one; session
   advisory locks (``PostgresDurableStore``) refused at construction.
 * Each worker test SIGKILLs a worker and restarts PgBouncer mid-run; every run
-  completes with exactly one checkpoint per step.
+  completes with exactly one checkpoint per step. A worker whose start-up
+  declaration loses its connection to a restart declares again and runs.
 
 Skipped when ``pgbouncer`` is not installed (``.ci/run`` installs it).
 """
@@ -44,6 +45,7 @@ from pgdurable import (
 )
 from pgdurable.pooler import connect as pooler_connect
 from pgdurable.retention import prune_sync
+from pgdurable.schedules import DECLARE_LOCK, DECLARE_LOCK_KEY
 
 pytestmark = [
     pytest.mark.skipif(PGBOUNCER is None, reason="pgbouncer is not installed "
@@ -380,3 +382,28 @@ def test_a_transaction_mode_worker_wakes_on_notify_through_its_direct_connection
             wait_for(lambda rid=rid: client.get_run(rid).status == "completed",
                      f"run {i} to be claimed on NOTIFY")
     assert w.stop() == 0
+
+
+def test_a_worker_starting_through_a_pgbouncer_restart_declares_again(
+        dsn: str, bouncer: Bouncers, workers: Callable[..., Worker]) -> None:
+    """PgBouncer restarts while a starting worker's schedule declaration is under way
+    (held on the declaration's advisory lock, taken here first): the declaration is
+    asked again on a new connection, and the worker goes on to run runs."""
+    b = bouncer("session")
+    with psycopg.connect(dsn) as holder, psycopg.connect(dsn, autocommit=True) as c:
+        holder.execute(DECLARE_LOCK, (DECLARE_LOCK_KEY,))  # held until holder's commit
+        w = workers("w", {"PGDURABLE_DSN": b.dsn(dbname(dsn))})
+        wait_for(lambda: count(c, "SELECT count(*) FROM pg_stat_activity WHERE datname = "
+                              "current_database() AND wait_event_type = 'Lock' "
+                              "AND query LIKE 'SELECT pg_advisory_xact_lock%%'"),
+                 "the worker's declaration to wait on the lock")
+        b.restart()  # the declaration's connection is dropped under it
+        time.sleep(0.5)
+        assert w.proc.poll() is None, w.log()
+        holder.commit()
+        with DurableClient(b.dsn(dbname(dsn))) as client:
+            rid = client.start("steps", {"n": 2}, revision="1")
+            wait_for(lambda: client.get_run(rid).status == "completed", "the run to complete")
+        assert count(c, "SELECT count(*) FROM pgdurable.worker_revisions "
+                     "WHERE worker_id = 'w'") > 0
+    assert w.stop() == 0, w.log()

@@ -45,6 +45,7 @@ import psycopg
 from . import _runs_sql as q
 from ._aio import wait_set
 from ._json import dumps
+from ._notifications import receive
 from .errors import DatabaseUnavailable, RunNotFound
 from .pooler import aconnect
 from .presence import CHANNELS as PRESENCE_CHANNELS
@@ -209,6 +210,12 @@ class _Hub:
             for ev in group:
                 ev.set()
 
+    def _notified(self, n: psycopg.Notify) -> None:
+        for ev in self.subs.get(n.payload, ()):
+            ev.set()
+        for ev in self.subs.get(None, ()):
+            ev.set()
+
     async def _run(self) -> None:
         assert self.conninfo is not None
         backoff = 0.1
@@ -216,6 +223,7 @@ class _Hub:
             conn: psycopg.AsyncConnection[Any] | None = None
             try:
                 conn = await aconnect(self.conninfo)
+                conn.add_notify_handler(self._notified)  # also while a statement runs
                 await conn.execute(f"LISTEN {self.channel}")
                 presence = self.channel in PRESENCE_CHANNELS
                 if presence:
@@ -225,13 +233,7 @@ class _Hub:
                 self.listening.set()
                 self._wake_all()  # re-read: notifications may have been missed
                 while True:
-                    got = False
-                    async for n in conn.notifies(timeout=RENEW if presence else 60.0):
-                        got = True
-                        for ev in self.subs.get(n.payload, ()):
-                            ev.set()
-                        for ev in self.subs.get(None, ()):
-                            ev.set()
+                    got = await receive(conn, RENEW if presence else 60.0)
                     if presence:  # also the health check of a quiet socket
                         await announce(conn, self.channel)
                     elif not got:

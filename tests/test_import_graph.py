@@ -20,9 +20,10 @@ PACKAGE = Path(__file__).resolve().parents[1] / "pgdurable"
 #: with everything under it.
 LAYERS: list[tuple[str, set[str]]] = [
     ("foundation", {
-        "errors", "_aio", "_json", "_text", "_hints", "_retry", "_runs_sql", "_leases_sql",
-        "_schema_trust", "_db", "pooler", "migrations", "metrics", "embedded", "roles",
-        "registry", "_ports", "presence", "signals", "leases", "_lease_pipeline", "effects", "tasks",
+        "errors", "_aio", "_json", "_text", "_hints", "_retry", "_notifications", "_runs_sql",
+        "_leases_sql", "_schema_trust", "_db", "pooler", "migrations", "metrics", "embedded",
+        "roles", "registry", "_ports", "presence", "signals", "leases", "_lease_pipeline",
+        "effects", "tasks",
     }),
     ("capabilities", {
         "flow", "fork", "liveness", "children", "threads", "stream", "results", "schedules",

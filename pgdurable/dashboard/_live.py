@@ -26,6 +26,7 @@ from typing import Any
 
 import psycopg
 
+from .._notifications import receive
 from ..presence import CHANNELS as PRESENCE_CHANNELS
 from ..presence import RECHECK, RENEW, announce
 
@@ -79,6 +80,8 @@ class Broadcaster:
                     self._dsn, autocommit=True
                 ) as conn:
                     self.connections += 1
+                    conn.add_notify_handler(  # also while a statement runs
+                        lambda n: self._publish(_message(n.channel, n.payload)))
                     for ch in CHANNELS:
                         await conn.execute(f"LISTEN {ch}")
                     await self._announce(conn)
@@ -88,8 +91,7 @@ class Broadcaster:
                     for delay in RECHECK:  # what raced the announcement
                         loop.call_later(delay, self._publish, {"channel": "reconnect"})
                     while True:
-                        async for n in conn.notifies(timeout=RENEW):
-                            self._publish(_message(n.channel, n.payload))
+                        await receive(conn, RENEW)
                         await self._announce(conn)
             except asyncio.CancelledError:
                 raise

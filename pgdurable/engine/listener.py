@@ -1,7 +1,8 @@
 """Listen and wake: one LISTEN connection per worker, fanned out in-process.
 
 :meth:`Listener._listen` keeps a dedicated autocommit connection (not from the
-pool) LISTENing on ``pgdurable_wake`` and ``pgdurable_cancel``; it reconnects
+pool) LISTENing on ``pgdurable_wake`` and ``pgdurable_cancel`` (read with one
+event-loop reader per minute, :func:`pgdurable._notifications.receive`); it reconnects
 with backoff and, after every (re)connect, claims and checks the runs it holds
 for cancel requests (wake-ups and cancels sent meanwhile are lost). It connects to the app's ``listen_dsn`` if set, else to the app's DSN;
 behind a transaction-mode pooler without ``listen_dsn`` there is none (LISTEN
@@ -24,6 +25,7 @@ from typing import Any
 import psycopg
 
 from .._hints import cancel_requested
+from .._notifications import receive
 from ..errors import DatabaseUnavailable
 from ..pooler import aconnect
 from .base import _DB_ERRORS, WorkerBase, _Active, log
@@ -40,21 +42,14 @@ class Listener(WorkerBase):
             conn: psycopg.AsyncConnection[Any] | None = None
             try:
                 conn = await aconnect(conninfo)
+                conn.add_notify_handler(self._notified)  # also while a statement runs
                 await conn.execute("LISTEN pgdurable_wake")
                 await conn.execute("LISTEN pgdurable_cancel")
                 backoff = 0.2
                 self._poke()  # claim after every (re)connect: wake-ups may be lost
                 self._renew_now.set()  # and so may cancels: the renewal reads them, one statement
                 while not self._stopping:
-                    got = False
-                    async for n in conn.notifies(timeout=60.0):
-                        got = True
-                        if n.channel == "pgdurable_wake":
-                            if n.payload in self.queues:
-                                self._wake_notified()
-                        elif n.channel == "pgdurable_cancel":
-                            self._cancel_notified(n.payload)
-                    if not got:
+                    if not await receive(conn, 60.0):
                         await conn.execute("SELECT 1")  # health check of a quiet socket
             except asyncio.CancelledError:
                 raise
@@ -66,6 +61,13 @@ class Listener(WorkerBase):
                 if conn is not None:
                     with contextlib.suppress(Exception):
                         await conn.close()
+
+    def _notified(self, n: psycopg.Notify) -> None:
+        if n.channel == "pgdurable_wake":
+            if n.payload in self.queues:
+                self._wake_notified()
+        elif n.channel == "pgdurable_cancel":
+            self._cancel_notified(n.payload)
 
     def _wake_notified(self) -> None:
         """A wake-up NOTIFY: claim, at most at the wake limiter's rate (a forged

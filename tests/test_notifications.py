@@ -1,0 +1,156 @@
+"""``pgdurable._notifications.receive``: a LISTEN connection read with one reader per window.
+
+Real connections: the NOTIFYs come from another connection, the loss is a
+``pg_terminate_backend`` of the listening backend.
+
+* every notification of the window reaches the connection's notify handlers,
+  in order, and is counted; a quiet window returns 0 after its seconds;
+* notifications that arrive while a statement runs on the connection (which
+  psycopg reads itself), or between two windows, are not lost;
+* a lost connection ends the window at once with ``psycopg.OperationalError``;
+* a worker whose listener hears a stream of wake-ups runs every run, and a
+  cancel NOTIFY still stops a running step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import psycopg
+import pytest
+
+from pgdurable import Continue, Done, Durable, RunContext
+from pgdurable._notifications import receive
+
+
+async def _listening(dsn: str, heard: list[tuple[str, str]]) -> psycopg.AsyncConnection[Any]:
+    conn = await psycopg.AsyncConnection.connect(dsn, autocommit=True)
+    conn.add_notify_handler(lambda n: heard.append((n.channel, n.payload)))
+    await conn.execute("LISTEN chan")
+    return conn
+
+
+async def test_a_window_hands_every_notification_to_the_handlers(dsn: str) -> None:
+    heard: list[tuple[str, str]] = []
+    conn = await _listening(dsn, heard)
+    async with conn, await psycopg.AsyncConnection.connect(dsn, autocommit=True) as sender:
+
+        async def send() -> None:
+            for i in range(50):
+                await sender.execute("SELECT pg_notify('chan', %s)", (str(i),))
+                if i % 10 == 0:
+                    await asyncio.sleep(0.01)  # some arrive alone, some together
+
+        task = asyncio.create_task(send())
+        got = await receive(conn, 1.0)
+        await task
+        got += await receive(conn, 0.2)  # any that came after the first window
+    assert heard == [("chan", str(i)) for i in range(50)]
+    assert got == 50
+
+
+async def test_a_quiet_window_returns_0_after_its_seconds(dsn: str) -> None:
+    heard: list[tuple[str, str]] = []
+    conn = await _listening(dsn, heard)
+    async with conn:
+        t = time.monotonic()
+        assert await receive(conn, 0.3) == 0
+        assert time.monotonic() - t >= 0.3
+        # the connection is still usable afterwards (the worker's health check)
+        assert (await (await conn.execute("SELECT 1")).fetchone()) == (1,)
+    assert heard == []
+
+
+async def test_notifications_during_a_statement_or_between_windows_are_kept(dsn: str) -> None:
+    heard: list[tuple[str, str]] = []
+    conn = await _listening(dsn, heard)
+    async with conn, await psycopg.AsyncConnection.connect(dsn, autocommit=True) as sender:
+        # arrives while the listening connection runs a statement: psycopg reads it
+        slow = asyncio.create_task(conn.execute("SELECT pg_sleep(0.3)"))
+        await asyncio.sleep(0.1)
+        await sender.execute("NOTIFY chan, 'during'")
+        await slow
+        # arrives between two windows: waits in the socket for the next one
+        await sender.execute("NOTIFY chan, 'between'")
+        await asyncio.sleep(0.1)
+        assert await receive(conn, 0.2) >= 1
+    assert heard == [("chan", "during"), ("chan", "between")]
+
+
+async def test_a_lost_connection_ends_the_window_at_once(dsn: str) -> None:
+    heard: list[tuple[str, str]] = []
+    conn = await _listening(dsn, heard)
+    async with conn, await psycopg.AsyncConnection.connect(dsn, autocommit=True) as killer:
+        pid = conn.info.backend_pid
+
+        async def kill() -> None:
+            await asyncio.sleep(0.2)
+            await killer.execute("SELECT pg_terminate_backend(%s)", (pid,))
+
+        task = asyncio.create_task(kill())
+        t = time.monotonic()
+        with pytest.raises(psycopg.OperationalError):
+            await receive(conn, 30.0)
+        assert time.monotonic() - t < 10.0  # not the window's 30 s
+        await task
+
+
+LISTENING = ("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+             "AND query = 'LISTEN pgdurable_cancel'")
+
+
+async def test_a_worker_hearing_a_stream_of_wakeups_runs_every_run_and_cancels(
+        dsn: str, conn: psycopg.Connection[Any]) -> None:
+    """Polling once an hour and renewing every few minutes: only the listener can
+    wake the worker for these starts (sent one by one) and stop the cancelled step."""
+    app = Durable(dsn, pool_size=4)
+    started = asyncio.Event()
+
+    @app.task("quick", revision="1")
+    async def quick(ctx: RunContext, state: dict[str, Any]) -> Any:
+        return Done(None)
+
+    @app.task("long", revision="1")
+    async def long(ctx: RunContext, state: dict[str, Any]) -> Any:
+        started.set()
+        await asyncio.sleep(60)
+        return Continue(state)
+
+    async def until(pred: Any, what: str) -> None:
+        for _ in range(400):
+            if await pred():
+                return
+            await asyncio.sleep(0.025)
+        raise AssertionError(f"timed out waiting for {what}")
+
+    async def listening() -> bool:
+        row = conn.execute(LISTENING).fetchone()
+        return bool(row and row[0])
+
+    async with app:
+        worker = app.worker(poll_interval=3600, lease_ttl=600, concurrency=4)
+        running = asyncio.create_task(worker.run())
+        try:
+            await until(listening, "the worker's listener")
+            rids = []
+            for _ in range(40):
+                rids.append(await app.start("quick", {}, revision="1"))
+                await asyncio.sleep(0.005)
+
+            async def all_done() -> bool:
+                return [(await app.get_run(r)).status for r in rids] == ["completed"] * 40
+
+            await until(all_done, "every run to complete")
+            rid = await app.start("long", {}, revision="1")
+            await asyncio.wait_for(started.wait(), 10)
+            await app.cancel(rid)
+
+            async def cancelled() -> bool:
+                return (await app.get_run(rid)).status == "cancelled"
+
+            await until(cancelled, "the cancel NOTIFY to stop the step")
+        finally:
+            await worker.stop()
+            await running

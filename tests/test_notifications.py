@@ -57,7 +57,7 @@ async def test_a_quiet_window_returns_0_after_its_seconds(dsn: str) -> None:
     async with conn:
         t = time.monotonic()
         assert await receive(conn, 0.3) == 0
-        assert time.monotonic() - t >= 0.3
+        assert time.monotonic() - t >= 0.29  # (the loop may fire a timer a tick early)
         # the connection is still usable afterwards (the worker's health check)
         assert (await (await conn.execute("SELECT 1")).fetchone()) == (1,)
     assert heard == []

@@ -13,6 +13,10 @@ from typing import Any
 from pgdurable import Durable, RunInfo, Worker
 
 WAIT_LIMIT = 60.0
+#: How many of this database's backends LISTEN on ``pgdurable_cancel`` (a worker's
+#: listener, once connected: its last LISTEN is that one).
+WORKERS_LISTENING = ("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                     "AND query = 'LISTEN pgdurable_cancel'")
 
 
 async def until(pred: Callable[[], Awaitable[Any]], what: str = "condition") -> None:

@@ -15,6 +15,7 @@ from typing import Any
 import psycopg
 import pytest
 import pytest_asyncio
+from _waiting import WORKERS_LISTENING, until
 from sqlalchemy import (
     TIMESTAMP,
     BigInteger,
@@ -254,16 +255,11 @@ async def test_rolled_back_start_is_never_seen_by_a_listening_worker(
     worker = app.worker(queues=["default"], poll_interval=3600)
     running = asyncio.create_task(worker.run())
     try:
-        for _ in range(600):  # wait until its listener is really listening
-            row = conn.execute(
-                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
-                " AND query = 'LISTEN pgdurable_cancel' AND pid <> pg_backend_pid()"
-            ).fetchone()
-            if row and row[0]:
-                break
-            await asyncio.sleep(0.05)
-        else:
-            raise AssertionError("the worker never listened")
+        async def listening() -> bool:  # its listener is really listening
+            row = conn.execute(WORKERS_LISTENING).fetchone()
+            return bool(row and row[0])
+
+        await until(listening, "the worker's listener")
 
         with Session(engine) as session:
             session.execute(text("INSERT INTO orders VALUES (1)"))

@@ -8,6 +8,10 @@ Real connections: the NOTIFYs come from another connection, the loss is a
 * notifications that arrive while a statement runs on the connection (which
   psycopg reads itself), or between two windows, are not lost;
 * a lost connection ends the window at once with ``psycopg.OperationalError``;
+  a handler that raises ends it with that error, and the connection stays usable;
+* the stream hub and the dashboard's broadcaster keep a notification that
+  arrives while they renew their presence (a statement on the listening
+  connection, held here on the presence row's lock);
 * a worker whose listener hears a stream of wake-ups runs every run, and a
   cancel NOTIFY still stops a running step.
 """
@@ -16,13 +20,17 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import psycopg
 import pytest
+from _waiting import WORKERS_LISTENING, until
 
-from pgdurable import Continue, Done, Durable, RunContext
+from pgdurable import Continue, Done, Durable, RunContext, presence, stream
 from pgdurable._notifications import receive
+from pgdurable.dashboard import _live
 
 
 async def _listening(dsn: str, heard: list[tuple[str, str]]) -> psycopg.AsyncConnection[Any]:
@@ -97,8 +105,111 @@ async def test_a_lost_connection_ends_the_window_at_once(dsn: str) -> None:
         await task
 
 
-LISTENING = ("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-             "AND query = 'LISTEN pgdurable_cancel'")
+async def test_a_handler_that_raises_ends_the_window_with_its_error(dsn: str) -> None:
+    def bad(n: psycopg.Notify) -> None:
+        raise ValueError(f"bad payload {n.payload}")
+
+    conn = await psycopg.AsyncConnection.connect(dsn, autocommit=True)
+    async with conn, await psycopg.AsyncConnection.connect(dsn, autocommit=True) as sender:
+        conn.add_notify_handler(bad)
+        await conn.execute("LISTEN chan")
+
+        async def send() -> None:
+            await asyncio.sleep(0.2)
+            await sender.execute("NOTIFY chan, 'x'")
+
+        task = asyncio.create_task(send())
+        t = time.monotonic()
+        with pytest.raises(ValueError, match="bad payload x"):
+            await receive(conn, 30.0)
+        assert time.monotonic() - t < 10.0  # not the window's 30 s
+        await task
+        # the window let go of the socket and of the connection's lock
+        assert not asyncio.get_running_loop().remove_reader(conn.pgconn.socket)
+        assert not conn.lock.locked()
+        conn.remove_notify_handler(bad)
+        heard: list[str] = []
+        conn.add_notify_handler(lambda n: heard.append(n.payload))
+        assert (await (await conn.execute("SELECT 1")).fetchone()) == (1,)
+        await sender.execute("NOTIFY chan, 'y'")
+        assert await receive(conn, 0.3) == 1
+    assert heard == ["y"]
+
+
+RENEWAL_WAITING = ("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                   "AND wait_event_type = 'Lock' AND query LIKE '%%listen_presence%%' "
+                   "AND pid <> pg_backend_pid()")
+
+
+@pytest.fixture
+def renewing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Listeners renew their presence ten times a second, and an announcement lasts
+    2 s: a renewal writes the presence row about every second."""
+    monkeypatch.setattr(presence, "TTL", 2)
+    monkeypatch.setattr(stream, "RENEW", 0.1)
+    monkeypatch.setattr(_live, "RENEW", 0.1)
+
+
+@asynccontextmanager
+async def _renewal_held(dsn: str) -> AsyncIterator[None]:
+    """For the block, a listener's renewal of its presence (see ``renewing``) is a
+    statement held on the lock of the ``pgdurable_done`` presence row."""
+    async with await psycopg.AsyncConnection.connect(dsn) as locker, \
+            await psycopg.AsyncConnection.connect(dsn, autocommit=True) as watcher:
+        try:
+            await locker.execute("SELECT 1 FROM pgdurable.listeners "
+                                 "WHERE channel = 'pgdurable_done' FOR UPDATE")
+
+            async def waiting() -> bool:
+                row = await (await watcher.execute(RENEWAL_WAITING)).fetchone()
+                return bool(row and row[0])
+
+            await until(waiting, "the listener's renewal to wait on the presence row")
+            yield
+        finally:
+            await locker.rollback()
+
+
+async def test_the_stream_hub_keeps_a_notification_heard_while_it_announces(
+        dsn: str, renewing: None) -> None:
+    """result() waiters' hub on pgdurable_done: a run's end notified while the hub's
+    connection runs its renewal is read by psycopg during that statement; the hub's
+    notify handler must still wake the run's subscribers."""
+    hub = stream._Hub(dsn, "pgdurable_done")
+    ev = hub.subscribe("run-x")
+    other = hub.subscribe("run-y")
+    try:
+        await asyncio.wait_for(hub.listening.wait(), 30)
+        await asyncio.sleep(max(presence.RECHECK) + 0.2)  # its re-reads are over
+        ev.clear()
+        other.clear()
+        async with _renewal_held(dsn), \
+                await psycopg.AsyncConnection.connect(dsn, autocommit=True) as sender:
+            await sender.execute("NOTIFY pgdurable_done, 'run-x'")
+            await asyncio.sleep(0.2)  # on the hub's socket while its statement waits
+        await asyncio.wait_for(ev.wait(), 30)
+        assert not other.is_set()  # only the notified run's subscribers
+    finally:
+        await hub.unsubscribe("run-y", other)
+        await hub.unsubscribe("run-x", ev)
+
+
+async def test_the_dashboard_keeps_a_notification_heard_while_it_announces(
+        dsn: str, renewing: None) -> None:
+    b = _live.Broadcaster(dsn)
+    q = b.subscribe()
+    try:
+        await asyncio.wait_for(b.ready.wait(), 30)
+        await asyncio.sleep(max(presence.RECHECK) + 0.2)
+        while not q.empty():  # the reconnects of its first announcement
+            assert q.get_nowait() == {"channel": "reconnect"}
+        async with _renewal_held(dsn), \
+                await psycopg.AsyncConnection.connect(dsn, autocommit=True) as sender:
+            await sender.execute("NOTIFY pgdurable_done, 'run-x'")
+            await asyncio.sleep(0.2)
+        assert await asyncio.wait_for(q.get(), 30) == {"channel": "done", "runs": ["run-x"]}
+    finally:
+        await b.close()
 
 
 async def test_a_worker_hearing_a_stream_of_wakeups_runs_every_run_and_cancels(
@@ -118,15 +229,8 @@ async def test_a_worker_hearing_a_stream_of_wakeups_runs_every_run_and_cancels(
         await asyncio.sleep(60)
         return Continue(state)
 
-    async def until(pred: Any, what: str) -> None:
-        for _ in range(400):
-            if await pred():
-                return
-            await asyncio.sleep(0.025)
-        raise AssertionError(f"timed out waiting for {what}")
-
     async def listening() -> bool:
-        row = conn.execute(LISTENING).fetchone()
+        row = conn.execute(WORKERS_LISTENING).fetchone()
         return bool(row and row[0])
 
     async with app:

@@ -30,7 +30,7 @@ from typing import Any
 import psycopg
 import pytest
 from _pgbouncer import PGBOUNCER, PgBouncer
-from _waiting import WAIT_LIMIT, until
+from _waiting import WAIT_LIMIT, WORKERS_LISTENING, until
 from psycopg.conninfo import conninfo_to_dict
 
 from pgdurable import (
@@ -283,8 +283,6 @@ def count(conn: psycopg.Connection[Any], sql: str, *params: Any) -> int:
 
 
 STEPS, N, APPROVALS, NAPS = 40, 4, 10, 5
-BOTH_LISTENING = ("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-                  "AND query = 'LISTEN pgdurable_cancel'")
 BOTH_REGISTERED = ("SELECT count(DISTINCT worker_id) FROM pgdurable.worker_revisions "
                    "WHERE worker_id IN ('a', 'b')")
 
@@ -308,7 +306,7 @@ def _scenario(dsn: str, b: PgBouncer, workers: Callable[..., Worker], env: dict[
         # both up before the restart (a worker still opening would miss it): listening,
         # or registered where they only poll
         listening = pooler != "transaction" or "PGDURABLE_LISTEN_DSN" in env
-        wait_for(lambda: count(c, BOTH_LISTENING if listening else BOTH_REGISTERED) == 2,
+        wait_for(lambda: count(c, WORKERS_LISTENING if listening else BOTH_REGISTERED) == 2,
                  "workers a and b to be up")
         os.kill(a.proc.pid, signal.SIGKILL)  # its leased runs are reclaimed after the TTL
         a.proc.wait()
@@ -374,9 +372,7 @@ def test_a_transaction_mode_worker_wakes_on_notify_through_its_direct_connection
                       "PGDURABLE_LISTEN_DSN": dsn}, poll=3600)
     with psycopg.connect(dsn, autocommit=True) as c, \
             DurableClient(pooled, pooler="transaction") as client:
-        wait_for(lambda: count(c, "SELECT count(*) FROM pg_stat_activity WHERE datname = "
-                               "current_database() AND query = 'LISTEN pgdurable_cancel'"),
-                 "the worker's listener")
+        wait_for(lambda: count(c, WORKERS_LISTENING), "the worker's listener")
         for i in range(3):  # each start after the previous run completed: the worker is idle
             rid = client.start("steps", {"n": 1}, revision="1")
             wait_for(lambda rid=rid: client.get_run(rid).status == "completed",

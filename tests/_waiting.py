@@ -10,6 +10,8 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from datetime import timedelta
 from typing import Any
 
+import psycopg
+
 from pgdurable import Durable, RunInfo, Worker
 
 WAIT_LIMIT = 60.0
@@ -26,6 +28,17 @@ async def until(pred: Callable[[], Awaitable[Any]], what: str = "condition") -> 
         if time.monotonic() > end:
             raise AssertionError(f"timed out waiting for {what}")
         await asyncio.sleep(0.02)
+
+
+async def worker_listening(conn: psycopg.Connection[Any]) -> None:
+    """Wait until a worker's listener LISTENs in ``conn``'s database (``conn``:
+    autocommit, outside the worker)."""
+
+    async def listening() -> bool:
+        row = conn.execute(WORKERS_LISTENING).fetchone()
+        return bool(row and row[0])
+
+    await until(listening, "the worker's listener")
 
 
 def until_sync(pred: Callable[[], Any], what: str = "condition",

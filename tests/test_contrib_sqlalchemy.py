@@ -15,7 +15,7 @@ from typing import Any
 import psycopg
 import pytest
 import pytest_asyncio
-from _waiting import WORKERS_LISTENING, until
+from _waiting import worker_listening
 from sqlalchemy import (
     TIMESTAMP,
     BigInteger,
@@ -255,11 +255,7 @@ async def test_rolled_back_start_is_never_seen_by_a_listening_worker(
     worker = app.worker(queues=["default"], poll_interval=3600)
     running = asyncio.create_task(worker.run())
     try:
-        async def listening() -> bool:  # its listener is really listening
-            row = conn.execute(WORKERS_LISTENING).fetchone()
-            return bool(row and row[0])
-
-        await until(listening, "the worker's listener")
+        await worker_listening(conn)  # its listener is really listening
 
         with Session(engine) as session:
             session.execute(text("INSERT INTO orders VALUES (1)"))

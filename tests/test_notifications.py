@@ -26,7 +26,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from _waiting import WORKERS_LISTENING, until
+from _waiting import until, worker_listening
 
 from pgdurable import Continue, Done, Durable, RunContext, presence, stream
 from pgdurable._notifications import receive
@@ -137,7 +137,7 @@ async def test_a_handler_that_raises_ends_the_window_with_its_error(dsn: str) ->
 
 
 RENEWAL_WAITING = ("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-                   "AND wait_event_type = 'Lock' AND query LIKE '%%listen_presence%%' "
+                   "AND wait_event_type = 'Lock' AND query LIKE '%listen_presence%' "
                    "AND pid <> pg_backend_pid()")
 
 
@@ -229,15 +229,11 @@ async def test_a_worker_hearing_a_stream_of_wakeups_runs_every_run_and_cancels(
         await asyncio.sleep(60)
         return Continue(state)
 
-    async def listening() -> bool:
-        row = conn.execute(WORKERS_LISTENING).fetchone()
-        return bool(row and row[0])
-
     async with app:
         worker = app.worker(poll_interval=3600, lease_ttl=600, concurrency=4)
         running = asyncio.create_task(worker.run())
         try:
-            await until(listening, "the worker's listener")
+            await worker_listening(conn)
             rids = []
             for _ in range(40):
                 rids.append(await app.start("quick", {}, revision="1"))

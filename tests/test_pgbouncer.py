@@ -30,7 +30,7 @@ from typing import Any
 import psycopg
 import pytest
 from _pgbouncer import PGBOUNCER, PgBouncer
-from _waiting import WAIT_LIMIT, WORKERS_LISTENING, until
+from _waiting import WAIT_LIMIT, WORKERS_LISTENING, until, until_sync
 from psycopg.conninfo import conninfo_to_dict
 
 from pgdurable import (
@@ -267,15 +267,6 @@ def workers(tmp_path: Path) -> Iterator[Callable[..., Worker]]:
             w.proc.wait()
 
 
-def wait_for(pred: Callable[[], Any], what: str, limit: float = WAIT_LIMIT) -> Any:
-    end = time.monotonic() + limit
-    while not (got := pred()):
-        if time.monotonic() > end:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
-    return got
-
-
 def count(conn: psycopg.Connection[Any], sql: str, *params: Any) -> int:
     row = conn.execute(sql, params).fetchone()
     assert row is not None
@@ -301,25 +292,25 @@ def _scenario(dsn: str, b: PgBouncer, workers: Callable[..., Worker], env: dict[
     a = workers("a", env)
     b_ = workers("b", env)
     with psycopg.connect(dsn, autocommit=True) as c:
-        wait_for(lambda: count(c, "SELECT count(*) FROM pgdurable.runs WHERE task = 'steps' "
-                               "AND status = 'completed'") >= 5, "some runs to complete")
+        until_sync(lambda: count(c, "SELECT count(*) FROM pgdurable.runs WHERE task = 'steps' "
+                                 "AND status = 'completed'") >= 5, "some runs to complete")
         # both up before the restart (a worker still opening would miss it): listening,
         # or registered where they only poll
         listening = pooler != "transaction" or "PGDURABLE_LISTEN_DSN" in env
-        wait_for(lambda: count(c, WORKERS_LISTENING if listening else BOTH_REGISTERED) == 2,
-                 "workers a and b to be up")
+        until_sync(lambda: count(c, WORKERS_LISTENING if listening else BOTH_REGISTERED) == 2,
+                   "workers a and b to be up")
         os.kill(a.proc.pid, signal.SIGKILL)  # its leased runs are reclaimed after the TTL
         a.proc.wait()
         b.restart()  # every client connection of every worker is dropped
         later = workers("c", env)
-        wait_for(lambda: count(c, "SELECT count(*) FROM pgdurable.runs WHERE task = 'approve' "
-                               "AND status = 'waiting'") == APPROVALS, "approvals to park")
+        until_sync(lambda: count(c, "SELECT count(*) FROM pgdurable.runs WHERE task = 'approve' "
+                                 "AND status = 'waiting'") == APPROVALS, "approvals to park")
         with DurableClient(pooled, pooler=pooler) as client:  # signals through PgBouncer
             for i in range(APPROVALS):
                 assert len(client.signal("approval", f"r{i}", {"ok": i})) == 1
-        wait_for(lambda: count(c, "SELECT count(*) FROM pgdurable.runs WHERE id = ANY(%s) "
-                               "AND status = 'completed'", rids) == len(rids),
-                 "every run to complete", limit=4 * WAIT_LIMIT)
+        until_sync(lambda: count(c, "SELECT count(*) FROM pgdurable.runs WHERE id = ANY(%s) "
+                                 "AND status = 'completed'", rids) == len(rids),
+                   "every run to complete", timeout=4 * WAIT_LIMIT)
         # exactly one checkpoint per step (the primary key forbids two), none missing
         per_task = dict(c.execute(
             "SELECT r.task, count(*) FROM pgdurable.checkpoints k JOIN pgdurable.runs r "
@@ -372,11 +363,11 @@ def test_a_transaction_mode_worker_wakes_on_notify_through_its_direct_connection
                       "PGDURABLE_LISTEN_DSN": dsn}, poll=3600)
     with psycopg.connect(dsn, autocommit=True) as c, \
             DurableClient(pooled, pooler="transaction") as client:
-        wait_for(lambda: count(c, WORKERS_LISTENING), "the worker's listener")
+        until_sync(lambda: count(c, WORKERS_LISTENING), "the worker's listener")
         for i in range(3):  # each start after the previous run completed: the worker is idle
             rid = client.start("steps", {"n": 1}, revision="1")
-            wait_for(lambda rid=rid: client.get_run(rid).status == "completed",
-                     f"run {i} to be claimed on NOTIFY")
+            until_sync(lambda rid=rid: client.get_run(rid).status == "completed",
+                       f"run {i} to be claimed on NOTIFY")
     assert w.stop() == 0
 
 
@@ -389,17 +380,17 @@ def test_a_worker_starting_through_a_pgbouncer_restart_declares_again(
     with psycopg.connect(dsn) as holder, psycopg.connect(dsn, autocommit=True) as c:
         holder.execute(DECLARE_LOCK, (DECLARE_LOCK_KEY,))  # held until holder's commit
         w = workers("w", {"PGDURABLE_DSN": b.dsn(dbname(dsn))})
-        wait_for(lambda: count(c, "SELECT count(*) FROM pg_stat_activity WHERE datname = "
-                              "current_database() AND wait_event_type = 'Lock' "
-                              "AND query LIKE 'SELECT pg_advisory_xact_lock%%'"),
-                 "the worker's declaration to wait on the lock")
+        until_sync(lambda: count(c, "SELECT count(*) FROM pg_stat_activity WHERE datname = "
+                                "current_database() AND wait_event_type = 'Lock' "
+                                "AND query LIKE 'SELECT pg_advisory_xact_lock%%'"),
+                   "the worker's declaration to wait on the lock")
         b.restart()  # the declaration's connection is dropped under it
         time.sleep(0.5)
         assert w.proc.poll() is None, w.log()
         holder.commit()
         with DurableClient(b.dsn(dbname(dsn))) as client:
             rid = client.start("steps", {"n": 2}, revision="1")
-            wait_for(lambda: client.get_run(rid).status == "completed", "the run to complete")
+            until_sync(lambda: client.get_run(rid).status == "completed", "the run to complete")
         assert count(c, "SELECT count(*) FROM pgdurable.worker_revisions "
                      "WHERE worker_id = 'w'") > 0
     assert w.stop() == 0, w.log()

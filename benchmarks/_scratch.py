@@ -15,15 +15,26 @@ from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
 import pgdurable
+from pgdurable import migrations
 
 
-def scratch_dsn(admin_dsn: str, db: str) -> str:
-    """(Re)create database ``db`` next to ``admin_dsn``, migrate it, return its DSN."""
+def scratch_dsn(admin_dsn: str, db: str, before: int | None = None) -> str:
+    """(Re)create database ``db`` next to ``admin_dsn``, migrate it, return its DSN.
+
+    ``before``: apply only the migrations numbered below it (the schema as it
+    was, for a benchmark's baseline); later ones stay pending."""
     with psycopg.connect(admin_dsn, autocommit=True) as c:
         c.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(db)))
         c.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(db)))
     dsn = make_conninfo(admin_dsn, dbname=db)
-    pgdurable.migrate(dsn)
+    shipped = migrations.load_migrations
+    if before is not None:
+        kept = tuple(m for m in shipped() if m.version < before)
+        migrations.load_migrations = lambda: kept
+    try:
+        pgdurable.migrate(dsn)
+    finally:
+        migrations.load_migrations = shipped
     return dsn
 
 

@@ -1,0 +1,103 @@
+"""The batched fences find each run by its primary key (sql/0028_fence_by_primary_key.sql):
+``write_steps`` and ``renew_runs`` never read runs_leased_idx (every leased run of the
+fleet), whatever the statistics say, and keep one generic plan per connection. The
+index scans are read from the server's own counters for the current transaction
+(``pg_stat_get_xact_numscans``), in a new connection each time (its plans made with
+the statistics as they are)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+import pytest
+
+WRITE = ("SELECT id, status FROM pgdurable.write_steps('w', %s::uuid[], %s::bigint[], "
+         "%s::jsonb[], %s::numeric[], %s::boolean[], %s::jsonb[])")
+RENEW = "SELECT id FROM pgdurable.renew_runs('w', %s::uuid[], %s::bigint[], '1 hour')"
+SCANS = ("SELECT pg_stat_get_xact_numscans('pgdurable.runs_leased_idx'::regclass), "
+         "pg_stat_get_xact_numscans('pgdurable.runs_pkey'::regclass)")
+START = ("SELECT pgdurable.start_run(%s, '1', '{}', 'q', 0, 3, NULL, NULL, NULL, NULL) "
+         "FROM generate_series(1, %s)")
+CLAIM = ("SELECT id, lease_token FROM pgdurable.claim_runs(%s, '{q}', ARRAY[%s], '{1}', %s, "
+         "'1 hour')")
+
+
+def _fleet(dsn: str, analyze_after: bool) -> None:
+    """2,000 finished runs and 500 runs leased by other workers, the statistics taken
+    before they were leased (the planner thinks few runs are leased) or after."""
+    with psycopg.connect(dsn, autocommit=True) as c:
+        c.execute(START, ("done", 2000))
+        c.execute("UPDATE pgdurable.runs SET status = 'completed', finished_at = now()")
+        c.execute("VACUUM ANALYZE pgdurable.runs")
+        c.execute(START, ("fleet", 500))
+        assert len(c.execute(CLAIM, ("fleet", "fleet", 500)).fetchall()) == 500
+        if analyze_after:
+            c.execute("ANALYZE pgdurable.runs")
+        c.execute(START, ("mine", 16 * 8))
+
+
+def _scans(dsn: str, call: str, n: int) -> list[tuple[int, int, int]]:
+    """For 8 calls in a new connection (past PL/pgSQL's first five custom plans):
+    (runs the call answered for, runs_leased_idx scans, runs_pkey scans) of each."""
+    out = []
+    with psycopg.connect(dsn) as c:
+        for _ in range(8):
+            rows = c.execute(CLAIM, ("w", "mine", n)).fetchall()
+            c.commit()
+            ids, tokens = [r[0] for r in rows], [r[1] for r in rows]
+            before = c.execute(SCANS).fetchone()
+            assert before is not None
+            if call == "write":
+                got = c.execute(WRITE, (ids, tokens, ["{}"] * n, [0] * n, [False] * n,
+                                        [None] * n)).fetchall()
+                assert {r[1] for r in got} == {"leased"}
+            else:
+                got = c.execute(RENEW, (ids, tokens)).fetchall()
+            after = c.execute(SCANS).fetchone()
+            assert after is not None
+            c.commit()
+            out.append((len(got), after[0] - before[0], after[1] - before[1]))
+    return out
+
+
+@pytest.mark.parametrize("analyze_after", [False, True], ids=["stats-none-leased",
+                                                               "stats-many-leased"])
+@pytest.mark.parametrize(("call", "n"), [("write", 1), ("write", 16), ("renew", 16)])
+def test_the_fence_reads_the_given_runs_by_primary_key(
+        dsn: str, analyze_after: bool, call: str, n: int) -> None:
+    _fleet(dsn, analyze_after)
+    for answered, leased_scans, pkey_scans in _scans(dsn, call, n):
+        assert answered == n
+        assert leased_scans == 0  # never a walk over every leased run
+        assert pkey_scans >= 1
+
+
+def test_a_fence_that_fails_still_answers_lost_and_writes_nothing(
+        conn: psycopg.Connection[Any]) -> None:
+    """The status test is IS NOT DISTINCT FROM 'leased' now: a run that is not
+    leased (parked here) is still refused, with its token and owner right."""
+    conn.execute(START, ("mine", 2))
+    (a, ta), (b, tb) = conn.execute(CLAIM, ("w", "mine", 2)).fetchall()
+    conn.execute("SELECT pgdurable.park_run(%s, %s, 'w', '{}', 0, 'signal', 'go', NULL, NULL)",
+                 (b, tb))
+    runs = "SELECT step, status, state, lease_expires_at FROM pgdurable.runs WHERE id = %s"
+    parked = conn.execute(runs, (b,)).fetchone()
+    got = dict(conn.execute(WRITE, ([a, b], [ta, tb], ['{"x": 1}', '{"x": 2}'], [0, 0],
+                                    [False, False], [None, None])).fetchall())
+    assert got == {a: "leased", b: "lost"}
+    assert conn.execute(runs, (b,)).fetchone() == parked
+    assert conn.execute(RENEW, ([b], [tb])).fetchall() == []
+    assert conn.execute(runs, (b,)).fetchone() == parked
+
+
+@pytest.mark.parametrize("signature", [
+    "write_steps(text, uuid[], bigint[], jsonb[], numeric[], boolean[], jsonb[])",
+    "renew_runs(text, uuid[], bigint[], interval)",
+])
+def test_the_batched_fences_plan_generically(conn: psycopg.Connection[Any], signature: str) -> None:
+    """0028 sets plan_cache_mode on both (no planning per call); a migration that
+    re-creates them must keep it."""
+    row = conn.execute("SELECT proconfig FROM pg_proc WHERE oid = %s::regprocedure",
+                       (f"pgdurable.{signature}",)).fetchone()
+    assert row is not None and "plan_cache_mode=force_generic_plan" in row[0]

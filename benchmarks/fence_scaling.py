@@ -1,6 +1,6 @@
-"""The batched fences (``write_steps``, ``renew_runs``) against the number of
-runs the rest of the fleet holds: sql/0028_fence_by_primary_key.sql against the
-functions it replaced.
+"""The fences (``write_steps``, ``renew_runs``, the single-run ``_fenced``) against
+the number of runs the rest of the fleet holds: sql/0028_fence_by_primary_key.sql
+against the functions it replaced.
 
 One command::
 
@@ -18,7 +18,8 @@ per database) times ``--calls`` times each, on runs it claims just before
 
 * ``write 1``: ``write_steps`` of one run (one step of a trickle);
 * ``write 16``: ``write_steps`` of 16 runs (a worker's batch);
-* ``renew 16``: ``renew_runs`` of 16 leases (a heartbeat).
+* ``renew 16``: ``renew_runs`` of 16 leases (a heartbeat);
+* ``emit 1``: ``emit_event`` of one run (a single-run transition: ``_fenced``).
 
 Printed: p50 per case in each database and the ratio new / old (lower is
 better). The fenced work is the same; what differs is how the rows are found
@@ -43,6 +44,7 @@ CLAIM = ("SELECT id, lease_token FROM pgdurable.claim_runs(%s, '{q}', ARRAY[%s],
 WRITE = ("SELECT * FROM pgdurable.write_steps('bench', %s::uuid[], %s::bigint[], %s::jsonb[], "
          "%s::numeric[], %s::boolean[], %s::jsonb[])")
 RENEW = "SELECT * FROM pgdurable.renew_runs('bench', %s::uuid[], %s::bigint[], '1 hour')"
+EMIT = "SELECT pgdurable.emit_event(%s, %s, 'bench', 0, '{}')"
 
 
 def prepare(dsn: str, finished: int) -> None:
@@ -68,7 +70,7 @@ def timed(c: psycopg.Connection[Any], calls: int, case: str) -> float:
     """p50 seconds of ``case`` over ``calls`` calls, each on runs just claimed by
     'bench' (untimed) and completed after it (untimed): 'bench' holds at most one
     batch, so the leased runs are the fleet's plus that batch."""
-    n = 1 if case == "write 1" else 16
+    n = 16 if case.endswith("16") else 1
     c.execute(START, ("bench", calls * n))
 
     def write(batch: list[Any], done: bool) -> object:
@@ -86,6 +88,8 @@ def timed(c: psycopg.Connection[Any], calls: int, case: str) -> float:
         t0 = time.perf_counter()
         if case == "renew 16":
             renew(batch)
+        elif case == "emit 1":
+            c.execute(EMIT, batch[0], prepare=True).fetchone()
         else:
             write(batch, False)
         ts.append(time.perf_counter() - t0)
@@ -114,7 +118,7 @@ def main() -> None:
                 for d in dbs.values():
                     lease_others(d, leased, analyze_after)
                 stats = "with L leased" if analyze_after else "none leased"
-                for case in ("write 1", "write 16", "renew 16"):
+                for case in ("write 1", "write 16", "renew 16", "emit 1"):
                     p50: dict[str, list[float]] = {"new": [], "old": []}
                     for r in range(a.rounds):
                         for name in (("old", "new") if r % 2 == 0 else ("new", "old")):

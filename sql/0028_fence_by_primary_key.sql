@@ -1,27 +1,81 @@
--- 0028_fence_by_primary_key: the batched fences find each run by its primary
--- key, with one plan per connection (issue 21, "stay fast under load").
+-- 0028_fence_by_primary_key: every fence finds its run by the primary key,
+-- and the batched fences keep one plan per connection (issue 21, "stay fast
+-- under load").
 --
--- write_steps (every step a worker writes) and renew_runs (every heartbeat)
--- join the ids they are given to pgdurable.runs and keep the rows whose fence
--- holds (token, owner, status = 'leased', lease not expired). Two things made
--- their cost grow with the number of leased runs of the whole fleet, not with
--- the number of ids (benchmarks/RESULTS.md, "The batched fences by primary
--- key"; benchmarks/fence_scaling.py):
+-- A fence reads the run(s) it is given and keeps the rows whose lease holds
+-- (token, owner, status = 'leased', lease not expired): _fenced and
+-- _fenced_token for one run (park_run, release_run, emit_event, start_child
+-- and every other single-run transition), write_steps for a worker's batch of
+-- steps, renew_runs for its heartbeat. Two things made their cost grow with the
+-- number of runs leased by the whole fleet, not with the number of ids
+-- (benchmarks/RESULTS.md, "Fences by primary key"; benchmarks/fence_scaling.py):
 --   * status = 'leased' matches the predicate of runs_leased_idx (queue) WHERE
 --     status = 'leased', a partial index of every leased run. Where the
 --     statistics say few runs are leased, the planner reads that whole index,
---     fetches every leased run's row and filters it by id: each write walked
---     every leased run of every worker.
+--     fetches every leased run's row and keeps the one with the id: each fenced
+--     call walked every leased run of every worker.
 --   * PL/pgSQL plans a statement again at every call while its generic plan
---     looks dearer than a custom one, and with 1-element arrays a custom plan
---     always looks cheaper: where the statistics say many runs are leased, every
---     call planned the statement (~0.7 ms) before running it.
+--     looks dearer than a custom one, and for write_steps and renew_runs with
+--     1-element arrays a custom plan always looks cheaper: where the statistics
+--     say many runs are leased, each call planned the statement (~0.7 ms)
+--     before running it.
 -- Now the status test is written IS NOT DISTINCT FROM 'leased' (status is NOT
 -- NULL, so it keeps the same rows), which runs_leased_idx's predicate cannot
--- match: the rows are found by runs_pkey, one probe per id. And both functions
--- keep one generic plan per connection (plan_cache_mode, as 0021 does for
--- claim_runs). Nothing else changes: same fence, same results, same errors.
+-- match: the rows are found by runs_pkey, one probe per id. write_steps and
+-- renew_runs keep one generic plan per connection (plan_cache_mode, as 0021
+-- does for claim_runs). Nothing else changes: the same fence, results and
+-- errors. The scans that want every leased run of a queue (expired leases in
+-- claim_runs, live leases in flow control) keep runs_leased_idx.
 ------------------------------------------------------------------------------
+
+------------------------------------------------------------------------------
+-- pgdurable._fenced(id, token, owner) -> pgdurable.runs: as in 0003 (lock and
+-- return the run if the FENCE holds, else PD001), found by primary key.
+------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION pgdurable._fenced(p_id uuid, p_token bigint, p_owner text)
+RETURNS pgdurable.runs
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pgdurable, pg_temp AS $$
+DECLARE
+  r pgdurable.runs;
+BEGIN
+  SELECT * INTO r FROM pgdurable.runs
+   WHERE id = p_id AND lease_token = p_token AND lease_owner = p_owner
+     AND status IS NOT DISTINCT FROM 'leased' AND lease_expires_at > pgdurable.now()
+   FOR UPDATE;
+  IF NOT FOUND THEN
+    RAISE EXCEPTION 'lease lost on run % (token %, owner %)', p_id, p_token, p_owner
+      USING ERRCODE = 'PD001';
+  END IF;
+  RETURN r;
+END
+$$;
+COMMENT ON FUNCTION pgdurable._fenced(uuid, bigint, text) IS
+  'Internal: lock the run under the lease fence or raise PD001 (LeaseLost).';
+
+------------------------------------------------------------------------------
+-- pgdurable._fenced_token(id, token) -> pgdurable.runs: as in 0008 (the fence
+-- by token alone, else PD001), found by primary key.
+------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION pgdurable._fenced_token(p_id uuid, p_token bigint)
+RETURNS pgdurable.runs
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pgdurable, pg_temp AS $$
+DECLARE
+  r pgdurable.runs;
+BEGIN
+  SELECT * INTO r FROM pgdurable.runs
+   WHERE id = p_id AND lease_token = p_token
+     AND status IS NOT DISTINCT FROM 'leased' AND lease_expires_at > pgdurable.now()
+   FOR UPDATE;
+  IF NOT FOUND THEN
+    RAISE EXCEPTION 'lease lost on run % (token %)', p_id, p_token USING ERRCODE = 'PD001';
+  END IF;
+  RETURN r;
+END
+$$;
+COMMENT ON FUNCTION pgdurable._fenced_token(uuid, bigint) IS
+  'Internal: lock the run under the lease fence (id + token) or raise PD001 (LeaseLost).';
 
 ------------------------------------------------------------------------------
 -- pgdurable.write_steps(owner, ids, tokens, states, spends, done, results)

@@ -1,6 +1,7 @@
-"""The batched fences find each run by its primary key (sql/0028_fence_by_primary_key.sql):
-``write_steps`` and ``renew_runs`` never read runs_leased_idx (every leased run of the
-fleet), whatever the statistics say, and keep one generic plan per connection. The
+"""Every fence finds its run by the primary key (sql/0028_fence_by_primary_key.sql): the
+single-run transitions (``_fenced``, ``_fenced_token``), ``write_steps`` and
+``renew_runs`` never read runs_leased_idx (every leased run of the fleet), whatever the
+statistics say, and the batched two keep one generic plan per connection. The
 index scans are read from the server's own counters for the current transaction
 (``pg_stat_get_xact_numscans``), in a new connection each time (its plans made with
 the statistics as they are)."""
@@ -19,6 +20,14 @@ SCANS = ("SELECT pg_stat_get_xact_numscans('pgdurable.runs_leased_idx'::regclass
          "pg_stat_get_xact_numscans('pgdurable.runs_pkey'::regclass)")
 START = ("SELECT pgdurable.start_run(%s, '1', '{}', 'q', 0, 3, NULL, NULL, NULL, NULL) "
          "FROM generate_series(1, %s)")
+# single-run transitions through _fenced (emit_event, release_run) and _fenced_token
+# (start_child, whose parent is the run)
+SINGLE = {
+    "emit": "SELECT pgdurable.emit_event(%s, %s, 'w', 0, '{}')",
+    "release": "SELECT pgdurable.release_run(%s, %s, 'w')",
+    "child": ("SELECT run_id FROM pgdurable.start_child(%s, %s, 'k', 'leaf', '1', '{}', 'kids', "
+              "0, 3, NULL, NULL, NULL)"),
+}
 CLAIM = ("SELECT id, lease_token FROM pgdurable.claim_runs(%s, '{q}', ARRAY[%s], '{1}', %s, "
          "'1 hour')")
 
@@ -52,8 +61,10 @@ def _scans(dsn: str, call: str, n: int) -> list[tuple[int, int, int]]:
                 got = c.execute(WRITE, (ids, tokens, ["{}"] * n, [0] * n, [False] * n,
                                         [None] * n)).fetchall()
                 assert {r[1] for r in got} == {"leased"}
-            else:
+            elif call == "renew":
                 got = c.execute(RENEW, (ids, tokens)).fetchall()
+            else:  # one run's transitions: _fenced, then _fenced_token (start_child)
+                got = c.execute(SINGLE[call], (ids[0], tokens[0])).fetchall()
             after = c.execute(SCANS).fetchone()
             assert after is not None
             c.commit()
@@ -63,7 +74,8 @@ def _scans(dsn: str, call: str, n: int) -> list[tuple[int, int, int]]:
 
 @pytest.mark.parametrize("analyze_after", [False, True], ids=["stats-none-leased",
                                                                "stats-many-leased"])
-@pytest.mark.parametrize(("call", "n"), [("write", 1), ("write", 16), ("renew", 16)])
+@pytest.mark.parametrize(("call", "n"), [("write", 1), ("write", 16), ("renew", 16),
+                                         ("emit", 1), ("release", 1), ("child", 1)])
 def test_the_fence_reads_the_given_runs_by_primary_key(
         dsn: str, analyze_after: bool, call: str, n: int) -> None:
     _fleet(dsn, analyze_after)

@@ -23,9 +23,13 @@
 -- NULL, so it keeps the same rows), which runs_leased_idx's predicate cannot
 -- match: the rows are found by runs_pkey, one probe per id. write_steps and
 -- renew_runs keep one generic plan per connection (plan_cache_mode, as 0021
--- does for claim_runs). Nothing else changes: the same fence, results and
--- errors. The scans that want every leased run of a queue (expired leases in
--- claim_runs, live leases in flow control) keep runs_leased_idx.
+-- does for claim_runs). And the four functions plan with enable_seqscan = off:
+-- a plan made while runs is small (a new installation, a test database) would
+-- be a sequential scan, and a connection keeps its plan until the next ANALYZE
+-- of runs, while the table grows under it; runs_pkey serves every size.
+-- Nothing else changes: the same fence, results and errors. The scans that
+-- want every leased run of a queue (expired leases in claim_runs, live leases
+-- in flow control) keep runs_leased_idx.
 ------------------------------------------------------------------------------
 
 ------------------------------------------------------------------------------
@@ -35,7 +39,8 @@
 CREATE OR REPLACE FUNCTION pgdurable._fenced(p_id uuid, p_token bigint, p_owner text)
 RETURNS pgdurable.runs
 LANGUAGE plpgsql
-SET search_path = pg_catalog, pgdurable, pg_temp AS $$
+SET search_path = pg_catalog, pgdurable, pg_temp
+SET enable_seqscan = off AS $$
 DECLARE
   r pgdurable.runs;
 BEGIN
@@ -60,7 +65,8 @@ COMMENT ON FUNCTION pgdurable._fenced(uuid, bigint, text) IS
 CREATE OR REPLACE FUNCTION pgdurable._fenced_token(p_id uuid, p_token bigint)
 RETURNS pgdurable.runs
 LANGUAGE plpgsql
-SET search_path = pg_catalog, pgdurable, pg_temp AS $$
+SET search_path = pg_catalog, pgdurable, pg_temp
+SET enable_seqscan = off AS $$
 DECLARE
   r pgdurable.runs;
 BEGIN
@@ -90,7 +96,8 @@ CREATE OR REPLACE FUNCTION pgdurable.write_steps(p_owner text, p_ids uuid[], p_t
 RETURNS TABLE (id uuid, status text)
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pgdurable, pg_temp
-SET plan_cache_mode = force_generic_plan AS $$
+SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off AS $$
 DECLARE
   n integer := cardinality(p_ids);
 BEGIN
@@ -154,7 +161,8 @@ CREATE OR REPLACE FUNCTION pgdurable.renew_runs(p_owner text, p_ids uuid[], p_to
 RETURNS TABLE (id uuid, lease_expires_at timestamptz, cancel_requested boolean)
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pgdurable, pg_temp
-SET plan_cache_mode = force_generic_plan AS $$
+SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off AS $$
 BEGIN
   IF p_ttl IS NULL OR p_ttl <= interval '0' THEN
     RAISE EXCEPTION 'renew_runs: ttl must be a positive interval, got %', p_ttl

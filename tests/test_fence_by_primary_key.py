@@ -17,7 +17,8 @@ WRITE = ("SELECT id, status FROM pgdurable.write_steps('w', %s::uuid[], %s::bigi
          "%s::jsonb[], %s::numeric[], %s::boolean[], %s::jsonb[])")
 RENEW = "SELECT id FROM pgdurable.renew_runs('w', %s::uuid[], %s::bigint[], '1 hour')"
 SCANS = ("SELECT pg_stat_get_xact_numscans('pgdurable.runs_leased_idx'::regclass), "
-         "pg_stat_get_xact_numscans('pgdurable.runs_pkey'::regclass)")
+         "pg_stat_get_xact_numscans('pgdurable.runs_pkey'::regclass), "
+         "pg_stat_get_xact_numscans('pgdurable.runs'::regclass)")  # the last: sequential scans
 START = ("SELECT pgdurable.start_run(%s, '1', '{}', 'q', 0, 3, NULL, NULL, NULL, NULL) "
          "FROM generate_series(1, %s)")
 # single-run transitions through _fenced (emit_event, release_run) and _fenced_token
@@ -46,43 +47,66 @@ def _fleet(dsn: str, analyze_after: bool) -> None:
         c.execute(START, ("mine", 16 * 8))
 
 
-def _scans(dsn: str, call: str, n: int) -> list[tuple[int, int, int]]:
-    """For 8 calls in a new connection (past PL/pgSQL's first five custom plans):
-    (runs the call answered for, runs_leased_idx scans, runs_pkey scans) of each."""
-    out = []
+def _call(c: psycopg.Connection[Any], call: str, n: int) -> tuple[int, int, int, int]:
+    """Claim ``n`` runs of task 'mine' as 'w' and make ``call`` on them: (runs it
+    answered for, runs_leased_idx scans, runs_pkey scans, sequential scans of runs)."""
+    rows = c.execute(CLAIM, ("w", "mine", n)).fetchall()
+    c.commit()
+    ids, tokens = [r[0] for r in rows], [r[1] for r in rows]
+    before = c.execute(SCANS).fetchone()
+    assert before is not None
+    if call == "write":
+        got = c.execute(WRITE, (ids, tokens, ["{}"] * n, [0] * n, [False] * n,
+                                [None] * n)).fetchall()
+        assert {r[1] for r in got} == {"leased"}
+    elif call == "renew":
+        got = c.execute(RENEW, (ids, tokens)).fetchall()
+    else:  # one run's transitions: _fenced, then _fenced_token (start_child)
+        got = c.execute(SINGLE[call], (ids[0], tokens[0])).fetchall()
+    after = c.execute(SCANS).fetchone()
+    assert after is not None
+    c.commit()
+    return (len(got), after[0] - before[0], after[1] - before[1], after[2] - before[2])
+
+
+def _scans(dsn: str, call: str, n: int) -> list[tuple[int, int, int, int]]:
+    """:func:`_call` 8 times in a new connection (past PL/pgSQL's first five custom
+    plans)."""
     with psycopg.connect(dsn) as c:
-        for _ in range(8):
-            rows = c.execute(CLAIM, ("w", "mine", n)).fetchall()
-            c.commit()
-            ids, tokens = [r[0] for r in rows], [r[1] for r in rows]
-            before = c.execute(SCANS).fetchone()
-            assert before is not None
-            if call == "write":
-                got = c.execute(WRITE, (ids, tokens, ["{}"] * n, [0] * n, [False] * n,
-                                        [None] * n)).fetchall()
-                assert {r[1] for r in got} == {"leased"}
-            elif call == "renew":
-                got = c.execute(RENEW, (ids, tokens)).fetchall()
-            else:  # one run's transitions: _fenced, then _fenced_token (start_child)
-                got = c.execute(SINGLE[call], (ids[0], tokens[0])).fetchall()
-            after = c.execute(SCANS).fetchone()
-            assert after is not None
-            c.commit()
-            out.append((len(got), after[0] - before[0], after[1] - before[1]))
-    return out
+        return [_call(c, call, n) for _ in range(8)]
+
+
+CALLS = [("write", 1), ("write", 16), ("renew", 16), ("emit", 1), ("release", 1), ("child", 1)]
 
 
 @pytest.mark.parametrize("analyze_after", [False, True], ids=["stats-none-leased",
                                                                "stats-many-leased"])
-@pytest.mark.parametrize(("call", "n"), [("write", 1), ("write", 16), ("renew", 16),
-                                         ("emit", 1), ("release", 1), ("child", 1)])
+@pytest.mark.parametrize(("call", "n"), CALLS)
 def test_the_fence_reads_the_given_runs_by_primary_key(
         dsn: str, analyze_after: bool, call: str, n: int) -> None:
     _fleet(dsn, analyze_after)
-    for answered, leased_scans, pkey_scans in _scans(dsn, call, n):
+    for answered, leased_scans, pkey_scans, seq_scans in _scans(dsn, call, n):
         assert answered == n
         assert leased_scans == 0  # never a walk over every leased run
-        assert pkey_scans >= 1
+        assert seq_scans == 0 and pkey_scans >= n
+
+
+@pytest.mark.parametrize(("call", "n"), CALLS)
+def test_a_plan_made_while_runs_was_small_still_reads_by_primary_key(
+        dsn: str, call: str, n: int) -> None:
+    """A connection plans the fences while runs holds a few rows (a new installation),
+    then the table grows to 5,000 without an ANALYZE: the kept plans still probe
+    runs_pkey; they never scan the table."""
+    with psycopg.connect(dsn, autocommit=True) as c:
+        c.execute(START, ("mine", 16 * 9))
+    with psycopg.connect(dsn) as c:
+        for _ in range(7):
+            _call(c, call, n)
+        with psycopg.connect(dsn, autocommit=True) as other:
+            other.execute(START, ("done", 5000))
+        answered, leased_scans, pkey_scans, seq_scans = _call(c, call, n)
+    assert answered == n
+    assert (leased_scans, seq_scans) == (0, 0) and pkey_scans >= n
 
 
 def test_a_fence_that_fails_still_answers_lost_and_writes_nothing(

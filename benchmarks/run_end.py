@@ -10,16 +10,19 @@ One command::
 
 * ``pgdurable_bench_end_new``: migrated as shipped (one trigger, ``runs_end``);
 * ``pgdurable_bench_end_old``: migrated up to 0026 (``runs_child_end``,
-  ``runs_flow_slot_freed_trg`` and ``runs_stream_end``), the baseline;
+  ``runs_flow_slot_freed_trg`` and ``runs_stream_end``), then 0028's file run by
+  hand (the fences as shipped), the baseline;
 * ``pgdurable_bench_end_none``: as shipped with ``runs_end`` disabled, for
   reference only (no done NOTIFY, fan-in, children's policy, freed slot or
   stream end: what the end-of-run work costs in all).
 
 In each round, in alternating order, each database gets ``--runs`` runs
-(root runs of an unlimited queue, no listener, no events: the common case),
-claims them all, then completes them one ``complete_run`` at a time inside
-ONE ``DO`` block, timed with ``clock_timestamp()``: server time per
-completion, without the client's round trip or a commit. Printed: µs per
+(root runs of an unlimited queue, no listener, no events: the common case);
+ONE ``DO`` block then claims each (untimed) and completes it with
+``complete_run``, timed with ``clock_timestamp()``: server time per
+completion, without the client's round trip or a commit. One run is leased at
+a time, so that the fence costs the same in both schemas (0028, applied to both, changed how a
+fence reads its runs: benchmarks/fence_scaling.py). Printed: µs per
 completion per round, and the median ratio new / old (lower is better).
 """
 
@@ -27,34 +30,39 @@ from __future__ import annotations
 
 import argparse
 import statistics
+from pathlib import Path
 
 import psycopg
 from _scratch import drop_scratch, scratch_dsn
 
+FENCES = Path(__file__).resolve().parent.parent / "sql" / "0028_fence_by_primary_key.sql"
 NEW, OLD, NONE = "pgdurable_bench_end_new", "pgdurable_bench_end_old", "pgdurable_bench_end_none"
-COMPLETE_ALL = """
+COMPLETE_EACH = """
 DO $$
 DECLARE
   r record;
-  t0 timestamptz := clock_timestamp();
+  t0 timestamptz;
+  spent interval := interval '0';
 BEGIN
-  FOR r IN SELECT * FROM bench_claimed LOOP
+  FOR i IN 1..%s LOOP
+    SELECT c.id, c.lease_token INTO r
+      FROM pgdurable.claim_runs('bench', '{q}', '{t}', '{1}', 1, '600 s') c;
+    t0 := clock_timestamp();
     PERFORM pgdurable.complete_run(r.id, r.lease_token, 'bench', '{}', '{}', 0);
+    spent := spent + (clock_timestamp() - t0);
   END LOOP;
-  PERFORM set_config('bench.ms', (extract(epoch FROM clock_timestamp() - t0) * 1000)::text,
-                     false);
+  PERFORM set_config('bench.ms', (extract(epoch FROM spent) * 1000)::text, false);
 END
 $$"""
 
 
 def per_completion_us(dsn: str, runs: int) -> float:
-    """Server µs per ``complete_run`` of ``runs`` freshly claimed runs."""
+    """Server µs per ``complete_run`` of ``runs`` runs, each claimed just before
+    (untimed; one run leased at a time)."""
     with psycopg.connect(dsn, autocommit=True) as c:
         c.execute("SELECT pgdurable.start_run('t', '1', '{}', 'q', 0, 3, NULL, NULL, NULL, NULL) "
                   "FROM generate_series(1, %s)", (runs,))
-        c.execute("CREATE TEMP TABLE bench_claimed AS SELECT id, lease_token "
-                  "FROM pgdurable.claim_runs('bench', '{q}', '{t}', '{1}', %s, '600 s')", (runs,))
-        c.execute(COMPLETE_ALL)
+        c.execute(COMPLETE_EACH.replace("%s", str(int(runs))))
         row = c.execute("SELECT current_setting('bench.ms')::float8").fetchone()
         assert row is not None
         c.execute("TRUNCATE pgdurable.runs CASCADE")
@@ -72,6 +80,9 @@ def main() -> None:
     try:
         with psycopg.connect(dbs["none"], autocommit=True) as c:
             c.execute("ALTER TABLE pgdurable.runs DISABLE TRIGGER runs_end")
+        with psycopg.connect(dbs["old"], autocommit=True) as c:
+            c.execute(FENCES.read_bytes())
+            c.execute("SELECT pgdurable.secure_schema()")
         us: dict[str, list[float]] = {k: [] for k in dbs}
         print(f"{'round':<6} {'3 triggers µs':>14} {'runs_end µs':>12} {'none µs':>8} "
               f"{'new / old':>10}")

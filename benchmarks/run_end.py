@@ -21,9 +21,10 @@ In each round, in alternating order, each database gets ``--runs`` runs
 ONE ``DO`` block then claims each (untimed) and completes it with
 ``complete_run``, timed with ``clock_timestamp()``: server time per
 completion, without the client's round trip or a commit. One run is leased at
-a time, so that the fence costs the same in both schemas (0028, applied to both, changed how a
-fence reads its runs: benchmarks/fence_scaling.py). Printed: µs per
-completion per round, and the median ratio new / old (lower is better).
+a time, and 0028 (which changed how a fence reads its runs:
+benchmarks/fence_scaling.py) is in both schemas, so that the fence costs the
+same. Printed: µs per completion per round, and the median ratio new / old
+(lower is better).
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ DECLARE
   t0 timestamptz;
   spent interval := interval '0';
 BEGIN
-  FOR i IN 1..%s LOOP
+  FOR i IN 1..current_setting('bench.runs')::integer LOOP
     SELECT c.id, c.lease_token INTO r
       FROM pgdurable.claim_runs('bench', '{q}', '{t}', '{1}', 1, '600 s') c;
     t0 := clock_timestamp();
@@ -62,7 +63,8 @@ def per_completion_us(dsn: str, runs: int) -> float:
     with psycopg.connect(dsn, autocommit=True) as c:
         c.execute("SELECT pgdurable.start_run('t', '1', '{}', 'q', 0, 3, NULL, NULL, NULL, NULL) "
                   "FROM generate_series(1, %s)", (runs,))
-        c.execute(COMPLETE_EACH.replace("%s", str(int(runs))))
+        c.execute("SELECT set_config('bench.runs', %s, false)", (str(runs),))
+        c.execute(COMPLETE_EACH)
         row = c.execute("SELECT current_setting('bench.ms')::float8").fetchone()
         assert row is not None
         c.execute("TRUNCATE pgdurable.runs CASCADE")

@@ -109,8 +109,9 @@ def test_a_parents_end_applies_each_childs_policy(
     with listening(dsn) as ear:
         conn.execute("SELECT pgdurable.complete_run(%s, %s, 'w', '{}', 'null', 0)", parent)
         got = heard(ear, 4)
-    # the done NOTIFYs (the runnable child's own end, recursively its child's first),
-    # then a cancel request for the leased child; no stream had events
+    # the parent's done NOTIFY first; then, as its children's loop meets them, the
+    # runnable child's end (its own done, then its child's) and the leased child's
+    # cancel request; no stream had events
     assert sorted(got) == sorted([("pgdurable_done", grandchild), ("pgdurable_done", runnable),
                                   ("pgdurable_cancel", leased), ("pgdurable_done", parent[0])])
     assert got[0] == ("pgdurable_done", parent[0])

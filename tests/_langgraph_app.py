@@ -10,7 +10,12 @@ Graph ``agent`` (run by workers): tool -> crash -> ask -> finish.
 
 * ``tool`` -- the side effect: a ledger row ``tool``;
 * ``crash`` -- with ``kill`` in the state: the first time (no ``killed`` row
-  yet) records ``killed`` and SIGKILLs its own process mid-graph;
+  yet) records ``killed`` and SIGKILLs its own process mid-graph. In a process
+  with ``LG_HOLD_STEP=N`` in its environment, the saver holds back the save of
+  the checkpoint of step N (LangGraph saves checkpoints in the background, so
+  ``crash`` runs while it is in flight), and ``crash`` first waits until the
+  writes of ``tool`` are saved: the process dies between a super-step's writes
+  and its checkpoint;
 * ``ask`` -- with ``ask`` in the state: ``interrupt({"q": ...})``; the answer
   goes into the state;
 * ``finish`` -- a ledger row ``finish``.
@@ -22,8 +27,10 @@ waits on ``pg_advisory_lock(GATE)`` (the test holds it) after recording
 
 from __future__ import annotations
 
+import asyncio
 import operator
 import os
+import time
 import signal
 import sys
 from typing import Annotated, Any, TypedDict
@@ -70,8 +77,18 @@ def tool(state: State) -> State:
     return {"log": ["tool"]}
 
 
+def _tool_writes_saved() -> bool:
+    with psycopg.connect(resolve_dsn() or "", autocommit=True) as conn:
+        return conn.execute("SELECT EXISTS (SELECT FROM pgdurable.lg_writes w "
+                            "JOIN pgdurable.lg_checkpoints c USING (thread_id, checkpoint_ns, "
+                            "checkpoint_id) WHERE c.metadata->>'step' = '0')").fetchone() == (True,)
+
+
 def crash(state: State) -> State:
     if state.get("kill") and _count("killed") == 0:
+        if os.environ.get("LG_HOLD_STEP"):
+            while not _tool_writes_saved():
+                time.sleep(0.01)
         ledger("killed")
         os.kill(os.getpid(), signal.SIGKILL)
     return {"log": ["crash-survived"]}
@@ -101,11 +118,21 @@ def agent_graph(checkpointer: Any) -> Any:
     return g.compile(checkpointer=checkpointer)
 
 
+class _HeldSaver(AsyncPgDurableSaver):
+    """Never saves the checkpoint of step ``LG_HOLD_STEP`` (its save waits forever)."""
+
+    async def aput(self, config: Any, checkpoint: Any, metadata: Any,
+                   new_versions: Any) -> Any:
+        if str(metadata.get("step")) == os.environ.get("LG_HOLD_STEP"):
+            await asyncio.sleep(3600)
+        return await super().aput(config, checkpoint, metadata, new_versions)
+
+
 def build(dsn: str | None = None) -> tuple[pgdurable.Durable, Any]:
     """The app and its graph (registered as task ``agent``; thread lease TTL 2 s)."""
     dsn = dsn or resolve_dsn() or ""
     app = pgdurable.Durable(dsn)
-    graph = agent_graph(AsyncPgDurableSaver(dsn))
+    graph = agent_graph(_HeldSaver(dsn))
     register_graph(app, graph, name="agent", ttl_ms=2000)
     return app, graph
 

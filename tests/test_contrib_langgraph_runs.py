@@ -39,18 +39,18 @@ class Procs:
         self.env = {**os.environ, "PYTHONPATH": f"{TESTS}{os.pathsep}{ROOT}",
                     "PGDURABLE_DSN": dsn, "PGDURABLE_LOG": "INFO"}
 
-    def spawn(self, name: str, *args: str) -> subprocess.Popen[bytes]:
+    def spawn(self, name: str, *args: str, **env: str) -> subprocess.Popen[bytes]:
         log = self.log_dir / f"{name}.log"
         with open(log, "wb") as out:
-            p = subprocess.Popen([sys.executable, *args], env=self.env, cwd=ROOT,
+            p = subprocess.Popen([sys.executable, *args], env={**self.env, **env}, cwd=ROOT,
                                  stdout=out, stderr=subprocess.STDOUT)
         self.all.append((p, log))
         return p
 
-    def worker(self, name: str) -> subprocess.Popen[bytes]:
+    def worker(self, name: str, **env: str) -> subprocess.Popen[bytes]:
         return self.spawn(name, "-m", "pgdurable.worker", "_langgraph_app:app",
                           "--lease-ttl", "2", "--poll", "0.5", "--concurrency", "2",
-                          "--grace", "5", "--worker-id", name)
+                          "--grace", "5", "--worker-id", name, **env)
 
     def invoke(self, name: str, thread: str, wait: bool) -> subprocess.Popen[bytes]:
         return self.spawn(name, str(TESTS / "_langgraph_app.py"), "invoke", thread,
@@ -157,6 +157,31 @@ def test_sigkill_mid_graph_resumes_on_another_worker_without_repeating_a_recorde
     wait(procs, lambda: run_row(db, rid)[0] == "completed", "another worker to finish the run")
     # the tool's result was recorded (its super-step checkpointed) before the kill:
     # it ran once, in the killed process; the graph went on from the next super-step
+    assert ledger(db, "tool") == [a.pid]
+    assert ledger(db, "killed") == [a.pid]
+    assert ledger(db, "finish") == [b.pid]
+    assert run_row(db, rid)[2]["log"] == ["tool", "crash-survived", "no-ask", "finish"]
+
+
+def test_sigkill_after_a_super_steps_writes_but_before_its_checkpoint_runs_the_rest(
+    db: psycopg.Connection[Any], dsn: str, procs: Procs
+) -> None:
+    # LangGraph saves a super-step's checkpoint in the background while the next one
+    # runs: worker a dies with `tool`'s writes saved and the checkpoint after it not.
+    # The newest checkpoint's only task then has its writes, so the snapshot's `next`
+    # is empty although the graph has three nodes to go; b must run them, not
+    # complete the run with the state after `tool`.
+    a = procs.worker("a", LG_HOLD_STEP="1")
+    rid = start(db, dsn, {"kill": True}, "thread-held")
+    assert a.wait(timeout=WAIT_LIMIT) == -signal.SIGKILL, procs.logs()
+    newest = db.execute(
+        "SELECT metadata->>'step', (SELECT count(*) FROM pgdurable.lg_writes w "
+        "  WHERE w.thread_id = c.thread_id AND w.checkpoint_id = c.checkpoint_id) "
+        "FROM pgdurable.lg_checkpoints c WHERE thread_id = 'thread-held' "
+        "ORDER BY checkpoint_id DESC LIMIT 1").fetchone()
+    assert newest is not None and newest[0] == "0" and newest[1] > 0, newest
+    b = procs.worker("b")
+    wait(procs, lambda: run_row(db, rid)[0] == "completed", "another worker to finish the run")
     assert ledger(db, "tool") == [a.pid]
     assert ledger(db, "killed") == [a.pid]
     assert ledger(db, "finish") == [b.pid]

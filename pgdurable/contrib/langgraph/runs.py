@@ -19,7 +19,10 @@ waiting}`` as its own state. Each claim of the run holds the thread's lease
   signal ``("langgraph.resume", thread_id)``: wait = exit, no worker is held);
 * a super-step left unfinished (a crash) -> ``graph.ainvoke(None)``: LangGraph
   continues from the last checkpointed super-step, and tasks whose writes
-  were saved are not run again;
+  were saved are not run again. "Unfinished" is read from the snapshot's
+  ``tasks``, not its ``next``: ``next`` leaves out tasks whose writes were
+  saved, so a crash after a super-step's writes but before its checkpoint
+  (LangGraph saves checkpoints in the background) shows an empty ``next``;
 * nothing of this run saved yet -> ``graph.ainvoke(input)``.
 
 When the graph ends, the run completes with the final state values as its
@@ -76,7 +79,11 @@ def register_graph(app: Durable, graph: Any, *, name: str = "langgraph", revisio
                     command: Any = Command(resume=wake.get("payload"))
                 else:
                     return _park(thread_id, state, snap)
-            elif snap.next:
+            elif snap.tasks:
+                # the super-step of the newest checkpoint is unfinished (a crash). Its
+                # tasks whose writes were saved are not in ``snap.next``: when all of
+                # them were, ``next`` is empty although the checkpoint that ends the
+                # super-step was never saved (LangGraph saves it in the background)
                 command = None
             elif await _started(saver, thread_id, ctx.run_id):
                 return Done(result=_jsonable(snap.values))

@@ -30,9 +30,9 @@ from __future__ import annotations
 import asyncio
 import operator
 import os
-import time
 import signal
 import sys
+import time
 from typing import Annotated, Any, TypedDict
 
 import psycopg

@@ -26,6 +26,13 @@ last step - the first run's first step (drain) or the first enqueue call
 is; phase ``hog`` adds one busy-loop process per CPU (normal priority) for
 the whole phase. Targets (issue 21): trickle >= 0.8x drain quiet, >= 0.6x
 drain under the hog, and our trickle under the hog ahead of pgqueuer's.
+
+``--worker-commit-off`` is a diagnostic, never a setting to run with: our
+worker process connects with ``synchronous_commit = off`` (``PGOPTIONS``), so
+its claims and step writes do not wait for their WAL flush. That is not a
+guarantee pgdurable keeps (a checkpoint lost in a server crash would run its
+step again); the difference to a run without it is what the worker's durable
+commits cost the trickle, the producer's included.
 """
 
 from __future__ import annotations
@@ -107,9 +114,10 @@ class Worker:
     Its output is read all along by a task of the driver (a pipe left unread
     while the producer runs would fill and stall the worker)."""
 
-    def __init__(self, system: str, dsn: str) -> None:
+    def __init__(self, system: str, dsn: str, env: dict[str, str] | None = None) -> None:
         self.system = system
         self.dsn = dsn
+        self.env = env or {}
         self.proc: asyncio.subprocess.Process | None = None
         self._lines: asyncio.Queue[tuple[str, str, float]] = asyncio.Queue()
         self._reader: asyncio.Task[None] | None = None
@@ -117,7 +125,7 @@ class Worker:
     async def start(self) -> None:
         self.proc = await asyncio.create_subprocess_exec(
             sys.executable, __file__, "--worker", self.system, "--dsn", self.dsn,
-            stdout=subprocess.PIPE, env={**os.environ, "PYTHONPATH": os.pathsep.join(
+            stdout=subprocess.PIPE, env={**os.environ, **self.env, "PYTHONPATH": os.pathsep.join(
                 filter(None, [os.path.dirname(__file__), os.environ.get("PYTHONPATH")]))},
         )
         assert self.proc.stdout is not None
@@ -188,8 +196,10 @@ async def phase(name: str, dsn: str, app: Durable, ours: Worker, peer: Worker | 
     return out
 
 
-async def bench(dsn: str, runs: int, hogs: int, with_peer: bool) -> dict[str, dict[str, float]]:
-    ours = Worker("pgdurable", dsn)
+async def bench(dsn: str, runs: int, hogs: int, with_peer: bool,
+                commit_off: bool = False) -> dict[str, dict[str, float]]:
+    ours = Worker("pgdurable", dsn,
+                  {"PGOPTIONS": "-c synchronous_commit=off"} if commit_off else None)
     peer = Worker("pgqueuer", dsn) if with_peer else None
     app = make_app(dsn)
     await app.open()
@@ -230,6 +240,8 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=1500)
     ap.add_argument("--hogs", type=int, default=os.cpu_count() or 2, help="busy-loop processes")
     ap.add_argument("--no-peer", action="store_true", help="skip pgqueuer")
+    ap.add_argument("--worker-commit-off", action="store_true",
+                    help="diagnostic: our worker's commits do not wait for the WAL flush")
     add_watch_args(ap)
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -245,12 +257,15 @@ def main() -> None:
         if with_peer:
             asyncio.run(_peers.pgqueuer_install(dsn))
         t = time.monotonic()
-        res = asyncio.run(bench(dsn, args.runs, args.hogs, with_peer))
+        res = asyncio.run(bench(dsn, args.runs, args.hogs, with_peer, args.worker_commit_off))
         took = time.monotonic() - t
     finally:
         drop_scratch(args.dsn, DB)
     print(f"trickle vs drain, {args.runs} three-step runs per measurement, one worker process "
           f"({took:.0f} s; hog = {args.hogs} busy-loop processes)")
+    if args.worker_commit_off:
+        print("DIAGNOSTIC: our worker ran with synchronous_commit = off (its commits did not "
+              "wait for the WAL flush); these are not pgdurable's guarantees")
     print(f"{'phase':<6} {'load':>5} {'drain/s':>8} {'trickle/s':>9} {'ratio':>6} "
           f"{'producer/s':>10} {'alone/s':>8} {'ceiling':>7} {'pgqueuer/s':>10}")
     for name, r in res.items():

@@ -153,10 +153,16 @@ def test_sigkill_mid_graph_resumes_on_another_worker_without_repeating_a_recorde
     a = procs.worker("a")
     rid = start(db, dsn, {"kill": True}, "thread-kill")
     assert a.wait(timeout=WAIT_LIMIT) == -signal.SIGKILL  # killed itself in node `crash`
+    _another_worker_runs_the_rest(db, procs, rid, a)
+
+
+def _another_worker_runs_the_rest(db: psycopg.Connection[Any], procs: Procs, rid: str,
+                                  a: subprocess.Popen[bytes]) -> None:
+    """Worker b finishes the run that worker ``a`` left when it SIGKILLed itself in node
+    ``crash``: the tool's writes were saved before the kill, so it ran once, in ``a``;
+    the graph went on from the super-step after it, in b."""
     b = procs.worker("b")
     wait(procs, lambda: run_row(db, rid)[0] == "completed", "another worker to finish the run")
-    # the tool's result was recorded (its super-step checkpointed) before the kill:
-    # it ran once, in the killed process; the graph went on from the next super-step
     assert ledger(db, "tool") == [a.pid]
     assert ledger(db, "killed") == [a.pid]
     assert ledger(db, "finish") == [b.pid]
@@ -180,12 +186,7 @@ def test_sigkill_after_a_super_steps_writes_but_before_its_checkpoint_runs_the_r
         "FROM pgdurable.lg_checkpoints c WHERE thread_id = 'thread-held' "
         "ORDER BY checkpoint_id DESC LIMIT 1").fetchone()
     assert newest is not None and newest[0] == "0" and newest[1] > 0, newest
-    b = procs.worker("b")
-    wait(procs, lambda: run_row(db, rid)[0] == "completed", "another worker to finish the run")
-    assert ledger(db, "tool") == [a.pid]
-    assert ledger(db, "killed") == [a.pid]
-    assert ledger(db, "finish") == [b.pid]
-    assert run_row(db, rid)[2]["log"] == ["tool", "crash-survived", "no-ask", "finish"]
+    _another_worker_runs_the_rest(db, procs, rid, a)
 
 
 def _writers_in_order(db: psycopg.Connection[Any], thread: str) -> list[str]:

@@ -10,12 +10,11 @@ Graph ``agent`` (run by workers): tool -> crash -> ask -> finish.
 
 * ``tool`` -- the side effect: a ledger row ``tool``;
 * ``crash`` -- with ``kill`` in the state: the first time (no ``killed`` row
-  yet) records ``killed`` and SIGKILLs its own process mid-graph. In a process
-  with ``LG_HOLD_STEP=N`` in its environment, the saver holds back the save of
-  the checkpoint of step N (LangGraph saves checkpoints in the background, so
-  ``crash`` runs while it is in flight), and ``crash`` first waits until the
-  writes of ``tool`` are saved: the process dies between a super-step's writes
-  and its checkpoint;
+  yet) waits until the writes of ``tool`` are saved (LangGraph saves them in
+  the background while the next super-step runs), records ``killed`` and
+  SIGKILLs its own process mid-graph. In a process with ``LG_HOLD_STEP=N`` in
+  its environment, the saver holds back the save of the checkpoint of step N,
+  so the process dies between a super-step's writes and its checkpoint;
 * ``ask`` -- with ``ask`` in the state: ``interrupt({"q": ...})``; the answer
   goes into the state;
 * ``finish`` -- a ledger row ``finish``.
@@ -86,9 +85,8 @@ def _tool_writes_saved() -> bool:
 
 def crash(state: State) -> State:
     if state.get("kill") and _count("killed") == 0:
-        if os.environ.get("LG_HOLD_STEP"):
-            while not _tool_writes_saved():
-                time.sleep(0.01)
+        while not _tool_writes_saved():  # LangGraph saves them in the background
+            time.sleep(0.01)
         ledger("killed")
         os.kill(os.getpid(), signal.SIGKILL)
     return {"log": ["crash-survived"]}

@@ -76,17 +76,20 @@ def tool(state: State) -> State:
     return {"log": ["tool"]}
 
 
-def _tool_writes_saved() -> bool:
+def _await_tool_writes() -> None:
+    """Return once the writes of ``tool`` (the task of checkpoint step 0) are saved:
+    LangGraph saves them in the background while the next super-step runs."""
     with psycopg.connect(resolve_dsn() or "", autocommit=True) as conn:
-        return conn.execute("SELECT EXISTS (SELECT FROM pgdurable.lg_writes w "
-                            "JOIN pgdurable.lg_checkpoints c USING (thread_id, checkpoint_ns, "
-                            "checkpoint_id) WHERE c.metadata->>'step' = '0')").fetchone() == (True,)
+        while conn.execute("SELECT EXISTS (SELECT FROM pgdurable.lg_writes w "
+                           "JOIN pgdurable.lg_checkpoints c USING (thread_id, checkpoint_ns, "
+                           "checkpoint_id) WHERE c.metadata->>'step' = '0')"
+                           ).fetchone() != (True,):
+            time.sleep(0.01)
 
 
 def crash(state: State) -> State:
     if state.get("kill") and _count("killed") == 0:
-        while not _tool_writes_saved():  # LangGraph saves them in the background
-            time.sleep(0.01)
+        _await_tool_writes()
         ledger("killed")
         os.kill(os.getpid(), signal.SIGKILL)
     return {"log": ["crash-survived"]}

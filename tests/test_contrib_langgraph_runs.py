@@ -182,7 +182,8 @@ def test_sigkill_after_a_super_steps_writes_but_before_its_checkpoint_runs_the_r
     assert a.wait(timeout=WAIT_LIMIT) == -signal.SIGKILL, procs.logs()
     newest = db.execute(
         "SELECT metadata->>'step', (SELECT count(*) FROM pgdurable.lg_writes w "
-        "  WHERE w.thread_id = c.thread_id AND w.checkpoint_id = c.checkpoint_id) "
+        "  WHERE w.thread_id = c.thread_id AND w.checkpoint_ns = c.checkpoint_ns "
+        "    AND w.checkpoint_id = c.checkpoint_id) "
         "FROM pgdurable.lg_checkpoints c WHERE thread_id = 'thread-held' "
         "ORDER BY checkpoint_id DESC LIMIT 1").fetchone()
     assert newest is not None and newest[0] == "0" and newest[1] > 0, newest

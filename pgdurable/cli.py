@@ -193,14 +193,21 @@ def migrate(
                     s.applied_at.isoformat(timespec="seconds") if s.applied_at else "",
                 )
             out.print(table)
+            defined = Table("definitions", "status", "applied at")
+            for d in migrations.definition_status(target):
+                _row(defined, d.definition.path, d.status,
+                     d.applied_at.isoformat(timespec="seconds") if d.applied_at else "")
+            out.print(defined)
             if any(s.drifted for s in states):
                 raise typer.Exit(EXIT_PROBLEM)
             return
         pending = migrations.migrate(target, dry_run=True, adopt=adopt)
+        changed = [d.definition for d in migrations.definition_status(target)
+                   if d.status != "applied"]
         if dry_run:
-            if not pending:
+            if not pending and not changed:
                 out.print("-- nothing to apply", highlight=False)
-            sys.stdout.write(migrations.pending_sql(pending))
+            sys.stdout.write(migrations.pending_sql(pending, changed))
             return
         with _progress() as progress:
             bar = progress.add_task("migrating", total=len(pending))
@@ -210,7 +217,11 @@ def migrate(
                 out.print(f"applied {m.name}", highlight=False, markup=False)
 
             applied = migrations.migrate(target, on_apply=applied_one, adopt=adopt)
-        if not applied:
+        if changed:
+            which = ", ".join(d.path for d in changed) if len(changed) <= 6 else "functions and views"
+            out.print(f"applied {len(changed)} definitions file(s) ({which})",
+                      highlight=False, markup=False)
+        if not applied and not changed:
             out.print(f"schema is up to date (version {migrations.required_version()})")
     except PgDurableError as exc:
         fail(str(exc))

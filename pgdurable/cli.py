@@ -202,7 +202,7 @@ def migrate(
                 raise typer.Exit(EXIT_PROBLEM)
             return
         pending = migrations.migrate(target, dry_run=True, adopt=adopt)
-        changed = [d.definition for d in migrations.definition_status(target)
+        changed = [d.definition for d in migrations.definition_status(target, adopt=adopt)
                    if d.status != "applied"]
         if dry_run:
             if not pending and not changed:

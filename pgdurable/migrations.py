@@ -559,13 +559,14 @@ def migration_status(target: ConnOrDsn) -> list[MigrationState]:
     return out
 
 
-def definition_status(target: ConnOrDsn) -> list[DefinitionState]:
-    """Every shipped definitions file with its state in the database."""
+def definition_status(target: ConnOrDsn, *, adopt: bool = False) -> list[DefinitionState]:
+    """Every shipped definitions file with its state in the database (``adopt``: read
+    them from a schema that does not look like ours, as ``migrate(adopt=True)`` would)."""
     conn, owned = _open(target)
     try:
         with conn.cursor() as cur:
-            done = (_read_definitions(cur)
-                    if _schema_trust.check_adoptable(cur, _shipped_names()) else {})
+            trusted = adopt or _schema_trust.check_adoptable(cur, _shipped_names())
+            done = _read_definitions(cur) if trusted else {}
     finally:
         if owned:
             conn.close()
@@ -612,14 +613,23 @@ def _needs_names(state: Sequence[Any] | None) -> bool:
     return bool(state and state[0] and state[3] is None)
 
 
-# -- the recorded definitions (asked where _HAS_DEFINITIONS says the table exists)
+# -- can this role read the recorded definitions? (absent | readable | unreadable)
+_DEFINITIONS_ACCESS = """
+SELECT CASE WHEN to_regclass('pgdurable.schema_definitions') IS NULL THEN 'absent'
+            WHEN has_table_privilege(to_regclass('pgdurable.schema_definitions'), 'SELECT')
+            THEN 'readable' ELSE 'unreadable' END
+"""
+# -- the recorded definitions (asked where _DEFINITIONS_ACCESS says readable)
 _DEFINED = "SELECT path, sha256 FROM pgdurable.schema_definitions"
 _warned: set[str] = set()
 
 
-def _judge_definitions(rows: Sequence[tuple[str, str]], dbname: str) -> None:
+def _judge_definitions(rows: Sequence[tuple[str, str]] | None, dbname: str) -> None:
     """A shipped definitions file never applied means an older schema (raise); one
-    applied with another sha256 is an older or a newer library's (say so, once)."""
+    applied with another sha256 is an older or a newer library's (say so, once).
+    ``None``: this role may not read them (a role granted only the version table)."""
+    if rows is None:
+        return
     done = dict(rows)
     missing = [d.path for d in load_definitions() if d.path not in done]
     if missing:
@@ -639,8 +649,10 @@ def check_schema(conn: psycopg.Connection[Any]) -> None:
     state = conn.execute(_schema_trust.SCHEMA_STATE).fetchone()
     names = conn.execute(_NAMES).fetchall() if _needs_names(state) else None
     _judge(_trusted_version(state, names, conn.info.dbname), conn.info.dbname)
-    exists = conn.execute(_HAS_DEFINITIONS).fetchone() == (True,)
-    _judge_definitions(conn.execute(_DEFINED).fetchall() if exists else [], conn.info.dbname)
+    access = (conn.execute(_DEFINITIONS_ACCESS).fetchone() or ("absent",))[0]
+    rows = (conn.execute(_DEFINED).fetchall() if access == "readable"
+            else [] if access == "absent" else None)
+    _judge_definitions(rows, conn.info.dbname)
 
 
 async def acheck_schema(conn: psycopg.AsyncConnection[Any]) -> None:
@@ -648,8 +660,9 @@ async def acheck_schema(conn: psycopg.AsyncConnection[Any]) -> None:
     state = await (await conn.execute(_schema_trust.SCHEMA_STATE)).fetchone()
     names = await (await conn.execute(_NAMES)).fetchall() if _needs_names(state) else None
     _judge(_trusted_version(state, names, conn.info.dbname), conn.info.dbname)
-    exists = await (await conn.execute(_HAS_DEFINITIONS)).fetchone() == (True,)
-    rows = await (await conn.execute(_DEFINED)).fetchall() if exists else []
+    access = (await (await conn.execute(_DEFINITIONS_ACCESS)).fetchone() or ("absent",))[0]
+    rows = (await (await conn.execute(_DEFINED)).fetchall() if access == "readable"
+            else [] if access == "absent" else None)
     _judge_definitions(rows, conn.info.dbname)
 
 

@@ -197,3 +197,31 @@ def test_one_failing_file_applies_nothing(empty_dsn: str) -> None:
         assert c.execute("SELECT max(version) FROM pgdurable.schema_migrations").fetchone() == (21,)
         assert c.execute("SELECT to_regclass('pgdurable.schema_definitions')").fetchone() == (None,)
     assert _schema(empty_dsn) == before
+
+
+def test_check_schema_of_a_role_that_may_read_only_the_version(dsn: str) -> None:
+    """A role granted SELECT on schema_migrations alone (as before definitions existed)
+    is judged by the version: its check neither fails on schema_definitions nor skips
+    the version."""
+    import os
+    import uuid
+
+    from psycopg import sql
+    from psycopg.conninfo import make_conninfo
+
+    role = f"pgd_version_only_{os.getpid()}_{uuid.uuid4().hex[:6]}"
+    with psycopg.connect(dsn, autocommit=True) as c:
+        c.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(role)))
+        c.execute(sql.SQL("GRANT USAGE ON SCHEMA pgdurable TO {0}; GRANT SELECT ON "
+                          "pgdurable.schema_migrations TO {0}").format(sql.Identifier(role)))
+    try:
+        with psycopg.connect(make_conninfo(dsn, user=role)) as c:
+            pgdurable.check_schema(c)
+        _record(dsn, "DELETE FROM pgdurable.schema_migrations WHERE version = %s",
+                (migrations.required_version(),))
+        with psycopg.connect(make_conninfo(dsn, user=role)) as c, \
+                pytest.raises(SchemaVersionMismatch):
+            pgdurable.check_schema(c)
+    finally:
+        with psycopg.connect(dsn, autocommit=True) as c:
+            c.execute(sql.SQL("DROP OWNED BY {0}; DROP ROLE {0}").format(sql.Identifier(role)))

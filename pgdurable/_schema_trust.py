@@ -118,3 +118,38 @@ def check_adoptable(cur: psycopg.Cursor[Any], shipped: Mapping[int, str]) -> boo
     if problem is not None:
         raise MigrationError(f"schema pgdurable is not pgdurable's: {problem}{advice}")
     return True
+
+
+# -- whose code a session would run: the schema owner's name, and whether this
+# -- session is a superuser that is neither that owner nor a member of it while
+# -- the owner is no superuser (then the owner's functions, which it may have
+# -- changed, would run with superuser rights); no row when there is no schema
+OWNER_SWITCH = """
+WITH RECURSIVE mine(oid) AS (
+  SELECT oid FROM pg_catalog.pg_roles WHERE rolname = current_user
+  UNION
+  SELECT m.roleid FROM pg_catalog.pg_auth_members m JOIN mine ON m.member = mine.oid
+)
+SELECT o.rolname::text,
+       me.rolsuper AND NOT o.rolsuper AND o.oid NOT IN (SELECT oid FROM mine)
+  FROM pg_catalog.pg_namespace n
+  JOIN pg_catalog.pg_roles o ON o.oid = n.nspowner
+  JOIN pg_catalog.pg_roles me ON me.rolname = current_user
+ WHERE n.nspname = 'pgdurable'
+"""
+
+
+def owner_to_assume(conn: psycopg.Connection[Any]) -> str | None:
+    """The schema owner a superuser's session should become (``SET ROLE``), or None.
+
+    A superuser that is neither the owner of schema ``pgdurable`` nor a member
+    of it, while the owner is not a superuser (the quickstart's app role that
+    ran ``migrate``): every function of the schema is the owner's and may have
+    been redefined by it, ``SECURITY INVOKER`` ones included, so calling them
+    would run the owner's code with superuser rights. Running as the owner
+    runs it with the owner's rights, which it has anyway. Catalogs only.
+    """
+    row = conn.execute(OWNER_SWITCH).fetchone()
+    if row is None or not row[1]:
+        return None
+    return str(row[0])

@@ -68,21 +68,26 @@ def need_dsn(dsn: str | None) -> str:
 def schema_owner_switch(target: str) -> str | None:
     """The owner a superuser's command must run as (see :func:`owner_dsn`), or None.
 
-    Warns on stderr when it is not None. Errors exit 2.
+    Warns on stderr when that owner may log in (likely an app role that ran
+    ``migrate``); the role model's ``NOLOGIN`` owner is switched to silently.
+    Errors exit 2.
     """
     try:
         with connect(target) as conn, translated():
-            owner = _schema_trust.owner_to_assume(conn)
+            switch = _schema_trust.owner_to_assume(conn)
     except PgDurableError as exc:
         fail(str(exc))
     except psycopg.Error as exc:
         fail(f"database error: {exc}")
-    if owner is not None:
+    if switch is None:
+        return None
+    if switch.can_login:
+        who = repr(switch.role)
         err.print(_warning_line(
-            f"schema pgdurable is owned by {owner!r}, which is neither a superuser nor a role "
-            f"this superuser belongs to: running as {owner!r} (SET ROLE), so that nothing "
-            f"{owner!r} defined runs with superuser rights"), highlight=False, soft_wrap=True)
-    return owner
+            f"schema pgdurable is owned by {who}, which is neither a superuser nor a role "
+            f"this superuser belongs to: running as {who} (SET ROLE), so that nothing {who} "
+            "defined runs with superuser rights"), highlight=False, soft_wrap=True)
+    return switch.role
 
 
 def with_role(target: str, role: str | None) -> str:

@@ -30,6 +30,11 @@ PINNED = "search_path=pg_catalog, pgdurable, pg_temp"
 RUNS_CHECK = ("pgdurable._runs_check(text,text,text,integer,integer,integer,integer,integer,"
               "numeric,text,text,text,uuid,uuid,integer)")
 
+# the names other test modules import from here (test_dashboard, test_integration_seams)
+_as = as_role
+_grant = grant
+__all__ = ["_as", "_grant", "roles"]
+
 
 # ---------------------------------------------------------------------------------------
 # 1. search_path pinned; shadow functions in public never run

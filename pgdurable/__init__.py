@@ -42,6 +42,7 @@ from .errors import (
     StepNotRecorded,
     StepTimeout,
     UnknownTask,
+    ValueTooLarge,
 )
 from .flow import RateLimited
 from .fork import ForkedRun
@@ -152,6 +153,7 @@ __all__ = [
     "SchemaVersionMismatch",
     "SignalConflict",
     "UnknownTask",
+    "ValueTooLarge",
     "check_schema",
     "migrate",
     "grant_roles",

@@ -40,6 +40,7 @@ __all__ = [
     "SchemaVersionMismatch",
     "SignalConflict",
     "UnknownTask",
+    "ValueTooLarge",
     "translate",
 ]
 
@@ -162,6 +163,13 @@ class AttemptsExhausted(PgDurableError):
     """A task or run was attempted more than its ``max_attempts``; it is failed, not retried."""
 
     sqlstate = "PD012"
+
+
+class ValueTooLarge(InvalidInput):
+    """A value is larger than pgdurable stores (a pubsub event over 1 MiB of JSON,
+    a lease owner over 64 KiB): nothing changed. A :class:`ValueError` too."""
+
+    sqlstate = "PD013"
 
 
 class PermissionDenied(PgDurableError):

@@ -152,10 +152,13 @@ async def child(ctx: WorkflowContext, spec: dict[str, Any]) -> Any:
 
 @app.workflow("parent", revision="1", retry_base=0.01, retry_cap=0.02)
 async def parent(ctx: WorkflowContext, spec: dict[str, Any]) -> Any:
-    """(e) Starts its children, gathers them, and fails if one failed."""
+    """(e) Starts its children, gathers them (with ``combine``, then calls a
+    tool that is down too), and fails if one failed."""
     ids = [await ctx.start_child("child", {"i": i, **c}, queue=c.get("queue", "default"))
            for i, c in enumerate(spec["children"])]
     outcomes = await ctx.gather(ids)
+    if spec.get("combine"):  # a step right after the gather (its wake: the outcomes)
+        await ctx.step("combine", tool, ctx.run_id, "combine", len(outcomes), policy=FAST)
     failed = [o for o in outcomes if o["status"] != "completed"]
     if failed:
         raise RuntimeError(f"{len(failed)} child run(s) failed: {failed[0]['error']}")

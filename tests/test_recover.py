@@ -494,6 +494,25 @@ async def test_retrying_a_parent_retries_its_failed_children(
     assert done["status"] == "failed" and "1 child run(s) failed" in done["error"]["message"]
 
 
+async def test_a_parent_whose_step_after_the_gather_failed_retries_its_children(
+        db: psycopg.Connection[Any], app: pgdurable.Durable, worker: None) -> None:
+    """(e) with (a): the step right after the gather failed uncaught. The retry
+    drops its record, so the gather's outcome is the one it continues with: the
+    failed child is retried, the parent waits for it, then runs the step again."""
+    break_backend(db)
+    pid = await app.start("parent", {"children": [{}], "combine": True}, revision="1")
+    failed = wait_for(db, pid, *TERMINAL)
+    assert failed["error"]["type"] == "StepFailed" and failed["error"]["checkpoint"] == 3
+    kid = (await app.get_run(pid)).children[0]
+    fix_backend(db)
+    assert await app.retry(pid) == "waiting"
+    done = wait_for(db, pid, *TERMINAL)
+    assert done["status"] == "completed", done["error"]
+    assert done["result"] == ["child-0"]
+    assert names(db, pid) == ["child:1", "children#1", "combine", "return"]
+    assert calls(db, kid) == {"child:work": 3} and calls(db, pid) == {"combine": 3}
+
+
 async def test_a_child_retried_while_its_parent_waits_is_waited_for(
         db: psycopg.Connection[Any], app: pgdurable.Durable, dsn: str, base: str,
         workers: Workers) -> None:

@@ -110,9 +110,9 @@ Q_EFFECTS = """
 SELECT key, status, token, result, error, created_at, updated_at FROM pgdurable.effects
  WHERE run_id = %s::uuid ORDER BY created_at, key
 """
-# -- a run's rewinds in place (0012)
+# -- a run's rewinds in place and the retries that dropped or reset history (0017, 0030)
 Q_REWINDS = """
-SELECT from_step, to_step, status, error, created_at FROM pgdurable.run_rewinds
+SELECT from_step, to_step, status, error, created_at, kind FROM pgdurable.run_rewinds
  WHERE run_id = %s::uuid ORDER BY id
 """
 # -- may this role read the tables (states, results, payloads)? The read-only role may
@@ -367,8 +367,9 @@ def run(
     if info.get("forked_from"):
         _row(head, "forked from", f"{info['forked_from']} at step {info['forked_from_step']}")
     for w in rewinds:
-        _row(head, "rewound", f"{w['created_at']} from step {w['from_step']} to step "
-                              f"{w['to_step']} (was {w['status']})")
+        _row(head, "retried" if w.get("kind") == "retry" else "rewound",
+             f"{w['created_at']} from step {w['from_step']} to step {w['to_step']} "
+             f"(was {w['status']})")
     if info.get("heartbeat_at"):
         _row(head, "heartbeat", f"{info['heartbeat_at']} progress "
                                 f"{_short(json.dumps(info.get('progress')), 80)}")
@@ -444,11 +445,14 @@ def cancel(run_id: Annotated[str, typer.Argument(help="The run's id.")], dsn: Ds
 
 @app.command()
 def retry(run_id: Annotated[str, typer.Argument(help="The run's id.")], dsn: DsnOption = None) -> None:
-    """Make a failed or cancelled run runnable again from its last checkpoint."""
+    """Make a failed or cancelled run live again: what failed runs again (a failed step, failed effects, failed children)."""
     rid = _run_id(run_id)
     with database(dsn) as conn:
-        conn.execute(Q_RETRY, (rid,))
-    out.print(f"run {rid} is runnable again (attempts reset)")
+        row = conn.execute(Q_RETRY, (rid,)).fetchone()
+    if row is not None and row[0] == "waiting":
+        out.print(f"run {rid} waits again for the failed children it retried (attempts reset)")
+    else:
+        out.print(f"run {rid} is runnable again (attempts reset)")
 
 
 @app.command()

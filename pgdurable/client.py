@@ -233,10 +233,10 @@ class DurableClient:
         return str(one(self._fetchone(q.CANCEL, (q.check_run_id(run_id),))))
 
     def retry(self, run_id: Any) -> str:
-        """Retry a failed or cancelled run (see :meth:`Durable.retry`); ``"runnable"``."""
+        """Retry a failed or cancelled run (see :meth:`Durable.retry`); its new status."""
         return str(one(self._fetchone(RETRY, (q.check_run_id(run_id),))))
 
-    def fork(self, run_id: Any, from_step: int, state: Any = None, *,
+    def fork(self, run_id: Any, from_step: int | None = None, state: Any = None, *,
              state_mode: Literal["merge", "replace"] = "merge",
              revision: str | None = None, force: bool = False) -> str:
         """Sync twin of :meth:`Durable.fork`."""

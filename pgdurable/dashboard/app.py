@@ -43,7 +43,7 @@ from .. import _runs_sql as rq
 from .. import metrics
 from .._db import translated, validate_dsn
 from ..errors import PgDurableError, RunNotFound, ScheduleNotFound
-from ..fork import FORK, fork_params
+from ..fork import FORK, FORKED_AT, fork_params
 from ..runs import RETRY
 from ..schedules import PAUSE, TRIGGER, check_schedule_name, resume_schedule_on
 from ..search import STATUSES, list_runs_query, make_page
@@ -311,12 +311,13 @@ class _Dashboard:
                 done = (await self.rows_tuples(rq.CANCEL, (rid,)))[0][0]
             elif action == "retry":
                 done = (await self.rows_tuples(RETRY, (rid,)))[0][0]
-            elif action == "fork":
-                step = int(form.get("step", ""))
+            elif action == "fork":  # no step: where a retry would continue (sql/0030)
+                step = int(form["step"]) if form.get("step", "").strip() else None
                 patch = json.loads(form["state"]) if form.get("state", "").strip() else None
                 target = str((await self.rows_tuples(
                     FORK, fork_params(rid, step, patch, "merge", None, False)))[0][0])
-                done = f"forked from {rid} at step {step}"
+                at = (await self.rows_tuples(FORKED_AT, (target,)))[0][0]
+                done = f"forked from {rid} at step {at}"
             else:
                 params = signal_run_params(
                     rid, str(form.get("kind", "")) or "approval",

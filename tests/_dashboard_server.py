@@ -9,7 +9,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import httpx
 import uvicorn
+
+#: The dashboard's session cookie.
+COOKIE = "pgdurable_session"
 
 
 def free_port() -> int:
@@ -38,3 +42,14 @@ def serving(app: Any) -> Iterator[str]:
         server.should_exit = True
         thread.join(30)
         assert not thread.is_alive(), "dashboard server did not stop"
+
+
+@contextmanager
+def login(base: str, token: str, root: str = "") -> Iterator[httpx.Client]:
+    """An httpx client holding the session cookie of a login through the form."""
+    with httpx.Client(base_url=base, timeout=30) as client:
+        r = client.post(f"{root}/login", data={"token": token, "next": "/runs"})
+        assert r.status_code == 303, r.text
+        assert r.headers["location"] == f"{root}/runs"
+        assert COOKIE in client.cookies
+        yield client

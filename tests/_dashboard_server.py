@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import socket
 import threading
 import time
@@ -53,3 +54,11 @@ def login(base: str, token: str, root: str = "") -> Iterator[httpx.Client]:
         assert r.headers["location"] == f"{root}/runs"
         assert COOKIE in client.cookies
         yield client
+
+
+def form_csrf(html: str, action: str) -> str:
+    """The CSRF token of the form of ``action`` on a run page."""
+    m = re.search(rf'action="[^"]*/{action}">\s*<input type="hidden" name="csrf" value="(\w+)"',
+                  html)
+    assert m, html
+    return m.group(1)

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import psycopg
@@ -53,40 +55,53 @@ async def _checks_settled(worker: Any, conn: psycopg.Connection[Any],
     await until(settled, "the worker to read the notifications and finish its checks")
 
 
-async def test_a_flood_of_forged_cancels_costs_bounded_checks(
-    dsn: str, conn: psycopg.Connection[Any],
-) -> None:
+@asynccontextmanager
+async def _held_runs(dsn: str, conn: psycopg.Connection[Any], n: int) -> AsyncIterator[
+        tuple[Durable, Any, list[str], psycopg.AsyncConnection[Any]]]:
+    """``n`` runs held by a listening worker, each in a step that waits to be
+    cancelled, and a connection of a stranger role: (app, worker, run ids,
+    the stranger's connection). The worker's heartbeat is 200 s away: only
+    the notification path reads cancels while this holds."""
     started: dict[str, asyncio.Event] = {}
     app = _blocking_app(dsn, started)
     with roles(dsn, "LOGIN") as (stranger,):
         try:
-            rid = await app.start("victim", {})
-            started[rid] = asyncio.Event()
-            # heartbeat every 200 s: only the notification path reads cancels here
-            worker = app.worker(poll_interval=600, lease_ttl=600)
+            rids = [await app.start("victim", {}) for _ in range(n)]
+            for rid in rids:
+                started[rid] = asyncio.Event()
+            # a free slot: the wake-up that _checks_settled sends makes it claim
+            worker = app.worker(poll_interval=600, lease_ttl=600, concurrency=n + 1)
             async with running(worker):
-                await asyncio.wait_for(started[rid].wait(), 60)
+                for rid in rids:
+                    await asyncio.wait_for(started[rid].wait(), 60)
                 await worker_listening(conn)
-                burst, rate = _limits(worker)
                 async with await psycopg.AsyncConnection.connect(
                     _as(dsn, stranger), autocommit=True
                 ) as evil:
-                    base = worker.cancel_check_count
-                    t0 = time.monotonic()
-                    for _ in range(FLOOD):
-                        await evil.execute("SELECT pg_notify('pgdurable_cancel', %s)", (rid,))
-                    await _checks_settled(worker, conn, evil)
-                    checks = worker.cancel_check_count - base
-                    elapsed = time.monotonic() - t0
-                print(f"{FLOOD} forged cancels: {checks} database checks in {elapsed:.2f} s")
-                # a bound that holds at any instant, whatever the machine's speed
-                assert 1 <= checks <= burst + rate * elapsed + 1, (checks, elapsed)
-                assert (await app.get_run(rid)).status == "leased", "forged: nothing cancelled"
-                # a real cancel right after the flood is read from its notification
-                await app.cancel(rid)
-                assert (await finished(app, rid)).status == "cancelled"
+                    yield app, worker, rids, evil
         finally:
             await app.close()
+
+
+async def test_a_flood_of_forged_cancels_costs_bounded_checks(
+    dsn: str, conn: psycopg.Connection[Any],
+) -> None:
+    async with _held_runs(dsn, conn, 1) as (app, worker, [rid], evil):
+        burst, rate = _limits(worker)
+        base = worker.cancel_check_count
+        t0 = time.monotonic()
+        for _ in range(FLOOD):
+            await evil.execute("SELECT pg_notify('pgdurable_cancel', %s)", (rid,))
+        await _checks_settled(worker, conn, evil)
+        checks = worker.cancel_check_count - base
+        elapsed = time.monotonic() - t0
+        print(f"{FLOOD} forged cancels: {checks} database checks in {elapsed:.2f} s")
+        # a bound that holds at any instant, whatever the machine's speed
+        assert 1 <= checks <= burst + rate * elapsed + 1, (checks, elapsed)
+        assert (await app.get_run(rid)).status == "leased", "forged: nothing cancelled"
+        # a real cancel right after the flood is read from its notification
+        await app.cancel(rid)
+        assert (await finished(app, rid)).status == "cancelled"
 
 
 async def test_real_cancels_amid_a_forged_flood_stop_their_steps(
@@ -96,44 +111,26 @@ async def test_real_cancels_amid_a_forged_flood_stop_their_steps(
     two of them commit: one check covers every run named since the last one, so
     the two stop (through notifications: the heartbeat is 200 s away), the third
     runs on, and the checks stay within the limiter's bound."""
-    started: dict[str, asyncio.Event] = {}
-    app = _blocking_app(dsn, started)
-    with roles(dsn, "LOGIN") as (stranger,):
-        try:
-            rids = [await app.start("victim", {}) for _ in range(3)]
-            for rid in rids:
-                started[rid] = asyncio.Event()
-            worker = app.worker(poll_interval=600, lease_ttl=600, concurrency=3)
-            async with running(worker):
-                for rid in rids:
-                    await asyncio.wait_for(started[rid].wait(), 60)
-                await worker_listening(conn)
-                burst, rate = _limits(worker)
-                async with await psycopg.AsyncConnection.connect(
-                    _as(dsn, stranger), autocommit=True
-                ) as evil:
-                    base = worker.cancel_check_count
-                    t0 = time.monotonic()
+    async with _held_runs(dsn, conn, 3) as (app, worker, rids, evil):
+        burst, rate = _limits(worker)
+        base = worker.cancel_check_count
+        t0 = time.monotonic()
 
-                    async def flood() -> None:
-                        for i in range(FLOOD):
-                            await evil.execute("SELECT pg_notify('pgdurable_cancel', %s)",
-                                               (rids[i % 3],))
+        async def flood() -> None:
+            for i in range(FLOOD):
+                await evil.execute("SELECT pg_notify('pgdurable_cancel', %s)", (rids[i % 3],))
 
-                    async def cancel_two() -> None:
-                        for rid in rids[:2]:
-                            await app.cancel(rid)
+        async def cancel_two() -> None:
+            for rid in rids[:2]:
+                await app.cancel(rid)
 
-                    await asyncio.gather(flood(), cancel_two())
-                    for rid in rids[:2]:
-                        assert (await finished(app, rid)).status == "cancelled"
-                    await _checks_settled(worker, conn, evil)
-                    checks = worker.cancel_check_count - base
-                    elapsed = time.monotonic() - t0
-                print(f"{FLOOD} forged + 2 real cancels: {checks} checks in {elapsed:.2f} s")
-                assert checks <= burst + rate * elapsed + 1, (checks, elapsed)
-                assert (await app.get_run(rids[2])).status == "leased"
-                assert worker.active_runs == [rids[2]]
-        finally:
-            await app.close()
-
+        await asyncio.gather(flood(), cancel_two())
+        for rid in rids[:2]:
+            assert (await finished(app, rid)).status == "cancelled"
+        await _checks_settled(worker, conn, evil)
+        checks = worker.cancel_check_count - base
+        elapsed = time.monotonic() - t0
+        print(f"{FLOOD} forged + 2 real cancels: {checks} checks in {elapsed:.2f} s")
+        assert checks <= burst + rate * elapsed + 1, (checks, elapsed)
+        assert (await app.get_run(rids[2])).status == "leased"
+        assert worker.active_runs == [rids[2]]

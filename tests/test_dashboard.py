@@ -15,6 +15,7 @@ from typing import Any
 import httpx
 import psycopg
 import pytest
+from _dashboard_server import form_csrf as _csrf
 from _dashboard_server import login, serving
 from prometheus_client.parser import text_string_to_metric_families
 from test_security_boundary import _as, _grant, roles
@@ -37,13 +38,6 @@ def _seed(dsn: str) -> dict[str, str]:
                      "ARRAY['1'], 1, '60 s')")
         conn.execute("SELECT pgdurable.checkpoint_run(%s, 1, 'w1', '{\"n\": 1}', 0)", (ids["a"],))
     return ids
-
-
-def _csrf(html: str, action: str) -> str:
-    m = re.search(rf'action="[^"]*/{action}">\s*<input type="hidden" name="csrf" value="(\w+)"',
-                  html)
-    assert m, html
-    return m.group(1)
 
 
 def test_pages_render_real_runs_and_filters_narrow(dsn: str) -> None:

@@ -36,6 +36,7 @@ import httpx
 import psycopg
 import pytest
 from _dashboard_server import COOKIE, free_port, login, serving
+from _dashboard_server import form_csrf as _csrf
 from _pgnet import proxied
 from starlette.applications import Starlette
 from starlette.responses import PlainTextResponse
@@ -65,13 +66,6 @@ def _seed(dsn: str) -> str:
                      "ARRAY['secret-agent'], ARRAY['1'], 1, '300 s')")
         conn.execute("SELECT pgdurable.checkpoint_run(%s, 1, 'w1', '{\"n\": 1}', 0)", (rid,))
     return rid
-
-
-def _csrf(html: str, action: str) -> str:
-    m = re.search(rf'action="[^"]*/{action}">\s*<input type="hidden" name="csrf" value="(\w+)"',
-                  html)
-    assert m, html
-    return m.group(1)
 
 
 def _status(dsn: str, rid: str) -> str:

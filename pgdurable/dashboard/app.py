@@ -341,17 +341,10 @@ class _Dashboard:
         assert self.token is not None and self.sessions is not None
         if not _auth.origin_allowed(request, self.hosts):
             return self._login_page(request, 403, "refused: cross-site request")
-        client = _auth.client_of(request)
-        wait = self.attempts.locked(client)
-        if wait > 0:
-            return self._locked(request, wait)
-        try:
-            form = await _auth.read_form(request)
-        except FormTooLarge:
-            return self._login_page(request, 413, "form too large")
-        if not _auth.same_token(form.get("token", ""), self.token):
-            self.attempts.failed(client)
-            log.warning("dashboard: wrong login token from %s", client)
+        form = await self._token_form(request)
+        if isinstance(form, Response):
+            return form
+        if not self._right_token(request, form, "login"):
             return self._login_page(request, 403, "wrong token")
         root = request.scope.get("root_path", "")
         response = RedirectResponse(root + _local_path(form.get("next", "/")), 303)
@@ -368,6 +361,27 @@ class _Dashboard:
         response.delete_cookie(COOKIE, path=root or "/", secure=request.url.scheme == "https",
                                httponly=True, samesite="strict")
         return response
+
+    async def _token_form(self, request: Request) -> dict[str, str] | Response:
+        """The form of a POST that carries the token: refused (429) while this
+        client is locked out, before the form is read (streamed, 64 KiB)."""
+        wait = self.attempts.locked(_auth.client_of(request)) if self.token is not None else 0.0
+        if wait > 0:
+            return self._locked(request, wait)
+        try:
+            return await _auth.read_form(request)
+        except FormTooLarge:
+            return self.refuse(request, 413, "form too large")
+
+    def _right_token(self, request: Request, form: dict[str, str], what: str) -> bool:
+        """Whether ``form`` carries the token (no token configured: True); a
+        wrong one counts against the client."""
+        if self.token is None or _auth.same_token(form.get("token", ""), self.token):
+            return True
+        client = _auth.client_of(request)
+        self.attempts.failed(client)
+        log.warning("dashboard: wrong %s token from %s", what, client)
+        return False
 
     def _locked(self, request: Request, wait: float) -> Response:
         seconds = max(1, int(wait + 0.999))
@@ -387,14 +401,9 @@ class _Dashboard:
         then the action token (a wrong one counts against the client)."""
         if not _auth.origin_allowed(request, self.hosts):
             return self.refuse(request, 403, "refused: cross-site request (CSRF check failed)")
-        client = _auth.client_of(request)
-        wait = self.attempts.locked(client) if self.token is not None else 0.0
-        if wait > 0:
-            return self._locked(request, wait)
-        try:
-            form = await _auth.read_form(request)
-        except FormTooLarge:
-            return self.refuse(request, 413, "form too large")
+        form = await self._token_form(request)
+        if isinstance(form, Response):
+            return form
         if subject is None:
             try:
                 subject = _schedule_subject(check_schedule_name(form.get("name")))
@@ -402,9 +411,7 @@ class _Dashboard:
                 return self.refuse(request, 404, str(exc))
         if not hmac.compare_digest(form.get("csrf", ""), self.csrf(action, subject)):
             return self.refuse(request, 403, "refused: cross-site request (CSRF check failed)")
-        if self.token is not None and not _auth.same_token(form.get("token", ""), self.token):
-            self.attempts.failed(client)
-            log.warning("dashboard: wrong action token from %s", client)
+        if not self._right_token(request, form, "action"):
             return self.refuse(request, 403, "refused: wrong or missing action token")
         return form
 

@@ -38,9 +38,10 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, RedirectResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-__all__ = ["LOOPBACK_HOSTS", "MAX_FORM_BYTES", "MIN_TOKEN_BYTES", "Attempts", "Authenticate",
-           "BodyLimit", "FormTooLarge", "Sessions", "check_token", "is_loopback",
-           "origin_allowed", "read_form", "trusted_hosts"]
+__all__ = ["COOKIE", "LOOPBACK_HOSTS", "MAX_FORM_BYTES", "MIN_TOKEN_BYTES", "Attempts",
+           "Authenticate", "Authorize", "BodyLimit", "FormTooLarge", "Sessions", "check_token",
+           "client_of", "is_loopback", "origin_allowed", "read_form", "same_token",
+           "trusted_hosts"]
 
 log = logging.getLogger("pgdurable.dashboard")
 
@@ -261,11 +262,10 @@ class Attempts:
         now = time.monotonic()
         recent = self._recent(client, now)
         recent.append(now)
-        self._failures[client] = recent
-        if len(self._failures) > self.clients:
-            for stale in sorted(self._failures, key=lambda c: self._failures[c][-1])[
-                    : len(self._failures) - self.clients]:
-                del self._failures[stale]
+        self._failures.pop(client, None)
+        self._failures[client] = recent  # last in the dict: the most recent failure
+        while len(self._failures) > self.clients:
+            del self._failures[next(iter(self._failures))]  # the stalest client
 
 
 def client_of(request: Request) -> str:

@@ -621,18 +621,27 @@ def worker(
 @app.command()
 def dashboard(
     dsn: DsnOption = None,
-    host: Annotated[str, typer.Option("--host", help="Interface to bind.")] = "127.0.0.1",
+    host: Annotated[str, typer.Option("--host", help="Interface to bind (not loopback: set --token, and --trusted-host for the names it is reached by).")] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", min=1, max=65535, help="TCP port.")] = 8080,
     actions: Annotated[bool, typer.Option("--actions", help="Enable run cancel/retry/signal/fork and schedule pause/resume/trigger (needs --token or $PGDURABLE_DASHBOARD_TOKEN).")] = False,
-    token: Annotated[str | None, typer.Option("--token", envvar="PGDURABLE_DASHBOARD_TOKEN", help="Token an action must carry.", show_default=False)] = None,
+    token: Annotated[str | None, typer.Option("--token", envvar="PGDURABLE_DASHBOARD_TOKEN", help="Token (at least 32 bytes) to log in with: every page needs it, and so does each action.", show_default=False)] = None,
+    trusted_host: Annotated[list[str] | None, typer.Option("--trusted-host", help="A host name the dashboard is reached by (Host header and POST origins; repeatable; '*.example.com' for subdomains). Default: localhost, 127.0.0.1, [::1].", show_default=False)] = None,
 ) -> None:
     """Serve the web dashboard (pgdurable[dashboard]); read-only unless --actions."""
     try:
-        from .dashboard import serve
+        from .dashboard import exposure_warnings, serve
     except ImportError as exc:
         fail(f"the dashboard needs its extra: pip install 'pgdurable[dashboard]' ({exc})")
     try:
-        serve(owner_dsn(dsn), host=host, port=port, actions=actions, token=token)
+        warnings = exposure_warnings(host, token=token, trusted_hosts=trusted_host or None)
+    except (TypeError, ValueError) as exc:
+        fail(str(exc))
+    for message in warnings:
+        err.print(Text.assemble(("WARNING:", "bold red"), f" {message}"), highlight=False,
+                  soft_wrap=True)
+    try:
+        serve(owner_dsn(dsn), host=host, port=port, actions=actions, token=token,
+              trusted_hosts=trusted_host or None, warn=False)
     except ValueError as exc:
         fail(str(exc))
 

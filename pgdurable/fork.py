@@ -89,13 +89,20 @@ class ForkedRun:
     fork: str
 
 
-def _step(from_step: object) -> int | None:
+#: The SQL functions take a step and a limit as ``integer``: a larger int
+#: would match no function (``UndefinedFunction``), so it is refused here.
+_INT4_MAX = 2**31 - 1
+
+
+def _step(from_step: object, name: str = "from_step") -> int | None:
     if from_step is None:
         return None  # the resume point (fork only; rewind_run refuses it)
     if isinstance(from_step, bool) or not isinstance(from_step, int):
-        raise TypeError(f"from_step must be an int, not {type(from_step).__name__}")
+        raise TypeError(f"{name} must be an int, not {type(from_step).__name__}")
     if from_step < 0:
-        raise InvalidInput(f"from_step must be >= 0, not {from_step}")
+        raise InvalidInput(f"{name} must be >= 0, not {from_step}")
+    if from_step > _INT4_MAX:
+        raise InvalidInput(f"{name} must be at most {_INT4_MAX} (a step number), not {from_step}")
     return from_step
 
 
@@ -136,6 +143,7 @@ def rewind_params(run_id: Any, to_step: Any, state: Any, state_mode: Any, revisi
     """Validated parameters of :data:`REWIND` (a step is required)."""
     if to_step is None:
         raise TypeError("to_step must be an int, not None")
+    _step(to_step, "to_step")
     return fork_params(run_id, to_step, state, state_mode, revision, force)
 
 
@@ -147,8 +155,8 @@ def fork_failed_params(task: Any, error: Any, since: Any, revision: Any, force: 
         raise InvalidInput("error must be a non-empty error type name (e.g. 'TimeoutError') or None")
     if not isinstance(since, datetime) or since.tzinfo is None:
         raise InvalidInput("since must be a timezone-aware datetime")
-    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-        raise InvalidInput("limit must be an int >= 1")
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= _INT4_MAX:
+        raise InvalidInput(f"limit must be an int in 1..{_INT4_MAX}, not {limit!r}")
     return task, error, since, _revision(revision), _force(force), limit
 
 

@@ -29,7 +29,8 @@ class Proxy:
 
     ``cut_on``: bytes that, in what a client sends, make the proxy close that
     connection (both ways) instead of passing them on, ``cuts_left`` times (a
-    server or pooler that restarts under a statement); ``cut`` counts them."""
+    server or pooler that restarts under a statement); ``cut`` counts them.
+    ``received``: how many bytes the server sent through it (what clients fetched)."""
 
     def __init__(self, host: str, port: int) -> None:
         self.target = (host, port)
@@ -37,6 +38,7 @@ class Proxy:
         self.cut_on: bytes | None = None
         self.cuts_left = 0
         self.cut = 0
+        self.received = 0  # bytes the server sent to the clients
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
         self._server: asyncio.Server | None = None
@@ -58,6 +60,8 @@ class Proxy:
                 if client is not None and self._cuts(data):
                     client.close()
                     break
+                if client is None:
+                    self.received += len(data)
                 w.write(data)
                 await w.drain()
         except OSError:

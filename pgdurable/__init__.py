@@ -69,6 +69,7 @@ from .search import Page, RunSummary
 from .steps import Continue, Done, RunContext, Sleep, StepResult, Wait
 from .stream import StreamEvent
 from .tasks import (
+    CancelSignal,
     DurableCheckpoint,
     DurableContext,
     DurableStep,
@@ -158,6 +159,7 @@ __all__ = [
     "migration_status",
     "required_version",
     "Pooler",
+    "CancelSignal",
     "DurableCheckpoint",
     "DurableContext",
     "DurableRunContext",

@@ -432,17 +432,25 @@ class _Interrupts:
                         "recording it first, then stopping", type(exc).__name__, self.key)
         self.seen.append(exc)
 
-    def ending(self, error: BaseException | None) -> BaseException | None:
-        """What the shell raises at the end: an interruption wins over the
-        protocol's own exception (which becomes its cause)."""
+    def called(self, ran: _Ran) -> _Ran:
+        """``fn`` (or ``reconcile``) ran: note an interruption it ended with."""
+        if isinstance(ran, BaseException) and not isinstance(ran, Exception):
+            self.seen.append(ran)
+        return ran
+
+    def end(self, error: BaseException | None, result: Any) -> Any:
+        """Return ``result`` or raise: an interruption wins over the
+        protocol's own exception ``error`` (which becomes its cause)."""
         if not self.seen or error is self.seen[0] or (
             error is not None and not isinstance(error, Exception)
         ):
-            return error
+            if error is not None:
+                raise error
+            return result
         first = self.seen[0]
         if error is not None:
             first.__cause__ = error
-        return first
+        raise first
 
 
 # --------------------------------------------------------------------------
@@ -584,19 +592,14 @@ async def _adrive(proto: Generator[_Op, Any, Any], conns: Callable[[], Any], p: 
             else:
                 if beat is None:
                     beat = asyncio.create_task(_aheartbeat(conns, p, owner, trust, stop))
-                reply = await _acall(calls[op.which])
-                if isinstance(reply, BaseException) and not isinstance(reply, Exception):
-                    interrupts.seen.append(reply)
+                reply = interrupts.called(await _acall(calls[op.which]))
     except BaseException as exc:
         error = exc
     if beat is not None:
         stop.set()
         with contextlib.suppress(Exception):
             await through_cancel(beat, interrupts.deferred)
-    ending = interrupts.ending(error)
-    if ending is not None:
-        raise ending
-    return result
+    return interrupts.end(error, result)
 
 
 async def _acall(fn: Callable[[], Any]) -> _Ran:
@@ -729,9 +732,7 @@ def _drive(proto: Generator[_Op, Any, Any], conns: Callable[[], Any], p: _Params
                     beat = threading.Thread(target=_heartbeat, args=(conns, p, owner, trust, stop),
                                             name="pgdurable-idempotency-heartbeat", daemon=True)
                     beat.start()
-                reply = _call(calls[op.which])
-                if isinstance(reply, BaseException) and not isinstance(reply, Exception):
-                    interrupts.seen.append(reply)
+                reply = interrupts.called(_call(calls[op.which]))
     except BaseException as exc:
         error = exc
     if beat is not None:
@@ -741,10 +742,7 @@ def _drive(proto: Generator[_Op, Any, Any], conns: Callable[[], Any], p: _Params
                 beat.join()
             except BaseException as exc:  # KeyboardInterrupt: the outcome is recorded
                 interrupts.deferred(exc)
-    ending = interrupts.ending(error)
-    if ending is not None:
-        raise ending
-    return result
+    return interrupts.end(error, result)
 
 
 def _through_interrupt(call: Callable[[], T], deferred: Callable[[BaseException], None]) -> T:

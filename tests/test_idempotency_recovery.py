@@ -170,8 +170,9 @@ def test_a_process_interrupted_while_its_outcome_is_recorded_records_it_first(
         wait_until(lambda: proc.poll() is not None or DEFERRED in "".join(err),
                    "the process to stop, or to say it records the outcome first")
         p.release()
-        out, _ = proc.communicate(timeout=WAIT_LIMIT)
-        reader.join(WAIT_LIMIT)
+        proc.wait(WAIT_LIMIT)
+        reader.join(WAIT_LIMIT)  # stderr is the reader's alone (not communicate's)
+        out = proc.stdout.read() if proc.stdout else ""
     finally:
         if proc.poll() is None:
             proc.kill()

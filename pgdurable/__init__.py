@@ -70,6 +70,7 @@ from .search import Page, RunSummary
 from .steps import Continue, Done, RunContext, Sleep, StepResult, Wait
 from .stream import StreamEvent
 from .tasks import (
+    CancelSignal,
     DurableCheckpoint,
     DurableContext,
     DurableStep,
@@ -160,6 +161,7 @@ __all__ = [
     "migration_status",
     "required_version",
     "Pooler",
+    "CancelSignal",
     "DurableCheckpoint",
     "DurableContext",
     "DurableRunContext",

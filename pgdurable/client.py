@@ -117,13 +117,16 @@ class DurableClient:
         ttl: timedelta | float = DEFAULT_IDEMPOTENCY_TTL,
         lease: timedelta | float = DEFAULT_IDEMPOTENCY_LEASE,
         wait_timeout: timedelta | float | None = None,
+        reconcile: Callable[[], Any] | None = None,
     ) -> Any:
-        """Sync twin of :meth:`Durable.with_idempotency` (``fn`` is sync) on this client's pool."""
+        """Sync twin of :meth:`Durable.with_idempotency` (``fn`` and ``reconcile``
+        are sync) on this client's pool."""
         if self._closed:
             raise ProviderClosed("this DurableClient is closed")
         self.open()
         return with_idempotency_sync(
-            self._pool, key, fn, ttl=ttl, lease=lease, wait_timeout=wait_timeout
+            self._pool, key, fn, ttl=ttl, lease=lease, wait_timeout=wait_timeout,
+            reconcile=reconcile,
         )
 
     def __enter__(self) -> DurableClient:

@@ -143,6 +143,8 @@ class RunCancelled(PgDurableError):
     """The run was cancelled."""
 
     sqlstate = "PD009"
+    #: The cancel signal's ``reason`` (a durable task's AbortSignal), when known.
+    reason: Any = None
 
 
 class EffectFailed(PgDurableError):

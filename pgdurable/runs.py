@@ -536,18 +536,21 @@ class Durable:
         ttl: timedelta | float = DEFAULT_IDEMPOTENCY_TTL,
         lease: timedelta | float = DEFAULT_IDEMPOTENCY_LEASE,
         wait_timeout: timedelta | float | None = None,
+        reconcile: Callable[[], Any] | None = None,
     ) -> Any:
         """Run ``fn`` at most once per ``key`` across processes, on this app's pool.
 
         :func:`pgdurable.with_idempotency` (same contract): concurrent callers
         of ``key`` get the one stored JSON result (or :class:`EffectFailed`)
-        until ``ttl`` passes. For side effects outside runs; inside a step use
+        until ``ttl`` passes; ``reconcile`` resolves a key whose outcome is
+        unknown. For side effects outside runs; inside a step use
         ``ctx.effect``.
         """
         if self._closed:
             raise ProviderClosed("this Durable app is closed")
         return await with_idempotency(
-            await self._ready(), key, fn, ttl=ttl, lease=lease, wait_timeout=wait_timeout
+            await self._ready(), key, fn, ttl=ttl, lease=lease, wait_timeout=wait_timeout,
+            reconcile=reconcile,
         )
 
     # -- threads and the output stream (pgdurable.threads, pgdurable.stream) --

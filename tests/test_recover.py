@@ -23,10 +23,9 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-import httpx
 import psycopg
 import pytest
-from _dashboard_server import serving
+from _dashboard_server import form_csrf, login, serving
 from _waiting import WAIT_LIMIT, until_sync
 
 import pgdurable
@@ -35,7 +34,7 @@ from pgdurable.dashboard import create_app
 
 ROOT = Path(__file__).resolve().parent.parent
 TESTS = ROOT / "tests"
-TOKEN = "recover-token"
+TOKEN = "recover-token-" + "x" * 32  # the dashboard refuses tokens under 32 bytes
 SURFACES = ("cli", "api", "dashboard")
 TERMINAL = ("completed", "failed", "cancelled")
 SCRATCH = """
@@ -157,20 +156,14 @@ def fix_backend(db: psycopg.Connection[Any]) -> None:
     db.execute("DELETE FROM rc_down")
 
 
-def _csrf(html: str, action: str) -> str:
-    m = re.search(rf'action="[^"]*/{action}">\s*<input type="hidden" name="csrf" value="(\w+)"',
-                  html)
-    assert m, html
-    return m.group(1)
-
-
 def dashboard_act(base: str, rid: str, action: str, **form: str) -> tuple[str, str]:
     """POST the run page's ``action`` form (CSRF token from the page, the action
     token); (the run the dashboard redirected to, its confirmation text)."""
-    page = httpx.get(f"{base}/runs/{rid}").text
-    r = httpx.post(f"{base}/runs/{rid}/{action}",
-                   data={"csrf": _csrf(page, action), "token": TOKEN, **form},
-                   follow_redirects=True)
+    with login(base, TOKEN) as client:  # every page needs the session (issue 36)
+        page = client.get(f"/runs/{rid}").text
+        r = client.post(f"/runs/{rid}/{action}",
+                        data={"csrf": form_csrf(page, action), "token": TOKEN, **form},
+                        follow_redirects=True)
     assert r.status_code == 200, r.text
     target = str(r.url).rsplit("/runs/", 1)[1].split("?")[0]
     m = re.search(rf"{action}: [^<]*", r.text)

@@ -1,4 +1,4 @@
--- 0032_idempotency_reconcile: an idempotency key whose outcome is unknown can
+-- 0031_idempotency_reconcile: an idempotency key whose outcome is unknown can
 -- be resolved by the caller's reconcile function (issue 37).
 --
 -- A key's outcome is unknown in two cases: its owner's running claim lapsed
@@ -93,3 +93,7 @@ COMMENT ON COLUMN pgdurable.task_checkpoints.record IS
   'in_flight_step (id of a reconcile step started but not confirmed, else null), error (last '
   'failure {type, message, step?}, else null). The kit''s (version 2): version, definitionId, '
   'revision, nextStepIndex, attemptCount, maxAttempts, deadlineAtMs, status, state.';
+
+-- The app role calls it (sql/0029_role_boundary.sql: the allow-list).
+INSERT INTO pgdurable.security_api (routine, readonly)
+VALUES ('pgdurable.idempotency_claim_v2(text,text,interval,boolean)', false);

@@ -12,7 +12,7 @@ from decimal import Decimal
 from typing import Any
 
 from . import _json
-from .errors import RunNotFound
+from .errors import RunNotFound, recorded_checkpoint
 
 # -- start a run; returns (run_id, created)
 START = (
@@ -268,12 +268,17 @@ def parse_run(row: tuple[Any, ...] | None, run_id: uuid.UUID) -> RunInfo:
 
 
 def error_record(exc: BaseException) -> dict[str, Any]:
-    """``{type, message, traceback}`` of an exception, for runs.error."""
-    return {
+    """``{type, message, traceback}`` of an exception, for runs.error, and
+    ``checkpoint`` when the error is a checkpoint's record (:func:`~pgdurable.errors.mark_recorded`)."""
+    record: dict[str, Any] = {
         "type": type(exc).__name__,
         "message": str(exc),
         "traceback": "".join(_tb.format_exception(exc))[-16000:],
     }
+    checkpoint = recorded_checkpoint(exc)
+    if checkpoint is not None:
+        record["checkpoint"] = checkpoint
+    return record
 
 
 def jsonb_text(value: Any, what: str) -> str:

@@ -31,22 +31,9 @@ $$;
 COMMENT ON FUNCTION pgdurable.json_merge_patch(jsonb, jsonb) IS
   'RFC 7396 JSON Merge Patch of target by patch (null members remove keys).';
 
-------------------------------------------------------------------------------
--- pgdurable._fork_point(r, step, state, mode, revision, force)
---   -> TABLE(state jsonb, revision text)
--- Internal, shared by fork_run and rewind_run: the state a run continues
--- with from checkpoint p_step of run r, and the revision it runs on.
--- p_step must be a recorded checkpoint of r (1..r.step), or 0 when r has
--- none yet (its state is then the start state): else PDF01, StepNotRecorded.
--- p_mode: 'keep' (the checkpoint's state), 'merge' (RFC 7396 merge patch
--- p_state onto it) or 'replace' (p_state). A thread run: PD000 (a thread has
--- one owner; send it a message instead). p_revision NULL keeps r.revision;
--- another revision needs a worker_revisions row for (r.task, p_revision)
--- unless p_force: else PDF02, RevisionNotServed.
-------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION pgdurable._fork_point(r pgdurable.runs, p_step integer, p_state jsonb,
                                       p_mode text, p_revision text, p_force boolean)
-RETURNS TABLE (state jsonb, revision text)
+RETURNS TABLE (state jsonb, wake jsonb, revision text)
 LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pgdurable, pg_temp AS $$
 DECLARE
   v_state jsonb;
@@ -64,16 +51,7 @@ BEGIN
     RAISE EXCEPTION 'step must be >= 0, not %', coalesce(p_step::text, 'NULL')
       USING ERRCODE = 'PD000';
   END IF;
-  IF p_step = 0 AND r.step = 0 THEN
-    v_state := r.state;
-  ELSE
-    SELECT c.state INTO v_state FROM pgdurable.checkpoints c
-     WHERE c.run_id = r.id AND c.step = p_step AND p_step >= 1 AND p_step <= r.step;
-    IF NOT FOUND THEN
-      RAISE EXCEPTION 'run % has no recorded step % (its checkpoints: 1..%)', r.id, p_step,
-        r.step USING ERRCODE = 'PDF01';
-    END IF;
-  END IF;
+  v_state := pgdurable._state_at(r, p_step);
   IF p_revision IS NOT NULL AND p_revision IS DISTINCT FROM r.revision AND NOT p_force
      AND NOT EXISTS (SELECT 1 FROM pgdurable.worker_revisions w
                       WHERE w.task = r.task AND w.revision = p_revision) THEN
@@ -83,33 +61,35 @@ BEGIN
   RETURN QUERY SELECT CASE p_mode WHEN 'keep' THEN v_state
                                   WHEN 'merge' THEN pgdurable.json_merge_patch(v_state, p_state)
                                   ELSE p_state END,
+                      pgdurable._wake_at(r, p_step),
                       coalesce(p_revision, r.revision);
 END
 $$;
 COMMENT ON FUNCTION pgdurable._fork_point(pgdurable.runs, integer, jsonb, text, text, boolean) IS
-  'Internal: the state and revision a fork or rewind of run r continues with from checkpoint p_step.';
+  'Internal: the state, wake and revision a fork or rewind of run r continues with from checkpoint p_step.';
 
 ------------------------------------------------------------------------------
 -- pgdurable.fork_run(source, step, state, mode, revision, force) -> uuid
--- A NEW run continuing the source run from its checkpoint p_step (see
--- _fork_point for step, state mode, revision and their errors). In one
--- transaction: the new run is inserted runnable (same task, queue,
--- priority, max_attempts, budget; spent 0, no deadline, top-level), with
--- step = p_step, forked_from = source, forked_from_step = p_step; the
--- source's checkpoints 1..p_step are copied (token 0: written before this
--- run's first claim); the source's effects recorded in steps 1..p_step are
--- copied, so they are returned from the record, not performed again
--- (effects of later steps are not copied and run again). NOTIFY
--- pgdurable_wake(queue). The source run is only read (FOR KEY SHARE).
--- Unknown source: PD002. Any status of the source can be forked.
+-- As in 0017 (a NEW run continuing the source from checkpoint p_step, its
+-- checkpoints and earlier effects copied; the source only read), and:
+--   * p_step NULL: from the source's resume point (_resume_step: before a
+--     failed step's record that failed it, else its last checkpoint);
+--   * the new run's wake is the one that continued from that checkpoint
+--     (_wake_at: the outcome of a wait recorded there);
+--   * at the resume point, the effects the source recorded after it are
+--     copied too, as a retry sees them: succeeded ones kept, failed ones
+--     'started' (their replay policy decides), started ones started.
 ------------------------------------------------------------------------------
-CREATE OR REPLACE FUNCTION pgdurable.fork_run(p_source uuid, p_step integer, p_state jsonb, p_mode text,
-                                   p_revision text, p_force boolean DEFAULT false)
+CREATE OR REPLACE FUNCTION pgdurable.fork_run(p_source uuid, p_step integer, p_state jsonb,
+                                              p_mode text, p_revision text,
+                                              p_force boolean DEFAULT false)
 RETURNS uuid
 LANGUAGE plpgsql SET search_path = pg_catalog, pgdurable, pg_temp AS $$
 DECLARE
   r pgdurable.runs;
   p record;
+  v_step integer;
+  v_all boolean;
   v_id uuid;
   v_at timestamptz;
 BEGIN
@@ -117,56 +97,57 @@ BEGIN
   IF NOT FOUND THEN
     RAISE EXCEPTION 'no run %', p_source USING ERRCODE = 'PD002';
   END IF;
-  SELECT * INTO p FROM pgdurable._fork_point(r, p_step, p_state, p_mode, p_revision, p_force);
-  INSERT INTO pgdurable.runs (task, revision, queue, priority, state, step, max_attempts,
+  v_step := coalesce(p_step, pgdurable._resume_step(r));
+  v_all := v_step = pgdurable._resume_step(r);
+  SELECT * INTO p FROM pgdurable._fork_point(r, v_step, p_state, p_mode, p_revision, p_force);
+  INSERT INTO pgdurable.runs (task, revision, queue, priority, state, step, wake, max_attempts,
                               budget, forked_from, forked_from_step)
-  VALUES (r.task, p.revision, r.queue, r.priority, p.state, p_step, r.max_attempts,
-          r.budget, r.id, p_step)
+  VALUES (r.task, p.revision, r.queue, r.priority, p.state, v_step, p.wake, r.max_attempts,
+          r.budget, r.id, v_step)
   RETURNING id INTO v_id;
   INSERT INTO pgdurable.checkpoints (run_id, step, token, state, wake, created_at)
   SELECT v_id, c.step, 0, c.state, c.wake, c.created_at
-    FROM pgdurable.checkpoints c WHERE c.run_id = r.id AND c.step <= p_step;
+    FROM pgdurable.checkpoints c WHERE c.run_id = r.id AND c.step <= v_step;
   SELECT c.created_at INTO v_at FROM pgdurable.checkpoints c
-   WHERE c.run_id = r.id AND c.step = p_step;
+   WHERE c.run_id = r.id AND c.step = v_step;
   INSERT INTO pgdurable.effects (run_id, key, status, token, result, error, step, created_at,
                                  updated_at)
-  SELECT v_id, e.key, e.status, 0, e.result, e.error, e.step, e.created_at, e.updated_at
+  SELECT v_id, e.key, CASE WHEN e.status = 'failed' AND NOT x.before THEN 'started'
+                           ELSE e.status END,
+         0, e.result, CASE WHEN x.before THEN e.error END, e.step, e.created_at, e.updated_at
     FROM pgdurable.effects e
-   WHERE e.run_id = r.id
-     AND coalesce(e.step < p_step, e.updated_at <= v_at, false);
+   CROSS JOIN LATERAL (SELECT coalesce(e.step < v_step, e.updated_at <= v_at, false) AS before) x
+   WHERE e.run_id = r.id AND (x.before OR v_all);
   PERFORM pg_notify('pgdurable_wake', r.queue);
   RETURN v_id;
 END
 $$;
 COMMENT ON FUNCTION pgdurable.fork_run(uuid, integer, jsonb, text, text, boolean) IS
-  'Fork a run from its checkpoint N into a new run (history and effects 1..N copied); returns its id.';
+  'Fork a run from its checkpoint N (NULL: where a retry would continue) into a new run '
+  '(history and effects 1..N copied); returns its id.';
 
 ------------------------------------------------------------------------------
 -- pgdurable.fork_failed(task, error_type, since, revision, force, limit)
 --   -> TABLE(source uuid, fork uuid)
--- BULK FORK. Every run of p_task that is 'failed' with error->>'type' =
--- p_error_type (any type when NULL) and finished_at >= p_since, and that
--- has no fork yet (so calling it again forks only new failures), is forked
--- from its LAST checkpoint with its state kept (fork_run(id, step, NULL,
--- 'keep', p_revision, p_force)), oldest first, at most p_limit runs. One
--- transaction: a revision no worker serves (PDF02) forks nothing. Thread
--- runs are skipped.
+-- BULK FORK, as in 0017, each failed run forked from its resume point
+-- (fork_run with step NULL): a run failed by a step's recorded error runs
+-- that step again in its fork.
 ------------------------------------------------------------------------------
-CREATE OR REPLACE FUNCTION pgdurable.fork_failed(p_task text, p_error_type text, p_since timestamptz,
-                                      p_revision text, p_force boolean DEFAULT false,
-                                      p_limit integer DEFAULT 1000)
+CREATE OR REPLACE FUNCTION pgdurable.fork_failed(p_task text, p_error_type text,
+                                                 p_since timestamptz, p_revision text,
+                                                 p_force boolean DEFAULT false,
+                                                 p_limit integer DEFAULT 1000)
 RETURNS TABLE (source uuid, fork uuid)
 LANGUAGE plpgsql SET search_path = pg_catalog, pgdurable, pg_temp AS $$
 DECLARE
   v_src uuid;
-  v_step integer;
 BEGIN
   IF p_task IS NULL OR p_since IS NULL OR p_limit IS NULL OR p_limit < 1 THEN
     RAISE EXCEPTION 'fork_failed: task and since are required and limit must be >= 1'
       USING ERRCODE = 'PD000';
   END IF;
-  FOR v_src, v_step IN
-    SELECT r.id, r.step FROM pgdurable.runs r
+  FOR v_src IN
+    SELECT r.id FROM pgdurable.runs r
      WHERE r.status = 'failed' AND r.task = p_task AND r.finished_at >= p_since
        AND (p_error_type IS NULL OR r.error ->> 'type' = p_error_type)
        AND r.thread_key IS NULL
@@ -175,28 +156,24 @@ BEGIN
      LIMIT p_limit
   LOOP
     source := v_src;
-    fork := pgdurable.fork_run(v_src, v_step, NULL, 'keep', p_revision, p_force);
+    fork := pgdurable.fork_run(v_src, NULL, NULL, 'keep', p_revision, p_force);
     RETURN NEXT;
   END LOOP;
 END
 $$;
 COMMENT ON FUNCTION pgdurable.fork_failed(text, text, timestamptz, text, boolean, integer) IS
-  'Bulk fork: fork every failed run of a task (by error type, since a time) not forked yet, from its last checkpoint.';
+  'Bulk fork: fork every failed run of a task (by error type, since a time) not forked yet, from '
+  'where a retry would continue.';
 
 ------------------------------------------------------------------------------
 -- pgdurable.rewind_run(id, step, state, mode, revision, force) -> text
--- REWIND IN PLACE (same run id) of a 'failed' or 'cancelled' run (else
--- PD000; unknown id PD002) to its checkpoint p_step (see _fork_point for
--- step, state mode, revision and their errors). One transaction: a
--- run_rewinds row keeps what is discarded (checkpoints after p_step,
--- effects recorded at step >= p_step, previous status, error, revision);
--- those checkpoints and effects are deleted (the effects run again); the
--- run becomes runnable like retry_run (attempts, reclaims, claims reset)
--- with step = p_step and the chosen state and revision; NOTIFY
--- pgdurable_wake(queue). Returns 'runnable'.
+-- REWIND IN PLACE, as in 0017, now continuing with the wake recorded after
+-- checkpoint p_step (_wake_at: a wait's outcome is not lost) and able to
+-- rewind a workflow run to step 0 (its start).
 ------------------------------------------------------------------------------
-CREATE OR REPLACE FUNCTION pgdurable.rewind_run(p_id uuid, p_step integer, p_state jsonb, p_mode text,
-                                     p_revision text, p_force boolean DEFAULT false)
+CREATE OR REPLACE FUNCTION pgdurable.rewind_run(p_id uuid, p_step integer, p_state jsonb,
+                                                p_mode text, p_revision text,
+                                                p_force boolean DEFAULT false)
 RETURNS text
 LANGUAGE plpgsql SET search_path = pg_catalog, pgdurable, pg_temp AS $$
 DECLARE
@@ -230,7 +207,7 @@ BEGIN
    WHERE e.run_id = r.id AND NOT coalesce(e.step < p_step, e.updated_at <= v_at, false);
   UPDATE pgdurable.runs SET status = 'runnable', state = p.state, step = p_step,
          revision = p.revision, attempts = 0, reclaims = 0, claims = 0,
-         error = NULL, wake = NULL, result = NULL, progress = NULL, heartbeat_at = NULL,
+         error = NULL, wake = p.wake, result = NULL, progress = NULL, heartbeat_at = NULL,
          wait_kind = NULL, wait_ref = NULL, wait_since = NULL, wake_at = NULL,
          lease_owner = NULL, lease_expires_at = NULL, cancel_requested_at = NULL,
          available_at = pgdurable.now(), finished_at = NULL, updated_at = pgdurable.now()
@@ -242,3 +219,40 @@ END
 $$;
 COMMENT ON FUNCTION pgdurable.rewind_run(uuid, integer, jsonb, text, text, boolean) IS
   'Rewind a failed or cancelled run in place to checkpoint N (discarded history kept in run_rewinds).';
+
+CREATE OR REPLACE FUNCTION pgdurable._fork_point(r pgdurable.runs, p_step integer, p_state jsonb,
+                                      p_mode text, p_revision text, p_force boolean)
+RETURNS TABLE (state jsonb, wake jsonb, revision text)
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pgdurable, pg_temp AS $$
+DECLARE
+  v_state jsonb;
+BEGIN
+  IF r.thread_key IS NOT NULL THEN
+    RAISE EXCEPTION 'run % belongs to thread %: thread runs cannot be forked or rewound '
+      '(send the thread a message instead)', r.id, r.thread_key USING ERRCODE = 'PD000';
+  END IF;
+  IF p_mode IS NULL OR p_mode NOT IN ('keep', 'merge', 'replace')
+     OR (p_mode <> 'keep' AND p_state IS NULL) THEN
+    RAISE EXCEPTION 'state mode must be keep, merge or replace (merge/replace need a state), '
+      'not %', coalesce(p_mode, 'NULL') USING ERRCODE = 'PD000';
+  END IF;
+  IF p_step IS NULL OR p_step < 0 THEN
+    RAISE EXCEPTION 'step must be >= 0, not %', coalesce(p_step::text, 'NULL')
+      USING ERRCODE = 'PD000';
+  END IF;
+  v_state := pgdurable._state_at(r, p_step);
+  IF p_revision IS NOT NULL AND p_revision IS DISTINCT FROM r.revision AND NOT p_force
+     AND NOT EXISTS (SELECT 1 FROM pgdurable.worker_revisions w
+                      WHERE w.task = r.task AND w.revision = p_revision) THEN
+    RAISE EXCEPTION 'no worker has registered task % revision % (pass force to use it anyway)',
+      r.task, p_revision USING ERRCODE = 'PDF02';
+  END IF;
+  RETURN QUERY SELECT CASE p_mode WHEN 'keep' THEN v_state
+                                  WHEN 'merge' THEN pgdurable.json_merge_patch(v_state, p_state)
+                                  ELSE p_state END,
+                      pgdurable._wake_at(r, p_step),
+                      coalesce(p_revision, r.revision);
+END
+$$;
+COMMENT ON FUNCTION pgdurable._fork_point(pgdurable.runs, integer, jsonb, text, text, boolean) IS
+  'Internal: the state, wake and revision a fork or rewind of run r continues with from checkpoint p_step.';

@@ -1,18 +1,30 @@
 -- functions/leases.sql: the current body of each function below.
 
--- pgdurable.lease_check(key, owner, ttl_ms): raise PD000 for an empty or NULL
--- key or owner, or a TTL outside 1 .. 86 400 000 ms; return the TTL as an
--- interval. Pass NULL owner/ttl to skip those checks (internal helper).
+------------------------------------------------------------------------------
+-- Bounded sizes: PD013 (pgdurable.ValueTooLarge), nothing changes.
+------------------------------------------------------------------------------
+
+-- pgdurable.lease_check(key, owner, ttl_ms, check_owner, check_ttl) -> interval
+-- (0002's contract.) PD000 for an empty or NULL key or owner, or a TTL outside
+-- 1 .. 86 400 000 ms; PD013 for an owner over 64 KiB (65 536 bytes: any
+-- string, as the LeaseProvider contract says, but not a megabyte per lease row;
+-- every acquire, renew and transfer checks its owners here, so none is ever
+-- stored); returns the TTL as an interval.
 CREATE OR REPLACE FUNCTION pgdurable.lease_check(p_key bytea, p_owner bytea, p_ttl_ms bigint,
-                                      p_check_owner boolean, p_check_ttl boolean)
+                                                 p_check_owner boolean, p_check_ttl boolean)
 RETURNS interval
-LANGUAGE plpgsql IMMUTABLE AS $$
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pgdurable, pg_temp AS $$
 BEGIN
   IF p_key IS NULL OR length(p_key) = 0 THEN
     RAISE EXCEPTION 'lease key must be a non-empty string' USING ERRCODE = 'PD000';
   END IF;
   IF p_check_owner AND (p_owner IS NULL OR length(p_owner) = 0) THEN
     RAISE EXCEPTION 'lease owner must be a non-empty string' USING ERRCODE = 'PD000';
+  END IF;
+  IF p_check_owner AND length(p_owner) > 65536 THEN
+    RAISE EXCEPTION 'lease owner is % bytes long; at most 65536 (64 KiB of UTF-8)',
+      length(p_owner) USING ERRCODE = 'PD013';
   END IF;
   IF p_check_ttl THEN
     IF p_ttl_ms IS NULL OR p_ttl_ms < 1 OR p_ttl_ms > 86400000 THEN
@@ -25,7 +37,8 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION pgdurable.lease_check(bytea, bytea, bigint, boolean, boolean) IS
-  'Internal: validate a lease key/owner/TTL (PD000 on bad input) and return the TTL as an interval.';
+  'Internal: validate a lease key/owner/TTL (PD000 bad input, PD013 owner over 64 KiB) and '
+  'return the TTL as an interval.';
 
 -- pgdurable.acquire_lease(key, owner, ttl_ms) -> (acquired, owner, token, expires_at)
 -- Atomically claim the lease on key for owner, or report the live holder.

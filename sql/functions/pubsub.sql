@@ -33,19 +33,21 @@ $$;
 COMMENT ON FUNCTION pgdurable.pubsub_notify_payload(text, bigint) IS
   'NOTIFY payload of a publish: ''<last offset> <topic>'' (or ''#md5(topic)'' for long topics).';
 
--- pgdurable.pubsub_publish(topic, events json[]) -> first offset
--- Append events (each a JSON object {id, type, runId, data, deliveryAttempt},
--- stored as given)
--- to topic with consecutive offsets and send one NOTIFY with the last offset.
--- The counter row stays locked until the caller's transaction ends, so
--- offsets commit in order. An empty array publishes nothing (returns NULL).
-CREATE OR REPLACE FUNCTION pgdurable.pubsub_publish(p_topic text, p_events json[]) RETURNS bigint
-LANGUAGE plpgsql VOLATILE
+-- pgdurable.pubsub_publish(topic, events json[]) -> bigint
+-- (0011's contract.) Append events to a topic's log: offsets last+1 .. last+n
+-- (the first is returned; NULL for no events), one NOTIFY pgdurable_pubsub.
+-- Each event must be a JSON object (PD000) of at most 1 MiB (1 048 576 bytes
+-- of JSON text; PD013): one publish of a huge event would otherwise be read
+-- whole by every subscriber's batch.
+CREATE OR REPLACE FUNCTION pgdurable.pubsub_publish(p_topic text, p_events json[])
+RETURNS bigint
+LANGUAGE plpgsql
 SET search_path = pg_catalog, pgdurable, pg_temp AS $$
 DECLARE
   v_n bigint := coalesce(cardinality(p_events), 0);
   v_last bigint;
   v_now timestamptz := pgdurable.now();
+  v_big integer;
 BEGIN
   PERFORM pgdurable.pubsub_check_topic(p_topic);
   IF v_n = 0 THEN
@@ -53,6 +55,11 @@ BEGIN
   END IF;
   IF EXISTS (SELECT FROM unnest(p_events) e WHERE e IS NULL OR json_typeof(e) <> 'object') THEN
     RAISE EXCEPTION 'pubsub events must be JSON objects' USING ERRCODE = 'PD000';
+  END IF;
+  SELECT max(octet_length(e::text)) INTO v_big FROM unnest(p_events) e;
+  IF v_big > 1048576 THEN
+    RAISE EXCEPTION 'pubsub event is % bytes of JSON; at most 1048576 (1 MiB)', v_big
+      USING ERRCODE = 'PD013';
   END IF;
   INSERT INTO pgdurable.pubsub_topics AS t (topic, last_offset, created_at, updated_at)
   VALUES (p_topic, v_n - 1, v_now, v_now)
@@ -66,8 +73,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION pgdurable.pubsub_publish(text, json[]) IS
-  'Append events to a topic with consecutive offsets (committed in order) and NOTIFY '
-  'pgdurable_pubsub once with the last offset; returns the first offset.';
+  'Append events (JSON objects of at most 1 MiB) to a topic; returns the first offset; one NOTIFY.';
 
 -- pgdurable.pubsub_read(topic, after, limit) -> events with offset > after, in
 -- order, at most limit (1 .. 10,000) of them.

@@ -34,7 +34,25 @@ COMMENT ON FUNCTION pgdurable.security_invoker() IS
   'Administrative functions run with the caller''s rights; never granted to the app role.';
 
 ------------------------------------------------------------------------------
--- secure_schema(): as in 0009, plus the security_readonly() allow-list.
+-- pgdurable.secure_schema() -> integer
+-- Re-apply the function rules to EVERY function in schema pgdurable (run by
+-- this migration and by `pgdurable migrate` after each later migration):
+--   * the allow-list first: a security_api row that names no function, or an
+--     administrative one (security_invoker()), raises PD000 and changes nothing;
+--   * when an owner role is recorded, the schema and every object in it are
+--     handed to it (objects a superuser's later migrate created included);
+--   * except the inlinable helpers (security_inlinable()): SET search_path =
+--     pg_catalog, pgdurable, pg_temp; SECURITY DEFINER unless in
+--     security_invoker();
+--   * EXECUTE revoked from PUBLIC, except the inlinable helpers;
+--   * the app roles of security_roles get EXECUTE on the routines of
+--     security_api and nothing else, the read-only roles on those with
+--     readonly and nothing else;
+--   * the app roles USAGE on the schema and SELECT on every table and view;
+--     the read-only roles USAGE, SELECT on the views, schema_migrations and
+--     schema_definitions.
+-- Returns the number of functions it looked at. Run by the schema owner or a
+-- superuser (it ALTERs functions). SECURITY INVOKER on purpose.
 ------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION pgdurable.secure_schema() RETURNS integer
 LANGUAGE plpgsql SET search_path = pg_catalog, pgdurable, pg_temp AS $$
@@ -42,10 +60,21 @@ DECLARE
   f record;
   o record;
   n integer := 0;
+  v_bad text;
   v_owner regrole := (SELECT s.role_oid::regrole FROM pgdurable.security_roles s
                         JOIN pg_roles g ON g.oid = s.role_oid
                        WHERE s.kind = 'owner' LIMIT 1);
 BEGIN
+  SELECT string_agg(a.routine, ', ' ORDER BY a.routine) INTO v_bad
+    FROM pgdurable.security_api a
+   WHERE to_regprocedure(a.routine) IS NULL
+      OR to_regprocedure(a.routine) NOT IN (SELECT p.oid FROM pg_proc p
+                                             WHERE p.pronamespace = 'pgdurable'::regnamespace)
+      OR to_regprocedure(a.routine) IN (SELECT * FROM pgdurable.security_invoker());
+  IF v_bad IS NOT NULL THEN
+    RAISE EXCEPTION 'secure_schema: security_api lists % (no such pgdurable function, or an '
+      'administrative one): correct the list; nothing was changed', v_bad USING ERRCODE = 'PD000';
+  END IF;
   IF v_owner IS NOT NULL THEN
     IF (SELECT nspowner FROM pg_namespace WHERE nspname = 'pgdurable') <> v_owner THEN
       EXECUTE format('ALTER SCHEMA pgdurable OWNER TO %s', v_owner);
@@ -65,16 +94,13 @@ BEGIN
     END LOOP;
   END IF;
   FOR f IN
-    SELECT p.oid::regprocedure AS sig, p.prokind, p.prosecdef, p.proconfig, p.proowner,
+    SELECT p.oid::regprocedure AS sig, p.prosecdef, p.proconfig, p.proowner,
            p.oid IN (SELECT * FROM pgdurable.security_inlinable()) AS inlinable,
            p.oid IN (SELECT * FROM pgdurable.security_invoker()) AS invoker,
-           p.oid IN (SELECT * FROM pgdurable.security_readonly()) AS readonly_ok,
-           p.oid IN (SELECT d.refobjid FROM pg_depend d
-                       JOIN pg_rewrite w ON d.classid = 'pg_rewrite'::regclass AND d.objid = w.oid
-                       JOIN pg_class v ON v.oid = w.ev_class
-                      WHERE d.refclassid = 'pg_proc'::regclass
-                        AND v.relnamespace = 'pgdurable'::regnamespace) AS in_view
+           a.oid IS NOT NULL AS app_ok, coalesce(a.readonly, false) AS readonly_ok
       FROM pg_proc p
+      LEFT JOIN (SELECT to_regprocedure(x.routine)::oid AS oid, bool_or(x.readonly) AS readonly
+                   FROM pgdurable.security_api x GROUP BY 1) a ON a.oid = p.oid
      WHERE p.pronamespace = 'pgdurable'::regnamespace AND p.prokind IN ('f', 'p')
   LOOP
     n := n + 1;
@@ -89,14 +115,12 @@ BEGIN
       IF NOT f.invoker AND NOT f.prosecdef THEN
         EXECUTE format('ALTER ROUTINE %s SECURITY DEFINER', f.sig);
       END IF;
-    END IF;
-    IF NOT f.inlinable AND NOT f.in_view THEN
       EXECUTE format('REVOKE ALL ON ROUTINE %s FROM PUBLIC', f.sig);
     END IF;
     FOR o IN SELECT s.role_oid::regrole AS r, s.kind FROM pgdurable.security_roles s
                JOIN pg_roles g ON g.oid = s.role_oid WHERE s.kind IN ('app', 'readonly')
     LOOP
-      IF (o.kind = 'app' AND NOT f.invoker) OR (o.kind = 'readonly' AND (f.in_view OR f.inlinable OR f.readonly_ok)) THEN
+      IF (o.kind = 'app' AND f.app_ok) OR (o.kind = 'readonly' AND f.readonly_ok) THEN
         EXECUTE format('GRANT EXECUTE ON ROUTINE %s TO %s', f.sig, o.r);
       ELSE
         EXECUTE format('REVOKE ALL ON ROUTINE %s FROM %s', f.sig, o.r);
@@ -115,13 +139,19 @@ BEGIN
       LOOP
         EXECUTE format('GRANT SELECT ON %s TO %s', f.obj, o.r);
       END LOOP;
+      -- the version check of every connection (the CLI's, the dashboard's)
+      EXECUTE format('GRANT SELECT ON pgdurable.schema_migrations TO %s', o.r);
+      IF to_regclass('pgdurable.schema_definitions') IS NOT NULL THEN
+        EXECUTE format('GRANT SELECT ON pgdurable.schema_definitions TO %s', o.r);
+      END IF;
     END IF;
   END LOOP;
   RETURN n;
 END
 $$;
 COMMENT ON FUNCTION pgdurable.secure_schema() IS
-  'Pin search_path, SECURITY DEFINER and grants on every pgdurable function (idempotent; owner or superuser).';
+  'Pin search_path and SECURITY DEFINER on every pgdurable function, grant the app and read-only '
+  'roles exactly the allow-list (security_api) (idempotent; owner or superuser).';
 
 ------------------------------------------------------------------------------
 -- pgdurable.grant_roles(owner, app, readonly) -> void
@@ -191,14 +221,3 @@ END
 $$;
 COMMENT ON FUNCTION pgdurable.grant_roles(regrole, regrole, regrole) IS
   'Role model: owner owns the schema, app gets EXECUTE + SELECT (no DML), readonly SELECT on views.';
-
-------------------------------------------------------------------------------
--- pgdurable.security_readonly() -> SETOF regprocedure
--- Functions the read-only role may execute although no view calls them.
-------------------------------------------------------------------------------
-CREATE OR REPLACE FUNCTION pgdurable.security_readonly() RETURNS SETOF pg_catalog.regprocedure
-LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pgdurable, pg_temp AS $$
-  SELECT p::regprocedure FROM unnest(ARRAY['pgdurable.listen_presence(text,integer)']) AS p
-$$;
-COMMENT ON FUNCTION pgdurable.security_readonly() IS
-  'Functions granted to the read-only role beyond those its views call (a dashboard''s presence).';

@@ -11,15 +11,13 @@ COMMENT ON FUNCTION pgdurable.wait_lock_key(text, text) IS
 
 ------------------------------------------------------------------------------
 -- pgdurable._signal_dup(signal_id, kind, ref, payload, run_id) -> uuid[]
--- Internal (0005's contract, 0022's tables): NULL when no signal with this
--- signal_id exists, in signals or in signal_history. Otherwise the existing
--- signal must carry the same kind, ref (ignored when p_ref is NULL), payload
--- and run_id, and its `woke` ids are returned; any difference raises PD008 and
--- nothing changes. signals first, then signal_history through
--- signal_history_ids (one probe; the history row itself only for a resend).
--- A row only ever moves from signals to signal_history, its id entry in the
--- same transaction, so a miss in signals followed by a miss in the ids means
--- the id does not exist.
+-- Internal (0024's contract, per kind): NULL when no signal of this kind with
+-- this signal_id exists, in signals or in signal_history. Otherwise the
+-- existing signal must carry the same ref (ignored when p_ref is NULL),
+-- payload and run_id, and its `woke` ids are returned; any difference raises
+-- PD008 and nothing changes. signals first (its (kind, signal_id) key), then
+-- signal_history through signal_history_ids (one probe; the history row only
+-- for a resend).
 ------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION pgdurable._signal_dup(p_signal_id text, p_kind text, p_ref text,
                                                  p_payload jsonb, p_run_id uuid)
@@ -33,35 +31,35 @@ BEGIN
   IF p_signal_id IS NULL THEN
     RETURN NULL;
   END IF;
-  SELECT x.kind, x.ref, x.payload, x.run_id, x.woke INTO s
-    FROM pgdurable.signals x WHERE x.signal_id = p_signal_id;
+  SELECT x.ref, x.payload, x.run_id, x.woke INTO s
+    FROM pgdurable.signals x WHERE x.kind = p_kind AND x.signal_id = p_signal_id;
   IF NOT FOUND THEN
     SELECT i.consumed_at INTO v_at
-      FROM pgdurable.signal_history_ids i WHERE i.signal_id = p_signal_id;
+      FROM pgdurable.signal_history_ids i WHERE i.kind = p_kind AND i.signal_id = p_signal_id;
     IF NOT FOUND THEN
       RETURN NULL;
     END IF;
-    SELECT h.kind, h.ref, h.payload, h.run_id, h.woke INTO s
+    SELECT h.ref, h.payload, h.run_id, h.woke INTO s
       FROM pgdurable.signal_history h
-     WHERE h.signal_id = p_signal_id AND h.consumed_at = v_at
+     WHERE h.signal_id = p_signal_id AND h.consumed_at = v_at AND h.kind = p_kind
      LIMIT 1;
     IF NOT FOUND THEN
       -- its row is gone (a partition dropped by hand): a new id; the entry is stale
       DELETE FROM pgdurable.signal_history_ids i
-       WHERE i.signal_id = p_signal_id AND i.consumed_at = v_at;
+       WHERE i.kind = p_kind AND i.signal_id = p_signal_id AND i.consumed_at = v_at;
       RETURN NULL;
     END IF;
   END IF;
-  IF s.kind IS DISTINCT FROM p_kind OR (p_ref IS NOT NULL AND s.ref IS DISTINCT FROM p_ref)
+  IF (p_ref IS NOT NULL AND s.ref IS DISTINCT FROM p_ref)
      OR s.payload IS DISTINCT FROM p_payload OR s.run_id IS DISTINCT FROM p_run_id THEN
-    RAISE EXCEPTION 'signal_id % was already sent with another kind, ref, payload or run',
-      p_signal_id USING ERRCODE = 'PD008';
+    RAISE EXCEPTION 'signal_id % was already sent for kind % with another ref, payload or run',
+      p_signal_id, p_kind USING ERRCODE = 'PD008';
   END IF;
   RETURN s.woke;
 END
 $$;
 COMMENT ON FUNCTION pgdurable._signal_dup(text, text, text, jsonb, uuid) IS
-  'Internal: the woken ids of an identical earlier signal_id, NULL if new; PD008 if it differs.';
+  'Internal: the woken ids of an identical earlier (kind, signal_id), NULL if new; PD008 if it differs.';
 
 ------------------------------------------------------------------------------
 -- pgdurable._signal_check(kind, ref, signal_id): internal argument checks
@@ -84,24 +82,19 @@ COMMENT ON FUNCTION pgdurable._signal_check(text, text, text) IS
 
 ------------------------------------------------------------------------------
 -- pgdurable.send_signal(kind, ref, payload, signal_id, ttl) -> SETOF uuid
--- ONE transaction, under pg_advisory_xact_lock(wait_lock_key(kind, ref)):
--- every run waiting on (kind, ref) becomes 'runnable' with
---   wake = {type: 'signal', kind, ref, payload, at, signal}
--- (its wait and timer cleared; NOTIFY pgdurable_wake once per queue) and the
--- woken ids are returned. The signal row is stored with woke = those ids:
--- consumed (by the first woken run) if any woke, else pending until
--- now() + ttl (ttl NULL = no expiry) for the next park on (kind, ref).
--- DEDUP (S15): a signal_id already stored with the same kind, ref and payload
--- changes nothing and returns the ids it woke the first time (a retried
--- webhook gets the same answer; nothing is delivered twice). The same
--- signal_id with another kind, ref, payload (or a signal_run id) -> PD008.
+-- (0005's contract; the signal_id is now scoped by kind.) Wake the runs
+-- waiting on (kind, ref) or keep the signal pending (ttl NULL: until
+-- consumed). A (kind, signal_id) already stored with the same ref and payload
+-- returns the same run ids and delivers nothing again; with another ref or
+-- payload -> PD008. The same signal_id under another kind is another signal.
 -- Bad input (empty kind/ref/signal_id) -> PD000.
 ------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION pgdurable.send_signal(p_kind text, p_ref text, p_payload jsonb,
-                                      p_signal_id text DEFAULT NULL,
-                                      p_ttl interval DEFAULT NULL)
+                                                 p_signal_id text DEFAULT NULL,
+                                                 p_ttl interval DEFAULT NULL)
 RETURNS SETOF uuid
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pgdurable, pg_temp AS $$
 DECLARE
   v_sig pgdurable.signals;
   v_dup uuid[];
@@ -116,11 +109,11 @@ BEGIN
     RETURN QUERY SELECT unnest(v_dup);
     RETURN;
   END IF;
-  -- ON CONFLICT: a concurrent sender of the same signal_id under another
-  -- (kind, ref) (so another advisory lock) commits first; we then judge it.
+  -- ON CONFLICT: a concurrent sender of the same (kind, signal_id) under
+  -- another ref (so another advisory lock) commits first; we then judge it.
   INSERT INTO pgdurable.signals AS s (kind, ref, payload, signal_id, expires_at)
   VALUES (p_kind, p_ref, p_payload, p_signal_id, pgdurable.now() + p_ttl)
-  ON CONFLICT (signal_id) DO NOTHING
+  ON CONFLICT (kind, signal_id) DO NOTHING
   RETURNING * INTO v_sig;
   IF v_sig.id IS NULL THEN
     RETURN QUERY SELECT unnest(pgdurable._signal_dup(p_signal_id, p_kind, p_ref, p_payload, NULL));
@@ -148,26 +141,23 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION pgdurable.send_signal(text, text, jsonb, text, interval) IS
-  'Send a signal: wake runs waiting on (kind, ref) or keep it pending; dedup by signal_id (PD008 on conflict).';
+  'Send a signal: wake runs waiting on (kind, ref) or keep it pending; dedup by (kind, signal_id) '
+  '(PD008 on conflict).';
 
 ------------------------------------------------------------------------------
 -- pgdurable.signal_run(run_id, kind, payload, signal_id, ttl) -> SETOF uuid
--- A signal addressed to ONE run. Locks the run (FOR UPDATE; unknown id ->
--- PD002). If it is 'waiting' on this kind (any ref), it becomes 'runnable'
--- with wake = {type: 'signal', kind, ref: its wait_ref, payload, at, signal,
--- run_id} (NOTIFY its queue) and its id is returned. If it is runnable,
--- leased or waiting on something else, the signal is kept pending for this
--- run only (signals.run_id; ref = the run id) until now() + ttl, and
--- park_run hands it over when the run parks on this kind; nothing is
--- returned. A terminal run: nothing is stored, nothing returned.
--- signal_id dedup as in send_signal (same run, kind, payload: the first
--- result again; otherwise PD008).
+-- (0005's contract; the signal_id is now scoped by kind.) A signal for one
+-- run: it wakes the run if it waits on this kind, else it stays pending for
+-- that run only. A finished run: nothing (no row). Unknown run: PD002. A
+-- (kind, signal_id) already sent to the same run with the same payload returns
+-- the first answer; to another run or with another payload -> PD008.
 ------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION pgdurable.signal_run(p_run_id uuid, p_kind text, p_payload jsonb,
-                                     p_signal_id text DEFAULT NULL,
-                                     p_ttl interval DEFAULT NULL)
+                                                p_signal_id text DEFAULT NULL,
+                                                p_ttl interval DEFAULT NULL)
 RETURNS SETOF uuid
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pgdurable, pg_temp AS $$
 DECLARE
   r pgdurable.runs;
   v_sig pgdurable.signals;
@@ -188,7 +178,7 @@ BEGIN
                 ELSE p_run_id::text END;
   INSERT INTO pgdurable.signals AS s (kind, ref, payload, signal_id, run_id, expires_at)
   VALUES (p_kind, v_ref, p_payload, p_signal_id, p_run_id, pgdurable.now() + p_ttl)
-  ON CONFLICT (signal_id) DO NOTHING
+  ON CONFLICT (kind, signal_id) DO NOTHING
   RETURNING * INTO v_sig;
   IF v_sig.id IS NULL THEN
     RETURN QUERY SELECT unnest(pgdurable._signal_dup(p_signal_id, p_kind, NULL, p_payload, p_run_id));
@@ -211,7 +201,8 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION pgdurable.signal_run(uuid, text, jsonb, text, interval) IS
-  'Signal one run: wake it if it waits on this kind, else keep the signal pending for it alone.';
+  'Signal one run: wake it if it waits on this kind, else keep it pending for that run; '
+  'dedup by (kind, signal_id).';
 
 ------------------------------------------------------------------------------
 -- pgdurable.park_run(id, token, owner, state, spend, kind, ref, wake_at, wake_in)
@@ -346,25 +337,22 @@ $$;
 COMMENT ON FUNCTION pgdurable.move_consumed_signals(interval, integer) IS
   'Move one batch of signals consumed at least min_age ago into signal_history; returns how many.';
 
-------------------------------------------------------------------------------
--- Triggers: signal_history's rows with a signal_id, mirrored (one statement
--- each, over the statement's transition table).
-------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION pgdurable._signal_history_ids_add() RETURNS trigger
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pgdurable, pg_temp AS $$
 BEGIN
-  INSERT INTO pgdurable.signal_history_ids AS i (signal_id, consumed_at)
-  SELECT DISTINCT ON (n.signal_id) n.signal_id, n.consumed_at
+  INSERT INTO pgdurable.signal_history_ids AS i (kind, signal_id, consumed_at)
+  SELECT DISTINCT ON (n.kind, n.signal_id) n.kind, n.signal_id, n.consumed_at
     FROM new_rows n
    WHERE n.signal_id IS NOT NULL
-   ORDER BY n.signal_id, n.consumed_at DESC
-  ON CONFLICT (signal_id) DO UPDATE SET consumed_at = excluded.consumed_at;
+   ORDER BY n.kind, n.signal_id, n.consumed_at DESC
+  ON CONFLICT (kind, signal_id) DO UPDATE SET consumed_at = excluded.consumed_at;
   RETURN NULL;
 END
 $$;
 COMMENT ON FUNCTION pgdurable._signal_history_ids_add() IS
-  'Internal: add the signal_ids a statement inserted into signal_history to signal_history_ids.';
+  'Internal: add the (kind, signal_id) pairs a statement inserted into signal_history to '
+  'signal_history_ids.';
 DROP TRIGGER IF EXISTS signal_history_ids_add ON pgdurable.signal_history;
 CREATE TRIGGER signal_history_ids_add AFTER INSERT ON pgdurable.signal_history
   REFERENCING NEW TABLE AS new_rows
@@ -380,12 +368,13 @@ SET search_path = pg_catalog, pgdurable, pg_temp AS $$
 BEGIN
   DELETE FROM pgdurable.signal_history_ids i
    USING old_rows o
-   WHERE i.signal_id = o.signal_id AND i.consumed_at = o.consumed_at;
+   WHERE i.kind = o.kind AND i.signal_id = o.signal_id AND i.consumed_at = o.consumed_at;
   RETURN NULL;
 END
 $$;
 COMMENT ON FUNCTION pgdurable._signal_history_ids_remove() IS
-  'Internal: remove the signal_ids a statement deleted from signal_history from signal_history_ids.';
+  'Internal: remove the (kind, signal_id) pairs a statement deleted from signal_history from '
+  'signal_history_ids.';
 DROP TRIGGER IF EXISTS signal_history_ids_remove ON pgdurable.signal_history;
 CREATE TRIGGER signal_history_ids_remove AFTER DELETE ON pgdurable.signal_history
   REFERENCING OLD TABLE AS old_rows

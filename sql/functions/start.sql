@@ -80,16 +80,18 @@ COMMENT ON FUNCTION pgdurable.start_run_flow(text, text, jsonb, text, integer, i
 
 ------------------------------------------------------------------------------
 -- pgdurable.tag_started_run(id, created, metadata, trace_context) -> uuid
--- Set the metadata and trace context of a run THIS transaction has just
--- inserted (composed with start_run in one statement: SELECT ... FROM
--- start_run(...) s, LATERAL tag_started_run(s.run_id, s.created, ...)).
--- Only a row whose xmin is the current transaction and whose metadata and
--- trace context are still NULL is changed: nobody can relabel an existing run.
+-- (0019's contract.) Set the metadata and trace context of a run THIS
+-- transaction has just inserted (composed with start_run in one statement:
+-- SELECT ... FROM start_run(...) s, LATERAL tag_started_run(s.run_id, s.created, ...)).
+-- Only a row inserted by the current transaction (created_xact, created_at =
+-- now()) whose metadata and trace context are still NULL is changed: a run
+-- that this transaction merely updated (retry_run, cancel_run) is not. Its
+-- xmin, the test until now, is the current transaction's after any update.
 -- created = false (idempotent repeat) or both values NULL: nothing changes.
 -- metadata must be a JSON object (else PD000). Returns p_id.
 ------------------------------------------------------------------------------
-CREATE OR REPLACE FUNCTION pgdurable.tag_started_run(p_id uuid, p_created boolean, p_metadata jsonb,
-                                          p_trace_context jsonb)
+CREATE OR REPLACE FUNCTION pgdurable.tag_started_run(p_id uuid, p_created boolean,
+                                                     p_metadata jsonb, p_trace_context jsonb)
 RETURNS uuid
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pgdurable, pg_temp AS $$
@@ -100,7 +102,8 @@ BEGIN
   IF p_created AND (p_metadata IS NOT NULL OR p_trace_context IS NOT NULL) THEN
     UPDATE pgdurable.runs r SET metadata = p_metadata, trace_context = p_trace_context
      WHERE r.id = p_id AND r.metadata IS NULL AND r.trace_context IS NULL
-       AND r.xmin = pg_catalog.xid(pg_catalog.pg_current_xact_id());
+       AND r.created_xact = (pg_catalog.pg_current_xact_id())::text::bigint
+       AND r.created_at = pgdurable.now();
   END IF;
   RETURN p_id;
 END

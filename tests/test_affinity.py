@@ -1,0 +1,336 @@
+"""Affinity in SQL (sql/0031_run_affinity.sql): a ready run pinned to a present
+worker is reserved for it for its wait, then anybody's; the holder's presence
+lapsing, a clean stop or a restart frees it at once; the claim and next_wakeup
+apply the same rule; expired leases are never reserved. The database clock is
+moved with SET LOCAL pgdurable.now (boundary pairs: 1 s either side).
+
+The real processes (a worker SIGKILLed while it holds a run's service, the
+holder alive under several workers) are in tests/test_affinity_procs.py.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import psycopg
+import pytest
+
+import pgdurable
+from pgdurable import Affinity, Durable, InvalidInput, LeaseLost, RunNotFound
+from pgdurable.errors import translate
+
+START = ("SELECT run_id FROM pgdurable.start_run('t', '1', '{}', %s, 0, 3, NULL, NULL, NULL, "
+         "NULL)")
+CLAIM = ("SELECT id, lease_token, wake, affinity FROM pgdurable.claim_runs(%s, ARRAY[%s], "
+         "ARRAY['t'], ARRAY['1'], 10, interval '60 s')")
+PIN = "SELECT pgdurable.pin_run(%s, %s, %s, %s, %s, %s::interval, %s::jsonb)"
+PRESENT = "SELECT pgdurable.worker_present(%s, %s, %s::interval)"
+WAKEUP = "SELECT pgdurable.next_wakeup(ARRAY[%s], ARRAY['t'], ARRAY['1'], %s)"
+
+
+def sql(conn: psycopg.Connection[Any], query: str, *params: Any) -> list[tuple[Any, ...]]:
+    try:
+        return conn.execute(query, params).fetchall()
+    except psycopg.Error as exc:
+        raise translate(exc) from exc
+
+
+def one(conn: psycopg.Connection[Any], query: str, *params: Any) -> Any:
+    rows = sql(conn, query, *params)
+    assert len(rows) == 1
+    return rows[0][0] if len(rows[0]) == 1 else rows[0]
+
+
+def claim(conn: psycopg.Connection[Any], owner: str, queue: str = "default") -> list[Any]:
+    return sql(conn, CLAIM, owner, queue)
+
+
+@contextmanager
+def at(conn: psycopg.Connection[Any], offset: float) -> Iterator[None]:
+    """The database clock ``offset`` seconds from now, for one transaction."""
+    with conn.transaction():
+        conn.execute("SELECT set_config('pgdurable.now', %s, true)",
+                     ((datetime.now(UTC) + timedelta(seconds=offset)).isoformat(),))
+        yield
+
+
+def pinned_run(conn: psycopg.Connection[Any], *, mode: str = "soft", wait: str = "10 s",
+               holder: str = "A", instance: str = "a1", ttl: str = "60 s",
+               queue: str = "default", info: str | None = '{"service": "browser"}') -> Any:
+    """A run claimed by ``holder`` (present for ``ttl``), pinned, and given back:
+    runnable, ready now, reserved for ``holder``."""
+    one(conn, PRESENT, holder, instance, ttl)
+    rid = one(conn, START, queue)
+    (row,) = claim(conn, holder, queue)
+    assert row[0] == rid and row[3] is None
+    record = one(conn, PIN, rid, row[1], holder, instance, mode, wait, info)
+    assert record["worker"] == holder and record["instance"] == instance
+    assert one(conn, "SELECT pgdurable.release_run(%s, %s, %s)", rid, row[1], holder) == "runnable"
+    return rid
+
+
+def test_pin_is_fenced_and_checked(conn: psycopg.Connection[Any]) -> None:
+    one(conn, PRESENT, "A", "a1", "60 s")
+    rid = one(conn, START, "default")
+    (row,) = claim(conn, "A")
+    token = row[1]
+    before = sql(conn, "SELECT * FROM pgdurable.runs WHERE id = %s", rid)
+    for mode, wait, info in [("sticky", "5 s", None), ("soft", "0 s", None),
+                             ("soft", "-1 s", None), ("hard", "2 days", None),
+                             ("soft", None, None), ("soft", "5 s", "[1]"),
+                             ("soft", "5 s", '{"x": "%s"}' % ("y" * 9000))]:
+        with pytest.raises(InvalidInput):
+            sql(conn, PIN, rid, token, "A", "a1", mode, wait, info)
+    with pytest.raises(InvalidInput):
+        sql(conn, PIN, rid, token, "A", "", "soft", "5 s", None)
+    with pytest.raises(LeaseLost):
+        sql(conn, PIN, rid, token + 1, "A", "a1", "soft", "5 s", None)
+    with pytest.raises(LeaseLost):
+        sql(conn, PIN, rid, token, "B", "b1", "soft", "5 s", None)
+    assert sql(conn, "SELECT * FROM pgdurable.runs WHERE id = %s", rid) == before  # unchanged
+    record = one(conn, PIN, rid, token, "A", "a1", "hard", "90 s", '{"service": "shell"}')
+    assert {k: record[k] for k in ("worker", "instance", "mode", "wait", "info")} == {
+        "worker": "A", "instance": "a1", "mode": "hard", "wait": 90, "info": {"service": "shell"}}
+    # unpin: mode NULL clears it all
+    assert one(conn, PIN, rid, token, "A", None, None, None, None) is None
+    assert one(conn, "SELECT row(affinity_worker, affinity_instance, affinity_mode, "
+               "affinity_wait, affinity_info, affinity_since) IS NULL FROM pgdurable.runs "
+               "WHERE id = %s", rid) is True
+
+
+def test_a_ready_run_waits_for_its_holder_for_its_wait(conn: psycopg.Connection[Any]) -> None:
+    rid = pinned_run(conn, wait="10 s")
+    assert claim(conn, "B") == []
+    with at(conn, 9):
+        assert claim(conn, "B") == []
+    with at(conn, 11):
+        (row,) = claim(conn, "B")
+    assert row[0] == rid
+    # the affinity is kept (it names A): the step on B sees its service lost
+    assert row[3]["worker"] == "A" and row[3]["instance"] == "a1"
+    assert row[3]["info"] == {"service": "browser"} and row[3]["mode"] == "soft"
+
+
+def test_the_holder_claims_its_run_at_once(conn: psycopg.Connection[Any]) -> None:
+    rid = pinned_run(conn, mode="hard", wait="1 hour")
+    assert claim(conn, "B") == []
+    (row,) = claim(conn, "A")
+    assert row[0] == rid and row[1] == 2 and row[3]["mode"] == "hard"
+
+
+def test_a_lapsed_presence_frees_the_run(conn: psycopg.Connection[Any]) -> None:
+    """A SIGKILLed holder renews nothing: once its presence lapses (its lease
+    TTL after its last renewal) anybody may take a hard-pinned run."""
+    rid = pinned_run(conn, mode="hard", wait="1 hour", ttl="30 s")
+    with at(conn, 29):
+        assert claim(conn, "B") == []
+    with at(conn, 31):
+        (row,) = claim(conn, "B")
+    assert row[0] == rid
+
+
+def test_a_clean_stop_frees_the_run_at_once_and_wakes_its_queue(
+    conn: psycopg.Connection[Any], dsn: str
+) -> None:
+    rid = pinned_run(conn, mode="hard", wait="1 hour", queue="browsers")
+    with psycopg.connect(dsn, autocommit=True) as ear:
+        ear.execute("LISTEN pgdurable_wake")
+        assert one(conn, "SELECT pgdurable.worker_absent('A', 'other-instance')") is False
+        assert claim(conn, "B", "browsers") == []
+        assert one(conn, "SELECT pgdurable.worker_absent('A', 'a1')") is True
+        assert [n.payload for n in ear.notifies(timeout=1.0, stop_after=1)] == ["browsers"]
+    (row,) = claim(conn, "B", "browsers")
+    assert row[0] == rid
+
+
+def test_a_restart_under_the_same_id_is_another_instance(
+    conn: psycopg.Connection[Any], dsn: str
+) -> None:
+    rid = pinned_run(conn, mode="hard", wait="1 hour")
+    assert one(conn, PRESENT, "A", "a1", "60 s") is not None  # a renewal: still reserved
+    assert claim(conn, "B") == []
+    with psycopg.connect(dsn, autocommit=True) as ear:
+        ear.execute("LISTEN pgdurable_wake")
+        one(conn, PRESENT, "A", "a2", "60 s")  # A restarted: a2 holds no service of a1
+        assert [n.payload for n in ear.notifies(timeout=1.0, stop_after=1)] == ["default"]
+    (row,) = claim(conn, "B")
+    assert row[0] == rid and row[3]["instance"] == "a1"
+
+
+def test_a_due_timer_is_reserved_like_a_runnable_run(conn: psycopg.Connection[Any]) -> None:
+    one(conn, PRESENT, "A", "a1", "1 hour")
+    rid = one(conn, START, "default")
+    ((_, token, _, _),) = claim(conn, "A")
+    one(conn, PIN, rid, token, "A", "a1", "soft", "10 s", None)
+    assert one(conn, "SELECT status FROM pgdurable.park_run(%s, %s, 'A', '{}', 0, NULL, NULL, "
+               "NULL, interval '5 s')", rid, token) == "waiting"
+    with at(conn, 14):
+        assert claim(conn, "B") == []
+    with at(conn, 16):
+        (row,) = claim(conn, "B")
+    assert row[0] == rid and row[2]["type"] == "timeout"
+    # ... and the holder takes its own timer when due
+    one(conn, PIN, rid, row[1], "B", "b1", "soft", "10 s", None)
+    one(conn, PRESENT, "B", "b1", "1 hour")
+    one(conn, "SELECT status FROM pgdurable.park_run(%s, %s, 'B', '{}', 0, NULL, NULL, NULL, "
+        "interval '5 s')", rid, row[1])
+    with at(conn, 6):
+        assert claim(conn, "A") == []
+        (row,) = claim(conn, "B")
+    assert row[0] == rid
+
+
+def test_next_wakeup_says_when_the_reservation_ends(conn: psycopg.Connection[Any]) -> None:
+    """Workers that may not take a reserved run sleep until its reservation
+    ends (no busy claim loop); the holder sees it due at once."""
+    pinned_run(conn, wait="10 s", ttl="60 s")
+    assert 9 < one(conn, WAKEUP, "default", "B") <= 10
+    assert 9 < one(conn, WAKEUP, "default", None) <= 10
+    assert one(conn, WAKEUP, "default", "A") == 0
+    # the holder's presence lapses first: that is when the others look again
+    conn.execute("UPDATE pgdurable.worker_presence SET until = pgdurable.now() + interval '3 s'")
+    assert 2 < one(conn, WAKEUP, "default", "B") <= 3
+    conn.execute("UPDATE pgdurable.worker_presence SET until = pgdurable.now() - interval '1 s'")
+    assert one(conn, WAKEUP, "default", "B") == 0
+    assert len(claim(conn, "B")) == 1
+
+
+def test_an_expired_lease_is_never_reserved(conn: psycopg.Connection[Any]) -> None:
+    one(conn, PRESENT, "A", "a1", "1 hour")
+    rid = one(conn, START, "default")
+    ((_, token, _, _),) = claim(conn, "A")
+    one(conn, PIN, rid, token, "A", "a1", "hard", "1 hour", None)
+    with at(conn, 61):  # A stalled: its lease lapsed though its presence did not
+        (row,) = claim(conn, "B")
+    assert row[0] == rid and row[1] == token + 1
+
+
+def test_an_unpinned_run_goes_to_anybody(conn: psycopg.Connection[Any]) -> None:
+    rid = pinned_run(conn, mode="hard", wait="1 hour")
+    ((_, token, _, _),) = claim(conn, "A")
+    one(conn, PIN, rid, token, "A", None, None, None, None)
+    one(conn, "SELECT pgdurable.release_run(%s, %s, 'A')", rid, token)
+    (row,) = claim(conn, "B")
+    assert row[0] == rid and row[3] is None
+
+
+def test_a_limited_queue_honours_affinity(conn: psycopg.Connection[Any]) -> None:
+    """Flow-limited queues are claimed by _claim_flow: the same rule."""
+    conn.execute("INSERT INTO pgdurable.queues (name, concurrency) VALUES ('limited', 5)")
+    rid = pinned_run(conn, wait="10 s", queue="limited")
+    plain = one(conn, START, "limited")
+    (row,) = claim(conn, "B", "limited")
+    assert row[0] == plain
+    assert 9 < one(conn, WAKEUP, "limited", "B") <= 10
+    with at(conn, 11):
+        (row,) = claim(conn, "B", "limited")
+    assert row[0] == rid and row[3]["worker"] == "A"
+
+
+def test_the_claim_reads_runs_through_indexes_with_affine_runs(
+    conn: psycopg.Connection[Any]
+) -> None:
+    """PITFALLS #10 with affinity: many parked and finished runs, reserved
+    runnable runs ahead of the plain ones, reserved timers: the claim and the
+    idle poll still read runs only through its partial indexes."""
+    one(conn, PRESENT, "A", "a1", "1 hour")
+    conn.execute("""
+      INSERT INTO pgdurable.runs (task, revision, status, finished_at)
+      SELECT 't', '1', 'completed', now() FROM generate_series(1, 20000);
+      INSERT INTO pgdurable.runs (task, revision, status, wait_kind, wait_ref, wake_at,
+                                  affinity_worker, affinity_instance, affinity_mode,
+                                  affinity_wait)
+      SELECT 't', '1', 'waiting', 'ci', g::text, now() + interval '1 day', 'A', 'a1', 'hard',
+             interval '1 hour' FROM generate_series(1, 5000) g;
+      INSERT INTO pgdurable.runs (task, revision, priority, affinity_worker, affinity_instance,
+                                  affinity_mode, affinity_wait)
+      SELECT 't', '1', 1, 'A', 'a1', 'hard', interval '1 hour' FROM generate_series(1, 20);
+      INSERT INTO pgdurable.runs (task, revision) SELECT 't', '1' FROM generate_series(1, 50);
+      ANALYZE pgdurable.runs;
+    """)
+    with conn.transaction():
+        before = _scans(conn)
+        rows = sql(conn, "SELECT id, affinity FROM pgdurable.claim_runs('B', '{default}', '{t}', "
+                   "'{1}', 5, '60 s')")
+        seq, used = _scans_since(conn, before)
+    assert len(rows) == 5 and all(r[1] is None for r in rows)  # the reserved 20 skipped
+    assert "runs" not in seq, seq
+    assert used >= {"runs_runnable_idx", "runs_leased_idx", "runs_timer_idx"}, used
+    with conn.transaction():
+        before = _scans(conn)
+        sql(conn, WAKEUP, "default", "B")
+        seq, used = _scans_since(conn, before)
+    assert "runs" not in seq, seq
+    (mine,) = sql(conn, "SELECT count(*) FROM pgdurable.claim_runs('A', '{default}', '{t}', "
+                  "'{1}', 30, '60 s') WHERE affinity IS NOT NULL")
+    assert mine == (20,)
+
+
+def _scans(conn: psycopg.Connection[Any]) -> dict[tuple[str, str], int]:
+    """This backend's scan counters on pgdurable's tables: (kind, name) -> scans."""
+    return {(kind, name): int(n) for kind, name, n in conn.execute("""
+      SELECT 'seq', relname, seq_scan FROM pg_stat_xact_user_tables WHERE schemaname = 'pgdurable'
+      UNION ALL
+      SELECT 'idx', indexrelname, pg_stat_get_xact_numscans(indexrelid) FROM pg_stat_user_indexes
+       WHERE schemaname = 'pgdurable'""").fetchall()}
+
+
+def _scans_since(conn: psycopg.Connection[Any],
+                 before: dict[tuple[str, str], int]) -> tuple[set[str], set[str]]:
+    """(tables scanned sequentially, indexes scanned) since ``before``."""
+    grown = {k for k, n in _scans(conn).items() if n > before.get(k, 0)}
+    return {n for k, n in grown if k == "seq"}, {n for k, n in grown if k == "idx"}
+
+
+@pytest.fixture
+async def app(dsn: str) -> AsyncIterator[Durable]:
+    a = Durable(dsn)
+
+    @a.task("t", revision="1")
+    async def t(ctx: pgdurable.RunContext, state: Any) -> Any:
+        return pgdurable.Done(state)
+
+    await a.open()
+    yield a
+    await a.close()
+
+
+async def test_a_run_started_with_the_affinity_of_another(
+    app: Durable, conn: psycopg.Connection[Any], dsn: str
+) -> None:
+    """start(affinity_of=...) copies that run's affinity in the start's own
+    statement; get_run shows it; an unknown run starts nothing."""
+    first = pinned_run(conn, mode="hard", wait="2 min", info='{"sandbox": "s-1"}')
+    info = (await app.get_run(first)).affinity
+    assert isinstance(info, Affinity)
+    assert (info.worker, info.instance, info.mode, info.wait, info.info) == (
+        "A", "a1", "hard", 120.0, {"sandbox": "s-1"})
+    follow = await app.start("t", {"n": 2}, affinity_of=first, metadata={"turn": 2},
+                             idempotency_key="turn-2")
+    got = (await app.get_run(follow)).affinity
+    assert got is not None and (got.worker, got.instance, got.mode, got.wait, got.info) == (
+        "A", "a1", "hard", 120.0, {"sandbox": "s-1"})
+    # composed with the other start options (metadata) in the same statement
+    assert one(conn, "SELECT metadata FROM pgdurable.runs WHERE id = %s", follow) == {"turn": 2}
+    # an idempotent repeat finds the run: nothing changes
+    plain = await app.start("t", {}, idempotency_key="plain")
+    assert await app.start("t", {}, idempotency_key="plain", affinity_of=first) == plain
+    assert (await app.get_run(plain)).affinity is None
+    before = one(conn, "SELECT count(*) FROM pgdurable.runs")
+    with pytest.raises(RunNotFound):
+        await app.start("t", {}, affinity_of=uuid.uuid4())
+    with pytest.raises(ValueError):
+        await app.start("t", {}, affinity_of="not-a-run-id")
+    assert one(conn, "SELECT count(*) FROM pgdurable.runs") == before
+    # the sync client too
+    with pgdurable.DurableClient(dsn) as client:
+        synced = client.get_run(client.start("t", {}, revision="1", affinity_of=first)).affinity
+    assert synced is not None and (synced.worker, synced.mode, synced.info) == (
+        "A", "hard", {"sandbox": "s-1"})
+    # B may not take the follow-ups yet (A is present): only the plain run; A takes them
+    assert [str(r[0]) for r in claim(conn, "B")] == [plain]
+    assert follow in {str(r[0]) for r in claim(conn, "A")}

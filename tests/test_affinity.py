@@ -18,9 +18,20 @@ from typing import Any
 
 import psycopg
 import pytest
+from _waiting import app_running, finished
 
 import pgdurable
-from pgdurable import Affinity, Durable, InvalidInput, LeaseLost, RunNotFound
+from pgdurable import (
+    Affinity,
+    Continue,
+    Done,
+    Durable,
+    InvalidInput,
+    LeaseLost,
+    RunContext,
+    RunNotFound,
+)
+from pgdurable.affinity import PIN as PIN_SQL
 from pgdurable.errors import translate
 
 START = ("SELECT run_id FROM pgdurable.start_run('t', '1', '{}', %s, 0, 3, NULL, NULL, NULL, "
@@ -291,8 +302,8 @@ async def app(dsn: str) -> AsyncIterator[Durable]:
     a = Durable(dsn)
 
     @a.task("t", revision="1")
-    async def t(ctx: pgdurable.RunContext, state: Any) -> Any:
-        return pgdurable.Done(state)
+    async def t(ctx: RunContext, state: Any) -> Any:
+        return Done(state)
 
     await a.open()
     yield a
@@ -334,3 +345,69 @@ async def test_a_run_started_with_the_affinity_of_another(
     # B may not take the follow-ups yet (A is present): only the plain run; A takes them
     assert [str(r[0]) for r in claim(conn, "B")] == [plain]
     assert follow in {str(r[0]) for r in claim(conn, "A")}
+
+
+async def test_a_step_pins_unpins_and_starts_a_child_where_its_service_is(
+    app: Durable, conn: psycopg.Connection[Any]
+) -> None:
+    """The step API in a worker: pin (checked, written once), the affinity kept
+    across the steps of a lease, unpin; a child started with affinity_of the
+    pinned run; the worker's presence written from its first pin, removed when
+    it stops."""
+    seen: list[Any] = []
+
+    @app.task("pinning", revision="1")
+    async def pinning(ctx: RunContext, state: Any) -> Any:
+        if ctx.step == 0:
+            assert ctx.affinity is None and not ctx.service_lost
+            for bad in ({"mode": "sticky"}, {"mode": "soft", "wait": 0},
+                        {"mode": "hard", "wait": 86_401}, {"mode": "soft", "info": [1]}):
+                with pytest.raises((TypeError, ValueError)):
+                    await ctx.pin(**bad)
+            got = await ctx.pin("hard", wait=timedelta(seconds=30), info={"service": "shell"})
+            again = await ctx.pin("hard", wait=30.0, info={"service": "shell"})  # no write
+            seen.append((got, again, ctx.service_lost, one(
+                conn, "SELECT count(*) FROM pgdurable.worker_presence")))
+            child = await ctx.start_child("t", {}, key="c", affinity_of=ctx.run_id)
+            return Continue({"child": child})
+        seen.append((ctx.affinity, ctx.service_lost))
+        await ctx.unpin()
+        await ctx.unpin()  # nothing to clear: no write
+        return Done(ctx.affinity)
+
+    pins: list[tuple[Any, ...]] = []
+    orig = app.fetchone
+
+    async def spy(sql_text: str, params: tuple[Any, ...], **kw: Any) -> Any:
+        if sql_text == PIN_SQL:
+            pins.append(params)
+        return await orig(sql_text, params, **kw)
+
+    app.fetchone = spy  # type: ignore[method-assign]
+    async with app_running(app) as worker:
+        rid = await app.start("pinning", {})
+        info = await finished(app, rid)
+    assert info.status == "completed" and info.result is None and info.affinity is None
+    (got, again, lost, present), (kept, lost_later) = seen
+    assert isinstance(got, Affinity) and got is again and not lost and present == 1
+    assert (got.worker, got.instance, got.mode, got.wait, got.info) == (
+        worker.worker_id, worker.instance, "hard", 30.0, {"service": "shell"})
+    assert kept == got and not lost_later
+    assert [p[4] for p in pins] == ["hard", None]  # one pin, one unpin
+    child = await app.get_run(info.state["child"])
+    assert child.affinity is not None and child.affinity.worker == worker.worker_id
+    assert one(conn, "SELECT count(*) FROM pgdurable.worker_presence") == 0  # withdrawn
+
+
+async def test_a_sync_step_pins_with_pin_sync(app: Durable) -> None:
+    @app.task("sync_pin", revision="1")
+    def sync_pin(ctx: RunContext, state: Any) -> Any:
+        got = ctx.pin_sync("soft", wait=2)
+        lost = ctx.service_lost
+        ctx.unpin_sync()
+        return Done({"mode": got.mode, "wait": got.wait, "lost": lost,
+                     "after": ctx.affinity is None})
+
+    async with app_running(app):
+        info = await finished(app, await app.start("sync_pin", {}))
+    assert info.result == {"mode": "soft", "wait": 2.0, "lost": False, "after": True}

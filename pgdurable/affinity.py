@@ -84,8 +84,9 @@ PIN = ("SELECT pgdurable.pin_run(%s::uuid, %s::bigint, %s::text, %s::text, %s::t
        "%s::interval, %s::jsonb)")
 # -- worker presence: this instance is alive for ttl (returns until)
 PRESENT = "SELECT pgdurable.worker_present(%s::text, %s::text, %s::interval)"
-# -- a clean stop: remove this instance's presence, wake the queues of its reserved runs
-ABSENT = "SELECT pgdurable.worker_absent(%s::text, %s::text)"
+# -- a clean stop: remove this instance's presence and wake its queues (its reserved runs
+# -- are anybody's now); returns whether it was there
+ABSENT = "SELECT pgdurable.worker_absent(%s::text, %s::text, %s::text[])"
 # -- wraps a start statement (its first two columns: run id, created): the run
 # -- started gets the affinity of run %s (same statement: no worker can claim it
 # -- first); returns (run_id, created). Composed by metadata.start_statement

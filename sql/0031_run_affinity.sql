@@ -19,10 +19,11 @@
 -- Whether the holder is there is decided by the database, never by a client's
 -- clock: worker presence (pgdurable.worker_presence, one row per worker id)
 -- says which process instance runs under that id and until when it is known
--- alive. A worker announces itself at start and at every heartbeat tick
--- (worker_present: until = now + its lease TTL) and removes itself on a clean
--- stop (worker_absent). A SIGKILLed worker's row lapses: at most a lease TTL
--- after its last tick, its reserved runs are claimable by anyone -- the same
+-- alive. A worker announces itself before its first pin and then every
+-- heartbeat interval (worker_present: until = now + its lease TTL), and
+-- removes itself on a clean stop (worker_absent); a worker that never pins
+-- writes nothing. A SIGKILLed worker's row lapses: at most a lease TTL after
+-- its last renewal, its reserved runs are claimable by anyone -- the same
 -- moment its leases expire. A worker restarted under the same id is a new
 -- instance: the runs pinned to the old one are no longer reserved. A lapsed
 -- row means the same as no row, so lapsed rows are pruned freely.
@@ -37,8 +38,8 @@
 -- runnable and timer branches keep their partial indexes and LIMITs and gain
 -- one filter, `affinity_worker IS NULL OR affinity_worker = owner OR not
 -- reserved`; for a run without affinity that is one null test, and only an
--- affine candidate costs a primary-key probe of worker_presence
--- (_reserved_until). next_wakeup answers with the same rule, so workers that
+-- affine candidate costs a primary-key probe of worker_presence (THE RULE
+-- below). next_wakeup answers with the same rule, so workers that
 -- may not take a reserved run sleep until its reservation ends or its holder's
 -- presence would lapse (no busy claim loop, invariant 7), and the holder
 -- (p_owner, new optional argument) sees it due at once. A reserved run always
@@ -94,30 +95,29 @@ COMMENT ON COLUMN pgdurable.runs.affinity_info IS
   'What the holder holds (a JSON object the step chose, e.g. {"service": "browser"}), or NULL.';
 COMMENT ON COLUMN pgdurable.runs.affinity_since IS 'When the run was pinned to its holder.';
 
--- The runs that may be reserved for a worker: its clean stop (worker_absent)
--- and a restart under its id (worker_present) wake their queues at once.
--- Only affinity_worker is indexed: heartbeats stay HOT.
-CREATE INDEX runs_affinity_idx ON pgdurable.runs (affinity_worker)
-  WHERE affinity_worker IS NOT NULL AND status IN ('runnable', 'waiting');
+-- No index on the affinity columns: every statement that writes runs opens
+-- every index of runs, and nothing needs to find the runs pinned to a worker
+-- (a stopping worker wakes its own queues, worker_absent).
 
 ------------------------------------------------------------------------------
--- pgdurable._reserved_until(ready, worker, instance, wait, now) -> timestamptz
--- The rule of the file header for one affine run that is ready at `ready`:
--- while the holder (worker, instance) is present at `now`, the run is reserved
--- until least(ready + wait, the holder's presence until); NULL when the holder
--- is not present (not reserved). The claim takes a run when this is NULL or
--- <= now; next_wakeup reports it due then. One primary-key probe.
+-- THE RULE, written out where it is used (the runnable and timer branches of
+-- claim_runs and _claim_flow, the runnable and timer minima of next_wakeup:
+-- keep them in step). For an affine run r ready at `ready` (available_at, or
+-- wake_at for a timer):
+--   reserved_until = (SELECT least(ready + r.affinity_wait, w.until)
+--                       FROM pgdurable.worker_presence w
+--                      WHERE w.worker_id = r.affinity_worker
+--                        AND w.instance = r.affinity_instance AND w.until > now)
+-- i.e. while the holder (that worker id, that process instance) is present, the
+-- run is reserved until ready + wait, or until the holder's presence would
+-- lapse if that is sooner (then asked again); NULL when the holder is not
+-- present: not reserved. The claim takes r when affinity_worker IS NULL, or
+-- is the claimer, or coalesce(reserved_until <= now, true); next_wakeup reports
+-- it due at greatest(ready, coalesce(reserved_until, ready)). A correlated
+-- subquery rather than a function: it runs only for affine candidates (the OR
+-- stops at the null test for the others) and costs one primary-key probe, no
+-- call (a function of ours carries a SET search_path, applied per call).
 ------------------------------------------------------------------------------
-CREATE FUNCTION pgdurable._reserved_until(p_ready timestamptz, p_worker text, p_instance text,
-                                          p_wait interval, p_now timestamptz)
-RETURNS timestamptz
-LANGUAGE sql STABLE
-SET search_path = pg_catalog, pgdurable, pg_temp AS $$
-  SELECT least(p_ready + p_wait, w.until) FROM pgdurable.worker_presence w
-   WHERE w.worker_id = p_worker AND w.instance = p_instance AND w.until > p_now
-$$;
-COMMENT ON FUNCTION pgdurable._reserved_until(timestamptz, text, text, interval, timestamptz) IS
-  'Internal: until when a ready affine run is reserved for its present holder (NULL: not reserved).';
 
 ------------------------------------------------------------------------------
 -- pgdurable._affinity_record(worker, instance, mode, wait, info, since) -> jsonb
@@ -142,9 +142,10 @@ COMMENT ON FUNCTION pgdurable._affinity_record(text, text, text, interval, jsonb
 -- "Worker `worker` runs as process `instance` and is alive for `ttl`": its
 -- presence row says so until now + ttl (returned). Another instance under the
 -- same id replaces the old one (a restart): the runs pinned to the old one
--- are no longer reserved, so their queues are woken (NOTIFY pgdurable_wake),
--- and rows lapsed more than an hour ago are pruned then. An empty worker or
--- instance, or a ttl outside (0, 1 day], raises PD000 and changes nothing.
+-- are no longer reserved (the restarted worker itself claims them first: they
+-- still name its id), and rows lapsed more than an hour ago are pruned then.
+-- An empty worker or instance, or a ttl outside (0, 1 day], raises PD000 and
+-- changes nothing.
 ------------------------------------------------------------------------------
 CREATE FUNCTION pgdurable.worker_present(p_worker text, p_instance text, p_ttl interval)
 RETURNS timestamptz
@@ -176,11 +177,6 @@ BEGIN
   ON CONFLICT (worker_id) DO UPDATE
      SET instance = excluded.instance, since = excluded.since, until = excluded.until
   RETURNING w.until INTO v_until;
-  IF v_old IS NOT NULL THEN
-    PERFORM pg_notify('pgdurable_wake', q.queue)
-       FROM (SELECT DISTINCT r.queue FROM pgdurable.runs r
-              WHERE r.affinity_worker = p_worker AND r.status IN ('runnable', 'waiting')) q;
-  END IF;
   DELETE FROM pgdurable.worker_presence w WHERE w.until < v_now - interval '1 hour';
   RETURN v_until;
 END
@@ -189,13 +185,14 @@ COMMENT ON FUNCTION pgdurable.worker_present(text, text, interval) IS
   'Announce or renew a worker''s presence (this process instance, alive for ttl); returns until.';
 
 ------------------------------------------------------------------------------
--- pgdurable.worker_absent(worker, instance) -> boolean
+-- pgdurable.worker_absent(worker, instance, queues) -> boolean
 -- A worker that stops cleanly removes its presence row (only if it is still
--- the row of this instance: a newer instance under the same id keeps its own)
--- and wakes the queues of the runs reserved for it, which anyone may claim
--- now. Returns whether a row was removed.
+-- the row of this instance: a newer instance under the same id keeps its own):
+-- the runs reserved for it are anybody's now, and its queues (where it claimed
+-- them) are woken, NOTIFY pgdurable_wake, once per queue. Returns whether a row
+-- was removed (nothing is sent otherwise).
 ------------------------------------------------------------------------------
-CREATE FUNCTION pgdurable.worker_absent(p_worker text, p_instance text)
+CREATE FUNCTION pgdurable.worker_absent(p_worker text, p_instance text, p_queues text[])
 RETURNS boolean
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pgdurable, pg_temp AS $$
@@ -205,14 +202,12 @@ BEGIN
   IF NOT FOUND THEN
     RETURN false;
   END IF;
-  PERFORM pg_notify('pgdurable_wake', q.queue)
-     FROM (SELECT DISTINCT r.queue FROM pgdurable.runs r
-            WHERE r.affinity_worker = p_worker AND r.status IN ('runnable', 'waiting')) q;
+  PERFORM pg_notify('pgdurable_wake', q) FROM (SELECT DISTINCT unnest(p_queues) AS q) u;
   RETURN true;
 END
 $$;
-COMMENT ON FUNCTION pgdurable.worker_absent(text, text) IS
-  'A cleanly stopping worker removes its presence; the runs reserved for it are claimable at once.';
+COMMENT ON FUNCTION pgdurable.worker_absent(text, text, text[]) IS
+  'A cleanly stopping worker removes its presence and wakes its queues: its reserved runs are free.';
 
 ------------------------------------------------------------------------------
 -- pgdurable.pin_run(id, token, owner, instance, mode, wait, info) -> jsonb
@@ -395,8 +390,11 @@ BEGIN
          WHERE r.status = 'waiting' AND r.wake_at IS NOT NULL AND r.queue = p_queue
            AND r.wake_at <= p_now AND (r.task, r.revision) IN (SELECT p.t, p.v FROM pairs p)
            AND (r.affinity_worker IS NULL OR r.affinity_worker = p_owner
-                OR coalesce(pgdurable._reserved_until(r.wake_at, r.affinity_worker,
-                     r.affinity_instance, r.affinity_wait, p_now) <= p_now, true))
+                OR coalesce((SELECT least(r.wake_at + r.affinity_wait, w.until)
+                                   FROM pgdurable.worker_presence w
+                                  WHERE w.worker_id = r.affinity_worker AND w.instance = r.affinity_instance
+                                    AND w.until > p_now)
+                            <= p_now, true))
          ORDER BY r.wake_at
          LIMIT v_allow FOR UPDATE SKIP LOCKED
       )
@@ -470,8 +468,11 @@ BEGIN
                  AND (r.task, r.revision) IN (SELECT u.t, u.v FROM unnest(p_tasks, p_revisions) AS u(t, v))
                  AND NOT (r.id = ANY (v_ids))
                  AND (r.affinity_worker IS NULL OR r.affinity_worker = p_owner
-                      OR coalesce(pgdurable._reserved_until(r.available_at, r.affinity_worker,
-                           r.affinity_instance, r.affinity_wait, p_now) <= p_now, true))
+                      OR coalesce((SELECT least(r.available_at + r.affinity_wait, w.until)
+                                         FROM pgdurable.worker_presence w
+                                        WHERE w.worker_id = r.affinity_worker AND w.instance = r.affinity_instance
+                                          AND w.until > p_now)
+                                  <= p_now, true))
                ORDER BY r.priority DESC, r.available_at
                LIMIT v_room FOR UPDATE SKIP LOCKED
             LOOP
@@ -609,8 +610,11 @@ BEGIN
           WHERE r.status = 'runnable' AND r.queue = qn.name AND r.available_at <= v_now
             AND (r.task, r.revision) IN (SELECT p.t, p.v FROM pairs p)
             AND (r.affinity_worker IS NULL OR r.affinity_worker = p_owner
-                 OR coalesce(pgdurable._reserved_until(r.available_at, r.affinity_worker,
-                      r.affinity_instance, r.affinity_wait, v_now) <= v_now, true))
+                 OR coalesce((SELECT least(r.available_at + r.affinity_wait, w.until)
+                                    FROM pgdurable.worker_presence w
+                                   WHERE w.worker_id = r.affinity_worker AND w.instance = r.affinity_instance
+                                     AND w.until > v_now)
+                             <= v_now, true))
           ORDER BY r.priority DESC, r.available_at
           LIMIT p_limit FOR UPDATE SKIP LOCKED) x
        ORDER BY x.priority DESC, x.available_at
@@ -636,8 +640,11 @@ BEGIN
        WHERE r.status = 'waiting' AND r.wake_at IS NOT NULL AND r.queue = ANY (v_queues)
          AND r.wake_at <= v_now AND (r.task, r.revision) IN (SELECT p.t, p.v FROM pairs p)
          AND (r.affinity_worker IS NULL OR r.affinity_worker = p_owner
-              OR coalesce(pgdurable._reserved_until(r.wake_at, r.affinity_worker,
-                   r.affinity_instance, r.affinity_wait, v_now) <= v_now, true))
+              OR coalesce((SELECT least(r.wake_at + r.affinity_wait, w.until)
+                                 FROM pgdurable.worker_presence w
+                                WHERE w.worker_id = r.affinity_worker AND w.instance = r.affinity_instance
+                                  AND w.until > v_now)
+                          <= v_now, true))
        ORDER BY r.wake_at
        LIMIT p_limit FOR UPDATE SKIP LOCKED
     ), cand AS MATERIALIZED (
@@ -707,7 +714,7 @@ COMMENT ON FUNCTION pgdurable.claim_runs(text, text[], text[], text[], integer, 
 -- next_wakeup(queues, tasks, revisions, owner DEFAULT NULL): as in
 -- 0016_flow_control (flow-aware), with the affinity rule: a ready run reserved
 -- for a present holder other than p_owner is due when its reservation ends
--- (_reserved_until: ready + wait, or earlier when its holder's presence would
+-- (THE RULE: ready + wait, or earlier when its holder's presence would
 -- lapse; asked again then if the holder renewed it). For p_owner's own runs,
 -- and for runs without affinity, the due time is the same as before.
 ------------------------------------------------------------------------------
@@ -727,14 +734,20 @@ BEGIN
     )
     SELECT least(
       (SELECT min(CASE WHEN r.affinity_worker IS NULL OR r.affinity_worker = p_owner THEN r.available_at
-                 ELSE greatest(r.available_at, coalesce(pgdurable._reserved_until(r.available_at,
-                        r.affinity_worker, r.affinity_instance, r.affinity_wait, v_now), r.available_at))
+                 ELSE greatest(r.available_at, coalesce((SELECT least(r.available_at + r.affinity_wait, w.until)
+                           FROM pgdurable.worker_presence w
+                          WHERE w.worker_id = r.affinity_worker AND w.instance = r.affinity_instance
+                            AND w.until > v_now),
+                        r.available_at))
             END) FROM pgdurable.runs r
         WHERE r.status = 'runnable' AND r.queue = ANY (p_queues)
           AND (r.task, r.revision) IN (SELECT p.t, p.v FROM pairs p)),
       (SELECT min(CASE WHEN r.affinity_worker IS NULL OR r.affinity_worker = p_owner THEN r.wake_at
-                 ELSE greatest(r.wake_at, coalesce(pgdurable._reserved_until(r.wake_at,
-                        r.affinity_worker, r.affinity_instance, r.affinity_wait, v_now), r.wake_at))
+                 ELSE greatest(r.wake_at, coalesce((SELECT least(r.wake_at + r.affinity_wait, w.until)
+                           FROM pgdurable.worker_presence w
+                          WHERE w.worker_id = r.affinity_worker AND w.instance = r.affinity_instance
+                            AND w.until > v_now),
+                        r.wake_at))
             END) FROM pgdurable.runs r
         WHERE r.status = 'waiting' AND r.wake_at IS NOT NULL AND r.queue = ANY (p_queues)
           AND (r.task, r.revision) IN (SELECT p.t, p.v FROM pairs p)),
@@ -769,15 +782,21 @@ BEGIN
     (SELECT min(greatest(w.at, qs.token_at)) FROM qs CROSS JOIN LATERAL (
        SELECT least(
          (SELECT min(CASE WHEN r.affinity_worker IS NULL OR r.affinity_worker = p_owner THEN r.available_at
-                 ELSE greatest(r.available_at, coalesce(pgdurable._reserved_until(r.available_at,
-                        r.affinity_worker, r.affinity_instance, r.affinity_wait, v_now), r.available_at))
+                 ELSE greatest(r.available_at, coalesce((SELECT least(r.available_at + r.affinity_wait, w.until)
+                           FROM pgdurable.worker_presence w
+                          WHERE w.worker_id = r.affinity_worker AND w.instance = r.affinity_instance
+                            AND w.until > v_now),
+                        r.available_at))
             END) FROM pgdurable.runs r
            WHERE r.status = 'runnable' AND r.queue = qs.name
              AND (cardinality(qs.saturated) = 0 OR r.concurrency_key <> ALL (qs.saturated))
              AND (r.task, r.revision) IN (SELECT p.t, p.v FROM pairs p)),
          (SELECT min(CASE WHEN r.affinity_worker IS NULL OR r.affinity_worker = p_owner THEN r.wake_at
-                 ELSE greatest(r.wake_at, coalesce(pgdurable._reserved_until(r.wake_at,
-                        r.affinity_worker, r.affinity_instance, r.affinity_wait, v_now), r.wake_at))
+                 ELSE greatest(r.wake_at, coalesce((SELECT least(r.wake_at + r.affinity_wait, w.until)
+                           FROM pgdurable.worker_presence w
+                          WHERE w.worker_id = r.affinity_worker AND w.instance = r.affinity_instance
+                            AND w.until > v_now),
+                        r.wake_at))
             END) FROM pgdurable.runs r
            WHERE r.status = 'waiting' AND r.wake_at IS NOT NULL AND r.queue = qs.name
              AND (r.task, r.revision) IN (SELECT p.t, p.v FROM pairs p))) AS at) w

@@ -151,7 +151,7 @@ class WorkerBase:
         self._ticker = Ticker(app, self.queues)  # fires due schedule ticks (schedules.py)
         # announced at the first pin, renewed each heartbeat interval (engine/presence.py)
         self._presence = WorkerPresence(app, self.worker_id, self.instance, self.ttl,
-                                        self.heartbeat_interval)
+                                        self.heartbeat_interval, self.queues)
 
     def _busy(self) -> int:
         """Slots in use: the runs held, less those whose last write is being sent."""

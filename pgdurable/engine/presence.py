@@ -7,8 +7,8 @@ worker's first pin: a worker that never pins a run costs no statement more.
 From then on it renews the row every heartbeat interval for one lease TTL
 (ONE ``pgdurable.worker_present`` statement, from its own task: a slow renewal
 never delays the lease heartbeat), and removes it on a clean stop
-(``pgdurable.worker_absent``, which wakes the queues of the runs reserved for
-it). A killed worker's row lapses a lease TTL after its last renewal at most.
+(``pgdurable.worker_absent``, which wakes its queues: the runs reserved for
+it, which it claimed there, are anybody's now). A killed worker's row lapses a lease TTL after its last renewal at most.
 Failures are logged: a missing row only means that the worker's runs are not
 reserved for it (any worker may take them), never that one is lost.
 """
@@ -41,8 +41,9 @@ class WorkerPresence:
     :meth:`withdraw` on a clean stop."""
 
     def __init__(self, app: App, worker_id: str, instance: str, ttl: float,
-                 every: float) -> None:
+                 every: float, queues: list[str]) -> None:
         self.app, self.worker_id, self.instance = app, worker_id, instance
+        self.queues = queues
         self.ttl, self.every = timedelta(seconds=ttl), every
         self.count = 0  # worker_present statements issued
         self._lock = asyncio.Lock()
@@ -90,7 +91,7 @@ class WorkerPresence:
         await asyncio.gather(task, return_exceptions=True)
         try:
             async with asyncio.timeout(5.0):
-                await self.app.fetchone(ABSENT, (self.worker_id, self.instance))
+                await self.app.fetchone(ABSENT, (self.worker_id, self.instance, self.queues))
         except (TimeoutError, *_DB_ERRORS) as exc:
             log.warning("worker %s: presence not withdrawn (%s); it lapses within %.0f s",
                         self.worker_id, exc, self.ttl.total_seconds())

@@ -19,6 +19,7 @@ from typing import Any
 import psycopg
 import pytest
 from _waiting import app_running, finished
+from typer.testing import CliRunner
 
 import pgdurable
 from pgdurable import (
@@ -31,6 +32,7 @@ from pgdurable import (
     RunContext,
     RunNotFound,
 )
+from pgdurable import cli as cli_module
 from pgdurable.affinity import PIN as PIN_SQL
 from pgdurable.errors import translate
 
@@ -409,3 +411,12 @@ async def test_a_sync_step_pins_with_pin_sync(app: Durable) -> None:
     async with app_running(app):
         info = await finished(app, await app.start("sync_pin", {}))
     assert info.result == {"mode": "soft", "wait": 2.0, "lost": False, "after": True}
+
+
+def test_pgdurable_run_shows_the_affinity(conn: psycopg.Connection[Any], dsn: str,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(cli_module.out, "width", 250)
+    rid = pinned_run(conn, mode="hard", wait="2 min")
+    r = CliRunner().invoke(cli_module.app, ["run", str(rid), "--dsn", dsn], catch_exceptions=False)
+    assert r.exit_code == 0
+    assert "hard to worker A (wait 00:02:00)" in r.stdout and '"service": "browser"' in r.stdout

@@ -38,7 +38,7 @@
 -- runnable and timer branches keep their partial indexes and LIMITs and gain
 -- one filter, `affinity_worker IS NULL OR affinity_worker = owner OR not
 -- reserved`; for a run without affinity that is one null test, and only an
--- affine candidate costs a primary-key probe of worker_presence (THE RULE
+-- affine candidate reads worker_presence (once per statement: THE RULE
 -- below). next_wakeup answers with the same rule, so workers that
 -- may not take a reserved run sleep until its reservation ends or its holder's
 -- presence would lapse (no busy claim loop, invariant 7), and the holder
@@ -102,21 +102,23 @@ COMMENT ON COLUMN pgdurable.runs.affinity_since IS 'When the run was pinned to i
 ------------------------------------------------------------------------------
 -- THE RULE, written out where it is used (the runnable and timer branches of
 -- claim_runs and _claim_flow, the runnable and timer minima of next_wakeup:
--- keep them in step). For an affine run r ready at `ready` (available_at, or
--- wake_at for a timer):
---   reserved_until = (SELECT least(ready + r.affinity_wait, w.until)
---                       FROM pgdurable.worker_presence w
---                      WHERE w.worker_id = r.affinity_worker
---                        AND w.instance = r.affinity_instance AND w.until > now)
--- i.e. while the holder (that worker id, that process instance) is present, the
--- run is reserved until ready + wait, or until the holder's presence would
--- lapse if that is sooner (then asked again); NULL when the holder is not
--- present: not reserved. The claim takes r when affinity_worker IS NULL, or
--- is the claimer, or coalesce(reserved_until <= now, true); next_wakeup reports
--- it due at greatest(ready, coalesce(reserved_until, ready)). A correlated
--- subquery rather than a function: it runs only for affine candidates (the OR
--- stops at the null test for the others) and costs one primary-key probe, no
--- call (a function of ours carries a SET search_path, applied per call).
+-- keep them in step). An affine run r is ready at X (available_at, or wake_at
+-- for a timer); its holder's presence until, U, is looked up in
+--   PRESENT = (SELECT jsonb_object_agg(w.worker_id || E'\x1f' || w.instance, w.until)
+--                FROM pgdurable.worker_presence w WHERE w.until > now)
+--   U = (PRESENT ->> (r.affinity_worker || E'\x1f' || r.affinity_instance))::timestamptz
+-- (NULL: the holder -- that worker id, that process instance -- is not present).
+-- r is reserved for its holder while U IS NOT NULL and X + r.affinity_wait > now.
+-- The claim takes r when affinity_worker IS NULL, or is the claimer, or
+-- X + affinity_wait <= now, or U IS NULL; next_wakeup reports r due at
+-- greatest(X, least(X + affinity_wait, coalesce(U, X))): when its window ends,
+-- or when its holder's presence would lapse (asked again then if it was renewed).
+-- PRESENT is an uncorrelated subquery: an InitPlan, evaluated at most once per
+-- statement and only when an affine candidate reaches it (the OR stops at the
+-- null test for the others), and costed once by the planner. A correlated probe
+-- of worker_presence instead is costed per candidate row: the estimate of the
+-- claim's timer branch (a generic plan) passed jit_above_cost, and every claim
+-- was JIT-compiled (~50 ms).
 ------------------------------------------------------------------------------
 
 ------------------------------------------------------------------------------
@@ -390,11 +392,10 @@ BEGIN
          WHERE r.status = 'waiting' AND r.wake_at IS NOT NULL AND r.queue = p_queue
            AND r.wake_at <= p_now AND (r.task, r.revision) IN (SELECT p.t, p.v FROM pairs p)
            AND (r.affinity_worker IS NULL OR r.affinity_worker = p_owner
-                OR coalesce((SELECT least(r.wake_at + r.affinity_wait, w.until)
-                                   FROM pgdurable.worker_presence w
-                                  WHERE w.worker_id = r.affinity_worker AND w.instance = r.affinity_instance
-                                    AND w.until > p_now)
-                            <= p_now, true))
+                OR r.wake_at + r.affinity_wait <= p_now
+                OR ((SELECT jsonb_object_agg(w.worker_id || E'\x1f' || w.instance, w.until)
+                       FROM pgdurable.worker_presence w WHERE w.until > p_now)
+                     ->> (r.affinity_worker || E'\x1f' || r.affinity_instance)) IS NULL)
          ORDER BY r.wake_at
          LIMIT v_allow FOR UPDATE SKIP LOCKED
       )
@@ -468,11 +469,10 @@ BEGIN
                  AND (r.task, r.revision) IN (SELECT u.t, u.v FROM unnest(p_tasks, p_revisions) AS u(t, v))
                  AND NOT (r.id = ANY (v_ids))
                  AND (r.affinity_worker IS NULL OR r.affinity_worker = p_owner
-                      OR coalesce((SELECT least(r.available_at + r.affinity_wait, w.until)
-                                         FROM pgdurable.worker_presence w
-                                        WHERE w.worker_id = r.affinity_worker AND w.instance = r.affinity_instance
-                                          AND w.until > p_now)
-                                  <= p_now, true))
+                      OR r.available_at + r.affinity_wait <= p_now
+                      OR ((SELECT jsonb_object_agg(w.worker_id || E'\x1f' || w.instance, w.until)
+                             FROM pgdurable.worker_presence w WHERE w.until > p_now)
+                           ->> (r.affinity_worker || E'\x1f' || r.affinity_instance)) IS NULL)
                ORDER BY r.priority DESC, r.available_at
                LIMIT v_room FOR UPDATE SKIP LOCKED
             LOOP
@@ -610,11 +610,10 @@ BEGIN
           WHERE r.status = 'runnable' AND r.queue = qn.name AND r.available_at <= v_now
             AND (r.task, r.revision) IN (SELECT p.t, p.v FROM pairs p)
             AND (r.affinity_worker IS NULL OR r.affinity_worker = p_owner
-                 OR coalesce((SELECT least(r.available_at + r.affinity_wait, w.until)
-                                    FROM pgdurable.worker_presence w
-                                   WHERE w.worker_id = r.affinity_worker AND w.instance = r.affinity_instance
-                                     AND w.until > v_now)
-                             <= v_now, true))
+                 OR r.available_at + r.affinity_wait <= v_now
+                 OR ((SELECT jsonb_object_agg(w.worker_id || E'\x1f' || w.instance, w.until)
+                        FROM pgdurable.worker_presence w WHERE w.until > v_now)
+                      ->> (r.affinity_worker || E'\x1f' || r.affinity_instance)) IS NULL)
           ORDER BY r.priority DESC, r.available_at
           LIMIT p_limit FOR UPDATE SKIP LOCKED) x
        ORDER BY x.priority DESC, x.available_at
@@ -640,11 +639,10 @@ BEGIN
        WHERE r.status = 'waiting' AND r.wake_at IS NOT NULL AND r.queue = ANY (v_queues)
          AND r.wake_at <= v_now AND (r.task, r.revision) IN (SELECT p.t, p.v FROM pairs p)
          AND (r.affinity_worker IS NULL OR r.affinity_worker = p_owner
-              OR coalesce((SELECT least(r.wake_at + r.affinity_wait, w.until)
-                                 FROM pgdurable.worker_presence w
-                                WHERE w.worker_id = r.affinity_worker AND w.instance = r.affinity_instance
-                                  AND w.until > v_now)
-                          <= v_now, true))
+              OR r.wake_at + r.affinity_wait <= v_now
+              OR ((SELECT jsonb_object_agg(w.worker_id || E'\x1f' || w.instance, w.until)
+                     FROM pgdurable.worker_presence w WHERE w.until > v_now)
+                   ->> (r.affinity_worker || E'\x1f' || r.affinity_instance)) IS NULL)
        ORDER BY r.wake_at
        LIMIT p_limit FOR UPDATE SKIP LOCKED
     ), cand AS MATERIALIZED (
@@ -734,20 +732,20 @@ BEGIN
     )
     SELECT least(
       (SELECT min(CASE WHEN r.affinity_worker IS NULL OR r.affinity_worker = p_owner THEN r.available_at
-                 ELSE greatest(r.available_at, coalesce((SELECT least(r.available_at + r.affinity_wait, w.until)
-                           FROM pgdurable.worker_presence w
-                          WHERE w.worker_id = r.affinity_worker AND w.instance = r.affinity_instance
-                            AND w.until > v_now),
-                        r.available_at))
+                 ELSE greatest(r.available_at, least(r.available_at + r.affinity_wait, coalesce(
+                   ((SELECT jsonb_object_agg(w.worker_id || E'\x1f' || w.instance, w.until)
+                       FROM pgdurable.worker_presence w WHERE w.until > v_now)
+                     ->> (r.affinity_worker || E'\x1f' || r.affinity_instance))::timestamptz,
+                   r.available_at)))
             END) FROM pgdurable.runs r
         WHERE r.status = 'runnable' AND r.queue = ANY (p_queues)
           AND (r.task, r.revision) IN (SELECT p.t, p.v FROM pairs p)),
       (SELECT min(CASE WHEN r.affinity_worker IS NULL OR r.affinity_worker = p_owner THEN r.wake_at
-                 ELSE greatest(r.wake_at, coalesce((SELECT least(r.wake_at + r.affinity_wait, w.until)
-                           FROM pgdurable.worker_presence w
-                          WHERE w.worker_id = r.affinity_worker AND w.instance = r.affinity_instance
-                            AND w.until > v_now),
-                        r.wake_at))
+                 ELSE greatest(r.wake_at, least(r.wake_at + r.affinity_wait, coalesce(
+                   ((SELECT jsonb_object_agg(w.worker_id || E'\x1f' || w.instance, w.until)
+                       FROM pgdurable.worker_presence w WHERE w.until > v_now)
+                     ->> (r.affinity_worker || E'\x1f' || r.affinity_instance))::timestamptz,
+                   r.wake_at)))
             END) FROM pgdurable.runs r
         WHERE r.status = 'waiting' AND r.wake_at IS NOT NULL AND r.queue = ANY (p_queues)
           AND (r.task, r.revision) IN (SELECT p.t, p.v FROM pairs p)),
@@ -782,21 +780,21 @@ BEGIN
     (SELECT min(greatest(w.at, qs.token_at)) FROM qs CROSS JOIN LATERAL (
        SELECT least(
          (SELECT min(CASE WHEN r.affinity_worker IS NULL OR r.affinity_worker = p_owner THEN r.available_at
-                 ELSE greatest(r.available_at, coalesce((SELECT least(r.available_at + r.affinity_wait, w.until)
-                           FROM pgdurable.worker_presence w
-                          WHERE w.worker_id = r.affinity_worker AND w.instance = r.affinity_instance
-                            AND w.until > v_now),
-                        r.available_at))
+                 ELSE greatest(r.available_at, least(r.available_at + r.affinity_wait, coalesce(
+                   ((SELECT jsonb_object_agg(w.worker_id || E'\x1f' || w.instance, w.until)
+                       FROM pgdurable.worker_presence w WHERE w.until > v_now)
+                     ->> (r.affinity_worker || E'\x1f' || r.affinity_instance))::timestamptz,
+                   r.available_at)))
             END) FROM pgdurable.runs r
            WHERE r.status = 'runnable' AND r.queue = qs.name
              AND (cardinality(qs.saturated) = 0 OR r.concurrency_key <> ALL (qs.saturated))
              AND (r.task, r.revision) IN (SELECT p.t, p.v FROM pairs p)),
          (SELECT min(CASE WHEN r.affinity_worker IS NULL OR r.affinity_worker = p_owner THEN r.wake_at
-                 ELSE greatest(r.wake_at, coalesce((SELECT least(r.wake_at + r.affinity_wait, w.until)
-                           FROM pgdurable.worker_presence w
-                          WHERE w.worker_id = r.affinity_worker AND w.instance = r.affinity_instance
-                            AND w.until > v_now),
-                        r.wake_at))
+                 ELSE greatest(r.wake_at, least(r.wake_at + r.affinity_wait, coalesce(
+                   ((SELECT jsonb_object_agg(w.worker_id || E'\x1f' || w.instance, w.until)
+                       FROM pgdurable.worker_presence w WHERE w.until > v_now)
+                     ->> (r.affinity_worker || E'\x1f' || r.affinity_instance))::timestamptz,
+                   r.wake_at)))
             END) FROM pgdurable.runs r
            WHERE r.status = 'waiting' AND r.wake_at IS NOT NULL AND r.queue = qs.name
              AND (r.task, r.revision) IN (SELECT p.t, p.v FROM pairs p))) AS at) w

@@ -2,7 +2,8 @@
 
 :class:`Fleet` starts named workers of one test app (a module in tests/, run
 with ``PYTHONPATH=tests`` and ``PGDURABLE_DSN``), each with its own log file;
-each sees its name in ``AFFINITY_WORKER`` (and ``--worker-id``). Whatever is
+each sees its name in ``AFFINITY_WORKER`` (and ``--worker-id``). Used by
+tests/test_crash.py and tests/test_affinity_procs.py. Whatever is
 still running at the end of the test is SIGKILLed. Waits are bounded by
 WAIT_LIMIT only to keep a broken test from hanging.
 """
@@ -25,7 +26,7 @@ class WorkerProc:
     """One worker subprocess."""
 
     def __init__(self, dsn: str, log_dir: Path, app: str, name: str, *, queues: str,
-                 ttl: float, poll: float, concurrency: int) -> None:
+                 ttl: float, poll: float, concurrency: int, grace: float) -> None:
         self.name = name
         self.log_path = log_dir / f"worker-{name}.log"
         env = {**os.environ, "PYTHONPATH": f"{TESTS}{os.pathsep}{ROOT}",
@@ -34,7 +35,7 @@ class WorkerProc:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "pgdurable.worker", app, "--queues", queues,
                  "--lease-ttl", str(ttl), "--poll", str(poll), "--concurrency", str(concurrency),
-                 "--grace", "5", "--worker-id", name],
+                 "--grace", str(grace), "--worker-id", name],
                 env=env, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
 
     @property
@@ -50,8 +51,9 @@ class WorkerProc:
         self.proc.wait(timeout=WAIT_LIMIT)
 
     def terminate(self) -> int:
-        """A clean stop (SIGTERM); the exit code."""
+        """SIGCONT (in case it is stopped) + SIGTERM, a clean stop; the exit code."""
         if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGCONT)
             self.proc.send_signal(signal.SIGTERM)
         return self.proc.wait(timeout=WAIT_LIMIT)
 
@@ -64,9 +66,9 @@ class Fleet:
         self.all: list[WorkerProc] = []
 
     def start(self, name: str, *, queues: str = "default", ttl: float = 2.0,
-              poll: float = 60.0, concurrency: int = 2) -> WorkerProc:
+              poll: float = 60.0, concurrency: int = 4, grace: float = 30.0) -> WorkerProc:
         w = WorkerProc(self.dsn, self.log_dir, self.app, name, queues=queues, ttl=ttl,
-                       poll=poll, concurrency=concurrency)
+                       poll=poll, concurrency=concurrency, grace=grace)
         self.all.append(w)
         return w
 

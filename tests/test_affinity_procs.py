@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -114,6 +115,21 @@ def holder_pinned(conn: psycopg.Connection[Any], fleet: Fleet, mode: str, wait: 
     return a, rid, logged(conn, rid, 0)[4]
 
 
+@contextmanager
+def holder_busy(conn: psycopg.Connection[Any], fleet: Fleet, dsn: str) -> Iterator[Any]:
+    """Workers b and c up and listening, and the holder a busy: its one slot
+    held by a gated run (in a queue only a serves) until the block ends."""
+    fleet.start("b", concurrency=2)
+    fleet.start("c", concurrency=2)
+    listening(conn, 3)
+    with psycopg.connect(dsn, autocommit=True) as gatekeeper:
+        gatekeeper.execute("SELECT pg_advisory_lock(%s)", (GATE_KEY,))
+        start(conn, "gate", {"key": GATE_KEY}, queue="a-only")
+        wait_for(lambda: blocked_on_gate(conn), "a to be busy with the gate")
+        yield
+        gatekeeper.execute("SELECT pg_advisory_unlock(%s)", (GATE_KEY,))
+
+
 def test_a_killed_holder_s_run_continues_elsewhere_and_rebuilds(
     db: psycopg.Connection[Any], fleet: Fleet
 ) -> None:
@@ -122,8 +138,8 @@ def test_a_killed_holder_s_run_continues_elsewhere_and_rebuilds(
     and b or c claims it: the step sees its service lost, rebuilds the browser
     from the checkpoint (page-1) and pins the run to itself."""
     a, rid, session = holder_pinned(db, fleet, "hard", 3600, 4)
-    fleet.start("b")
-    fleet.start("c")
+    fleet.start("b", concurrency=2)
+    fleet.start("c", concurrency=2)
     listening(db, 3)
     db.execute(SIGNAL, (rid,))
     assert logged(db, rid, 1) == ("a", False, False, None, session)  # a is alive: a
@@ -154,7 +170,7 @@ def test_a_holder_killed_mid_step_is_recovered_with_its_service_lost(
     rid = start(db, "browse", {"mode": "soft", "wait": 60, "n": 3, "hang_at": 1})
     session = logged(db, rid, 0)[4]
     parked(db, rid)
-    fleet.start("b")
+    fleet.start("b", concurrency=2)
     listening(db, 2)
     db.execute(SIGNAL, (rid,))
     assert logged(db, rid, 1) == ("a", False, False, None, session)  # a hangs in it
@@ -176,20 +192,13 @@ def test_the_next_steps_go_to_the_live_holder(
     after the run, one priority lower, is taken -- so they looked -- and the run
     is not. When a's slot frees, a takes its run: same browser, nothing lost."""
     a, rid, session = holder_pinned(db, fleet, mode, 120, 3)
-    fleet.start("b")
-    fleet.start("c")
-    listening(db, 3)
-    with psycopg.connect(dsn, autocommit=True) as gatekeeper:
-        gatekeeper.execute("SELECT pg_advisory_lock(%s)", (GATE_KEY,))
-        start(db, "gate", {"key": GATE_KEY}, queue="a-only")
-        wait_for(lambda: blocked_on_gate(db), "a to be busy with the gate")
+    with holder_busy(db, fleet, dsn):
         db.execute(SIGNAL, (rid,))
         assert status(db, rid) == "runnable"
         probe = start(db, "probe", {}, priority=-1)
         assert finished(db, probe)[1]["worker"] in ("b", "c")
         assert status(db, rid) == "runnable"  # b/c passed it over: it waits for a
         assert step_log(db, rid, 1) is None
-        gatekeeper.execute("SELECT pg_advisory_unlock(%s)", (GATE_KEY,))
     assert logged(db, rid, 1) == ("a", False, False, None, session)
     parked(db, rid)
     db.execute(SIGNAL, (rid,))
@@ -207,16 +216,9 @@ def test_a_busy_holder_does_not_starve_its_run(
     or a hard timeout): b or c takes the run then, and its step is told the
     service is not there (the holder is alive, but elsewhere)."""
     _a, rid, session = holder_pinned(db, fleet, mode, 1.0, 2)
-    fleet.start("b")
-    fleet.start("c")
-    listening(db, 3)
-    with psycopg.connect(dsn, autocommit=True) as gatekeeper:
-        gatekeeper.execute("SELECT pg_advisory_lock(%s)", (GATE_KEY,))
-        start(db, "gate", {"key": GATE_KEY}, queue="a-only")
-        wait_for(lambda: blocked_on_gate(db), "a to be busy with the gate")
+    with holder_busy(db, fleet, dsn):
         db.execute(SIGNAL, (rid,))
         worker, lost, built, restored, new_session = logged(db, rid, 1)
         assert worker in ("b", "c") and lost and built and restored == "page-0"
         assert new_session != session
         assert finished(db, rid)[0] == "completed"
-        gatekeeper.execute("SELECT pg_advisory_unlock(%s)", (GATE_KEY,))

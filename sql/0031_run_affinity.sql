@@ -740,15 +740,30 @@ BEGIN
             END) FROM pgdurable.runs r
         WHERE r.status = 'runnable' AND r.queue = ANY (p_queues)
           AND (r.task, r.revision) IN (SELECT p.t, p.v FROM pairs p)),
-      (SELECT min(CASE WHEN r.affinity_worker IS NULL OR r.affinity_worker = p_owner THEN r.wake_at
-                 ELSE greatest(r.wake_at, least(r.wake_at + r.affinity_wait, coalesce(
-                   ((SELECT jsonb_object_agg(w.worker_id || E'\x1f' || w.instance, w.until)
-                       FROM pgdurable.worker_presence w WHERE w.until > v_now)
-                     ->> (r.affinity_worker || E'\x1f' || r.affinity_instance))::timestamptz,
-                   r.wake_at)))
-            END) FROM pgdurable.runs r
-        WHERE r.status = 'waiting' AND r.wake_at IS NOT NULL AND r.queue = ANY (p_queues)
-          AND (r.task, r.revision) IN (SELECT p.t, p.v FROM pairs p)),
+      (SELECT min(t.due) FROM unnest(p_queues) AS qn(name) CROSS JOIN LATERAL
+        (SELECT least(n.first, (
+           -- before it, only runs skipped as reserved for another worker (or of other
+           -- tasks): each due when its reservation ends
+           SELECT min(greatest(r.wake_at, least(r.wake_at + r.affinity_wait, coalesce(
+                         ((SELECT jsonb_object_agg(w.worker_id || E'\x1f' || w.instance, w.until)
+                             FROM pgdurable.worker_presence w WHERE w.until > v_now)
+                           ->> (r.affinity_worker || E'\x1f' || r.affinity_instance))::timestamptz,
+                         r.wake_at))))
+             FROM pgdurable.runs r
+            WHERE r.status = 'waiting' AND r.wake_at IS NOT NULL AND r.queue = qn.name
+              AND r.wake_at < coalesce(n.first, 'infinity') AND r.affinity_worker IS NOT NULL
+              AND (r.task, r.revision) IN (SELECT p.t, p.v FROM pairs p)))
+           FROM (SELECT (
+             -- the first timer by wake_at that this worker may take (the claim's filter)
+             SELECT r.wake_at FROM pgdurable.runs r
+              WHERE r.status = 'waiting' AND r.wake_at IS NOT NULL AND r.queue = qn.name
+                AND (r.task, r.revision) IN (SELECT p.t, p.v FROM pairs p)
+                AND (r.affinity_worker IS NULL OR r.affinity_worker = p_owner
+                     OR r.wake_at + r.affinity_wait <= v_now
+                     OR ((SELECT jsonb_object_agg(w.worker_id || E'\x1f' || w.instance, w.until)
+                                   FROM pgdurable.worker_presence w WHERE w.until > v_now)
+                                 ->> (r.affinity_worker || E'\x1f' || r.affinity_instance)) IS NULL)
+              ORDER BY r.wake_at LIMIT 1) AS first) n) AS t(due)),
       (SELECT min(r.lease_expires_at) FROM pgdurable.runs r
         WHERE r.status = 'leased' AND r.queue = ANY (p_queues)
           AND (r.task, r.revision) IN (SELECT p.t, p.v FROM pairs p)))
@@ -789,15 +804,29 @@ BEGIN
            WHERE r.status = 'runnable' AND r.queue = qs.name
              AND (cardinality(qs.saturated) = 0 OR r.concurrency_key <> ALL (qs.saturated))
              AND (r.task, r.revision) IN (SELECT p.t, p.v FROM pairs p)),
-         (SELECT min(CASE WHEN r.affinity_worker IS NULL OR r.affinity_worker = p_owner THEN r.wake_at
-                 ELSE greatest(r.wake_at, least(r.wake_at + r.affinity_wait, coalesce(
-                   ((SELECT jsonb_object_agg(w.worker_id || E'\x1f' || w.instance, w.until)
-                       FROM pgdurable.worker_presence w WHERE w.until > v_now)
-                     ->> (r.affinity_worker || E'\x1f' || r.affinity_instance))::timestamptz,
-                   r.wake_at)))
-            END) FROM pgdurable.runs r
-           WHERE r.status = 'waiting' AND r.wake_at IS NOT NULL AND r.queue = qs.name
-             AND (r.task, r.revision) IN (SELECT p.t, p.v FROM pairs p))) AS at) w
+         (SELECT least(n.first, (
+            -- before it, only runs skipped as reserved for another worker (or of other
+            -- tasks): each due when its reservation ends
+            SELECT min(greatest(r.wake_at, least(r.wake_at + r.affinity_wait, coalesce(
+                          ((SELECT jsonb_object_agg(w.worker_id || E'\x1f' || w.instance, w.until)
+                              FROM pgdurable.worker_presence w WHERE w.until > v_now)
+                            ->> (r.affinity_worker || E'\x1f' || r.affinity_instance))::timestamptz,
+                          r.wake_at))))
+              FROM pgdurable.runs r
+             WHERE r.status = 'waiting' AND r.wake_at IS NOT NULL AND r.queue = qs.name
+               AND r.wake_at < coalesce(n.first, 'infinity') AND r.affinity_worker IS NOT NULL
+               AND (r.task, r.revision) IN (SELECT p.t, p.v FROM pairs p)))
+            FROM (SELECT (
+              -- the first timer by wake_at that this worker may take (the claim's filter)
+              SELECT r.wake_at FROM pgdurable.runs r
+               WHERE r.status = 'waiting' AND r.wake_at IS NOT NULL AND r.queue = qs.name
+                 AND (r.task, r.revision) IN (SELECT p.t, p.v FROM pairs p)
+                 AND (r.affinity_worker IS NULL OR r.affinity_worker = p_owner
+                      OR r.wake_at + r.affinity_wait <= v_now
+                      OR ((SELECT jsonb_object_agg(w.worker_id || E'\x1f' || w.instance, w.until)
+                                    FROM pgdurable.worker_presence w WHERE w.until > v_now)
+                                  ->> (r.affinity_worker || E'\x1f' || r.affinity_instance)) IS NULL)
+               ORDER BY r.wake_at LIMIT 1) AS first) n)) AS at) w
       WHERE NOT qs.full),
     (SELECT min(r.lease_expires_at) FROM pgdurable.runs r
       WHERE r.status = 'leased' AND r.queue = ANY (p_queues)

@@ -436,3 +436,28 @@ def test_the_claim_is_costed_as_before_and_not_jit_compiled(conn: psycopg.Connec
     assert len(notices) > 6
     jitted = [n for n in notices if "JIT:" in n]
     assert not jitted, jitted[0]
+
+
+def test_next_wakeup_walks_the_timers_in_order(conn: psycopg.Connection[Any]) -> None:
+    """The idle poll finds the first timer this worker may take by walking
+    runs_timer_idx in wake_at order; the timers it passed over (reserved for
+    another present worker) count when their reservations end."""
+    one(conn, PRESENT, "A", "a1", "1 hour")
+    conn.execute("""
+      INSERT INTO pgdurable.runs (task, revision, status, wait_since, wake_at)
+      SELECT 't', '1', 'waiting', now(), now() + interval '100 s' FROM generate_series(1, 3);
+      INSERT INTO pgdurable.runs (task, revision, status, wait_since, wake_at, affinity_worker,
+                                  affinity_instance, affinity_mode, affinity_wait)
+      VALUES ('t', '1', 'waiting', now(), now() + interval '10 s', 'A', 'a1', 'hard', '30 s'),
+             ('t', '1', 'waiting', now(), now() + interval '20 s', 'A', 'a1', 'soft', '200 s'),
+             ('t', '1', 'waiting', now(), now() + interval '50 s', 'gone', 'g1', 'hard', '1 day');
+    """)
+    assert 9 < one(conn, WAKEUP, "default", "A") <= 10  # its own timer, at once
+    assert 39 < one(conn, WAKEUP, "default", "B") <= 40  # A's 10 s timer + its 30 s wait
+    conn.execute("UPDATE pgdurable.runs SET wake_at = wake_at + interval '60 s' "
+                 "WHERE affinity_mode = 'hard' AND affinity_worker = 'A'")
+    assert 49 < one(conn, WAKEUP, "default", "B") <= 50  # the absent holder's: at its time
+    conn.execute("DELETE FROM pgdurable.runs WHERE affinity_worker = 'gone'")
+    assert 99 < one(conn, WAKEUP, "default", "B") <= 100  # A's timer at 70 s + 30, the plain
+    conn.execute("UPDATE pgdurable.worker_presence SET until = pgdurable.now() + interval '5 s'")
+    assert 19 < one(conn, WAKEUP, "default", "B") <= 20  # A lapses in 5 s: its 20 s timer is B's

@@ -712,9 +712,15 @@ COMMENT ON FUNCTION pgdurable.claim_runs(text, text[], text[], text[], integer, 
 -- next_wakeup(queues, tasks, revisions, owner DEFAULT NULL): as in
 -- 0016_flow_control (flow-aware), with the affinity rule: a ready run reserved
 -- for a present holder other than p_owner is due when its reservation ends
--- (THE RULE: ready + wait, or earlier when its holder's presence would
--- lapse; asked again then if the holder renewed it). For p_owner's own runs,
--- and for runs without affinity, the due time is the same as before.
+-- (THE RULE: ready + wait, or earlier when its holder's presence would lapse;
+-- asked again then if the holder renewed it). For p_owner's own runs, and for
+-- runs without affinity, the due time is the same as before.
+-- The timers are no longer all read: per queue, the first timer that p_owner
+-- may take comes from an ordered walk of runs_timer_idx (LIMIT 1, the claim's
+-- filter), and only the timers that walk passed over (reserved for another
+-- worker, or of tasks p_owner does not serve) are read for when they are due:
+-- O(passed over) instead of O(parked timers). The runnable part reads each
+-- runnable run as before (runs_runnable_idx is ordered by priority first).
 ------------------------------------------------------------------------------
 CREATE FUNCTION pgdurable.next_wakeup(p_queues text[], p_tasks text[], p_revisions text[],
                                       p_owner text DEFAULT NULL)

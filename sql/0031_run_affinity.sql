@@ -66,14 +66,14 @@ CREATE TABLE pgdurable.worker_presence (
 );
 COMMENT ON TABLE pgdurable.worker_presence IS
   'Worker presence: which process instance runs under a worker id, known alive until `until` '
-  '(database clock). Renewed by the worker''s heartbeat, removed on a clean stop; a lapsed row '
-  'means the same as no row.';
+  '(database clock). Written from the worker''s first pin, renewed every heartbeat interval, '
+  'removed on a clean stop; a lapsed row means the same as no row.';
 COMMENT ON COLUMN pgdurable.worker_presence.worker_id IS 'The worker id (its lease owner name).';
 COMMENT ON COLUMN pgdurable.worker_presence.instance IS
   'The process instance (random per Worker object): a restart under the same id is a new instance.';
 COMMENT ON COLUMN pgdurable.worker_presence.since IS 'When this instance first announced itself.';
 COMMENT ON COLUMN pgdurable.worker_presence.until IS
-  'The worker is present until then (now + its lease TTL at its last heartbeat tick).';
+  'The worker is present until then (now + its lease TTL at its last renewal).';
 
 ALTER TABLE pgdurable.runs
   ADD COLUMN affinity_worker text,
@@ -104,10 +104,11 @@ COMMENT ON COLUMN pgdurable.runs.affinity_since IS 'When the run was pinned to i
 -- claim_runs and _claim_flow, the runnable and timer minima of next_wakeup:
 -- keep them in step). An affine run r is ready at X (available_at, or wake_at
 -- for a timer); its holder's presence until, U, is looked up in
---   PRESENT = (SELECT jsonb_object_agg(w.worker_id || E'\x1f' || w.instance, w.until)
+--   PRESENT = (SELECT jsonb_object_agg(ARRAY[w.worker_id, w.instance]::text, w.until)
 --                FROM pgdurable.worker_presence w WHERE w.until > now)
---   U = (PRESENT ->> (r.affinity_worker || E'\x1f' || r.affinity_instance))::timestamptz
--- (NULL: the holder -- that worker id, that process instance -- is not present).
+--   U = (PRESENT ->> (ARRAY[r.affinity_worker, r.affinity_instance]::text))::timestamptz
+-- (NULL: the holder -- that worker id, that process instance -- is not present;
+-- the key is the pair's array text, unambiguous whatever the id holds).
 -- r is reserved for its holder while U IS NOT NULL and X + r.affinity_wait > now.
 -- The claim takes r when affinity_worker IS NULL, or is the claimer, or
 -- X + affinity_wait <= now, or U IS NULL; next_wakeup reports r due at
@@ -393,9 +394,9 @@ BEGIN
            AND r.wake_at <= p_now AND (r.task, r.revision) IN (SELECT p.t, p.v FROM pairs p)
            AND (r.affinity_worker IS NULL OR r.affinity_worker = p_owner
                 OR r.wake_at + r.affinity_wait <= p_now
-                OR ((SELECT jsonb_object_agg(w.worker_id || E'\x1f' || w.instance, w.until)
+                OR ((SELECT jsonb_object_agg(ARRAY[w.worker_id, w.instance]::text, w.until)
                        FROM pgdurable.worker_presence w WHERE w.until > p_now)
-                     ->> (r.affinity_worker || E'\x1f' || r.affinity_instance)) IS NULL)
+                     ->> (ARRAY[r.affinity_worker, r.affinity_instance]::text)) IS NULL)
          ORDER BY r.wake_at
          LIMIT v_allow FOR UPDATE SKIP LOCKED
       )
@@ -470,9 +471,9 @@ BEGIN
                  AND NOT (r.id = ANY (v_ids))
                  AND (r.affinity_worker IS NULL OR r.affinity_worker = p_owner
                       OR r.available_at + r.affinity_wait <= p_now
-                      OR ((SELECT jsonb_object_agg(w.worker_id || E'\x1f' || w.instance, w.until)
+                      OR ((SELECT jsonb_object_agg(ARRAY[w.worker_id, w.instance]::text, w.until)
                              FROM pgdurable.worker_presence w WHERE w.until > p_now)
-                           ->> (r.affinity_worker || E'\x1f' || r.affinity_instance)) IS NULL)
+                           ->> (ARRAY[r.affinity_worker, r.affinity_instance]::text)) IS NULL)
                ORDER BY r.priority DESC, r.available_at
                LIMIT v_room FOR UPDATE SKIP LOCKED
             LOOP
@@ -611,9 +612,9 @@ BEGIN
             AND (r.task, r.revision) IN (SELECT p.t, p.v FROM pairs p)
             AND (r.affinity_worker IS NULL OR r.affinity_worker = p_owner
                  OR r.available_at + r.affinity_wait <= v_now
-                 OR ((SELECT jsonb_object_agg(w.worker_id || E'\x1f' || w.instance, w.until)
+                 OR ((SELECT jsonb_object_agg(ARRAY[w.worker_id, w.instance]::text, w.until)
                         FROM pgdurable.worker_presence w WHERE w.until > v_now)
-                      ->> (r.affinity_worker || E'\x1f' || r.affinity_instance)) IS NULL)
+                      ->> (ARRAY[r.affinity_worker, r.affinity_instance]::text)) IS NULL)
           ORDER BY r.priority DESC, r.available_at
           LIMIT p_limit FOR UPDATE SKIP LOCKED) x
        ORDER BY x.priority DESC, x.available_at
@@ -640,9 +641,9 @@ BEGIN
          AND r.wake_at <= v_now AND (r.task, r.revision) IN (SELECT p.t, p.v FROM pairs p)
          AND (r.affinity_worker IS NULL OR r.affinity_worker = p_owner
               OR r.wake_at + r.affinity_wait <= v_now
-              OR ((SELECT jsonb_object_agg(w.worker_id || E'\x1f' || w.instance, w.until)
+              OR ((SELECT jsonb_object_agg(ARRAY[w.worker_id, w.instance]::text, w.until)
                      FROM pgdurable.worker_presence w WHERE w.until > v_now)
-                   ->> (r.affinity_worker || E'\x1f' || r.affinity_instance)) IS NULL)
+                   ->> (ARRAY[r.affinity_worker, r.affinity_instance]::text)) IS NULL)
        ORDER BY r.wake_at
        LIMIT p_limit FOR UPDATE SKIP LOCKED
     ), cand AS MATERIALIZED (
@@ -739,9 +740,9 @@ BEGIN
     SELECT least(
       (SELECT min(CASE WHEN r.affinity_worker IS NULL OR r.affinity_worker = p_owner THEN r.available_at
                  ELSE greatest(r.available_at, least(r.available_at + r.affinity_wait, coalesce(
-                   ((SELECT jsonb_object_agg(w.worker_id || E'\x1f' || w.instance, w.until)
+                   ((SELECT jsonb_object_agg(ARRAY[w.worker_id, w.instance]::text, w.until)
                        FROM pgdurable.worker_presence w WHERE w.until > v_now)
-                     ->> (r.affinity_worker || E'\x1f' || r.affinity_instance))::timestamptz,
+                     ->> (ARRAY[r.affinity_worker, r.affinity_instance]::text))::timestamptz,
                    r.available_at)))
             END) FROM pgdurable.runs r
         WHERE r.status = 'runnable' AND r.queue = ANY (p_queues)
@@ -751,9 +752,9 @@ BEGIN
            -- before it, only runs skipped as reserved for another worker (or of other
            -- tasks): each due when its reservation ends
            SELECT min(greatest(r.wake_at, least(r.wake_at + r.affinity_wait, coalesce(
-                         ((SELECT jsonb_object_agg(w.worker_id || E'\x1f' || w.instance, w.until)
+                         ((SELECT jsonb_object_agg(ARRAY[w.worker_id, w.instance]::text, w.until)
                              FROM pgdurable.worker_presence w WHERE w.until > v_now)
-                           ->> (r.affinity_worker || E'\x1f' || r.affinity_instance))::timestamptz,
+                           ->> (ARRAY[r.affinity_worker, r.affinity_instance]::text))::timestamptz,
                          r.wake_at))))
              FROM pgdurable.runs r
             WHERE r.status = 'waiting' AND r.wake_at IS NOT NULL AND r.queue = qn.name
@@ -766,9 +767,9 @@ BEGIN
                 AND (r.task, r.revision) IN (SELECT p.t, p.v FROM pairs p)
                 AND (r.affinity_worker IS NULL OR r.affinity_worker = p_owner
                      OR r.wake_at + r.affinity_wait <= v_now
-                     OR ((SELECT jsonb_object_agg(w.worker_id || E'\x1f' || w.instance, w.until)
+                     OR ((SELECT jsonb_object_agg(ARRAY[w.worker_id, w.instance]::text, w.until)
                                    FROM pgdurable.worker_presence w WHERE w.until > v_now)
-                                 ->> (r.affinity_worker || E'\x1f' || r.affinity_instance)) IS NULL)
+                                 ->> (ARRAY[r.affinity_worker, r.affinity_instance]::text)) IS NULL)
               ORDER BY r.wake_at LIMIT 1) AS first) n) AS t(due)),
       (SELECT min(r.lease_expires_at) FROM pgdurable.runs r
         WHERE r.status = 'leased' AND r.queue = ANY (p_queues)
@@ -802,9 +803,9 @@ BEGIN
        SELECT least(
          (SELECT min(CASE WHEN r.affinity_worker IS NULL OR r.affinity_worker = p_owner THEN r.available_at
                  ELSE greatest(r.available_at, least(r.available_at + r.affinity_wait, coalesce(
-                   ((SELECT jsonb_object_agg(w.worker_id || E'\x1f' || w.instance, w.until)
+                   ((SELECT jsonb_object_agg(ARRAY[w.worker_id, w.instance]::text, w.until)
                        FROM pgdurable.worker_presence w WHERE w.until > v_now)
-                     ->> (r.affinity_worker || E'\x1f' || r.affinity_instance))::timestamptz,
+                     ->> (ARRAY[r.affinity_worker, r.affinity_instance]::text))::timestamptz,
                    r.available_at)))
             END) FROM pgdurable.runs r
            WHERE r.status = 'runnable' AND r.queue = qs.name
@@ -814,9 +815,9 @@ BEGIN
             -- before it, only runs skipped as reserved for another worker (or of other
             -- tasks): each due when its reservation ends
             SELECT min(greatest(r.wake_at, least(r.wake_at + r.affinity_wait, coalesce(
-                          ((SELECT jsonb_object_agg(w.worker_id || E'\x1f' || w.instance, w.until)
+                          ((SELECT jsonb_object_agg(ARRAY[w.worker_id, w.instance]::text, w.until)
                               FROM pgdurable.worker_presence w WHERE w.until > v_now)
-                            ->> (r.affinity_worker || E'\x1f' || r.affinity_instance))::timestamptz,
+                            ->> (ARRAY[r.affinity_worker, r.affinity_instance]::text))::timestamptz,
                           r.wake_at))))
               FROM pgdurable.runs r
              WHERE r.status = 'waiting' AND r.wake_at IS NOT NULL AND r.queue = qs.name
@@ -829,9 +830,9 @@ BEGIN
                  AND (r.task, r.revision) IN (SELECT p.t, p.v FROM pairs p)
                  AND (r.affinity_worker IS NULL OR r.affinity_worker = p_owner
                       OR r.wake_at + r.affinity_wait <= v_now
-                      OR ((SELECT jsonb_object_agg(w.worker_id || E'\x1f' || w.instance, w.until)
+                      OR ((SELECT jsonb_object_agg(ARRAY[w.worker_id, w.instance]::text, w.until)
                                     FROM pgdurable.worker_presence w WHERE w.until > v_now)
-                                  ->> (r.affinity_worker || E'\x1f' || r.affinity_instance)) IS NULL)
+                                  ->> (ARRAY[r.affinity_worker, r.affinity_instance]::text)) IS NULL)
                ORDER BY r.wake_at LIMIT 1) AS first) n)) AS at) w
       WHERE NOT qs.full),
     (SELECT min(r.lease_expires_at) FROM pgdurable.runs r

@@ -461,3 +461,17 @@ def test_next_wakeup_walks_the_timers_in_order(conn: psycopg.Connection[Any]) ->
     assert 99 < one(conn, WAKEUP, "default", "B") <= 100  # A's timer at 70 s + 30, the plain
     conn.execute("UPDATE pgdurable.worker_presence SET until = pgdurable.now() + interval '5 s'")
     assert 19 < one(conn, WAKEUP, "default", "B") <= 20  # A lapses in 5 s: its 20 s timer is B's
+
+
+def test_presence_is_matched_by_worker_and_instance_exactly(conn: psycopg.Connection[Any]) -> None:
+    """A present worker whose id and instance, run together, spell another
+    pair's does not hold that pair's runs."""
+    one(conn, PRESENT, "x\x1fy", "z", "1 hour")
+    one(conn, PRESENT, 'w,"', "i", "1 hour")
+    conn.execute("""
+      INSERT INTO pgdurable.runs (task, revision, affinity_worker, affinity_instance, affinity_mode,
+                                  affinity_wait)
+      VALUES ('t', '1', 'x', E'y\\x1fz', 'hard', '1 hour'), ('t', '1', 'w', '",i', 'hard', '1 hour'),
+             ('t', '1', 'w,"', 'i', 'hard', '1 hour')""")
+    rows = claim(conn, "B")
+    assert sorted(r[3]["worker"] for r in rows) == ["w", "x"]  # not the present w," 's

@@ -7,9 +7,12 @@ free local port, fetches the Runs page filtered by metadata and the Schedules
 page with httpx, and exits 0.
 
 From a shell, the same dashboard:  pgdurable dashboard --port 8080
-(read-only; add --actions --token ... to allow cancel/retry/signal/fork of runs
-and pause/resume/trigger of schedules).
-To mount it in your own Starlette/FastAPI app:  app.mount("/ops", create_app(dsn)).
+(read-only and without a login: for 127.0.0.1 only; --token T, at least 32
+bytes, puts a login in front of every page; add --actions to allow
+cancel/retry/signal/fork of runs and pause/resume/trigger of schedules;
+--trusted-host NAME for each name it is reached by).
+To mount it in your own Starlette/FastAPI app:
+app.mount("/ops", create_app(dsn, token=..., trusted_hosts=["ops.example.com"])).
 """
 
 from __future__ import annotations

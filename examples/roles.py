@@ -41,6 +41,10 @@ with psycopg.connect(dsn, autocommit=True) as admin:
                 app.execute("UPDATE pgdurable.runs SET status = 'completed'")
             except psycopg.errors.InsufficientPrivilege:
                 print("app role: no UPDATE on pgdurable.runs (only the fenced functions)")
+            try:  # an internal helper: not on the allow-list (pgdurable.security_api)
+                app.execute("SELECT pgdurable._end(%s, 'completed', NULL, 0)", (run[0] if run else None,))
+            except psycopg.errors.InsufficientPrivilege:
+                print("app role: internal helpers are off the allow-list (permission denied)")
 
         with psycopg.connect(make_conninfo(dsn, user=ro), autocommit=True) as ops:
             for queue, runnable in ops.execute("SELECT queue, runnable FROM pgdurable.queue_stats"):

@@ -43,6 +43,7 @@ from .errors import (
     StepNotRecorded,
     StepTimeout,
     UnknownTask,
+    ValueTooLarge,
 )
 from .flow import RateLimited
 from .fork import ForkedRun
@@ -70,6 +71,7 @@ from .search import Page, RunSummary
 from .steps import Continue, Done, RunContext, Sleep, StepResult, Wait
 from .stream import StreamEvent
 from .tasks import (
+    CancelSignal,
     DurableCheckpoint,
     DurableContext,
     DurableStep,
@@ -154,12 +156,14 @@ __all__ = [
     "SchemaVersionMismatch",
     "SignalConflict",
     "UnknownTask",
+    "ValueTooLarge",
     "check_schema",
     "migrate",
     "grant_roles",
     "migration_status",
     "required_version",
     "Pooler",
+    "CancelSignal",
     "DurableCheckpoint",
     "DurableContext",
     "DurableRunContext",

@@ -8,6 +8,7 @@ them (no circle).
 from __future__ import annotations
 
 import json
+import os
 import sys
 import uuid
 from collections.abc import Iterator
@@ -18,10 +19,11 @@ from typing import Any, NoReturn
 
 import psycopg
 import typer
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from rich.console import Console
 from rich.text import Text
 
-from . import migrations
+from . import _schema_trust, migrations
 from ._db import connect, resolve_dsn, translated, validate_dsn
 from ._text import escape_controls, escape_json_controls
 from .errors import PgDurableError, RunNotFound
@@ -38,6 +40,12 @@ def fail(message: str, code: int = EXIT_BAD_INPUT) -> NoReturn:
     """Print a one-line error and exit (2 = bad input or unusable database)."""
     err.print(_error_line(message), highlight=False, soft_wrap=True)
     raise typer.Exit(code)
+
+
+def _warning_line(message: object) -> Text:
+    """``warning: <message>`` on one line, the message as plain text (never markup)."""
+    line = escape_controls(" ".join(str(message).split()))
+    return Text.assemble(("warning:", "bold yellow"), f" {line}")
 
 
 def _error_line(message: object, suffix: str = "") -> Text:
@@ -57,10 +65,53 @@ def need_dsn(dsn: str | None) -> str:
         fail(str(exc))
 
 
+def schema_owner_switch(target: str) -> str | None:
+    """The owner a superuser's command must run as (see :func:`owner_dsn`), or None.
+
+    Warns on stderr when that owner may log in (likely an app role that ran
+    ``migrate``); the role model's ``NOLOGIN`` owner is switched to silently.
+    Errors exit 2.
+    """
+    try:
+        with connect(target) as conn, translated():
+            switch = _schema_trust.owner_to_assume(conn)
+    except PgDurableError as exc:
+        fail(str(exc))
+    except psycopg.Error as exc:
+        fail(f"database error: {exc}")
+    if switch is None:
+        return None
+    if switch.can_login:
+        who = repr(switch.role)
+        err.print(_warning_line(
+            f"schema pgdurable is owned by {who}, which is neither a superuser nor a role "
+            f"this superuser belongs to: running as {who} (SET ROLE), so that nothing {who} "
+            "defined runs with superuser rights"), highlight=False, soft_wrap=True)
+    return switch.role
+
+
+def with_role(target: str, role: str | None) -> str:
+    """``target`` whose sessions start with ``SET ROLE role`` (``options=-c role=...``)."""
+    if role is None:
+        return target
+    given = conninfo_to_dict(target).get("options") or os.environ.get("PGOPTIONS", "")
+    escaped = role.replace("\\", "\\\\").replace(" ", "\\ ")
+    return make_conninfo(target, options=f"{given} -c role={escaped}".strip())
+
+
+def owner_dsn(dsn: str | None) -> str:
+    """The DSN of a CLI command: :func:`need_dsn`, then, for a superuser that does
+    not own schema pgdurable while a non-superuser does, sessions that run as
+    that owner (a superuser never executes code the owner may have redefined)."""
+    target = need_dsn(dsn)
+    return with_role(target, schema_owner_switch(target))
+
+
 @contextmanager
 def database(dsn: str | None) -> Iterator[psycopg.Connection[Any]]:
-    """An autocommit library connection with a checked schema; errors exit 2 (3 for no run)."""
-    target = need_dsn(dsn)
+    """An autocommit library connection with a checked schema, as :func:`owner_dsn`
+    says; errors exit 2 (3 for no run)."""
+    target = owner_dsn(dsn)
     try:
         with connect(target) as conn:
             with translated():

@@ -6,8 +6,12 @@ pgdurable_cancel`` (no privilege is needed, and run ids are broadcast on
 
 * stops a step on a ``pgdurable_cancel`` notification only after the database
   says the run's ``cancel_requested_at`` is set under the worker's lease token
-  (:func:`cancel_requested`); ``ack_cancel`` refuses a run nobody asked to
-  cancel as well (0009);
+  (:func:`cancels_requested`); ``ack_cancel`` refuses a run nobody asked to
+  cancel as well (0009). Those checks are coalesced and rate-limited like
+  claims (a :class:`WakeLimiter` of their own): one check asks about every
+  run named since the last one, so a flood of forged cancels costs at most
+  ``burst`` checks plus ``rate`` a second, whichever runs it names, and a real
+  cancel caught in it waits at most ``1 / rate`` seconds for its check;
 * claims on ``pgdurable_wake`` notifications at a bounded rate
   (:class:`WakeLimiter`): a flood of forged wake-ups costs at most ``burst``
   claims plus ``rate`` claims a second, and a wake-up over the limit is not
@@ -20,29 +24,36 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Sequence
 from typing import Any, Protocol
 
-__all__ = ["WakeLimiter", "cancel_requested"]
+__all__ = ["WakeLimiter", "cancels_requested"]
 
-# -- is a cancel of this run requested, under this lease token? (no row: not ours any more)
-CANCEL_REQUESTED = (
-    "SELECT cancel_requested_at IS NOT NULL FROM pgdurable.runs "
-    "WHERE id = %s::uuid AND lease_token = %s::bigint"
+# -- of these (run, lease token) pairs, the runs with a cancel requested under that
+# -- token (a run that is not ours any more, under another token, is not returned)
+CANCELS_REQUESTED = (
+    "SELECT r.id FROM unnest(%s::uuid[], %s::bigint[]) AS a(id, token) "
+    "JOIN pgdurable.runs r ON r.id = a.id AND r.lease_token = a.token "
+    "WHERE r.cancel_requested_at IS NOT NULL"
 )
 
 
 class _Fetch(Protocol):
-    async def fetchone(self, sql: str, params: tuple[Any, ...]) -> tuple[Any, ...] | None: ...
+    async def fetchall(self, sql: str, params: tuple[Any, ...]) -> list[tuple[Any, ...]]: ...
 
 
-async def cancel_requested(app: _Fetch, run_id: uuid.UUID, token: int) -> bool:
-    """True when the database holds a cancel request for this attempt of the run."""
-    row = await app.fetchone(CANCEL_REQUESTED, (run_id, token))
-    return bool(row and row[0])
+async def cancels_requested(app: _Fetch,
+                            attempts: Sequence[tuple[uuid.UUID, int]]) -> set[uuid.UUID]:
+    """Of these ``(run id, lease token)`` attempts, the runs the database holds a
+    cancel request for (one statement, however many)."""
+    rows = await app.fetchall(CANCELS_REQUESTED, ([r for r, _ in attempts],
+                                                  [t for _, t in attempts]))
+    return {row[0] for row in rows}
 
 
 class WakeLimiter:
-    """Token bucket for claims triggered by wake-up notifications.
+    """Token bucket for what notifications trigger: claims on wake-ups (and,
+    a bucket of its own, database checks on cancels).
 
     ``take()`` spends a token and returns 0.0 when a claim may run now, else
     reserves the next token and returns the seconds until it is there (the

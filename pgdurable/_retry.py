@@ -10,8 +10,6 @@ taken over meanwhile is refused by the fence, never applied late. They retry
 only while their lease is still trusted: past that, another owner may already
 be running the same work.
 
-* :data:`SETTLE_DELAYS` -- the fixed schedule of :func:`pgdurable.with_idempotency`'s
-  settle (its claim lease is renewed elsewhere, so it retries ~3.4 s in all);
 * :func:`backoff` -- 0.1 s doubling to 2 s, with jitter;
 * :func:`retry_while` -- await a call again after a transient error (a lost
   connection, a deadlock, a statement timeout: :func:`is_transient`) for as
@@ -33,13 +31,10 @@ from typing import TypeVar
 
 from .errors import DatabaseUnavailable, translate
 
-__all__ = ["SETTLE_DELAYS", "Deadline", "backoff", "for_seconds", "is_lost_connection",
+__all__ = ["Deadline", "backoff", "for_seconds", "is_lost_connection",
            "is_transient", "retry_while", "retry_while_sync"]
 
 T = TypeVar("T")
-
-SETTLE_DELAYS = (0.1, 0.3, 1.0, 2.0)
-
 
 def is_lost_connection(exc: BaseException) -> bool:
     """True for a lost or unobtainable connection (SQLSTATE class 08, 57P, or none)."""

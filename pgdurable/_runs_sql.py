@@ -13,7 +13,7 @@ from typing import Any, NamedTuple
 
 from . import _json
 from .affinity import Affinity
-from .errors import RunNotFound
+from .errors import RunNotFound, recorded_checkpoint
 
 # -- start a run; returns (run_id, created)
 START = (
@@ -57,7 +57,7 @@ RENEW = (
     "FROM pgdurable.renew_runs(%s::text, %s::uuid[], %s::bigint[], %s::interval)"
 )
 # -- seconds until work may appear (NULL: none) for (queues, tasks, revisions) to
-# -- worker (owner: runs reserved for it are due at once, sql/0031_run_affinity.sql),
+# -- worker (owner: the runs reserved for it are due at once: docs/affinity.md),
 # -- and until the next schedule tick in (queues) (NULL: none; sql/0013_schedules.sql)
 NEXT_WAKEUP = ("SELECT pgdurable.next_wakeup(%s::text[], %s::text[], %s::text[], %s::text), "
                "pgdurable.schedule_wakeup(%s::text[])")
@@ -301,12 +301,17 @@ def parse_run(row: tuple[Any, ...] | None, run_id: uuid.UUID) -> RunInfo:
 
 
 def error_record(exc: BaseException) -> dict[str, Any]:
-    """``{type, message, traceback}`` of an exception, for runs.error."""
-    return {
+    """``{type, message, traceback}`` of an exception, for runs.error, and
+    ``checkpoint`` when the error is a checkpoint's record (:func:`~pgdurable.errors.mark_recorded`)."""
+    record: dict[str, Any] = {
         "type": type(exc).__name__,
         "message": str(exc),
         "traceback": "".join(_tb.format_exception(exc))[-16000:],
     }
+    checkpoint = recorded_checkpoint(exc)
+    if checkpoint is not None:
+        record["checkpoint"] = checkpoint
+    return record
 
 
 def jsonb_text(value: Any, what: str) -> str:

@@ -23,6 +23,7 @@ does not own the schema) so that it never trusts a foreign ``schema_migrations``
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import psycopg
@@ -118,3 +119,49 @@ def check_adoptable(cur: psycopg.Cursor[Any], shipped: Mapping[int, str]) -> boo
     if problem is not None:
         raise MigrationError(f"schema pgdurable is not pgdurable's: {problem}{advice}")
     return True
+
+
+# -- whose code a session would run: the schema owner's name, whether it may log in, and
+# -- whether this session is a superuser that is neither that owner nor a member of it
+# -- while the owner is no superuser (then the owner's functions, which it may have
+# -- changed, would run with superuser rights); no row when there is no schema
+OWNER_SWITCH = """
+WITH RECURSIVE mine(oid) AS (
+  SELECT oid FROM pg_catalog.pg_roles WHERE rolname = current_user
+  UNION
+  SELECT m.roleid FROM pg_catalog.pg_auth_members m JOIN mine ON m.member = mine.oid
+)
+SELECT o.rolname::text, o.rolcanlogin,
+       me.rolsuper AND NOT o.rolsuper AND o.oid NOT IN (SELECT oid FROM mine)
+  FROM pg_catalog.pg_namespace n
+  JOIN pg_catalog.pg_roles o ON o.oid = n.nspowner
+  JOIN pg_catalog.pg_roles me ON me.rolname = current_user
+ WHERE n.nspname = 'pgdurable'
+"""
+
+
+@dataclass(frozen=True)
+class OwnerSwitch:
+    """The role a superuser's session should become, and whether it may log in
+    (a login owner is likely an app role that ran ``migrate``, worth a warning;
+    a ``NOLOGIN`` one the owner role of the role model)."""
+
+    role: str
+    can_login: bool
+
+
+def owner_to_assume(conn: psycopg.Connection[Any]) -> OwnerSwitch | None:
+    """The schema owner a superuser's session should become (``SET ROLE``), or None.
+
+    A superuser that is neither the owner of schema ``pgdurable`` nor a member
+    of it, while the owner is not a superuser (the quickstart's app role that
+    ran ``migrate``, or the role model's owner role): every function of the
+    schema is the owner's and may have been redefined by it (or by a member of
+    it), ``SECURITY INVOKER`` ones included, so calling them would run that code
+    with superuser rights. Running as the owner runs it with the owner's rights,
+    which it has anyway. Catalogs only.
+    """
+    row = conn.execute(OWNER_SWITCH).fetchone()
+    if row is None or not row[2]:
+        return None
+    return OwnerSwitch(role=str(row[0]), can_login=bool(row[1]))

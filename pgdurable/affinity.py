@@ -39,7 +39,7 @@ finished run stays as the record of its last holder.
 
 ``app.start(..., affinity_of=run_id)`` (and ``ctx.start_child(...,
 affinity_of=...)``) starts a run with the affinity another run has now: a
-follow-up on the same sandbox. The SQL is ``sql/0031_run_affinity.sql``.
+follow-up on the same sandbox. The SQL is ``sql/0032_run_affinity.sql``.
 """
 
 from __future__ import annotations

@@ -48,7 +48,10 @@ from ._cli_common import (
     human_age,
     need_dsn,
     out,
+    owner_dsn,
     print_json,
+    schema_owner_switch,
+    with_role,
 )
 from ._db import resolve_dsn
 from ._text import escape_controls, plain
@@ -107,10 +110,29 @@ Q_EFFECTS = """
 SELECT key, status, token, result, error, created_at, updated_at FROM pgdurable.effects
  WHERE run_id = %s::uuid ORDER BY created_at, key
 """
-# -- a run's rewinds in place (0012)
+# -- a run's rewinds in place and the retries that dropped or reset history (0017, 0030)
 Q_REWINDS = """
-SELECT from_step, to_step, status, error, created_at FROM pgdurable.run_rewinds
+SELECT from_step, to_step, status, error, created_at, kind FROM pgdurable.run_rewinds
  WHERE run_id = %s::uuid ORDER BY id
+"""
+# -- may this role read the tables (states, results, payloads)? The read-only role may
+# -- not: `run` then shows what the views hold (the queries below, same columns)
+Q_CAN_READ = "SELECT has_table_privilege('pgdurable.runs', 'SELECT')"
+Q_RUN_VIEW = """
+SELECT to_jsonb(d) || jsonb_build_object('error', CASE WHEN d.error_type IS NOT NULL THEN
+         jsonb_build_object('type', d.error_type, 'message', d.error_message) END)
+  FROM pgdurable.run_detail d WHERE d.id = %s::uuid
+"""
+Q_STEPS_VIEW = """
+SELECT step, token, created_at, step_name, CASE WHEN wake_type IS NOT NULL THEN
+         jsonb_build_object('type', wake_type, 'kind', wake_kind, 'ref', wake_ref) END AS wake
+  FROM pgdurable.run_steps WHERE run_id = %s::uuid ORDER BY step
+"""
+Q_EFFECTS_VIEW = """
+SELECT key, status, token, NULL::jsonb AS result, CASE WHEN error_type IS NOT NULL THEN
+         jsonb_build_object('type', error_type, 'message', error_message) END AS error,
+       created_at, updated_at
+  FROM pgdurable.run_effects WHERE run_id = %s::uuid ORDER BY created_at, key
 """
 # -- live leases (lease providers) and leased runs
 Q_LEASES = """
@@ -159,8 +181,15 @@ def grant(
     readonly_role: Annotated[str | None, typer.Option("--readonly-role", help="Operators' role: SELECT on the views only.")] = None,
 ) -> None:
     """Set up the role model on existing roles (run as a superuser; see docs/security.md)."""
+    target = need_dsn(dsn)
+    current = schema_owner_switch(target)
+    if current is not None and owner_role is not None and owner_role != current:
+        fail(f"schema pgdurable is owned by {current!r}, which may have changed any of its "
+             f"functions: a superuser does not run them, and as {current!r} this cannot hand the "
+             f"schema to {owner_role!r}. Install pgdurable afresh as {owner_role!r} (see "
+             "docs/security.md, 'A schema a non-superuser migrated')")
     try:
-        grant_roles(need_dsn(dsn), owner_role=owner_role, app_role=app_role,
+        grant_roles(with_role(target, current), owner_role=owner_role, app_role=app_role,
                     readonly_role=readonly_role)
     except (PgDurableError, ValueError, TypeError) as exc:
         fail(str(exc))
@@ -299,17 +328,21 @@ def run(
     """Show one run: state, steps, events, effects, lease, wait, error (or --tree)."""
     rid = _run_id(run_id)
     with database(dsn) as conn:
-        row = conn.execute(Q_RUN, (rid,)).fetchone()
+        full = bool((conn.execute(Q_CAN_READ).fetchone() or (False,))[0])
+        row = conn.execute(Q_RUN if full else Q_RUN_VIEW, (rid,)).fetchone()
         if row is None:
             fail(f"no run {rid}", EXIT_NOT_FOUND)
         if tree:
             _show_tree(_rows(conn.execute(RUN_TREE, (rid,))), as_json)
             return
         info: dict[str, Any] = row[0]
-        steps = _rows(conn.execute(Q_CHECKPOINTS, (rid,)))
-        evs = _rows(conn.execute(Q_EVENTS, (rid, events)))
-        effects = _rows(conn.execute(Q_EFFECTS, (rid,)))
-        rewinds = _rows(conn.execute(Q_REWINDS, (rid,)))
+        steps = _rows(conn.execute(Q_CHECKPOINTS if full else Q_STEPS_VIEW, (rid,)))
+        evs = _rows(conn.execute(Q_EVENTS, (rid, events))) if full else []
+        effects = _rows(conn.execute(Q_EFFECTS if full else Q_EFFECTS_VIEW, (rid,)))
+        rewinds = _rows(conn.execute(Q_REWINDS, (rid,))) if full else []
+    if not full:
+        err.print("this role reads the views only: no state, result, payload or event is shown",
+                  highlight=False)
     if as_json:
         print_json({"run": info, "steps": steps, "events": evs, "effects": effects,
                     "rewinds": rewinds})
@@ -339,25 +372,29 @@ def run(
     if info.get("forked_from"):
         _row(head, "forked from", f"{info['forked_from']} at step {info['forked_from_step']}")
     for w in rewinds:
-        _row(head, "rewound", f"{w['created_at']} from step {w['from_step']} to step "
-                              f"{w['to_step']} (was {w['status']})")
+        _row(head, "retried" if w.get("kind") == "retry" else "rewound",
+             f"{w['created_at']} from step {w['from_step']} to step {w['to_step']} "
+             f"(was {w['status']})")
     if info.get("heartbeat_at"):
         _row(head, "heartbeat", f"{info['heartbeat_at']} progress "
                                 f"{_short(json.dumps(info.get('progress')), 80)}")
     if info.get("result") is not None:
         _row(head, "result", _short(json.dumps(info["result"]), 100))
-    _row(head, "state", _short(json.dumps(info.get("state")), 100))
+    if "state" in info:
+        _row(head, "state", _short(json.dumps(info["state"]), 100))
     out.print(head)
     steps_t = Table("step", "token", "at", "woken by", "state", title="steps",
                     box=box.SIMPLE_HEAD, pad_edge=False)
     for s in steps:
         wake = s["wake"] or {}
         woke = f"{wake.get('type')} {wake.get('kind') or ''}:{wake.get('ref') or ''}" if wake else ""
-        entry = s["state"].get("workflow") if isinstance(s["state"], dict) else None
+        state = s.get("state")
+        entry = state.get("workflow") if isinstance(state, dict) else None
         shown = (  # a workflow's entry by name (pgdurable.workflows)
             f"{entry.get('kind')} {entry.get('name')} "
             + _short(json.dumps(entry.get("error", entry.get("result"))), 40)
-            if isinstance(entry, dict) else _short(json.dumps(s["state"]), 60))
+            if isinstance(entry, dict) else _short(json.dumps(state), 60) if "state" in s
+            else s.get("step_name") or "")
         _row(steps_t, str(s["step"]), str(s["token"]), f"{s['created_at']:%H:%M:%S.%f}"[:-3],
              woke, shown)
     out.print(steps_t)
@@ -413,11 +450,14 @@ def cancel(run_id: Annotated[str, typer.Argument(help="The run's id.")], dsn: Ds
 
 @app.command()
 def retry(run_id: Annotated[str, typer.Argument(help="The run's id.")], dsn: DsnOption = None) -> None:
-    """Make a failed or cancelled run runnable again from its last checkpoint."""
+    """Make a failed or cancelled run live again: what failed runs again (a failed step, failed effects, failed children)."""
     rid = _run_id(run_id)
     with database(dsn) as conn:
-        conn.execute(Q_RETRY, (rid,))
-    out.print(f"run {rid} is runnable again (attempts reset)")
+        row = conn.execute(Q_RETRY, (rid,)).fetchone()
+    if row is not None and row[0] == "waiting":
+        out.print(f"run {rid} waits again for the failed children it retried (attempts reset)")
+    else:
+        out.print(f"run {rid} is runnable again (attempts reset)")
 
 
 @app.command()
@@ -457,7 +497,7 @@ def prune(
         age = retention.parse_age(older_than)
     except PgDurableError as exc:
         fail(str(exc))
-    target = need_dsn(dsn)
+    target = owner_dsn(dsn)
     try:
         preview = retention.prune_sync(target, age, dry_run=True)
         if dry_run:
@@ -494,7 +534,7 @@ def maintain(
 ) -> None:
     """Create the history partitions ahead of time; with --older-than, drop old ones whole."""
     try:
-        result = partitions.maintain_sync(need_dsn(dsn), days_ahead=days_ahead,
+        result = partitions.maintain_sync(owner_dsn(dsn), days_ahead=days_ahead,
                                           older_than=older_than)
     except PgDurableError as exc:
         fail(str(exc))
@@ -586,18 +626,27 @@ def worker(
 @app.command()
 def dashboard(
     dsn: DsnOption = None,
-    host: Annotated[str, typer.Option("--host", help="Interface to bind.")] = "127.0.0.1",
+    host: Annotated[str, typer.Option("--host", help="Interface to bind (not loopback: set --token, and --trusted-host for the names it is reached by).")] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", min=1, max=65535, help="TCP port.")] = 8080,
     actions: Annotated[bool, typer.Option("--actions", help="Enable run cancel/retry/signal/fork and schedule pause/resume/trigger (needs --token or $PGDURABLE_DASHBOARD_TOKEN).")] = False,
-    token: Annotated[str | None, typer.Option("--token", envvar="PGDURABLE_DASHBOARD_TOKEN", help="Token an action must carry.", show_default=False)] = None,
+    token: Annotated[str | None, typer.Option("--token", envvar="PGDURABLE_DASHBOARD_TOKEN", help="Token (at least 32 bytes) to log in with: every page needs it, and so does each action.", show_default=False)] = None,
+    trusted_host: Annotated[list[str] | None, typer.Option("--trusted-host", help="A host name the dashboard is reached by (Host header and POST origins; repeatable; '*.example.com' for subdomains). Default: localhost, 127.0.0.1, [::1].", show_default=False)] = None,
 ) -> None:
     """Serve the web dashboard (pgdurable[dashboard]); read-only unless --actions."""
     try:
-        from .dashboard import serve
+        from .dashboard import exposure_warnings, serve
     except ImportError as exc:
         fail(f"the dashboard needs its extra: pip install 'pgdurable[dashboard]' ({exc})")
     try:
-        serve(need_dsn(dsn), host=host, port=port, actions=actions, token=token)
+        warnings = exposure_warnings(host, token=token, trusted_hosts=trusted_host or None)
+    except (TypeError, ValueError) as exc:
+        fail(str(exc))
+    for message in warnings:
+        err.print(Text.assemble(("WARNING:", "bold red"), f" {message}"), highlight=False,
+                  soft_wrap=True)
+    try:
+        serve(owner_dsn(dsn), host=host, port=port, actions=actions, token=token,
+              trusted_hosts=trusted_host or None, warn=False)
     except ValueError as exc:
         fail(str(exc))
 

@@ -20,6 +20,9 @@ from .errors import PgDurableError
 __all__ = ["register"]
 
 StepOpt = Annotated[int, typer.Option("--step", help="The checkpoint (step number) to continue from.")]
+ForkStepOpt = Annotated[int | None, typer.Option(
+    "--step", help="The checkpoint (step number) to continue from (default: where a retry "
+                   "would continue: a failed step runs again).", show_default=False)]
 StateOpt = Annotated[str | None, typer.Option(
     "--state", help="JSON merge patch (RFC 7396) applied to that checkpoint's state.")]
 ReplaceOpt = Annotated[bool, typer.Option(
@@ -38,7 +41,7 @@ _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 def register(app: typer.Typer) -> None:
     """Add ``fork``, ``fork-failed`` and ``rewind`` to the CLI ``app``."""
-    def params(run_id: str, step: int, state: str | None, replace: bool,
+    def params(run_id: str, step: int | None, state: str | None, replace: bool,
                revision: str | None, force: bool) -> tuple[Any, ...]:
         patch: Any = None
         if state is not None:
@@ -64,7 +67,7 @@ def register(app: typer.Typer) -> None:
     @app.command()
     def fork(
         run_id: Annotated[str, typer.Argument(help="The run to fork.")],
-        step: StepOpt,
+        step: ForkStepOpt = None,
         state: StateOpt = None,
         replace_state: ReplaceOpt = False,
         revision: RevisionOpt = None,
@@ -75,8 +78,10 @@ def register(app: typer.Typer) -> None:
         p = params(run_id, step, state, replace_state, revision, force)
         with c.database(dsn) as conn:
             row = conn.execute(f.FORK, p).fetchone()
-        assert row is not None
-        c.out.print(f"run {row[0]} forked from {p[0]} at step {step}")
+            assert row is not None
+            at = conn.execute(f.FORKED_AT, (row[0],)).fetchone()
+        assert at is not None
+        c.out.print(f"run {row[0]} forked from {p[0]} at step {at[0]}")
 
     @app.command("fork-failed")
     def fork_failed(
@@ -91,7 +96,7 @@ def register(app: typer.Typer) -> None:
         dsn: DsnOpt = None,
         as_json: JsonOpt = False,
     ) -> None:
-        """Fork every failed run of TASK not forked yet (by --error, since --since) from its last checkpoint."""
+        """Fork every failed run of TASK not forked yet (by --error, since --since), each from where a retry would continue."""
         try:
             p = f.fork_failed_params(task, error, since_time(since), revision, force, limit)
         except (PgDurableError, TypeError, ValueError) as exc:

@@ -118,13 +118,16 @@ class DurableClient:
         ttl: timedelta | float = DEFAULT_IDEMPOTENCY_TTL,
         lease: timedelta | float = DEFAULT_IDEMPOTENCY_LEASE,
         wait_timeout: timedelta | float | None = None,
+        reconcile: Callable[[], Any] | None = None,
     ) -> Any:
-        """Sync twin of :meth:`Durable.with_idempotency` (``fn`` is sync) on this client's pool."""
+        """Sync twin of :meth:`Durable.with_idempotency` (``fn`` and ``reconcile``
+        are sync) on this client's pool."""
         if self._closed:
             raise ProviderClosed("this DurableClient is closed")
         self.open()
         return with_idempotency_sync(
-            self._pool, key, fn, ttl=ttl, lease=lease, wait_timeout=wait_timeout
+            self._pool, key, fn, ttl=ttl, lease=lease, wait_timeout=wait_timeout,
+            reconcile=reconcile,
         )
 
     def __enter__(self) -> DurableClient:
@@ -236,10 +239,10 @@ class DurableClient:
         return str(one(self._fetchone(q.CANCEL, (q.check_run_id(run_id),))))
 
     def retry(self, run_id: Any) -> str:
-        """Retry a failed or cancelled run (see :meth:`Durable.retry`); ``"runnable"``."""
+        """Retry a failed or cancelled run (see :meth:`Durable.retry`); its new status."""
         return str(one(self._fetchone(RETRY, (q.check_run_id(run_id),))))
 
-    def fork(self, run_id: Any, from_step: int, state: Any = None, *,
+    def fork(self, run_id: Any, from_step: int | None = None, state: Any = None, *,
              state_mode: Literal["merge", "replace"] = "merge",
              revision: str | None = None, force: bool = False) -> str:
         """Sync twin of :meth:`Durable.fork`."""

@@ -70,7 +70,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -80,6 +80,7 @@ from .registry import Task
 from .steps import Continue, Done, EffectFn, RunContext, in_thread
 from .tasks import (
     CHECKPOINT_VERSION,
+    CancelSignal,
     DurableCheckpoint,
     DurableStep,
     DurableTask,
@@ -115,13 +116,15 @@ class DurableRunContext:
     """The ``context`` a durable step receives when it runs under a leased worker.
 
     ``app`` is the object given to ``Durable.register(task, context=...)``;
-    ``run`` is the step's :class:`~pgdurable.steps.RunContext`; ``signal`` is
-    always ``None`` (a cancel stops the step itself).
+    ``run`` is the step's :class:`~pgdurable.steps.RunContext`; ``signal`` is a
+    :class:`~pgdurable.tasks.CancelSignal` that is never aborted (a step written
+    for ``task.run`` may look at ``ctx.signal.aborted``; here a cancel stops the
+    step itself, by ``asyncio.CancelledError``).
     """
 
     app: Any
     run: RunContext
-    signal: Any = None
+    signal: Any = field(default_factory=CancelSignal)
 
     async def effect(self, key: str, fn: EffectFn, *, reconcile: EffectFn | None = None) -> Any:
         """``self.run.effect(key, fn, reconcile=reconcile)``: an effect recorded with the run."""

@@ -40,6 +40,7 @@ __all__ = [
     "SchemaVersionMismatch",
     "SignalConflict",
     "UnknownTask",
+    "ValueTooLarge",
     "translate",
 ]
 
@@ -142,6 +143,8 @@ class RunCancelled(PgDurableError):
     """The run was cancelled."""
 
     sqlstate = "PD009"
+    #: The cancel signal's ``reason`` (a durable task's AbortSignal), when known.
+    reason: Any = None
 
 
 class EffectFailed(PgDurableError):
@@ -162,6 +165,13 @@ class AttemptsExhausted(PgDurableError):
     """A task or run was attempted more than its ``max_attempts``; it is failed, not retried."""
 
     sqlstate = "PD012"
+
+
+class ValueTooLarge(InvalidInput):
+    """A value is larger than pgdurable stores (a pubsub event over 1 MiB of JSON,
+    a lease owner over 64 KiB): nothing changed. A :class:`ValueError` too."""
+
+    sqlstate = "PD013"
 
 
 class PermissionDenied(PgDurableError):
@@ -259,3 +269,22 @@ def mark_terminal(exc: BaseException) -> BaseException:
 def is_terminal(exc: BaseException) -> bool:
     """True if ``exc`` was flagged by :func:`mark_terminal`."""
     return getattr(exc, "pgdurable_terminal", False) is True
+
+
+def mark_recorded(exc: BaseException, checkpoint: int) -> BaseException:
+    """Flag ``exc`` as the error recorded by the run's checkpoint ``checkpoint``.
+
+    A workflow step's last error is recorded as a checkpoint; when nobody
+    catches it, that record is what fails the run. The run's error then says
+    ``"checkpoint": N``, and a retry or a fork of the failed run continues
+    from checkpoint N - 1: the step runs again instead of replaying its error
+    (``pgdurable._resume_step``, sql/0030).
+    """
+    exc.pgdurable_checkpoint = checkpoint  # type: ignore[attr-defined]
+    return exc
+
+
+def recorded_checkpoint(exc: BaseException) -> int | None:
+    """The checkpoint :func:`mark_recorded` gave ``exc``, or None."""
+    n = getattr(exc, "pgdurable_checkpoint", None)
+    return n if isinstance(n, int) and not isinstance(n, bool) else None

@@ -1,12 +1,21 @@
-"""Fork or rewind a run from any recorded step (SQL in ``sql/0017_fork.sql``).
+"""Fork or rewind a run from any recorded step (SQL in ``sql/0017_fork.sql``, ``sql/0030``).
 
 A run keeps every checkpoint (``pgdurable.checkpoints``, step 1..N). Forking
 run R at step N starts a NEW run whose history is R's checkpoints 1..N and
 whose state is checkpoint N's (optionally patched); it continues with step
-N+1. Effects R recorded in steps 1..N are copied to the fork, so they return
-their recorded result instead of acting again; effects of later steps are not
-copied and run again in the fork. R is only read. Lineage:
-``runs.forked_from`` / ``runs.forked_from_step``.
+N+1, with the wake that continued from checkpoint N in R (the outcome of a
+wait recorded there). Effects R recorded in steps 1..N are copied to the
+fork, so they return their recorded result instead of acting again; effects
+of later steps are not copied and run again in the fork. R is only read.
+Lineage: ``runs.forked_from`` / ``runs.forked_from_step``.
+
+The resume point: ``from_step=None`` forks from where :meth:`Durable.retry
+<pgdurable.Durable.retry>` would continue R: its last checkpoint, or, when R
+failed because a workflow step's recorded error was not caught, the
+checkpoint before that record (the fork runs the step again). A fork at the
+resume point is R's retry as a new run: it also gets the effects R recorded
+after that checkpoint, as a retry sees them (succeeded ones kept, failed ones
+follow their replay policy). :func:`fork_failed` forks from the resume point.
 
 Rewinding a ``failed`` or ``cancelled`` run to step N does the same in place
 (same run id): later checkpoints and their effects are moved into
@@ -56,8 +65,11 @@ __all__ = ["ForkedRun", "StateMode", "fork", "fork_failed", "fork_failed_params"
 
 StateMode = Literal["merge", "replace"]
 
-# -- fork one run (0012); returns the new run's id. PD002 / PDF01 / PDF02 / PD000
-FORK = "SELECT pgdurable.fork_run(%s::uuid, %s, %s::jsonb, %s, %s, %s)"
+# -- fork one run (0017, 0030; step NULL: its resume point); returns the new run's id.
+# -- PD002 / PDF01 / PDF02 / PD000
+FORK = "SELECT pgdurable.fork_run(%s::uuid, %s::integer, %s::jsonb, %s, %s, %s)"
+# -- the checkpoint a fork continues from (its forked_from_step)
+FORKED_AT = "SELECT forked_from_step FROM pgdurable.runs WHERE id = %s::uuid"
 # -- bulk fork of failed runs (0012); rows (source, fork)
 FORK_FAILED = "SELECT source, fork FROM pgdurable.fork_failed(%s, %s, %s, %s, %s, %s)"
 # -- rewind a failed/cancelled run in place (0012); returns 'runnable'
@@ -77,11 +89,20 @@ class ForkedRun:
     fork: str
 
 
-def _step(from_step: object) -> int:
+#: The SQL functions take a step and a limit as ``integer``: a larger int
+#: would match no function (``UndefinedFunction``), so it is refused here.
+_INT4_MAX = 2**31 - 1
+
+
+def _step(from_step: object, name: str = "from_step") -> int | None:
+    if from_step is None:
+        return None  # the resume point (fork only; rewind_run refuses it)
     if isinstance(from_step, bool) or not isinstance(from_step, int):
-        raise TypeError(f"from_step must be an int, not {type(from_step).__name__}")
+        raise TypeError(f"{name} must be an int, not {type(from_step).__name__}")
     if from_step < 0:
-        raise InvalidInput(f"from_step must be >= 0, not {from_step}")
+        raise InvalidInput(f"{name} must be >= 0, not {from_step}")
+    if from_step > _INT4_MAX:
+        raise InvalidInput(f"{name} must be at most {_INT4_MAX} (a step number), not {from_step}")
     return from_step
 
 
@@ -119,7 +140,10 @@ def fork_params(run_id: Any, from_step: Any, state: Any, state_mode: Any, revisi
 
 def rewind_params(run_id: Any, to_step: Any, state: Any, state_mode: Any, revision: Any,
                   force: Any) -> tuple[Any, ...]:
-    """Validated parameters of :data:`REWIND`."""
+    """Validated parameters of :data:`REWIND` (a step is required)."""
+    if to_step is None:
+        raise TypeError("to_step must be an int, not None")
+    _step(to_step, "to_step")
     return fork_params(run_id, to_step, state, state_mode, revision, force)
 
 
@@ -131,8 +155,8 @@ def fork_failed_params(task: Any, error: Any, since: Any, revision: Any, force: 
         raise InvalidInput("error must be a non-empty error type name (e.g. 'TimeoutError') or None")
     if not isinstance(since, datetime) or since.tzinfo is None:
         raise InvalidInput("since must be a timezone-aware datetime")
-    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-        raise InvalidInput("limit must be an int >= 1")
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= _INT4_MAX:
+        raise InvalidInput(f"limit must be an int in 1..{_INT4_MAX}, not {limit!r}")
     return task, error, since, _revision(revision), _force(force), limit
 
 
@@ -140,10 +164,10 @@ def _forked(rows: list[tuple[Any, ...]]) -> list[ForkedRun]:
     return [ForkedRun(str(s), str(f)) for s, f in rows]
 
 
-async def fork(app: App, run_id: Any, from_step: int, state: Any = None, *,
+async def fork(app: App, run_id: Any, from_step: int | None = None, state: Any = None, *,
                state_mode: StateMode = "merge", revision: str | None = None,
                force: bool = False) -> str:
-    """Fork ``run_id`` from its checkpoint ``from_step``; return the new run's id."""
+    """Fork ``run_id`` from its checkpoint ``from_step`` (None: its resume point); the new run's id."""
     row = await app.fetchone(FORK, fork_params(run_id, from_step, state, state_mode,
                                                 revision, force))
     assert row is not None
@@ -153,7 +177,8 @@ async def fork(app: App, run_id: Any, from_step: int, state: Any = None, *,
 async def fork_failed(app: App, task: str, *, error: str | None, since: datetime,
                       revision: str | None = None, force: bool = False,
                       limit: int = 1000) -> list[ForkedRun]:
-    """Fork every failed run of ``task`` (error type ``error``, since ``since``) not forked yet."""
+    """Fork every failed run of ``task`` (error type ``error``, since ``since``) not forked
+    yet, each from its resume point."""
     rows = await app.fetchall(FORK_FAILED, fork_failed_params(task, error, since, revision,
                                                               force, limit))
     return _forked(rows)
@@ -169,7 +194,8 @@ async def rewind(app: App, run_id: Any, to_step: int, state: Any = None, *,
     return str(row[0])
 
 
-def fork_sync(client: SyncDatabase, run_id: Any, from_step: int, state: Any = None, *,
+def fork_sync(client: SyncDatabase, run_id: Any, from_step: int | None = None,
+              state: Any = None, *,
               state_mode: StateMode = "merge", revision: str | None = None,
               force: bool = False) -> str:
     """Sync twin of :func:`fork` on a :class:`~pgdurable.DurableClient`."""

@@ -334,6 +334,10 @@ def migration_status(target: ConnOrDsn) -> list[MigrationState]:
             if row and row[0]:
                 cur.execute(_APPLIED)
                 rows = {v: (s, at) for v, _n, s, at in cur.fetchall()}
+    except psycopg.OperationalError as exc:
+        raise DatabaseUnavailable(f"database went away: {first_line(str(exc))}") from None
+    except psycopg.Error as exc:
+        raise MigrationError(f"cannot read the migration status: {first_line(str(exc))}") from exc
     finally:
         if owned:
             conn.close()

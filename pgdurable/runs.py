@@ -432,16 +432,23 @@ class Durable:
         return str(one(await self.fetchone(q.CANCEL, (q.check_run_id(run_id),))))
 
     async def retry(self, run_id: Any) -> str:
-        """Make a ``failed`` or ``cancelled`` run runnable again; return ``"runnable"``.
+        """Make a ``failed`` or ``cancelled`` run live again; return its new status.
 
-        The run resumes from its last checkpoint (state and step kept) with
-        attempts and reclaims reset; its queue is notified. Unknown run:
-        :class:`~pgdurable.RunNotFound`; a run in any other status:
-        :class:`~pgdurable.InvalidInput` naming the status (nothing changes).
+        The run resumes from its last checkpoint with attempts and reclaims
+        reset and its queue notified: ``"runnable"``. What failed runs again
+        (docs/fork.md, "Retry"): a workflow step whose uncaught error failed the
+        run is run again (its record is dropped, kept in ``run_rewinds``);
+        effects that failed after that checkpoint follow their replay policy
+        (``fn`` again, or ``reconcile`` first); the outcome of the last wait is
+        kept (a wait that timed out waits again). A run that failed after
+        waiting on children retries its failed children and waits for them
+        again: ``"waiting"``. Unknown run: :class:`~pgdurable.RunNotFound`; a run
+        in any other status, or a child whose parent has ended:
+        :class:`~pgdurable.InvalidInput` (nothing changes).
         """
         return str(one(await self.fetchone(RETRY, (q.check_run_id(run_id),))))
 
-    async def fork(self, run_id: Any, from_step: int, state: Any = None, *,
+    async def fork(self, run_id: Any, from_step: int | None = None, state: Any = None, *,
                    state_mode: Literal["merge", "replace"] = "merge",
                    revision: str | None = None, force: bool = False) -> str:
         """Fork a run from its checkpoint ``from_step`` into a new run; return its id.
@@ -449,6 +456,9 @@ class Durable:
         See :mod:`pgdurable.fork`: history and effects of steps 1..from_step are
         copied, ``state`` patches (``state_mode="merge"``, RFC 7396) or replaces
         the state, ``revision`` must be registered by a worker unless ``force``.
+        ``from_step=None`` forks from where :meth:`retry` would continue the run
+        (before the record of a workflow step whose uncaught error failed it:
+        the fork runs that step again).
         """
         return await fork(self, run_id, from_step, state, state_mode=state_mode,
                           revision=revision, force=force)
@@ -532,18 +542,21 @@ class Durable:
         ttl: timedelta | float = DEFAULT_IDEMPOTENCY_TTL,
         lease: timedelta | float = DEFAULT_IDEMPOTENCY_LEASE,
         wait_timeout: timedelta | float | None = None,
+        reconcile: Callable[[], Any] | None = None,
     ) -> Any:
         """Run ``fn`` at most once per ``key`` across processes, on this app's pool.
 
         :func:`pgdurable.with_idempotency` (same contract): concurrent callers
         of ``key`` get the one stored JSON result (or :class:`EffectFailed`)
-        until ``ttl`` passes. For side effects outside runs; inside a step use
+        until ``ttl`` passes; ``reconcile`` resolves a key whose outcome is
+        unknown. For side effects outside runs; inside a step use
         ``ctx.effect``.
         """
         if self._closed:
             raise ProviderClosed("this Durable app is closed")
         return await with_idempotency(
-            await self._ready(), key, fn, ttl=ttl, lease=lease, wait_timeout=wait_timeout
+            await self._ready(), key, fn, ttl=ttl, lease=lease, wait_timeout=wait_timeout,
+            reconcile=reconcile,
         )
 
     # -- threads and the output stream (pgdurable.threads, pgdurable.stream) --

@@ -37,11 +37,29 @@ must find out the real outcome (ask the other system) and return the state. If
 stays in flight: the step is never re-run blindly; the application decides.
 
 A step that raises leaves the record where it was (its error saved in
-``error``); the next ``run`` call is a new attempt. Cancellation: if the
-context has a ``signal`` with ``is_set()`` (``asyncio.Event`` or
-``threading.Event``, like the seed's AbortSignal) and it is set, the call stops
-before the next step with :class:`~pgdurable.errors.RunCancelled`; the record
-is resumable.
+``error``); the next ``run`` call is a new attempt.
+
+Cancellation: the context's ``signal`` (an attribute, or a ``"signal"`` key of
+a mapping context, like the kit's ``{app, signal}``) is looked at before every
+step. It is aborted when it has ``aborted`` true (the kit's AbortSignal shape:
+:class:`CancelSignal`, or any object with ``.aborted`` and optionally
+``.reason``) or ``is_set()`` true (``asyncio.Event``, ``threading.Event``).
+Then the call stops before the next step with
+:class:`~pgdurable.errors.RunCancelled` (``exc.reason`` is the signal's
+``reason``, also its cause when it is an exception); the record is resumable.
+
+Record formats. A store may hold pgdurable's record (:data:`CHECKPOINT_VERSION`,
+snake_case, with ``in_flight_step`` and ``error``) or the kit's own
+(:data:`KIT_CHECKPOINT_VERSION`, camelCase: ``version, definitionId, revision,
+nextStepIndex, attemptCount, maxAttempts, deadlineAtMs, status, state``).
+``run`` reads both; it writes the one ``record_format=`` names
+(``define_durable_task``; default ``"pgdurable"``), so a store shared with the
+kit resumes there too. The kit's record has no in-flight field: a
+``reconcile`` step started but not confirmed is saved ``status: "running"``
+at its index (a step between two others is saved ``"ready"``), and a kit
+record found ``running`` at a ``reconcile`` step is read as that step in
+flight (the safe reading: reconcile, never re-run blindly). The kit's record
+has no ``error`` either, and no deadline leaves ``deadlineAtMs`` out.
 
 The per-step transitions are module-level functions (:func:`new_checkpoint`,
 :func:`check_checkpoint`, :func:`begin_attempt`, :func:`deadline_failure`,
@@ -55,6 +73,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import inspect
+import math
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -83,6 +102,8 @@ from .pooler import Pooler, aconfigure, check_pooler, connect_kwargs
 
 __all__ = [
     "CHECKPOINT_VERSION",
+    "KIT_CHECKPOINT_VERSION",
+    "CancelSignal",
     "DurableCheckpoint",
     "DurableContext",
     "DurableStep",
@@ -98,6 +119,7 @@ __all__ = [
     "define_durable_task",
     "mark_in_flight",
     "new_checkpoint",
+    "signal_aborted",
 ]
 
 T = TypeVar("T")
@@ -105,7 +127,11 @@ App = TypeVar("App")
 
 #: Format version of :class:`DurableCheckpoint` records written by this library.
 CHECKPOINT_VERSION = 1
+#: Format version of the kit's own checkpoint record (camelCase fields).
+KIT_CHECKPOINT_VERSION = 2
 
+RecordFormat = Literal["pgdurable", "kit"]
+_FORMATS = ("pgdurable", "kit")
 ReplayPolicy = Literal["safe", "reconcile"]
 Status = Literal["ready", "running", "completed", "failed"]
 _STATUSES = ("ready", "running", "completed", "failed")
@@ -172,76 +198,219 @@ class DurableCheckpoint:
     in_flight_step: str | None = None
     error: dict[str, Any] | None = None
 
-    def to_json(self) -> dict[str, Any]:
-        """The record as a JSON object (validated: a non-JSON state raises here)."""
-        obj = {
-            "version": self.version,
-            "definition_id": self.definition_id,
-            "revision": self.revision,
-            "next_step_index": self.next_step_index,
-            "attempt_count": self.attempt_count,
-            "max_attempts": self.max_attempts,
-            "deadline_at_ms": self.deadline_at_ms,
-            "status": self.status,
-            "state": self.state,
-            "in_flight_step": self.in_flight_step,
-            "error": self.error,
-        }
+    def to_json(self, record_format: RecordFormat = "pgdurable") -> dict[str, Any]:
+        """The record as a JSON object, in pgdurable's format or the kit's
+        (validated: a non-JSON state raises here). See the module docstring
+        for what the kit's format cannot hold."""
+        if record_format == "kit":
+            obj: dict[str, Any] = {
+                "version": KIT_CHECKPOINT_VERSION,
+                "definitionId": self.definition_id,
+                "revision": self.revision,
+                "nextStepIndex": self.next_step_index,
+                "attemptCount": self.attempt_count,
+                "maxAttempts": self.max_attempts,
+            }
+            if self.deadline_at_ms is not None:
+                obj["deadlineAtMs"] = self.deadline_at_ms
+            obj["status"] = ("running" if self.in_flight_step is not None
+                             else "ready" if self.status == "running" else self.status)
+            obj["state"] = self.state
+        elif record_format == "pgdurable":
+            obj = {
+                "version": self.version,
+                "definition_id": self.definition_id,
+                "revision": self.revision,
+                "next_step_index": self.next_step_index,
+                "attempt_count": self.attempt_count,
+                "max_attempts": self.max_attempts,
+                "deadline_at_ms": self.deadline_at_ms,
+                "status": self.status,
+                "state": self.state,
+                "in_flight_step": self.in_flight_step,
+                "error": self.error,
+            }
+        else:
+            raise ValueError(f"record_format must be 'pgdurable' or 'kit', not {record_format!r}")
         _json.validate(obj["state"], "state")
         _json.validate(obj, "record")
         return obj
 
     @classmethod
-    def from_json(cls, obj: object) -> DurableCheckpoint:
-        """Parse a stored record; :class:`CorruptCheckpoint` if it is malformed."""
+    def from_json(cls, obj: object, *, steps: Sequence[DurableStep] = ()) -> DurableCheckpoint:
+        """Parse a stored record, pgdurable's or the kit's (told apart by
+        ``definition_id`` / ``definitionId``); :class:`CorruptCheckpoint` if it is
+        malformed, :class:`IncompatibleCheckpoint` for a kit record of another
+        version. ``steps`` (the definition's) lets a kit record left
+        ``running`` at a ``reconcile`` step be read as that step in flight."""
         if not isinstance(obj, Mapping):
             raise CorruptCheckpoint(f"checkpoint record is a {type(obj).__name__}, not an object")
-
-        def get(name: str, kinds: tuple[type, ...], optional: bool = False) -> Any:
-            if name not in obj:
-                if optional:
-                    return None
-                raise CorruptCheckpoint(f"checkpoint record has no {name!r}")
-            v = obj[name]
-            if v is None and optional:
-                return None
-            if isinstance(v, bool) or not isinstance(v, kinds):
-                raise CorruptCheckpoint(f"checkpoint record field {name!r} is {v!r}")
-            return v
-
+        if "definition_id" not in obj and "definitionId" in obj:
+            return cls._from_kit(obj, steps)
+        if "definition_id" not in obj:
+            raise CorruptCheckpoint(
+                "checkpoint record has no 'definition_id' (pgdurable's format) and no "
+                "'definitionId' (the kit's)")
         rec = cls(
-            version=get("version", (int,)),
-            definition_id=get("definition_id", (str,)),
-            revision=get("revision", (str,)),
-            next_step_index=get("next_step_index", (int,)),
-            attempt_count=get("attempt_count", (int,)),
-            max_attempts=get("max_attempts", (int,)),
-            deadline_at_ms=get("deadline_at_ms", (int,), optional=True),
-            status=get("status", (str,)),
+            version=_field(obj, "version", (int,)),
+            definition_id=_field(obj, "definition_id", (str,)),
+            revision=_field(obj, "revision", (str,)),
+            next_step_index=_field(obj, "next_step_index", (int,)),
+            attempt_count=_field(obj, "attempt_count", (int,)),
+            max_attempts=_field(obj, "max_attempts", (int,)),
+            deadline_at_ms=_field(obj, "deadline_at_ms", (int,), optional=True),
+            status=_field(obj, "status", (str,)),
             state=obj.get("state"),
-            in_flight_step=get("in_flight_step", (str,), optional=True),
-            error=get("error", (dict,), optional=True),
+            in_flight_step=_field(obj, "in_flight_step", (str,), optional=True),
+            error=_field(obj, "error", (dict,), optional=True),
         )
+        return rec._checked(obj)
+
+    @classmethod
+    def _from_kit(cls, obj: Mapping[str, Any], steps: Sequence[DurableStep]) -> DurableCheckpoint:
+        version = _field(obj, "version", (int,))
+        if version != KIT_CHECKPOINT_VERSION:
+            raise IncompatibleCheckpoint(
+                f"the kit's checkpoint record version {version} is not {KIT_CHECKPOINT_VERSION}")
+        deadline = _field(obj, "deadlineAtMs", (int, float), optional=True)
+        if isinstance(deadline, float):
+            if not math.isfinite(deadline):
+                raise CorruptCheckpoint(f"checkpoint record field 'deadlineAtMs' is {deadline!r}")
+            deadline = int(deadline)
+        index = _field(obj, "nextStepIndex", (int,))
+        status = _field(obj, "status", (str,))
+        step = steps[index] if 0 <= index < len(steps) else None
+        in_flight = (step.id if status == "running" and step is not None
+                     and step.replay == "reconcile" else None)
+        rec = cls(
+            version=CHECKPOINT_VERSION,
+            definition_id=_field(obj, "definitionId", (str,)),
+            revision=_field(obj, "revision", (str,)),
+            next_step_index=index,
+            attempt_count=_field(obj, "attemptCount", (int,)),
+            max_attempts=_field(obj, "maxAttempts", (int,)),
+            deadline_at_ms=deadline,
+            status=status,
+            state=obj.get("state"),
+            in_flight_step=in_flight,
+        )
+        return rec._checked(obj)
+
+    def _checked(self, obj: Mapping[str, Any]) -> DurableCheckpoint:
         if "state" not in obj:
             raise CorruptCheckpoint("checkpoint record has no 'state'")
-        if rec.status not in _STATUSES:
-            raise CorruptCheckpoint(f"checkpoint record has unknown status {rec.status!r}")
-        if rec.next_step_index < 0 or rec.attempt_count < 0 or rec.max_attempts < 1:
+        if self.status not in _STATUSES:
+            raise CorruptCheckpoint(f"checkpoint record has unknown status {self.status!r}")
+        if self.next_step_index < 0 or self.attempt_count < 0 or self.max_attempts < 1:
             raise CorruptCheckpoint("checkpoint record has a negative index or count")
-        return rec
+        return self
+
+
+def _field(obj: Mapping[str, Any], name: str, kinds: tuple[type, ...],
+           optional: bool = False) -> Any:
+    """``obj[name]`` if it is one of ``kinds`` (``None``/missing allowed when
+    ``optional``); :class:`CorruptCheckpoint` otherwise."""
+    if name not in obj:
+        if optional:
+            return None
+        raise CorruptCheckpoint(f"checkpoint record has no {name!r}")
+    v = obj[name]
+    if v is None and optional:
+        return None
+    if isinstance(v, bool) or not isinstance(v, kinds):
+        raise CorruptCheckpoint(f"checkpoint record field {name!r} is {v!r}")
+    return v
+
+
+class CancelSignal:
+    """A durable task's cancel signal, shaped like the kit's AbortSignal
+    (``aborted``, ``reason``, ``throw_if_aborted()``) and like an event
+    (``is_set()``, ``set()``). :meth:`abort` may be called from any thread.
+
+    ``task.run`` stops before its next step once it is aborted, with
+    :class:`~pgdurable.errors.RunCancelled` carrying ``reason``. Steps may look
+    at ``ctx.signal.aborted`` themselves to stop early inside a long step.
+    """
+
+    __slots__ = ("_aborted", "_reason")
+
+    def __init__(self) -> None:
+        self._aborted = False
+        self._reason: Any = None
+
+    @property
+    def aborted(self) -> bool:
+        """Whether :meth:`abort` (or :meth:`set`) was called."""
+        return self._aborted
+
+    @property
+    def reason(self) -> Any:
+        """What :meth:`abort` was given: by default a
+        :class:`~pgdurable.errors.RunCancelled`; ``None`` until aborted."""
+        return self._reason
+
+    def abort(self, reason: Any = None) -> None:
+        """Abort (once: a later call changes nothing), with ``reason``."""
+        if self._aborted:
+            return
+        self._reason = RunCancelled("the operation was aborted") if reason is None else reason
+        self._aborted = True
+
+    def set(self) -> None:
+        """:meth:`abort` without a reason (the ``asyncio.Event`` spelling)."""
+        self.abort()
+
+    def is_set(self) -> bool:
+        """Same as :attr:`aborted` (the ``asyncio.Event`` spelling)."""
+        return self._aborted
+
+    def throw_if_aborted(self) -> None:
+        """Raise ``reason`` if aborted (an exception as it is, anything else in
+        a :class:`~pgdurable.errors.RunCancelled`)."""
+        if not self._aborted:
+            return
+        if isinstance(self._reason, BaseException):
+            raise self._reason
+        exc = RunCancelled(f"the operation was aborted: {self._reason!r}")
+        exc.reason = self._reason
+        raise exc
+
+    def __repr__(self) -> str:
+        return f"CancelSignal(aborted={self._aborted}, reason={self._reason!r})"
+
+
+def signal_aborted(context: Any) -> tuple[bool, Any]:
+    """``(aborted, reason)`` of ``context``'s cancel signal (its ``signal``
+    attribute, or its ``"signal"`` key if it is a mapping): aborted when the
+    signal has ``aborted`` true (an AbortSignal shape; ``reason`` is read from
+    it) or ``is_set()`` true (an event); ``(False, None)`` without a signal."""
+    signal = (context.get("signal") if isinstance(context, Mapping)
+              else getattr(context, "signal", None))
+    if signal is None:
+        return False, None
+    aborted = getattr(signal, "aborted", None)
+    if callable(aborted):
+        aborted = aborted()
+    if not aborted:
+        is_set = getattr(signal, "is_set", None)
+        aborted = bool(is_set()) if callable(is_set) else False
+    return (True, getattr(signal, "reason", None)) if aborted else (False, None)
 
 
 @dataclass(frozen=True)
 class DurableContext(Generic[App]):
     """What steps receive besides the state: the application, and a cancel signal.
 
-    ``signal`` is anything with ``is_set()`` (``asyncio.Event``,
-    ``threading.Event``); set, it stops the task before its next step. Any other
-    context object works too (``run`` only looks for a ``signal`` attribute).
+    ``signal`` (default: a fresh :class:`CancelSignal`, like the kit's
+    ``new AbortController().signal``) is anything with ``aborted`` (an
+    AbortSignal shape, with ``reason``) or ``is_set()`` (``asyncio.Event``,
+    ``threading.Event``); aborted, it stops the task before its next step. Any
+    other context object works too (``run`` only looks for a ``signal``
+    attribute, or a ``"signal"`` key of a mapping).
     """
 
     app: App
-    signal: Any = None
+    signal: Any = field(default_factory=CancelSignal)
 
 
 @runtime_checkable
@@ -393,12 +562,6 @@ async def _maybe_await(value: Any) -> Any:
     return value
 
 
-def _cancelled(context: Any) -> bool:
-    signal = getattr(context, "signal", None)
-    is_set = getattr(signal, "is_set", None)
-    return bool(is_set()) if callable(is_set) else False
-
-
 def _error(exc: BaseException, step: str | None = None) -> dict[str, Any]:
     err: dict[str, Any] = {"type": type(exc).__name__, "message": str(exc).replace("\x00", "")}
     if step is not None:
@@ -436,6 +599,7 @@ class DurableTask(Generic[T, App]):
     now: Callable[[], float] | None = None
     store: DurableStore | None = None
     initial_state: Any = field(default=None)
+    record_format: RecordFormat = "pgdurable"
 
     def _now_ms(self, store: DurableStore) -> Awaitable[int] | int:
         if self.now is not None:
@@ -477,7 +641,7 @@ class DurableTask(Generic[T, App]):
                 )
             record = new_checkpoint(self, await _maybe_await(self._now_ms(store)), first)
         else:
-            record = DurableCheckpoint.from_json(raw)
+            record = DurableCheckpoint.from_json(raw, steps=self.steps)
         check_checkpoint(self, record)
         if record.status == "completed":
             return record.state
@@ -488,27 +652,32 @@ class DurableTask(Generic[T, App]):
             if verdict is False:
                 raise PermissionError(f"durable task {task_id!r}: authorize denied the resume")
         record = begin_attempt(record)
-        await store.save(task_id, record.to_json())
+        await store.save(task_id, record.to_json(self.record_format))
         if record.status == "failed":
             _raise_failed(task_id, record)
         failed = deadline_failure(record, await _maybe_await(self._now_ms(store)))
         if failed is not None:
-            await store.save(task_id, failed.to_json())
+            await store.save(task_id, failed.to_json(self.record_format))
             _raise_failed(task_id, failed)
         while record.next_step_index < len(self.steps):
             step = self.steps[record.next_step_index]
-            if _cancelled(context):
-                raise RunCancelled(f"durable task {task_id!r} cancelled before step {step.id!r}")
+            aborted, reason = signal_aborted(context)
+            if aborted:
+                exc = RunCancelled(f"durable task {task_id!r} cancelled before step {step.id!r}"
+                                   + ("" if reason is None else f": {reason}"))
+                exc.reason = reason
+                raise exc from (reason if isinstance(reason, BaseException) else None)
             resuming = record.in_flight_step == step.id
             if step.replay == "reconcile" and not resuming:
                 record = mark_in_flight(record, step)
-                await store.save(task_id, record.to_json())
+                await store.save(task_id, record.to_json(self.record_format))
             try:
                 state = await call_step(self, record, context, reconcile=resuming)
                 nxt = complete_step(self, record, state)
-                await store.save(task_id, nxt.to_json())
+                await store.save(task_id, nxt.to_json(self.record_format))
             except Exception as exc:
-                await store.save(task_id, replace(record, error=_error(exc, step.id)).to_json())
+                failing = replace(record, error=_error(exc, step.id))
+                await store.save(task_id, failing.to_json(self.record_format))
                 raise
             record = nxt
         return record.state
@@ -526,6 +695,7 @@ def define_durable_task(
     now: Callable[[], float] | None = None,
     store: DurableStore | None = None,
     initial_state: Any = None,
+    record_format: RecordFormat = "pgdurable",
 ) -> DurableTask[Any, Any]:
     """Compile a durable task definition into a resumable runner.
 
@@ -536,6 +706,9 @@ def define_durable_task(
     milliseconds) is fixed when the record is created. ``now`` returns epoch
     milliseconds (default: the store's database clock when it has ``now_ms``,
     else the process clock). ``initial_state`` starts a task id with no record.
+    ``record_format`` is the format ``run`` saves records in: ``"pgdurable"``
+    (default) or ``"kit"`` (the kit's camelCase record, so that the kit can
+    resume the store too); either format is read.
     """
     tid = _check_name(id, "definition id")
     rev = _check_name(revision, "revision")
@@ -566,6 +739,8 @@ def define_durable_task(
         raise TypeError("now must be callable or None")
     if store is not None and not isinstance(store, DurableStore):
         raise TypeError("store must implement DurableStore (exclusive, load, save)")
+    if record_format not in _FORMATS:
+        raise ValueError(f"record_format must be 'pgdurable' or 'kit', not {record_format!r}")
     if initial_state is not None:
         if not is_state(initial_state):
             raise ValueError("initial_state fails is_state")
@@ -573,7 +748,7 @@ def define_durable_task(
     return DurableTask(
         id=tid, revision=rev, steps=tuple(steps), is_state=is_state, authorize=authorize,
         max_attempts=max_attempts, deadline=deadline, now=now, store=store,
-        initial_state=initial_state,
+        initial_state=initial_state, record_format=record_format,
     )
 
 

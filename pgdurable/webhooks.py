@@ -36,7 +36,9 @@ and sends ``X-Pgdurable-Signature: v1=<hex HMAC-SHA256(secret, canonical)>``.
 
 With no signal id header the signal id is derived from the signature
 (``v1:<hex>``), so a replay of the same request inside the window is
-deduplicated (it changes nothing and gets the first answer). Secrets must be
+deduplicated (it changes nothing and gets the first answer). Signal ids are
+scoped by kind (the database keys them by ``(kind, signal_id)``): a sender
+allowed one kind cannot take the ``Idempotency-Key`` of another kind's signal. Secrets must be
 at least 32 bytes (``secrets.token_hex(32)``); a shorter one is a
 ``ValueError`` when the app is built.
 
@@ -52,7 +54,7 @@ Responses (JSON):
 * ``400`` bad JSON, NUL, lone surrogate, empty kind/ref, bad signal id;
   ``401`` missing or bad signature or timestamp; ``403`` no secret for this
   kind; ``404`` unknown path; ``405`` not POST; ``409`` the signal id was
-  used with another payload; ``413`` body over ``max_payload`` (default
+  used for this kind with another ref or payload; ``413`` body over ``max_payload`` (default
   1 MiB). Every 4xx is ``{"error": "<one line>"}`` and changes nothing.
 * ``503`` database unavailable or busy, ``500`` anything unexpected: the body
   is generic (details go to the ``pgdurable.webhooks`` logger) and says that

@@ -61,6 +61,13 @@ Errors that replay would only repeat (non-determinism, a recorded
 ``StepFailed`` or ``WaitTimeout`` escaping the function, bad step input) end
 the run ``failed`` at once; any other exception of the workflow's own code is
 a failed attempt of the run, retried from the top like a task step.
+
+Recovering a failed run (``app.retry``, ``app.fork`` at its default step,
+``fork_failed``; docs/fork.md): a step error the workflow caught is history
+and replays as recorded. An uncaught one fails the run with an error that
+names its checkpoint (``runs.error.checkpoint``, see
+:func:`~pgdurable.errors.mark_recorded`): the retry drops that record and the
+step runs again (a ``reconcile`` step through its reconcile first).
 """
 
 from __future__ import annotations
@@ -84,7 +91,7 @@ from ._json import exc_message as _exc_message
 from ._json import jsonb_str as _jsonb_str
 from ._ports import App
 from .durable_runs import mark_terminal
-from .errors import CorruptCheckpoint, EffectFailed, LeaseLost, PgDurableError
+from .errors import CorruptCheckpoint, EffectFailed, LeaseLost, PgDurableError, mark_recorded
 from .registry import Task, TaskRegistry
 from .steps import (
     Done,
@@ -130,14 +137,20 @@ class NonDeterministicWorkflow(PgDurableError):
 class StepFailed(PgDurableError):
     """A step's last attempt raised; its error is recorded and raised again on replay.
 
-    ``step`` is the step's name, ``error_type`` and ``message`` the error's.
+    ``step`` is the step's name, ``error_type`` and ``message`` the error's,
+    ``checkpoint`` the number of the checkpoint that records the error (None
+    for one made elsewhere). Caught by the workflow, it is part of the run's
+    history: a replay raises it again. Uncaught, it fails the run, and a
+    retry or fork of that run runs the step again (see :mod:`pgdurable.fork`).
     """
 
-    def __init__(self, step: str, error_type: str, message: str) -> None:
+    def __init__(self, step: str, error_type: str, message: str,
+                 checkpoint: int | None = None) -> None:
         super().__init__(f"step {step!r} failed: {error_type}: {message}")
         self.step = step
         self.error_type = error_type
         self.message = message
+        self.checkpoint = checkpoint
 
 
 class WaitTimeout(PgDurableError, TimeoutError):
@@ -196,6 +209,7 @@ class _Entry:
     name: str
     body: dict[str, Any]
     outcome: dict[str, Any] | None = None
+    row: int = 0  # its checkpoint's number (runs.step when it was recorded)
 
 
 def _history(rows: list[tuple[Any, Any]], wake: dict[str, Any] | None,
@@ -211,7 +225,7 @@ def _history(rows: list[tuple[Any, Any]], wake: dict[str, Any] | None,
         body = state.get("workflow") if isinstance(state, dict) else None
         if not isinstance(body, dict) or not isinstance(body.get("kind"), str):
             raise CorruptCheckpoint(f"run {run_id}: checkpoint {i + 1} is not a workflow entry")
-        entry = _Entry(body["kind"], str(body.get("name")), body)
+        entry = _Entry(body["kind"], str(body.get("name")), body, row=i + 1)
         if entry.kind == "return":
             continue  # a completion whose run was failed by its verdict, then retried
         if (body.get("repark") and entries and entries[-1].kind == entry.kind
@@ -359,7 +373,7 @@ class WorkflowContext:
             raise RunSettled from None  # not ours any more: no further writes
         self._rows += 1
         self._pos += 1
-        self._entries.append(_Entry(body["kind"], body["name"], body))
+        self._entries.append(_Entry(body["kind"], body["name"], body, row=self._rows))
         self.run.spent += spend
         self.run._pending_spend = 0.0
         self.run.step = self._rows
@@ -461,7 +475,7 @@ class WorkflowContext:
                                          f'"result":{result_json}}}')
                 return value
             await self._record({"kind": "step", "name": key, "error": value})
-            raise mark_terminal(StepFailed(key, value["type"], value["message"]))
+            raise mark_terminal(StepFailed(key, value["type"], value["message"], self._rows))
         finally:
             self._busy = False
 
@@ -688,7 +702,8 @@ def _recorded(entry: _Entry) -> Any:
     """A recorded step's result, or its recorded error raised again."""
     if "error" in entry.body:
         err = entry.body["error"]
-        raise mark_terminal(StepFailed(entry.name, str(err.get("type")), str(err.get("message"))))
+        raise mark_terminal(StepFailed(entry.name, str(err.get("type")), str(err.get("message")),
+                                       entry.row))
     return entry.body.get("result")
 
 
@@ -732,6 +747,13 @@ class Workflow:
             result = await self.fn(ctx, input_)
         except _Park as park:
             return park.result
+        except StepFailed as exc:
+            if (exc.checkpoint is not None and exc.checkpoint == ctx._rows
+                    and ctx._pos == len(ctx._entries)):
+                # the last entry's recorded error fails the run: the run's
+                # error names that checkpoint, so a retry runs the step again
+                mark_recorded(exc, exc.checkpoint)
+            raise
         ctx._check_ended()
         return Done(result, state=_RETURN if ctx._rows else {"input": input_, **_RETURN})
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import socket
 import threading
 import time
@@ -9,7 +10,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import httpx
 import uvicorn
+
+#: The dashboard's session cookie.
+COOKIE = "pgdurable_session"
 
 
 def free_port() -> int:
@@ -38,3 +43,22 @@ def serving(app: Any) -> Iterator[str]:
         server.should_exit = True
         thread.join(30)
         assert not thread.is_alive(), "dashboard server did not stop"
+
+
+@contextmanager
+def login(base: str, token: str, root: str = "") -> Iterator[httpx.Client]:
+    """An httpx client holding the session cookie of a login through the form."""
+    with httpx.Client(base_url=base, timeout=30) as client:
+        r = client.post(f"{root}/login", data={"token": token, "next": "/runs"})
+        assert r.status_code == 303, r.text
+        assert r.headers["location"] == f"{root}/runs"
+        assert COOKIE in client.cookies
+        yield client
+
+
+def form_csrf(html: str, action: str) -> str:
+    """The CSRF token of the form of ``action`` on a run page."""
+    m = re.search(rf'action="[^"]*/{action}">\s*<input type="hidden" name="csrf" value="(\w+)"',
+                  html)
+    assert m, html
+    return m.group(1)

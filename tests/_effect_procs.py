@@ -119,15 +119,36 @@ def idem(dsn: str, key: str, mode: str) -> None:
     print(json.dumps(result))
 
 
-def idem_hang(dsn: str, key: str) -> None:
-    """Claim ``key`` with a 1 s lease, record the execution, then hang (to be killed)."""
+def idem_hang(dsn: str, key: str, phase: str = "acted") -> None:
+    """Claim ``key`` with a 1 s lease, then hang in fn (to be killed): after
+    recording the execution (``acted``), or before acting, having only
+    recorded that it entered fn (``entered``, in scratch table ``entered``)."""
 
     def effect() -> Any:
-        _sql(dsn, "INSERT INTO executions (key, pid) VALUES (%s, %s)", (key, os.getpid()))
+        if phase == "acted":
+            _sql(dsn, "INSERT INTO executions (key, pid) VALUES (%s, %s)", (key, os.getpid()))
+        else:
+            _sql(dsn, "INSERT INTO entered (key) VALUES (%s)", (key,))
         while True:
             time.sleep(60)
 
     with_idempotency_sync(dsn, key, effect, lease=1.0)
+
+
+def idem_interrupted(dsn: str, via: str, key: str, mode: str) -> None:
+    """with_idempotency on ``key`` through conninfo ``via`` (the parent's proxy),
+    lease 1.5 s; fn records its execution (on ``dsn``) and returns. The parent
+    interrupts this process (SIGINT) while the outcome is being recorded."""
+
+    def effect() -> Any:
+        _sql(dsn, "INSERT INTO executions (key, pid) VALUES (%s, %s)", (key, os.getpid()))
+        return {"charged": os.getpid()}
+
+    if mode == "sync":
+        result = with_idempotency_sync(via, key, effect, lease=1.5)
+    else:
+        result = asyncio.run(with_idempotency(via, key, effect, lease=1.5))
+    print(json.dumps(result))
 
 
 COMMANDS = {
@@ -135,6 +156,7 @@ COMMANDS = {
     "exclusive": exclusive,
     "idem": idem,
     "idem-hang": idem_hang,
+    "idem-interrupted": idem_interrupted,
 }
 
 if __name__ == "__main__":

@@ -29,7 +29,13 @@ class Proxy:
 
     ``cut_on``: bytes that, in what a client sends, make the proxy close that
     connection (both ways) instead of passing them on, ``cuts_left`` times (a
-    server or pooler that restarts under a statement); ``cut`` counts them."""
+    server or pooler that restarts under a statement); ``cut`` counts them.
+    ``received``: how many bytes the server sent through it (what clients fetched).
+
+    ``hold_on``: bytes that, in what a client sends, make the proxy hold that
+    data (a statement stuck in the network), once: ``holding`` is set, and the
+    data goes on when :meth:`release` is called. If the client closes its
+    connection first, the held data is dropped: it never reaches the server."""
 
     def __init__(self, host: str, port: int) -> None:
         self.target = (host, port)
@@ -37,6 +43,10 @@ class Proxy:
         self.cut_on: bytes | None = None
         self.cuts_left = 0
         self.cut = 0
+        self.received = 0  # bytes the server sent to the clients
+        self.hold_on: bytes | None = None
+        self.holding = threading.Event()
+        self._released: asyncio.Event | None = None
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
         self._server: asyncio.Server | None = None
@@ -50,6 +60,41 @@ class Proxy:
         self.cut += 1
         return True
 
+    def release(self) -> None:
+        """Let the held data go on (see ``hold_on``)."""
+        assert self._released is not None
+        self._loop.call_soon_threadsafe(self._released.set)
+
+    def _holds(self, data: bytes) -> bool:
+        """True (once) when client ``data`` holds the ``hold_on`` marker."""
+        if self.hold_on is None or self.holding.is_set() or self.hold_on not in data:
+            return False
+        self.holding.set()
+        return True
+
+    async def _hold(self, r: asyncio.StreamReader, data: bytes) -> bytes | None:
+        """Wait for :meth:`release`, reading what the client sends meanwhile:
+        ``data`` and that, or None if the client closed its connection first."""
+        assert self._released is not None
+        released = asyncio.ensure_future(self._released.wait())
+        try:
+            while True:
+                read = asyncio.ensure_future(r.read(65536))
+                await asyncio.wait({released, read}, return_when=asyncio.FIRST_COMPLETED)
+                if read.done():
+                    more = read.result()
+                    if not more:
+                        return None
+                    data += more
+                    if not released.done():
+                        continue
+                else:
+                    read.cancel()  # nothing was read: the client's data stays buffered
+                    await asyncio.gather(read, return_exceptions=True)
+                return data
+        finally:
+            released.cancel()
+
     async def _pipe(self, r: asyncio.StreamReader, w: asyncio.StreamWriter,
                     client: asyncio.StreamWriter | None = None) -> None:
         """``r`` to ``w``; with ``client`` (client to server), both ends are closed at a cut."""
@@ -58,6 +103,13 @@ class Proxy:
                 if client is not None and self._cuts(data):
                     client.close()
                     break
+                if client is None:
+                    self.received += len(data)
+                if client is not None and self._holds(data):
+                    held = await self._hold(r, data)
+                    if held is None:
+                        break
+                    data = held
                 w.write(data)
                 await w.drain()
         except OSError:
@@ -73,6 +125,7 @@ class Proxy:
         await asyncio.gather(self._pipe(r, uw, client=w), self._pipe(ur, w))
 
     async def _start(self) -> None:
+        self._released = asyncio.Event()
         self._server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
         self.port = self._server.sockets[0].getsockname()[1]
 

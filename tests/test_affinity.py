@@ -1,8 +1,9 @@
-"""Affinity in SQL (sql/0031_run_affinity.sql): a ready run pinned to a present
-worker is reserved for it for its wait, then anybody's; the holder's presence
-lapsing, a clean stop or a restart frees it at once; the claim and next_wakeup
-apply the same rule; expired leases are never reserved. The database clock is
-moved with SET LOCAL pgdurable.now (boundary pairs: 1 s either side).
+"""Affinity in SQL (the affinity migration, sql/*_run_affinity.sql): a ready
+run pinned to a present worker is reserved for it for its wait, then anybody's;
+the holder's presence lapsing, a clean stop or a restart frees it at once; the
+claim and next_wakeup apply the same rule; expired leases are never reserved.
+The database clock is moved with SET LOCAL pgdurable.now (boundary pairs: 1 s
+either side).
 
 The real processes (a worker SIGKILLed while it holds a run's service, the
 holder alive under several workers) are in tests/test_affinity_procs.py.
@@ -475,3 +476,24 @@ def test_presence_is_matched_by_worker_and_instance_exactly(conn: psycopg.Connec
              ('t', '1', 'w,"', 'i', 'hard', '1 hour')""")
     rows = claim(conn, "B")
     assert sorted(r[3]["worker"] for r in rows) == ["w", "x"]  # not the present w," 's
+
+
+def test_affine_started_run_gives_affinity_only_to_a_run_its_transaction_inserted(
+    conn: psycopg.Connection[Any], dsn: str
+) -> None:
+    """As tag_started_run (0029): retry + cancel touch an existing run in the
+    caller's transaction; that run must not be pinned by the start helper."""
+    first = pinned_run(conn, mode="hard", wait="1 hour")
+    victim = one(conn, START, "default")
+    conn.execute("SELECT pgdurable.cancel_run(%s)", (victim,))
+    with psycopg.connect(dsn) as c:
+        c.execute("SELECT pgdurable.retry_run(%s)", (victim,))
+        c.execute("SELECT pgdurable.cancel_run(%s)", (victim,))
+        c.execute("SELECT pgdurable.affine_started_run(%s, %s)", (victim, first))
+        mine = c.execute(START, ("default",)).fetchone()
+        assert mine is not None
+        c.execute("SELECT pgdurable.affine_started_run(%s, %s)", (mine[0], first))
+        c.commit()
+    pinned = dict(conn.execute("SELECT id, affinity_worker FROM pgdurable.runs WHERE id = ANY (%s)",
+                               ([victim, mine[0]],)).fetchall())
+    assert pinned == {victim: None, mine[0]: "A"}

@@ -15,7 +15,8 @@ from typing import Any
 import httpx
 import psycopg
 import pytest
-from _dashboard_server import serving
+from _dashboard_server import form_csrf as _csrf
+from _dashboard_server import login, serving
 from prometheus_client.parser import text_string_to_metric_families
 from test_security_boundary import _as, _grant, roles
 
@@ -23,7 +24,7 @@ from pgdurable import DurableClient
 from pgdurable.dashboard import create_app
 from pgdurable.schedules import make_schedule, upsert_schedule_sync
 
-TOKEN = "s3cret-token"
+TOKEN = "s3cret-token-of-the-dashboard-tests-0123"  # 32 bytes at least
 
 
 def _seed(dsn: str) -> dict[str, str]:
@@ -37,13 +38,6 @@ def _seed(dsn: str) -> dict[str, str]:
                      "ARRAY['1'], 1, '60 s')")
         conn.execute("SELECT pgdurable.checkpoint_run(%s, 1, 'w1', '{\"n\": 1}', 0)", (ids["a"],))
     return ids
-
-
-def _csrf(html: str, action: str) -> str:
-    m = re.search(rf'action="[^"]*/{action}">\s*<input type="hidden" name="csrf" value="(\w+)"',
-                  html)
-    assert m, html
-    return m.group(1)
 
 
 def test_pages_render_real_runs_and_filters_narrow(dsn: str) -> None:
@@ -97,35 +91,37 @@ def test_readonly_role_is_enough(dsn: str) -> None:
 def test_create_app_refuses_actions_without_authorization(dsn: str) -> None:
     with pytest.raises(ValueError, match="token"):
         create_app(dsn, actions=True)
-    with pytest.raises(ValueError, match="8 characters"):
+    with pytest.raises(ValueError, match="32 bytes"):  # was 8 characters (issue 36)
         create_app(dsn, actions=True, token="short")
 
 
 def test_actions_need_token_csrf_and_the_hook(dsn: str) -> None:
     ids = _seed(dsn)
-    allowed = {"ok": False}
+    allowed = {"ok": True}  # the hook is asked on every request, pages included
     app = create_app(dsn, actions=True, token=TOKEN, authorize=lambda req: allowed["ok"])
-    with serving(app) as base:
-        page = httpx.get(f"{base}/runs/{ids['b']}").text
+    with serving(app) as base, login(base, TOKEN) as client:
+        page = client.get(f"/runs/{ids['b']}").text
         csrf = _csrf(page, "cancel")
-        url = f"{base}/runs/{ids['b']}/cancel"
+        url = f"/runs/{ids['b']}/cancel"
         refused = [
-            httpx.post(url, data={"csrf": csrf, "token": "wrong-token"}),
-            httpx.post(url, data={"csrf": "0" * 64, "token": TOKEN}),
-            httpx.post(url, data={"csrf": csrf, "token": TOKEN},
-                       headers={"Origin": "https://evil.example"}),
-            httpx.post(url, data={"csrf": csrf, "token": TOKEN},
-                       headers={"Sec-Fetch-Site": "cross-site"}),
-            httpx.post(url, data={"csrf": csrf, "token": TOKEN}),  # the hook says no
+            client.post(url, data={"csrf": csrf, "token": "wrong-token"}),
+            client.post(url, data={"csrf": "0" * 64, "token": TOKEN}),
+            client.post(url, data={"csrf": csrf, "token": TOKEN},
+                        headers={"Origin": "https://evil.example"}),
+            client.post(url, data={"csrf": csrf, "token": TOKEN},
+                        headers={"Sec-Fetch-Site": "cross-site"}),
         ]
-        assert [r.status_code for r in refused] == [403] * 5
+        allowed["ok"] = False
+        refused.append(client.post(url, data={"csrf": csrf, "token": TOKEN}))  # the hook says no
+        refused.append(httpx.post(base + url, data={"csrf": csrf, "token": TOKEN}))  # no session
+        assert [r.status_code for r in refused] == [403] * 5 + [401]
         with psycopg.connect(dsn) as c:
             assert c.execute("SELECT status FROM pgdurable.runs WHERE id = %s",
                              (ids["b"],)).fetchone() == ("runnable",)
         allowed["ok"] = True
-        r = httpx.post(url, data={"csrf": csrf, "token": TOKEN}, follow_redirects=True)
+        r = client.post(url, data={"csrf": csrf, "token": TOKEN}, follow_redirects=True)
         assert r.status_code == 200 and "cancel: cancelled" in r.text
-        r = httpx.post(f"{base}/runs/{ids['b']}/retry", data={
+        r = client.post(f"/runs/{ids['b']}/retry", data={
             "csrf": _csrf(r.text, "retry"), "token": TOKEN}, follow_redirects=True)
         assert "retry: runnable" in r.text
     with psycopg.connect(dsn) as c:
@@ -141,9 +137,10 @@ def test_signal_approves_a_waiting_run(dsn: str) -> None:
                      "ARRAY['approve'], ARRAY['1'], 1, '60 s')")
         conn.execute("SELECT * FROM pgdurable.park_run(%s, 1, 'w1', '{}', 0, 'approval', "
                      "'deploy-1', NULL, NULL)", (rid,))
-    with serving(create_app(dsn, actions=True, token=TOKEN)) as base:
-        page = httpx.get(f"{base}/runs/{rid}").text
-        r = httpx.post(f"{base}/runs/{rid}/signal", data={
+    with serving(create_app(dsn, actions=True, token=TOKEN)) as base, \
+            login(base, TOKEN) as client:
+        page = client.get(f"/runs/{rid}").text
+        r = client.post(f"/runs/{rid}/signal", data={
             "csrf": _csrf(page, "signal"), "token": TOKEN, "kind": "approval",
             "payload": '{"approved": true}'}, follow_redirects=True)
         assert "signalled (woke the run)" in r.text
@@ -228,21 +225,21 @@ def test_timeline_names_owners_effects_and_fork_lineage(dsn: str) -> None:
                               "WHERE run_id = %s ORDER BY step", (rid,)).fetchall()
     assert owners == [(1, 1, "worker-a"), (2, 1, "worker-a")]
     app = create_app(dsn, actions=True, token=TOKEN)
-    with serving(app) as base:
-        page = httpx.get(f"{base}/runs/{rid}").text
+    with serving(app) as base, login(base, TOKEN) as client:
+        page = client.get(f"/runs/{rid}").text
         row1 = page[page.index('id="step-1"'):page.index('id="step-2"')]
         assert "fetch" in row1 and "worker-a" in row1 and "charge" in row1
         assert "succeeded" in row1
         running = page[page.index('id="step-running"'):]
         assert "mail" in running and "started" in running, "the running step's effect"
         assert "Not forked." in page
-        refused = httpx.post(f"{base}/runs/{rid}/fork", data={
+        refused = client.post(f"/runs/{rid}/fork", data={
             "csrf": _csrf(page, "cancel"), "token": TOKEN, "step": "1"})
         assert refused.status_code == 403, "a CSRF token of another action"
-        bad = httpx.post(f"{base}/runs/{rid}/fork", data={
+        bad = client.post(f"/runs/{rid}/fork", data={
             "csrf": _csrf(page, "fork"), "token": TOKEN, "step": "7"})
         assert bad.status_code == 409 and "no recorded step 7" in bad.text
-        r = httpx.post(f"{base}/runs/{rid}/fork", data={
+        r = client.post(f"/runs/{rid}/fork", data={
             "csrf": _csrf(page, "fork"), "token": TOKEN, "step": "1",
             "state": '{"patched": true}'}, follow_redirects=True)
         assert r.status_code == 200 and f"fork: forked from {rid} at step 1" in r.text
@@ -251,7 +248,7 @@ def test_timeline_names_owners_effects_and_fork_lineage(dsn: str) -> None:
         assert re.search(rf'id="forked-from"><a class="mono" href="/runs/{rid}">{rid}</a> at '
                          r"step 1<", r.text)
         assert "copied by fork" in r.text and 'id="step-2"' not in r.text
-        source = httpx.get(f"{base}/runs/{rid}").text
+        source = client.get(f"/runs/{rid}").text
         assert f'href="/runs/{fork_id}"' in source and "from step 1" in source
     with psycopg.connect(dsn) as conn:
         assert conn.execute("SELECT forked_from, forked_from_step, state FROM pgdurable.runs "
@@ -269,25 +266,26 @@ def test_schedules_page_and_actions(dsn: str) -> None:
         assert "0 3 * * * (Europe/Paris)" in page and "every 30.0 s" in page
         assert "Trigger now" not in page
         assert httpx.post(base + "/schedules/trigger", data={"name": "poll"}).status_code == 403
-    with serving(create_app(dsn, actions=True, token=TOKEN)) as base:
-        page = httpx.get(base + "/schedules").text
+    with serving(create_app(dsn, actions=True, token=TOKEN)) as base, \
+            login(base, TOKEN) as client:
+        page = client.get("/schedules").text
         csrf = _schedule_csrf(page, "trigger", "poll")
-        forged = httpx.post(base + "/schedules/trigger", data={
+        forged = client.post("/schedules/trigger", data={
             "name": "nightly", "csrf": csrf, "token": TOKEN})
         assert forged.status_code == 403, "a CSRF token is bound to its schedule"
-        r = httpx.post(base + "/schedules/trigger", data={"name": "poll", "csrf": csrf,
+        r = client.post("/schedules/trigger", data={"name": "poll", "csrf": csrf,
                                                           "token": TOKEN},
                        follow_redirects=True)
         assert "trigger poll: started run" in r.text and "(triggered)" in r.text
-        r = httpx.post(base + "/schedules/pause", data={
+        r = client.post("/schedules/pause", data={
             "name": "poll", "csrf": _schedule_csrf(r.text, "pause", "poll"), "token": TOKEN},
             follow_redirects=True)
         assert "pause poll: paused" in r.text and "paused</span>" in r.text
-        r = httpx.post(base + "/schedules/resume", data={
+        r = client.post("/schedules/resume", data={
             "name": "poll", "csrf": _schedule_csrf(r.text, "resume", "poll"), "token": TOKEN},
             follow_redirects=True)
         assert "resume poll: resumed" in r.text
-        gone = httpx.post(base + "/schedules/pause", data={
+        gone = client.post("/schedules/pause", data={
             "name": "nope", "csrf": "x", "token": TOKEN})
         assert gone.status_code == 403
     with psycopg.connect(dsn) as conn:

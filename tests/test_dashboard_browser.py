@@ -1,7 +1,9 @@
 """The dashboard in headless Chromium (Debian's ``chromium`` + Playwright for
 Python, never ``playwright install``): pages render real runs, a filter
-narrows the list, a finished step appears live (SSE, no reload), cancel from
-the UI cancels the run and is refused with a wrong token or with actions off;
+narrows the list, a finished step appears live (SSE, no reload), a dashboard
+with a token sends the browser to its login form first (a wrong token is
+refused there), cancel from the UI cancels the run and is refused with a wrong
+token or with actions off;
 queue limits, a schedule with its runs, and a fork made from the UI with its
 lineage on both runs. Screenshots go to the test's tmp dir. Skipped, with the
 reason, without a browser."""
@@ -27,7 +29,7 @@ from pgdurable.schedules import make_schedule, upsert_schedule_sync
 CHROMIUM = os.environ.get("PGDURABLE_CHROMIUM", "/usr/bin/chromium")
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
         "--disable-component-update", "--disable-sync", "--no-first-run"]
-TOKEN = "ui-token-123"
+TOKEN = "ui-token-123-of-the-browser-tests-0123456"  # 32 bytes at least
 
 if not (os.path.exists(CHROMIUM) or shutil.which(CHROMIUM)):
     pytest.skip(f"no Chromium at {CHROMIUM} (apt-get install chromium)", allow_module_level=True)
@@ -57,6 +59,16 @@ def page(browser: Any, tmp_path: Path) -> Iterator[Any]:
 
 def _shot(page: Any, tmp_path: Path, name: str) -> None:
     page.screenshot(path=str(tmp_path / f"{name}.png"), full_page=True)
+
+
+def _log_in(page: Any, url: str, token: str = TOKEN) -> None:
+    """Open ``url``: the dashboard sends the browser to its login form; log in
+    there and land back on ``url``."""
+    page.goto(url)
+    page.wait_for_url("**/login?next=*")
+    page.get_by_label("Dashboard token").fill(token)
+    page.get_by_role("button", name="Log in").click()
+    page.wait_for_url(url)
 
 
 def _status(dsn: str, rid: str) -> str:
@@ -123,7 +135,16 @@ def test_cancel_from_the_ui(dsn: str, page: Any, tmp_path: Path) -> None:
         assert r.status == 403
     assert _status(dsn, rid) == "runnable"
     with serving(create_app(dsn, actions=True, token=TOKEN)) as base:
-        page.goto(f"{base}/runs/{rid}")
+        page.goto(f"{base}/runs/{rid}")  # every page needs a login first
+        page.wait_for_url("**/login?next=*")
+        assert page.get_by_role("button", name="Cancel run").count() == 0
+        page.get_by_label("Dashboard token").fill("not-the-token")
+        page.get_by_role("button", name="Log in").click()
+        assert page.get_by_role("alert").text_content() == "wrong token"
+        _shot(page, tmp_path, "login-refused")
+        _log_in(page, f"{base}/runs/{rid}")
+        # the live stream is authenticated too (the session cookie)
+        page.locator("#live", has_text=re.compile(r"^live$")).wait_for()
         page.locator("form[action$='/cancel']").get_by_label("Action token").fill("not-the-token")
         page.get_by_role("button", name="Cancel run").click()
         assert page.get_by_role("alert").text_content() == "refused: wrong or missing action token"
@@ -149,7 +170,7 @@ def test_limits_schedules_and_fork_from_the_ui(dsn: str, page: Any, tmp_path: Pa
         scheduled = str(conn.execute("SELECT pgdurable.trigger_schedule('nightly-report')")
                         .fetchone()[0])  # type: ignore[index]
     with serving(create_app(dsn, actions=True, token=TOKEN)) as base:
-        page.goto(base + "/")
+        _log_in(page, base + "/")
         limits = page.locator("#limits")
         assert limits.get_by_role("rowheader", name="default").is_visible()
         assert limits.get_by_role("cell", name="1 / 4").is_visible()  # in use / concurrency

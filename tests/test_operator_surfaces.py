@@ -10,7 +10,7 @@ import subprocess
 import sys
 import uuid
 from collections.abc import AsyncIterator, Iterator
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -211,6 +211,36 @@ async def test_a_deadline_past_what_postgres_stores_is_a_value_error(
     assert count_runs(conn) == 0
     await durable.start("t", {}, revision="1", deadline=timedelta(days=365_000))
     assert count_runs(conn) == 1
+
+
+async def test_fork_step_and_limit_beyond_32_bits_are_value_errors(
+    durable: Durable, dsn: str, conn: psycopg.Connection[Any],
+) -> None:
+    """fork_run/rewind_run take an integer step and fork_failed an integer limit:
+    a bigger int found no function (raw UndefinedFunction); now an InvalidInput
+    (a ValueError) naming the parameter, before any SQL, and nothing is written."""
+    rid = await durable.start("t", {}, revision="1")
+    before = count_runs(conn)
+    since = datetime.now(UTC) - timedelta(days=1)
+    for bad in (2**31, 2**40, 2**63, 10**30):
+        with pytest.raises(InvalidInput, match="from_step"):
+            await durable.fork(rid, from_step=bad)
+        with pytest.raises(InvalidInput, match="to_step"):
+            await durable.rewind(rid, to_step=bad)
+        with pytest.raises(InvalidInput, match="limit"):
+            await durable.fork_failed("t", error=None, since=since, limit=bad)
+        with DurableClient(dsn) as client:
+            with pytest.raises(InvalidInput, match="from_step"):
+                client.fork(rid, bad)
+            with pytest.raises(InvalidInput, match="limit"):
+                client.fork_failed("t", error=None, since=since, limit=bad)
+        line = one_line_error(pgdurable_cli("fork", rid, "--step", str(bad), dsn=dsn))
+        assert "from_step" in line, line
+        line = one_line_error(pgdurable_cli("fork-failed", "t", "--limit", str(bad), dsn=dsn))
+        assert "limit" in line, line
+    assert count_runs(conn) == before
+    # the largest value that fits still reaches the database (and its own answer)
+    assert await durable.fork_failed("t", error=None, since=since, limit=2**31 - 1) == []
 
 
 @pytest.fixture

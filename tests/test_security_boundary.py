@@ -9,65 +9,31 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import re
-import subprocess
-import sys
 import time
 import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any
 
 import psycopg
 import pytest
+from _roles import as_role, cli, grant, roles
 from _waiting import finished, running, until
 from psycopg import sql
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 import pgdurable
 from pgdurable import Continue, Done, Durable, RunContext, Wait, migrations
 from pgdurable.errors import InvalidInput, LeaseLost, MigrationError, SchemaVersionMismatch
 
-CLI = [sys.executable, "-m", "pgdurable.cli"]
 PINNED = "search_path=pg_catalog, pgdurable, pg_temp"
 
 RUNS_CHECK = ("pgdurable._runs_check(text,text,text,integer,integer,integer,integer,integer,"
               "numeric,text,text,text,uuid,uuid,integer)")
 
-
-
-def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("PGDURABLE_DSN", "DATABASE_URL")}
-    return subprocess.run([*CLI, *args], capture_output=True, text=True, env=env, timeout=120)
-
-
-def _as(dsn: str, role: str) -> str:
-    return make_conninfo(dsn, user=role)
-
-
-@contextmanager
-def roles(dsn: str, *specs: str) -> Iterator[list[str]]:
-    """Create one role per spec ('LOGIN' / 'NOLOGIN'), unique names; drop them after."""
-    names = [f"pgd_sec_{os.getpid()}_{uuid.uuid4().hex[:8]}_{i}" for i in range(len(specs))]
-    admin = make_conninfo(dsn, dbname="postgres")
-    with psycopg.connect(admin, autocommit=True) as c:
-        for name, spec in zip(names, specs, strict=True):
-            c.execute(sql.SQL("CREATE ROLE {} " + spec).format(sql.Identifier(name)))
-    try:
-        yield names
-    finally:
-        dbname = conninfo_to_dict(dsn)["dbname"]
-        with psycopg.connect(dsn, autocommit=True) as c:
-            c.execute(sql.SQL("ALTER DATABASE {} OWNER TO CURRENT_USER").format(
-                sql.Identifier(str(dbname))))
-            for name in names:
-                c.execute(sql.SQL("REASSIGN OWNED BY {} TO CURRENT_USER").format(sql.Identifier(name)))
-                c.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(name)))
-        with psycopg.connect(admin, autocommit=True) as c:
-            for name in names:
-                c.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(name)))
+# the names other test modules import from here (test_dashboard, test_integration_seams)
+_as = as_role
+_grant = grant
+__all__ = ["_as", "_grant", "roles"]
 
 
 # ---------------------------------------------------------------------------------------
@@ -161,7 +127,7 @@ def _plant_shadows(dsn: str, attacker: str) -> None:
         c.execute(sql.SQL("ALTER DATABASE {} OWNER TO {}").format(
             sql.Identifier(c.info.dbname), sql.Identifier(attacker)))
         c.execute(sql.SQL("GRANT CREATE ON SCHEMA public TO {}").format(sql.Identifier(attacker)))
-    with psycopg.connect(_as(dsn, attacker), autocommit=True) as c:
+    with psycopg.connect(as_role(dsn, attacker), autocommit=True) as c:
         c.execute(_SHADOWS)
 
 
@@ -174,7 +140,7 @@ async def test_shadow_functions_in_public_never_run_for_a_superuser(dsn: str) ->
     with roles(dsn, "LOGIN") as (attacker,):
         _plant_shadows(dsn, attacker)
         # the superuser's CLI: pgdurable signal (wait_lock_key -> hashtextextended)
-        r = _cli("signal", "ci", "build-1", "--dsn", dsn)
+        r = cli("signal", "ci", "build-1", "--dsn", dsn)
         assert r.returncode == 0, r.stderr
         # a whole lifecycle through the library, as the superuser, default search_path
         app = Durable(dsn)
@@ -282,7 +248,7 @@ async def test_forged_cancel_notify_from_another_role_cancels_nothing(dsn: str) 
                 await asyncio.wait_for(started.wait(), 60)
                 before = worker.claim_count
                 async with await psycopg.AsyncConnection.connect(
-                    _as(dsn, stranger), autocommit=True
+                    as_role(dsn, stranger), autocommit=True
                 ) as evil:
                     await evil.execute("SELECT pg_notify('pgdurable_cancel', %s)", (rid,))
                     # a wake-up after it: once the worker claimed for it, it has
@@ -339,7 +305,7 @@ async def test_a_flood_of_forged_wake_notifications_costs_bounded_claims(dsn: st
                 burst = float(getattr(getattr(worker, "wake_limit", None), "burst", 20))
                 rate = float(getattr(getattr(worker, "wake_limit", None), "rate", 20))
                 async with await psycopg.AsyncConnection.connect(
-                    _as(dsn, stranger), autocommit=True
+                    as_role(dsn, stranger), autocommit=True
                 ) as evil:
                     await evil.execute("SELECT 1")
                     base = worker.claim_count
@@ -367,16 +333,10 @@ async def _true(v: bool) -> bool:
 # 3./4. the role model and the clock
 # ---------------------------------------------------------------------------------------
 
-def _grant(dsn: str, owner: str, app_role: str, ro: str) -> None:
-    r = _cli("grant", "--dsn", dsn, "--owner-role", owner, "--app-role", app_role,
-             "--readonly-role", ro)
-    assert r.returncode == 0, r.stderr
-
-
 async def test_app_role_runs_the_lifecycle_through_functions_only(dsn: str) -> None:
     with roles(dsn, "NOLOGIN", "LOGIN", "LOGIN") as (owner, app_role, ro):
-        _grant(dsn, owner, app_role, ro)
-        app_dsn = _as(dsn, app_role)
+        grant(dsn, owner, app_role, ro)
+        app_dsn = as_role(dsn, app_role)
         app = Durable(app_dsn)
 
         @app.task("lifecycle", revision="1")
@@ -441,7 +401,7 @@ async def test_app_role_runs_the_lifecycle_through_functions_only(dsn: str) -> N
 
 def test_readonly_role_selects_the_views_only(dsn: str) -> None:
     with roles(dsn, "NOLOGIN", "LOGIN", "LOGIN") as (owner, app_role, ro):
-        _grant(dsn, owner, app_role, ro)
+        grant(dsn, owner, app_role, ro)
         with psycopg.connect(dsn, autocommit=True) as c:
             c.execute("SELECT * FROM pgdurable.start_run('t', '1', '{}', 'default', 0, 3, NULL, "
                       "NULL, NULL, NULL)")
@@ -450,7 +410,7 @@ def test_readonly_role_selects_the_views_only(dsn: str) -> None:
                 "SELECT c.oid::regclass::text FROM pg_class c WHERE c.relkind = 'v' "
                 "AND c.relnamespace = 'pgdurable'::regnamespace").fetchall()]
         assert "pgdurable.run_overview" in views and "pgdurable.active_leases" in views
-        with psycopg.connect(_as(dsn, ro), autocommit=True) as c:
+        with psycopg.connect(as_role(dsn, ro), autocommit=True) as c:
             for v in views:
                 c.execute(sql.SQL("SELECT * FROM {}").format(sql.SQL(v))).fetchall()
             for stmt in ("SELECT * FROM pgdurable.runs", "SELECT * FROM pgdurable.leases",
@@ -470,9 +430,10 @@ def test_readonly_role_selects_the_views_only(dsn: str) -> None:
 
 def test_functions_of_a_later_migration_follow_the_role_model(dsn: str) -> None:
     """A function added after grant (as a later migration would, by a superuser)
-    is handed to the owner, pinned, and granted to the app by secure_schema."""
+    is handed to the owner and pinned by secure_schema, and executable by the
+    app role only once it is on the allow-list (pgdurable.security_api)."""
     with roles(dsn, "NOLOGIN", "LOGIN", "LOGIN") as (owner, app_role, ro):
-        _grant(dsn, owner, app_role, ro)
+        grant(dsn, owner, app_role, ro)
         with psycopg.connect(dsn, autocommit=True) as c:
             c.execute("CREATE FUNCTION pgdurable.later_one() RETURNS int LANGUAGE sql "
                       "AS 'SELECT 1'")
@@ -480,10 +441,24 @@ def test_functions_of_a_later_migration_follow_the_role_model(dsn: str) -> None:
             row = c.execute("SELECT pg_get_userbyid(proowner), prosecdef, proconfig FROM pg_proc "
                             "WHERE oid = 'pgdurable.later_one()'::regprocedure").fetchone()
         assert row == (owner, True, [PINNED])
-        with psycopg.connect(_as(dsn, app_role)) as c:
+        for who in (app_role, ro):  # internal until listed
+            with psycopg.connect(as_role(dsn, who)) as c, pytest.raises(
+                    psycopg.errors.InsufficientPrivilege):
+                c.execute("SELECT pgdurable.later_one()")
+        with psycopg.connect(dsn, autocommit=True) as c:
+            c.execute("INSERT INTO pgdurable.security_api VALUES ('pgdurable.later_one()', false)")
+            c.execute("SELECT pgdurable.secure_schema()")
+        with psycopg.connect(as_role(dsn, app_role)) as c:
             assert c.execute("SELECT pgdurable.later_one()").fetchone() == (1,)
-        with psycopg.connect(_as(dsn, ro)) as c, pytest.raises(psycopg.errors.InsufficientPrivilege):
+        with psycopg.connect(as_role(dsn, ro)) as c, pytest.raises(
+                psycopg.errors.InsufficientPrivilege):
             c.execute("SELECT pgdurable.later_one()")
+        # a listed function that does not exist (a renamed one): refused, nothing changes
+        with psycopg.connect(dsn, autocommit=True) as c:
+            c.execute("INSERT INTO pgdurable.security_api VALUES ('pgdurable.gone(int)', false)")
+            with pytest.raises(psycopg.Error, match="gone"):
+                c.execute("SELECT pgdurable.secure_schema()")
+            c.execute("DELETE FROM pgdurable.security_api WHERE routine = 'pgdurable.gone(int)'")
 
 
 def test_the_runs_check_function_of_0025_after_grant_is_the_roles_not_publics(
@@ -506,7 +481,7 @@ def test_the_runs_check_function_of_0025_after_grant_is_the_roles_not_publics(
             assert granted == {app_role: (True,), ro: (True,), other: (False,)}
             c.execute(sql.SQL("GRANT USAGE ON SCHEMA pgdurable TO {0}; "
                               "GRANT INSERT ON pgdurable.runs TO {0}").format(sql.Identifier(other)))
-        with psycopg.connect(_as(empty_dsn, other), autocommit=True) as c, pytest.raises(
+        with psycopg.connect(as_role(empty_dsn, other), autocommit=True) as c, pytest.raises(
                 psycopg.errors.InsufficientPrivilege, match="_runs_check"):
             c.execute("INSERT INTO pgdurable.runs (task, revision, queue) VALUES ('t', '1', 'q')")
         with psycopg.connect(empty_dsn, autocommit=True) as c:
@@ -516,27 +491,27 @@ def test_the_runs_check_function_of_0025_after_grant_is_the_roles_not_publics(
 def test_migrations_run_as_the_owner_role(dsn: str) -> None:
     """Documented: a login member of the owner role migrates with SET ROLE."""
     with roles(dsn, "NOLOGIN", "LOGIN", "LOGIN", "LOGIN") as (owner, app_role, ro, dba):
-        _grant(dsn, owner, app_role, ro)
+        grant(dsn, owner, app_role, ro)
         with psycopg.connect(dsn, autocommit=True) as c:
             c.execute(sql.SQL("GRANT {} TO {}").format(sql.Identifier(owner), sql.Identifier(dba)))
-        with psycopg.connect(_as(dsn, dba), autocommit=True, options=f"-c role={owner}") as c:
+        with psycopg.connect(as_role(dsn, dba), autocommit=True, options=f"-c role={owner}") as c:
             assert pgdurable.migrate(c) == []
             migrations.check_schema(c)
         # a role that is not a member of the owner role: nothing to do is fine, but
         # it may not apply anything (not its schema)
-        with psycopg.connect(_as(dsn, app_role), autocommit=True) as c:
+        with psycopg.connect(as_role(dsn, app_role), autocommit=True) as c:
             assert pgdurable.migrate(c) == []
         with psycopg.connect(dsn, autocommit=True) as c:
             c.execute("DELETE FROM pgdurable.schema_migrations WHERE version = "
                       "(SELECT max(version) FROM pgdurable.schema_migrations)")
-        with psycopg.connect(_as(dsn, app_role), autocommit=True) as c, pytest.raises(
+        with psycopg.connect(as_role(dsn, app_role), autocommit=True) as c, pytest.raises(
             MigrationError, match="owned by"
         ):
             pgdurable.migrate(c)
 
 
 def test_grant_rejects_unknown_roles_and_changes_nothing(dsn: str) -> None:
-    r = _cli("grant", "--dsn", dsn, "--app-role", f"pgd_nobody_{uuid.uuid4().hex}")
+    r = cli("grant", "--dsn", dsn, "--app-role", f"pgd_nobody_{uuid.uuid4().hex}")
     assert r.returncode == 2 and "no such role" in r.stderr
     with pytest.raises(ValueError):
         pgdurable.grant_roles(dsn)
@@ -555,8 +530,8 @@ def test_app_role_cannot_take_a_live_lease_by_setting_the_clock(dsn: str) -> Non
                   "'1 min')")
         c.execute("SELECT * FROM pgdurable.acquire_lease('k', 'honest', 60000)")
     with roles(dsn, "NOLOGIN", "LOGIN", "LOGIN") as (owner, app_role, ro):
-        _grant(dsn, owner, app_role, ro)
-        with psycopg.connect(_as(dsn, app_role), autocommit=True) as c:
+        grant(dsn, owner, app_role, ro)
+        with psycopg.connect(as_role(dsn, app_role), autocommit=True) as c:
             c.execute("SET pgdurable.now = '2100-01-01 00:00:00+00'")
             stolen = c.execute("SELECT id FROM pgdurable.claim_runs('thief', '{default}', '{t}', "
                                "'{1}', 1, '1 min')").fetchall()
@@ -600,9 +575,9 @@ def test_migrate_refuses_a_schema_a_squatter_created(empty_dsn: str) -> None:
             c.execute(sql.SQL("GRANT CREATE ON DATABASE {} TO {}").format(
                 sql.Identifier(c.info.dbname), sql.Identifier(squatter)))
             c.execute(sql.SQL("GRANT CREATE ON SCHEMA public TO {}").format(sql.Identifier(squatter)))
-        with psycopg.connect(_as(empty_dsn, squatter), autocommit=True) as c:
+        with psycopg.connect(as_role(empty_dsn, squatter), autocommit=True) as c:
             c.execute(_SQUAT)
-        r = _cli("migrate", "--dsn", empty_dsn)  # the superuser
+        r = cli("migrate", "--dsn", empty_dsn)  # the superuser
         assert r.returncode == 2 and "owned by" in r.stderr and "--adopt" in r.stderr, r.stderr
         with psycopg.connect(empty_dsn) as c:
             assert c.execute("SELECT count(*) FROM public.pwned").fetchone() == (0,)
@@ -635,7 +610,7 @@ def test_migrate_refuses_a_foreign_schema_of_its_own_role_unless_adopt(
         assert c.execute("SELECT to_regclass('pgdurable.runs')").fetchone() == (None,)
     if "RULE" in plant or "something_else" in plant:
         return
-    r = _cli("migrate", "--adopt", "--dsn", empty_dsn)
+    r = cli("migrate", "--adopt", "--dsn", empty_dsn)
     assert r.returncode == 0, r.stderr
     with psycopg.connect(empty_dsn) as c:
         migrations.check_schema(c)
@@ -650,7 +625,7 @@ def test_check_schema_distrusts_a_schema_migrations_planted_by_another_role(
             c.execute(sql.SQL("GRANT USAGE, CREATE ON SCHEMA pgdurable TO {}").format(
                 sql.Identifier(planter)))
         rows = [(m.version, m.name, m.sha256) for m in migrations.load_migrations()]
-        with psycopg.connect(_as(empty_dsn, planter), autocommit=True) as c:
+        with psycopg.connect(as_role(empty_dsn, planter), autocommit=True) as c:
             c.execute("CREATE TABLE pgdurable.schema_migrations (version integer PRIMARY KEY, "
                       "name text, sha256 text, applied_at timestamptz DEFAULT now())")
             with c.cursor() as cur:
@@ -714,7 +689,7 @@ def test_a_role_that_may_not_announce_still_reads_the_outcome(dsn: str, caplog: 
         with psycopg.connect(dsn, autocommit=True) as c:
             c.execute(sql.SQL("GRANT USAGE ON SCHEMA pgdurable TO {}").format(sql.Identifier(who)))
             c.execute(sql.SQL("GRANT SELECT ON pgdurable.runs TO {}").format(sql.Identifier(who)))
-        mine = _as(dsn, who)
+        mine = as_role(dsn, who)
         with pytest.raises(pgdurable.RunCancelled):
             result_sync(mine, rid, 5, listen_to=mine)
     assert "cannot announce a listener" in caplog.text

@@ -257,7 +257,8 @@ def test_signal_history_ids_follow_the_history(conn: psycopg.Connection[Any]) ->
     conn.execute("UPDATE pgdurable.signal_history SET signal_id = 'sig-l' WHERE signal_id = 'sig-l2'")
     assert conn.execute(SEND, ("ci", "d", "{}", "sig-d")).fetchone() == (None,)
     # a partition dropped by hand leaves a stale entry: the id is new, the entry goes
-    conn.execute("INSERT INTO pgdurable.signal_history_ids VALUES ('stale', now())")
+    conn.execute("INSERT INTO pgdurable.signal_history_ids (kind, signal_id, consumed_at) "
+                 "VALUES ('ci', 'stale', now())")
     assert conn.execute(SEND, ("ci", "x", "{}", "stale")).fetchone() == (None,)
     assert "stale" not in ids(conn)
     assert where(conn, "stale") == ["pgdurable.signals"]

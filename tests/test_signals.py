@@ -385,15 +385,19 @@ async def test_signal_id_dedup_and_conflict(app: Durable, conn: psycopg.Connecti
     # same id, same content: same answer, nothing delivered again
     assert sorted(await app.signal("ci", "d1", {"v": 1}, signal_id="sig-1")) == sorted(first)
     assert count(conn, "signals") == 1
-    # same id, other payload / ref / kind: SignalConflict, nothing changed
+    # same kind and id, other payload / ref / run: SignalConflict, nothing changed
     before = sql(conn, "SELECT id, status, wake FROM pgdurable.runs ORDER BY id")
-    for args in (("ci", "d1", {"v": 2}), ("ci", "d2", {"v": 1}), ("cd", "d1", {"v": 1})):
+    for args in (("ci", "d1", {"v": 2}), ("ci", "d2", {"v": 1})):
         with pytest.raises(SignalConflict):
             await app.signal(*args, signal_id="sig-1")
     with pytest.raises(SignalConflict):
         await app.signal_run(str(c), "ci", {"v": 1}, signal_id="sig-1")
     assert sql(conn, "SELECT id, status, wake FROM pgdurable.runs ORDER BY id") == before
     assert count(conn, "signals") == 1
+    # the same id under another kind is another signal (ids are scoped by kind, 0029)
+    assert await app.signal("cd", "d1", {"v": 1}, signal_id="sig-1") == []
+    assert count(conn, "signals") == 2
+    conn.execute("DELETE FROM pgdurable.signals WHERE kind = 'cd'")
     # a pending signal with an id: its duplicate is not stored again and, once the
     # signal was consumed by a park, a duplicate does not wake the next waiter
     assert await app.signal("ci", "d3", [1], signal_id="sig-2") == []

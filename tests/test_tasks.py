@@ -7,6 +7,7 @@ database); the crash and exclusivity tests use real processes.
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import json
 import os
 import signal
@@ -14,6 +15,7 @@ import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator, Callable
+from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -25,6 +27,7 @@ from _waiting import until_sync as wait_until
 import pgdurable
 from pgdurable import (
     AttemptsExhausted,
+    CancelSignal,
     CorruptCheckpoint,
     DeadlineExceeded,
     DurableCheckpoint,
@@ -39,7 +42,7 @@ from pgdurable import (
     RunCancelled,
     define_durable_task,
 )
-from pgdurable.tasks import CHECKPOINT_VERSION
+from pgdurable.tasks import CHECKPOINT_VERSION, KIT_CHECKPOINT_VERSION
 
 ROOT = Path(__file__).resolve().parent.parent
 HELPER = str(ROOT / "tests" / "_effect_procs.py")
@@ -146,6 +149,182 @@ async def test_fresh_task_id_starts_from_initial_state(store: DurableStore) -> N
             steps=[DurableStep(id="s", run=lambda s, _c: s)],
         ).run(task_id="none", store=store)
     assert await stored(store, "none") is None
+
+
+# ------------------------------------------------------------------ the kit's own records
+#: The fields of the kit's checkpoint record (the seed's DurableCheckpoint), in its order.
+KIT_FIELDS = ["version", "definitionId", "revision", "nextStepIndex", "attemptCount",
+              "maxAttempts", "deadlineAtMs", "status", "state"]
+
+
+def kit_record(**over: Any) -> dict[str, Any]:
+    rec = {"version": 2, "definitionId": "count", "revision": "1", "nextStepIndex": 0,
+           "attemptCount": 0, "maxAttempts": 3, "deadlineAtMs": int(time.time() * 1000) + 60_000,
+           "status": "ready", "state": {"count": 0}}
+    rec.update(over)
+    return rec
+
+
+def _kit_example() -> Any:
+    spec = importlib.util.spec_from_file_location("durable_task_kit",
+                                                  ROOT / "examples" / "durable_task_kit.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# What the seed's two examples print, as its code says: console.log of the state that
+# task.run returns, then of the record's attemptCount (the first); of the state of two
+# runs, the second of a completed record running no step, then committed.size (the second).
+KIT_OUTPUT = {
+    "count_example": "{ count: 1 }\n1\n",
+    "reconcile_example": "{ count: 1 }\n{ count: 1 }\n1\n",
+}
+
+
+@pytest.mark.parametrize("example", sorted(KIT_OUTPUT))
+async def test_the_kits_examples_print_the_kits_output_on_the_kits_records(
+    example: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """examples/durable_task_kit.py is the seed's two examples, fed the kit's own
+    records (camelCase, version 2) in the kit's store: they print what the kit
+    prints, and the records they leave are the kit's again (so the kit resumes
+    them): before, run refused them ("checkpoint record has no 'definition_id'")."""
+    records = await getattr(_kit_example(), example)()
+    assert capsys.readouterr().out == KIT_OUTPUT[example]
+    rec = records["demo-task"]
+    assert list(rec) == KIT_FIELDS
+    assert rec["version"] == KIT_CHECKPOINT_VERSION and rec["definitionId"] == "count"
+    assert (rec["status"], rec["nextStepIndex"], rec["attemptCount"], rec["state"]) == (
+        "completed", 1, 1, {"count": 1})
+
+
+async def test_a_kit_record_resumes_here_and_is_saved_for_the_kit(store: DurableStore) -> None:
+    """A kit record in the middle of its steps (no deadline: the kit leaves the
+    field out) resumes at nextStepIndex; with record_format="kit" every save is
+    the kit's record, exactly its fields; by default the first save converts it
+    to pgdurable's, and a kit-format task converts pgdurable's back."""
+    ran: list[str] = []
+    seen: list[dict[str, Any]] = []
+
+    def make(step_id: str) -> DurableStep:
+        async def run(state: Any, _ctx: Any) -> Any:
+            ran.append(step_id)
+            rec = await stored(store, "t")  # what the store holds while the step runs
+            assert rec is not None
+            seen.append(rec)
+            return {"count": state["count"] + 1}
+
+        return DurableStep(id=step_id, run=run)
+
+    steps = [make(f"s{i}") for i in range(3)]
+    started = kit_record(nextStepIndex=1, attemptCount=1, status="ready", state={"count": 1})
+    del started["deadlineAtMs"]
+    await store.save("t", started)
+    task = define_durable_task(id="count", revision="1", is_state=is_count, steps=steps,
+                               record_format="kit")
+    assert await task.run(task_id="t", store=store) == {"count": 3}
+    assert ran == ["s1", "s2"]
+    assert [r["status"] for r in seen] == ["ready", "ready"]  # between steps: resumable
+    assert all(set(r) == set(KIT_FIELDS) - {"deadlineAtMs"} for r in seen)  # (jsonb: any order)
+    assert await stored(store, "t") == {
+        "version": 2, "definitionId": "count", "revision": "1", "nextStepIndex": 3,
+        "attemptCount": 2, "maxAttempts": 3, "status": "completed", "state": {"count": 3}}
+
+    await store.save("u", kit_record())
+    plain = define_durable_task(id="count", revision="1", is_state=is_count, steps=steps)
+    assert await plain.run(task_id="u", store=store) == {"count": 3}
+    rec = await stored(store, "u")
+    assert rec is not None and rec["version"] == CHECKPOINT_VERSION
+    assert rec["definition_id"] == "count" and rec["attempt_count"] == 1
+
+    await store.save("v", seed_record(next_step_index=2, attempt_count=1, status="running"))
+    assert await task.run(task_id="v", store=store) == {"count": 1}
+    rec = await stored(store, "v")
+    assert rec is not None and set(rec) == set(KIT_FIELDS) and rec["attemptCount"] == 2
+
+
+async def test_a_kit_record_running_at_a_reconcile_step_is_reconciled(
+    store: DurableStore
+) -> None:
+    """The kit's record has no in-flight field: a reconcile step started and not
+    confirmed is saved "running" at its index, and such a record, the kit's or
+    ours, is read as that step in flight: reconciled, never re-run."""
+    calls: list[str] = []
+    marks: list[dict[str, Any]] = []
+
+    async def commit(state: Any, _ctx: Any) -> Any:
+        calls.append("run")
+        rec = await stored(store, "t")
+        assert rec is not None
+        marks.append(rec)
+        return {"count": state["count"] + 1}
+
+    def reconcile(state: Any, _ctx: Any) -> Any:
+        calls.append("reconcile")
+        return {"count": 41}
+
+    task = define_durable_task(
+        id="count", revision="1", is_state=is_count, record_format="kit",
+        steps=[DurableStep(id="commit", run=commit, replay="reconcile", reconcile=reconcile)],
+    )
+    await store.save("t", kit_record())
+    assert await task.run(task_id="t", store=store) == {"count": 1}
+    assert [(m["status"], m["nextStepIndex"]) for m in marks] == [("running", 0)]
+
+    await store.save("k", kit_record(status="running", attemptCount=1))  # the kit's, unconfirmed
+    assert await task.run(task_id="k", store=store) == {"count": 41}
+    assert calls == ["run", "reconcile"]
+    rec = await stored(store, "k")
+    assert rec is not None and (rec["status"], rec["attemptCount"]) == ("completed", 2)
+
+
+@pytest.mark.parametrize("record, exc, match", [
+    (kit_record(definitionId="other"), IncompatibleCheckpoint, "'other'"),
+    (kit_record(revision="0"), IncompatibleCheckpoint, "revision '0'"),
+    (kit_record(version=3), IncompatibleCheckpoint, "kit's checkpoint record version 3"),
+    ({k: v for k, v in kit_record().items() if k != "nextStepIndex"}, CorruptCheckpoint,
+     "no 'nextStepIndex'"),
+    (kit_record(attemptCount="1"), CorruptCheckpoint, "'attemptCount'"),
+    (kit_record(deadlineAtMs="soon"), CorruptCheckpoint, "'deadlineAtMs'"),
+    (kit_record(status="paused"), CorruptCheckpoint, "unknown status"),
+    ({"version": 2, "state": {"count": 0}}, CorruptCheckpoint, "no 'definition_id'.*'definitionId'"),
+])
+async def test_a_bad_kit_record_is_rejected_and_left_alone(
+    store: DurableStore, record: dict[str, Any], exc: type[Exception], match: str
+) -> None:
+    await store.save("t", record)
+    task = define_durable_task(id="count", revision="1", is_state=is_count, record_format="kit",
+                               steps=[DurableStep(id="s", run=_never)])
+    with pytest.raises(exc, match=match):
+        await task.run(task_id="t", store=store)
+    assert await stored(store, "t") == record
+
+
+def test_the_record_converter_round_trips_both_formats() -> None:
+    """DurableCheckpoint.from_json reads both formats, to_json writes either: a
+    record converted to the kit's and back is the same record (but for what the
+    kit's cannot hold: error, and "running" between steps reads as "ready")."""
+    steps = [DurableStep(id="a", run=_never),
+             DurableStep(id="b", run=_never, replay="reconcile", reconcile=_never)]
+    rec = DurableCheckpoint(version=CHECKPOINT_VERSION, definition_id="count", revision="1",
+                            next_step_index=1, attempt_count=2, max_attempts=3,
+                            deadline_at_ms=123, status="running", state={"count": 1},
+                            in_flight_step="b")
+    kit = rec.to_json("kit")
+    assert list(kit) == KIT_FIELDS and kit["status"] == "running"
+    assert DurableCheckpoint.from_json(kit, steps=steps) == rec
+    assert DurableCheckpoint.from_json(rec.to_json(), steps=steps) == rec
+    between = replace(rec, in_flight_step=None, error={"type": "E", "message": "m"})
+    assert between.to_json("kit")["status"] == "ready"
+    assert DurableCheckpoint.from_json(between.to_json("kit"), steps=steps) == replace(
+        between, status="ready", error=None)
+    with pytest.raises(ValueError, match="record_format"):
+        rec.to_json("camel")  # type: ignore[arg-type]
+    # the kit's numbers are JavaScript's (doubles): an integral float deadline reads as ms
+    assert DurableCheckpoint.from_json(kit_record(deadlineAtMs=1.7e12)).deadline_at_ms == (
+        1_700_000_000_000)
 
 
 # ------------------------------------------------------------------ rejections
@@ -461,6 +640,80 @@ async def test_cancellation_stops_before_the_next_step(store: DurableStore) -> N
     assert rec is not None and rec["next_step_index"] == 1 and rec["state"] == {"count": 1}
 
 
+class AbortSignalLike:
+    """An AbortSignal's shape, and nothing else (no is_set)."""
+
+    def __init__(self) -> None:
+        self.aborted = False
+        self.reason: Any = None
+
+
+@pytest.mark.parametrize("context_kind", ["DurableContext", "mapping"])
+async def test_an_abort_signal_shaped_object_cancels(store: DurableStore, context_kind: str
+                                                     ) -> None:
+    """An object with .aborted (and .reason), as the kit's context holds, set
+    during a step, stops the task before the next one with RunCancelled
+    carrying the reason (before, it was ignored and the steps ran on)."""
+    signal = AbortSignalLike()
+
+    def s1(state: Any, _c: Any) -> Any:
+        signal.aborted, signal.reason = True, "the user closed the tab"
+        return {"count": 1}
+
+    task = define_durable_task(
+        id="count", revision="1", is_state=is_count, initial_state={"count": 0},
+        steps=[DurableStep(id="s1", run=s1), DurableStep(id="s2", run=_never)],
+    )
+    context: Any = (DurableContext(app=None, signal=signal) if context_kind == "DurableContext"
+                    else {"app": None, "signal": signal})
+    with pytest.raises(RunCancelled, match="'s2': the user closed the tab") as info:
+        await task.run(task_id="t", store=store, context=context)
+    assert info.value.reason == "the user closed the tab"
+    rec = await stored(store, "t")
+    assert rec is not None and rec["next_step_index"] == 1 and rec["state"] == {"count": 1}
+    signal.aborted = False  # resumable
+    task2 = replace(task, steps=(task.steps[0], DurableStep(id="s2", run=lambda s, _c: s)))
+    assert await task2.run(task_id="t", store=store, context=context) == {"count": 1}
+
+
+async def test_the_context_signal_has_aborted_and_reason(store: DurableStore) -> None:
+    """DurableContext's default signal is a CancelSignal: the kit's aborted and
+    reason next to is_set(); a step aborts it with a reason, the task stops
+    with RunCancelled caused by that reason."""
+    signal = CancelSignal()
+    assert (signal.aborted, signal.reason, signal.is_set()) == (False, None, False)
+    signal.throw_if_aborted()  # not aborted: nothing
+    seen: list[Any] = []
+
+    def s1(state: Any, ctx: DurableContext[None]) -> Any:
+        seen.append((ctx.signal.aborted, ctx.signal.reason))
+        ctx.signal.abort(TimeoutError("budget spent"))
+        ctx.signal.abort(ValueError("later"))  # once: changes nothing
+        return {"count": 1}
+
+    task = define_durable_task(
+        id="count", revision="1", is_state=is_count, initial_state={"count": 0},
+        steps=[DurableStep(id="s1", run=s1), DurableStep(id="s2", run=_never)],
+    )
+    ctx: DurableContext[None] = DurableContext(app=None)
+    assert isinstance(ctx.signal, CancelSignal)
+    with pytest.raises(RunCancelled, match="budget spent") as info:
+        await task.run(task_id="t", store=store, context=ctx)
+    assert seen == [(False, None)]
+    assert isinstance(info.value.__cause__, TimeoutError) and info.value.reason is ctx.signal.reason
+    assert ctx.signal.aborted and ctx.signal.is_set()
+    with pytest.raises(TimeoutError, match="budget spent"):
+        ctx.signal.throw_if_aborted()
+    plain = CancelSignal()
+    plain.set()  # the Event spelling: aborted, with the default reason
+    assert plain.aborted and isinstance(plain.reason, RunCancelled)
+    worded = CancelSignal()
+    worded.abort("closed")
+    with pytest.raises(RunCancelled, match="'closed'") as again:
+        worded.throw_if_aborted()
+    assert again.value.reason == "closed"
+
+
 @pytest.mark.parametrize("bad_state, exc", [
     ({"count": "x"}, TypeError),          # fails is_state
     ({"count": 1, "s": {1, 2}}, TypeError),  # not JSON
@@ -552,6 +805,7 @@ def _step() -> DurableStep:
     ({"now": 5}, TypeError),
     ({"store": object()}, TypeError),
     ({"initial_state": {"count": "x"}}, ValueError),
+    ({"record_format": "camelCase"}, ValueError),
 ])
 def test_define_rejects_bad_input(kwargs: dict[str, Any], exc: type[Exception]) -> None:
     args: dict[str, Any] = {"id": "count", "revision": "1", "is_state": is_count,

@@ -102,6 +102,32 @@ async def test_another_idempotency_key_is_another_request(dsn: str,
     assert signals(conn) == 1
 
 
+async def test_a_ci_secret_cannot_take_an_approvals_idempotency_key(
+        dsn: str, conn: psycopg.Connection[Any]) -> None:
+    """The CI sender learns (or guesses) the Idempotency-Key the approval will be
+    sent with and uses it first: signal ids are scoped by kind, so the real
+    approval is still delivered (issue 36: it got 409)."""
+    approval = park_one(conn, "approval", "invoice-7")
+    hooks = app(Durable(dsn), secrets={"ci": CI, "approval": APPROVAL})
+    async with serving(hooks) as client:
+        squat = sign_request(CI, "ci", "build-1", b'{"ok": true}', signal_id="approve-7")
+        assert (await post(client, "ci", "build-1", b'{"ok": true}', squat)).status_code == 202
+        real = sign_request(APPROVAL, "approval", "invoice-7", b'{"amount": 10}',
+                            signal_id="approve-7")
+        r = await post(client, "approval", "invoice-7", b'{"amount": 10}', real)
+        assert (r.status_code, r.json()["woken"]) == (200, [str(approval)])
+        # the approval's own key still deduplicates and conflicts within its kind
+        r = await post(client, "approval", "invoice-7", b'{"amount": 10}', real)
+        assert (r.status_code, r.json()["woken"]) == (200, [str(approval)])
+        other = sign_request(APPROVAL, "approval", "invoice-7", b'{"amount": 1000000}',
+                             signal_id="approve-7")
+        r = await post(client, "approval", "invoice-7", b'{"amount": 1000000}', other)
+        assert r.status_code == 409
+    row = conn.execute("SELECT wake -> 'payload' FROM pgdurable.runs WHERE id = %s",
+                       (approval,)).fetchone()
+    assert row == ({"amount": 10},)
+
+
 async def test_an_empty_body_signature_is_not_a_master_key(dsn: str,
                                                            conn: psycopg.Connection[Any]) -> None:
     rid = park_one(conn, "ci", "other")

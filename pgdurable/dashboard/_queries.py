@@ -53,15 +53,22 @@ SELECT n.name AS schedule, x.tick, x.triggered, x.run_id, x.status
 """
 # -- one run (no state or result)
 RUN = "SELECT *, pgdurable.now() AS db_now FROM pgdurable.run_detail WHERE id = %s::uuid"
-# -- its checkpoints (no state), oldest first
+# -- its checkpoints lo..hi (no state), oldest first (a page of the timeline)
 STEPS = """
 SELECT step, step_name, token, owner, wake_type, wake_kind, wake_ref, created_at
-  FROM pgdurable.run_steps WHERE run_id = %s::uuid ORDER BY step
+  FROM pgdurable.run_steps WHERE run_id = %s::uuid AND step BETWEEN %s AND %s ORDER BY step
 """
-# -- its effects (no result)
+# -- the effects (no result) recorded while steps lo..hi ran (effects.step is the
+# -- 0-based index of the running step), and those recorded before 0017 (step NULL)
+# -- that settled after since and up to until (NULL: no bound); at most 1000
 EFFECTS = """
 SELECT key, status, token, step, error_type, error_message, created_at, updated_at
-  FROM pgdurable.run_effects WHERE run_id = %s::uuid ORDER BY created_at, key
+  FROM pgdurable.run_effects
+ WHERE run_id = %s::uuid
+   AND (step BETWEEN %s AND %s
+        OR step IS NULL AND updated_at > coalesce(%s::timestamptz, '-infinity')
+                        AND updated_at <= coalesce(%s::timestamptz, 'infinity'))
+ ORDER BY created_at, key LIMIT 1000
 """
 # -- its children, oldest first
 CHILDREN = """
@@ -79,11 +86,30 @@ SELECT l.id, l.status, l.forked_from_step, d.task, d.created_at
   FROM pgdurable.run_lineage l JOIN pgdurable.run_list d ON d.id = l.id
  WHERE l.forked_from = %s::uuid ORDER BY d.created_at, l.id LIMIT 200
 """
-# -- FULL: checkpoint states, for the state change of each step
-FULL_STATES = "SELECT step, state FROM pgdurable.checkpoints WHERE run_id = %s::uuid ORDER BY step"
-# -- FULL: the last 200 events of its output stream
+# -- FULL: the state change of each of its steps lo..hi, computed here and cut to
+# -- 200 characters (what the page shows): the top-level keys whose value differs
+# -- from the step before (their new value, null when removed; a missing key and
+# -- null are the same), or {"value": new}
+# -- when either state is not an object; the states themselves never leave the server
+FULL_CHANGES = """
+SELECT c.step, left((CASE
+         WHEN jsonb_typeof(c.before) = 'object' AND jsonb_typeof(c.state) = 'object' THEN (
+           SELECT coalesce(jsonb_object_agg(k.key, c.state -> k.key), '{}'::jsonb)
+             FROM (SELECT jsonb_object_keys(c.before) UNION SELECT jsonb_object_keys(c.state)) AS k(key)
+            WHERE coalesce(c.before -> k.key, 'null') <> coalesce(c.state -> k.key, 'null'))
+         WHEN c.before = c.state THEN '{}'::jsonb
+         ELSE jsonb_build_object('value', c.state) END)::text, 200) AS change
+  FROM (SELECT step, state,
+               coalesce(CASE WHEN lag(step) OVER w = step - 1 THEN lag(state) OVER w END,
+                        '{}'::jsonb) AS before
+          FROM pgdurable.checkpoints
+         WHERE run_id = %s::uuid AND step BETWEEN %s - 1 AND %s
+        WINDOW w AS (ORDER BY step)) AS c
+ WHERE c.step >= %s
+"""
+# -- FULL: the last 200 events of its output stream, each cut to 400 characters
 FULL_EVENTS = """
-SELECT seq, created_at, event FROM (
+SELECT seq, created_at, left(event::text, 400) AS event FROM (
   SELECT seq, created_at, event FROM pgdurable.run_events
    WHERE run_id = %s::uuid ORDER BY seq DESC LIMIT 200) e ORDER BY seq
 """

@@ -5,14 +5,25 @@ Pages read the views only (``queue_stats``, ``queue_limits``, ``queue_keys``,
 ``run_lineage``, ``schedule_list``, ``schedule_run_list``, ``active_leases``,
 ``run_overview``, ``thread_owners``), so the read-only role of ``pgdurable
 grant`` is enough. When the role may also read the tables, the run page adds
-each step's state change and the output stream.
+each step's state change (computed in SQL, cut to what is shown) and the
+output stream. A run page shows at most :data:`STEP_PAGE` checkpoints (the
+latest; ``?steps_to=N`` pages back), so what a view fetches does not grow
+with the run's history.
+
+Who may read: with ``token`` (a session cookie from the login form, or a
+bearer header) and/or ``authorize`` (your hook, asked on every request),
+every route is guarded; without either, anyone who reaches the server reads
+everything, so it then belongs on loopback only (the CLI and :func:`serve`
+warn otherwise). Every request's ``Host`` must name a trusted host
+(loopback unless ``trusted_hosts`` says more): see :mod:`._auth`.
 
 Actions (cancel, retry, signal a waiting run, fork a run from a step; pause,
-resume and trigger a schedule) are off unless
-``actions=True``; each POST must then pass ``authorize(request)`` (your hook:
-sessions, SSO...) and/or carry ``token`` (compared in constant time), and is
-CSRF-safe: a form token (HMAC of the action and its subject with a per-process
-secret, unreadable cross-site) plus an ``Origin``/``Sec-Fetch-Site`` check.
+resume and trigger a schedule) are off unless ``actions=True``; each POST
+must then carry ``token`` (compared in constant time; wrong ones are counted
+per client and lock it out) when one is set, pass the hook, and is CSRF-safe:
+a form token (HMAC of the action and its subject with a per-process secret,
+unreadable cross-site) plus an ``Origin`` (compared with the trusted hosts)
+and ``Sec-Fetch-Site`` check. The form is read streamed, at most 64 KiB.
 """
 
 from __future__ import annotations
@@ -20,20 +31,23 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import hmac
-import inspect
 import json
+import logging
 import secrets
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
-from datetime import datetime
+from datetime import datetime, timedelta
 from importlib import resources
 from typing import Any
-from urllib.parse import parse_qs, quote
+from urllib.parse import quote
 
 import jinja2
+from markupsafe import Markup
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response, StreamingResponse
 from starlette.routing import Mount, Route
@@ -43,18 +57,25 @@ from .. import _runs_sql as rq
 from .. import metrics
 from .._db import translated, validate_dsn
 from ..errors import PgDurableError, RunNotFound, ScheduleNotFound
-from ..fork import FORK, fork_params
+from ..fork import FORK, FORKED_AT, fork_params
 from ..runs import RETRY
 from ..schedules import PAUSE, TRIGGER, check_schedule_name, resume_schedule_on
 from ..search import STATUSES, list_runs_query, make_page
 from ..signals import parse_payload, signal_run_params
+from . import _auth
 from . import _queries as Q
+from ._auth import COOKIE, MAX_FORM_BYTES, Attempts, Authorize, FormTooLarge, Sessions
 from ._live import Broadcaster
 
-__all__ = ["Authorize", "create_app", "serve"]
+__all__ = ["Authorize", "create_app", "exposure_warnings", "serve"]
 
-#: ``authorize(request) -> bool`` (or awaitable): may this request act?
-Authorize = Callable[[Request], "bool | Awaitable[bool]"]
+log = logging.getLogger("pgdurable.dashboard")
+
+#: Checkpoints a run page shows (the latest; ``?steps_to=N`` pages back).
+STEP_PAGE = 50
+#: How long a login lasts (seconds), unless ``session_ttl`` says otherwise.
+SESSION_TTL = 12 * 3600.0
+_INT4_MAX = 2**31 - 1
 
 _ACTIONS = ("cancel", "retry", "signal", "fork")
 _SCHEDULE_ACTIONS = ("pause", "resume", "trigger")
@@ -68,7 +89,15 @@ def _env() -> jinja2.Environment:
     env.filters["age"] = _human_age
     env.filters["ts"] = lambda v: "" if v is None else v.strftime("%Y-%m-%d %H:%M:%S")
     env.filters["tojson_pretty"] = lambda v: json.dumps(v, indent=1, sort_keys=True, default=str)
+    env.filters["jsontext"] = _json_text
     return env
+
+
+def _json_text(text: str) -> Markup:
+    """JSON text (computed and cut in SQL) shown as ``tojson`` shows a value: the
+    characters HTML gives a meaning to written as JSON escapes, never as markup."""
+    return Markup(text.replace("&", "\\u0026").replace("<", "\\u003c")
+                  .replace(">", "\\u003e").replace("'", "\\u0027"))
 
 
 def _human_age(seconds: float | None) -> str:
@@ -86,35 +115,57 @@ def _human_age(seconds: float | None) -> str:
     return f"{int(s // 86400)} d {int(s % 86400 // 3600)} h"
 
 
-def _state_change(before: Any, after: Any) -> dict[str, Any]:
-    """Top-level keys whose value changed (new value), or the whole value."""
-    if isinstance(before, dict) and isinstance(after, dict):
-        return {k: after.get(k) for k in sorted(set(before) | set(after))
-                if before.get(k) != after.get(k)}
-    return {} if before == after else {"value": after}
-
-
 class _Dashboard:
     def __init__(self, dsn: str, *, actions: bool, token: str | None,
-                 authorize: Authorize | None, title: str) -> None:
+                 authorize: Authorize | None, title: str, hosts: list[str],
+                 session_ttl: float) -> None:
         self.dsn = validate_dsn(dsn)
         self.actions = actions
         self.token = token
         self.authorize = authorize
         self.title = title
+        self.hosts = hosts
         self.secret = secrets.token_bytes(32)
+        self.sessions = Sessions(token, session_ttl) if token is not None else None
+        self.attempts = Attempts()
         self.pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
             self.dsn, min_size=1, max_size=4, open=False, name="pgdurable-dashboard",
             kwargs={"autocommit": True},
         )
+        self._opened = False
+        self._opening: asyncio.Lock | None = None
         self.live = Broadcaster(self.dsn)
         self.env = _env()
         self.full: bool | None = None
 
     # -- plumbing -------------------------------------------------------------
+    async def open(self) -> None:
+        """Open the pool (at startup, or on first use: a mounted app gets no lifespan)."""
+        if self._opened:
+            return
+        if self._opening is None:
+            self._opening = asyncio.Lock()
+        async with self._opening:
+            if not self._opened:
+                await self.pool.open(wait=True, timeout=30)
+                self._opened = True
+
+    async def aclose(self) -> None:
+        """Stop the listener and close the pool (a mounted app: call it at shutdown)."""
+        await self.live.close()
+        if self._opened:
+            await self.pool.close()
+            self._opened = False
+
+    async def _pool(self) -> AsyncConnectionPool[Any]:
+        if not self._opened:
+            await self.open()
+        return self.pool
+
     async def rows(self, sql: str, params: tuple[Any, ...] = ()) -> list[dict[str, Any]]:
+        pool = await self._pool()
         with translated():
-            async with self.pool.connection() as conn:
+            async with pool.connection() as conn:
                 cur = conn.cursor(row_factory=dict_row)
                 await cur.execute(sql, params)
                 rows: list[dict[str, Any]] = await cur.fetchall()
@@ -136,12 +187,14 @@ class _Dashboard:
         root = request.scope.get("root_path", "")
         html = self.env.get_template(template).render(
             root=root, title=self.title, actions=self.actions, need_token=self.token is not None,
+            logged_in=self.sessions is not None and self.sessions.valid(
+                request.cookies.get(COOKIE)),
             csrf=self.csrf, schedule_csrf=self.schedule_csrf, statuses=STATUSES, path=request.url.path, **ctx)
-        return HTMLResponse(html, status_code=status_code,
-                            headers={"Cache-Control": "no-store",
-                                     "Content-Security-Policy": "default-src 'self'; "
-                                     "frame-ancestors 'none'",
-                                     "X-Content-Type-Options": "nosniff"})
+        return HTMLResponse(html, status_code=status_code, headers=dict(_HEADERS))
+
+    def refuse(self, request: Request, status_code: int, message: str) -> Response:
+        """The error page with ``message``."""
+        return self.page(request, "error.html", status_code=status_code, message=message)
 
     # -- pages ----------------------------------------------------------------
     async def queues(self, request: Request) -> Response:
@@ -193,8 +246,9 @@ class _Dashboard:
                          live="all", status_code=400 if error else 200)
 
     async def rows_tuples(self, sql: str, params: tuple[Any, ...]) -> list[tuple[Any, ...]]:
+        pool = await self._pool()
         with translated():
-            async with self.pool.connection() as conn:
+            async with pool.connection() as conn:
                 cur = await conn.execute(sql, params)
                 rows: list[tuple[Any, ...]] = await cur.fetchall()
                 return rows
@@ -208,23 +262,40 @@ class _Dashboard:
         if not found:
             return self.page(request, "error.html", status_code=404, message=f"no run {rid}")
         run = found[0]
-        steps = await self.rows(Q.STEPS, (rid,))
+        last = int(run["step"])
+        asked = request.query_params.get("steps_to", "")
+        if asked and not (asked.isdigit() and 1 <= int(asked) <= _INT4_MAX):
+            return self.page(request, "error.html", status_code=400,
+                             message=f"steps_to must be a step number, not {asked!r}")
+        # the shown window: STEP_PAGE checkpoints ending at steps_to (default: the last)
+        hi = min(int(asked), last) if asked else last
+        lo = max(1, hi - STEP_PAGE + 1)
+        steps = await self.rows(Q.STEPS, (rid, lo - 1, hi))
         prev = run["created_at"]
+        if steps and steps[0]["step"] == lo - 1:  # only for the first shown step's duration
+            prev = steps.pop(0)["created_at"]
+        since = prev if lo > 1 else None
         for s in steps:
             s["duration"] = (s["created_at"] - prev).total_seconds()
             prev = s["created_at"]
-        effects = await self.rows(Q.EFFECTS, (rid,))
+        latest = hi >= last  # the running step's effects are shown with the last page
+        until = None if latest or not steps else steps[-1]["created_at"]
+        effects = await self.rows(Q.EFFECTS, (
+            rid, lo - 1, _INT4_MAX if latest else hi - 1, since, until))
         running = _effects_by_step(steps, effects)
         events: list[dict[str, Any]] | None = None
         if await self.can_read_tables():
-            states = {r["step"]: r["state"] for r in await self.rows(Q.FULL_STATES, (rid,))}
+            changes = {r["step"]: r["change"] for r in await self.rows(Q.FULL_CHANGES,
+                                                                        (rid, lo, hi, lo))}
             for s in steps:
-                s["change"] = _state_change(states.get(s["step"] - 1, {}), states.get(s["step"]))
+                s["change"] = changes.get(s["step"], "{}")
             events = await self.rows(Q.FULL_EVENTS, (rid,))
         lineage = await self.rows(Q.LINEAGE, (rid,))
+        pages = {"lo": lo, "hi": hi, "earlier": lo - 1 if lo > 1 else None,
+                 "later": min(hi + STEP_PAGE, last) if hi < last else None}
         return self.page(
             request, "run.html", run=run, steps=steps, events=events, effects=effects,
-            running=running, lineage=lineage[0] if lineage else None,
+            running=running, lineage=lineage[0] if lineage else None, pages=pages,
             forks=await self.rows(Q.FORKS, (rid,)) if lineage and lineage[0]["forks"] else [],
             children=await self.rows(Q.CHILDREN, (rid,)), live=rid,
             message=request.query_params.get("done"))
@@ -255,37 +326,94 @@ class _Dashboard:
         return StreamingResponse(stream(), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-store"})
 
-    # -- actions --------------------------------------------------------------
-    async def _guarded(self, request: Request, action: str, subject: str,
-                       form: dict[str, str]) -> Response | None:
-        """None when this POST may act; else the refusal page (403)."""
-        site = request.headers.get("sec-fetch-site")
-        origin = request.headers.get("origin")
-        own = f"{request.url.scheme}://{request.url.netloc}"
-        if (site is not None and site not in ("same-origin", "none")) or (
-            origin is not None and origin != own
-        ) or not hmac.compare_digest(str(form.get("csrf", "")), self.csrf(action, subject)):
-            return self.page(request, "error.html", status_code=403,
-                             message="refused: cross-site request (CSRF check failed)")
-        if self.token is not None and not hmac.compare_digest(
-            str(form.get("token", "")).encode(), self.token.encode()
-        ):
-            return self.page(request, "error.html", status_code=403,
-                             message="refused: wrong or missing action token")
-        if self.authorize is not None:
-            ok = self.authorize(request)
-            if inspect.isawaitable(ok):
-                ok = await ok
-            if not ok:
-                return self.page(request, "error.html", status_code=403,
-                                 message="refused by the authorize hook")
-        return None
+    # -- login ----------------------------------------------------------------
+    async def login_form(self, request: Request) -> Response:
+        return self._login_page(request, 200, None)
 
-    async def _form(self, request: Request) -> dict[str, str] | Response:
-        body = await request.body()
-        if len(body) > 65536:
-            return self.page(request, "error.html", status_code=413, message="form too large")
-        return {k: v[0] for k, v in parse_qs(body.decode("utf-8", "replace")).items()}
+    def _login_page(self, request: Request, status_code: int, message: str | None) -> Response:
+        html = self.env.get_template("login.html").render(
+            root=request.scope.get("root_path", ""), title=self.title, message=message,
+            next=_local_path(request.query_params.get("next", "/")))
+        return HTMLResponse(html, status_code=status_code, headers=dict(_HEADERS))
+
+    async def login(self, request: Request) -> Response:
+        """Check the token of the login form; on success set the session cookie."""
+        assert self.token is not None and self.sessions is not None
+        if not _auth.origin_allowed(request, self.hosts):
+            return self._login_page(request, 403, "refused: cross-site request")
+        form = await self._token_form(request)
+        if isinstance(form, Response):
+            return form
+        if not self._right_token(request, form, "login"):
+            return self._login_page(request, 403, "wrong token")
+        root = request.scope.get("root_path", "")
+        response = RedirectResponse(root + _local_path(form.get("next", "/")), 303)
+        response.set_cookie(COOKIE, self.sessions.issue(), max_age=int(self.sessions.ttl),
+                            path=root or "/", secure=request.url.scheme == "https",
+                            httponly=True, samesite="strict")
+        return response
+
+    async def logout(self, request: Request) -> Response:
+        root = request.scope.get("root_path", "")
+        if not _auth.origin_allowed(request, self.hosts):
+            return self.refuse(request, 403, "refused: cross-site request (CSRF check failed)")
+        response = RedirectResponse(f"{root}/login", 303)
+        response.delete_cookie(COOKIE, path=root or "/", secure=request.url.scheme == "https",
+                               httponly=True, samesite="strict")
+        return response
+
+    async def _token_form(self, request: Request) -> dict[str, str] | Response:
+        """The form of a POST that carries the token: refused (429) while this
+        client is locked out, before the form is read (streamed, 64 KiB)."""
+        wait = self.attempts.locked(_auth.client_of(request)) if self.token is not None else 0.0
+        if wait > 0:
+            return self._locked(request, wait)
+        try:
+            return await _auth.read_form(request)
+        except FormTooLarge:
+            return self.refuse(request, 413, "form too large")
+
+    def _right_token(self, request: Request, form: dict[str, str], what: str) -> bool:
+        """Whether ``form`` carries the token (no token configured: True); a
+        wrong one counts against the client."""
+        if self.token is None or _auth.same_token(form.get("token", ""), self.token):
+            return True
+        client = _auth.client_of(request)
+        self.attempts.failed(client)
+        log.warning("dashboard: wrong %s token from %s", what, client)
+        return False
+
+    def _locked(self, request: Request, wait: float) -> Response:
+        seconds = max(1, int(wait + 0.999))
+        response = self.refuse(request, 429, "refused: too many wrong tokens from this "
+                                             f"address; try again in {seconds} s")
+        response.headers["Retry-After"] = str(seconds)
+        return response
+
+    # -- actions --------------------------------------------------------------
+    async def _act_form(self, request: Request, action: str,
+                        subject: str | None) -> dict[str, str] | Response:
+        """The form of an action POST, when it may act; else the refusal page.
+
+        Checked in this order: the origin (headers only), the client's lockout,
+        the form (read streamed, at most 64 KiB), its CSRF token (bound to
+        ``action`` and ``subject``; a schedule's subject is in the form: None),
+        then the action token (a wrong one counts against the client)."""
+        if not _auth.origin_allowed(request, self.hosts):
+            return self.refuse(request, 403, "refused: cross-site request (CSRF check failed)")
+        form = await self._token_form(request)
+        if isinstance(form, Response):
+            return form
+        if subject is None:
+            try:
+                subject = _schedule_subject(check_schedule_name(form.get("name")))
+            except (TypeError, ValueError) as exc:
+                return self.refuse(request, 404, str(exc))
+        if not hmac.compare_digest(form.get("csrf", ""), self.csrf(action, subject)):
+            return self.refuse(request, 403, "refused: cross-site request (CSRF check failed)")
+        if not self._right_token(request, form, "action"):
+            return self.refuse(request, 403, "refused: wrong or missing action token")
+        return form
 
     def _disabled(self, request: Request) -> Response:
         return self.page(request, "error.html", status_code=403,
@@ -299,34 +427,44 @@ class _Dashboard:
             rid = str(rq.check_run_id(request.path_params["run_id"]))
         except (TypeError, ValueError) as exc:
             return self.page(request, "error.html", status_code=404, message=str(exc))
-        form = await self._form(request)
+        form = await self._act_form(request, action, rid)
         if isinstance(form, Response):
             return form
-        refused = await self._guarded(request, action, rid, form)
-        if refused is not None:
-            return refused
         target = rid
-        try:
+        params: tuple[Any, ...]
+        try:  # bad input: 400, before any SQL
             if action == "cancel":
-                done = (await self.rows_tuples(rq.CANCEL, (rid,)))[0][0]
+                sql, params = rq.CANCEL, (rid,)
             elif action == "retry":
-                done = (await self.rows_tuples(RETRY, (rid,)))[0][0]
-            elif action == "fork":
-                step = int(form.get("step", ""))
-                patch = json.loads(form["state"]) if form.get("state", "").strip() else None
-                target = str((await self.rows_tuples(
-                    FORK, fork_params(rid, step, patch, "merge", None, False)))[0][0])
-                done = f"forked from {rid} at step {step}"
+                sql, params = RETRY, (rid,)
+            elif action == "fork":  # no step: where a retry would continue (sql/0030)
+                step = (_form_int(form["step"], "step") if form.get("step", "").strip()
+                        else None)
+                try:
+                    patch = json.loads(form["state"]) if form.get("state", "").strip() else None
+                except ValueError as exc:
+                    raise ValueError(f"the state patch is not JSON: {exc}") from None
+                sql, params = FORK, fork_params(rid, step, patch, "merge", None, False)
             else:
-                params = signal_run_params(
+                sql, params = rq.SIGNAL_RUN, signal_run_params(
                     rid, str(form.get("kind", "")) or "approval",
                     parse_payload(str(form.get("payload", ""))), None, None)
-                woke = (await self.rows_tuples(rq.SIGNAL_RUN, params))[0][0]
-                done = "signalled (woke the run)" if woke else "signalled (kept pending)"
+        except (TypeError, ValueError) as exc:
+            return self.page(request, "error.html", status_code=400, message=str(exc))
+        try:
+            answer = (await self.rows_tuples(sql, params))[0][0]
         except RunNotFound as exc:
             return self.page(request, "error.html", status_code=404, message=str(exc))
         except (PgDurableError, TypeError, ValueError) as exc:
             return self.page(request, "error.html", status_code=409, message=str(exc))
+        if action == "fork":
+            target = str(answer)
+            at = (await self.rows_tuples(FORKED_AT, (target,)))[0][0]
+            done = f"forked from {rid} at step {at}"
+        elif action == "signal":
+            done = "signalled (woke the run)" if answer else "signalled (kept pending)"
+        else:
+            done = answer
         root = request.scope.get("root_path", "")
         return RedirectResponse(f"{root}/runs/{target}?done={_quote(f'{action}: {done}')}", 303)
 
@@ -334,23 +472,18 @@ class _Dashboard:
         action = request.path_params["action"]
         if not self.actions or action not in _SCHEDULE_ACTIONS:
             return self._disabled(request)
-        form = await self._form(request)
+        form = await self._act_form(request, action, None)
         if isinstance(form, Response):
             return form
-        try:
-            name = check_schedule_name(form.get("name"))
-        except (TypeError, ValueError) as exc:
-            return self.page(request, "error.html", status_code=404, message=str(exc))
-        refused = await self._guarded(request, action, _schedule_subject(name), form)
-        if refused is not None:
-            return refused
+        name = check_schedule_name(form.get("name"))
         try:
             if action == "pause":
                 done = "paused" if (await self.rows_tuples(PAUSE, (name,)))[0][0] else \
                     "was paused already"
             elif action == "resume":
+                pool = await self._pool()
                 with translated():
-                    async with self.pool.connection() as conn:
+                    async with pool.connection() as conn:
                         resumed = await resume_schedule_on(conn, name)
                 done = "resumed" if resumed else "was not paused"
             else:
@@ -374,8 +507,29 @@ class _Dashboard:
         return Response(body, media_type=CONTENT_TYPE_LATEST)
 
 
+_HEADERS = {"Cache-Control": "no-store",
+            "Content-Security-Policy": "default-src 'self'; frame-ancestors 'none'",
+            "X-Content-Type-Options": "nosniff", "Referrer-Policy": "same-origin"}
+
+
 def _quote(value: str) -> str:
     return quote(value, safe="")
+
+
+def _local_path(value: str) -> str:
+    """``value`` if it is a path of this app (no scheme, host or ``//``), else ``/``:
+    the login form never redirects elsewhere."""
+    if not value.startswith("/") or value.startswith("//") or "\\" in value or any(
+            c in value for c in "\r\n"):
+        return "/"
+    return value
+
+
+def _form_int(value: str, name: str) -> int:
+    text = value.strip()
+    if not text.lstrip("-").isdigit() or len(text) > 40:
+        raise ValueError(f"{name} must be an integer, not {value[:40]!r}")
+    return int(text)
 
 
 def _schedule_subject(name: str) -> str:
@@ -411,33 +565,56 @@ def create_app(
     token: str | None = None,
     authorize: Authorize | None = None,
     title: str = "pgdurable",
+    trusted_hosts: Sequence[str] | None = None,
+    session_ttl: timedelta | float = SESSION_TTL,
 ) -> Starlette:
     """The dashboard as an ASGI app (mount it anywhere, e.g. ``app.mount("/ops", ...)``).
 
+    Who may read: with ``token`` (at least 32 bytes), every route needs a
+    session from the login form (``/login``; an HttpOnly, SameSite=Strict
+    cookie, signed, valid ``session_ttl``) or ``Authorization: Bearer
+    <token>``; with ``authorize``, your hook must return True for every
+    request (pages, ``/events``, ``/metrics``, POSTs; both, if both are
+    given). With neither, anyone who reaches the server reads everything.
+
+    ``trusted_hosts``: the host names the ``Host`` header may name, also the
+    only origins a POST is accepted from (default: ``localhost``,
+    ``127.0.0.1``, ``[::1]``; ``*.example.com`` for subdomains; ``*``: any).
+
     ``actions`` enables cancel/retry/signal/fork of runs and pause/resume/
-    trigger of schedules; with ``token`` an action needs
-    that token, with ``authorize`` your hook must return True (both, if both
-    are given). ``actions=True`` with neither is refused (ValueError): an
-    action must be authorized somehow.
+    trigger of schedules; with ``token`` each action's form needs it again.
+    ``actions=True`` with neither ``token`` nor ``authorize`` is refused
+    (ValueError): an action must be authorized somehow.
+
+    Mounted in another app (which runs no lifespan of a sub-app), the pool
+    opens on the first request; close it with ``await
+    app.state.dashboard.aclose()`` at shutdown (or run the sub-app's lifespan:
+    ``app.router.lifespan_context(app)``).
     """
     if actions and token is None and authorize is None:
         raise ValueError("actions=True needs token= or authorize= (who may act?)")
-    if token is not None and (not isinstance(token, str) or len(token) < 8):
-        raise ValueError("token must be a str of at least 8 characters")
-    d = _Dashboard(dsn, actions=actions, token=token, authorize=authorize, title=title)
+    token = _auth.check_token(token)
+    ttl = session_ttl.total_seconds() if isinstance(session_ttl, timedelta) else session_ttl
+    if isinstance(ttl, bool) or not isinstance(ttl, int | float) or not 60 <= ttl <= 366 * 86400:
+        raise ValueError("session_ttl must be between 1 minute and 366 days")
+    hosts = _auth.trusted_hosts(trusted_hosts)
+    d = _Dashboard(dsn, actions=actions, token=token, authorize=authorize, title=title,
+                   hosts=hosts, session_ttl=float(ttl))
 
     @asynccontextmanager
     async def lifespan(_app: Starlette) -> AsyncIterator[None]:
-        await d.pool.open(wait=True, timeout=30)
+        await d.open()
         try:
             yield
         finally:
-            await d.live.close()
-            await d.pool.close()
+            await d.aclose()
 
     static = str(resources.files("pgdurable.dashboard") / "static")
+    login = [Route("/login", d.login_form), Route("/login", d.login, methods=["POST"]),
+             Route("/logout", d.logout, methods=["POST"])] if token is not None else []
     app = Starlette(
         routes=[
+            *login,
             Route("/", d.queues), Route("/runs", d.runs), Route("/runs/{run_id}", d.run),
             Route("/runs/{run_id}/{action}", d.act, methods=["POST"]),
             Route("/schedules", d.schedules),
@@ -445,16 +622,54 @@ def create_app(
             Route("/leases", d.leases), Route("/events", d.events),
             Route("/metrics", d.metrics), Mount("/static", StaticFiles(directory=static)),
         ],
+        middleware=[  # outermost first: Host, size, then who is asking
+            Middleware(TrustedHostMiddleware, allowed_hosts=hosts, www_redirect=False),
+            Middleware(_auth.BodyLimit, cap=MAX_FORM_BYTES),
+            Middleware(_auth.Authenticate, sessions=d.sessions, token=token,
+                       authorize=authorize, attempts=d.attempts, refuse=d.refuse),
+        ],
         lifespan=lifespan,
     )
     app.state.dashboard = d
     return app
 
 
-def serve(dsn: str, *, host: str = "127.0.0.1", port: int = 8080, **options: Any) -> None:
-    """Serve :func:`create_app` with uvicorn until interrupted."""
+def exposure_warnings(host: str, *, token: str | None = None,
+                      authorize: Authorize | None = None,
+                      trusted_hosts: Sequence[str] | None = None) -> list[str]:
+    """What is unsafe or surprising about serving the dashboard on ``host`` with
+    these options (a bad ``token`` or ``trusted_hosts`` is a ValueError)."""
+    _auth.check_token(token)
+    _auth.trusted_hosts(trusted_hosts)
+    if _auth.is_loopback(host):
+        return []
+    out = []
+    if token is None and authorize is None:
+        out.append(
+            f"the pgdurable dashboard is served on {host} (not loopback) with no token and no "
+            "authorize hook: anyone who can reach it reads every run, error, metadata and "
+            "lease. Set --token (token=/authorize=), or serve it on 127.0.0.1 behind a proxy "
+            "that authenticates.")
+    if trusted_hosts is None:
+        out.append(
+            f"only the Host names {', '.join(_auth.LOOPBACK_HOSTS)} are trusted: a request "
+            "naming this machine otherwise is refused (400). Add --trusted-host NAME "
+            "(trusted_hosts=[...]) for each name it is reached by.")
+    return out
+
+
+def serve(dsn: str, *, host: str = "127.0.0.1", port: int = 8080, warn: bool = True,
+          **options: Any) -> None:
+    """Serve :func:`create_app` with uvicorn until interrupted (``options`` go to
+    it). Served on a non-loopback address without a token or hook, it logs a
+    warning (``warn=False``: the caller already said it)."""
     import uvicorn
 
+    app = create_app(dsn, **options)
+    if warn:
+        for message in exposure_warnings(host, token=options.get("token"),
+                                         authorize=options.get("authorize"),
+                                         trusted_hosts=options.get("trusted_hosts")):
+            log.warning("%s", message)
     # SSE streams never end by themselves: give them 3 s on shutdown, then close
-    uvicorn.run(create_app(dsn, **options), host=host, port=port, log_level="warning",
-                timeout_graceful_shutdown=3)
+    uvicorn.run(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=3)

@@ -146,12 +146,23 @@ class WorkerBase:
         # cancels checked against the database first (pgdurable/_hints.py)
         self.wake_limit = WakeLimiter()
         self._deferred_wake: asyncio.TimerHandle | None = None
-        self._cancel_checks: dict[uuid.UUID, asyncio.Task[None]] = {}
+        # cancel checks: coalesced (one asks about every run named since the last)
+        # and rate-limited; a check over the limit waits at most 1 / rate seconds
+        self.cancel_limit = WakeLimiter(rate=5.0, burst=5)
+        self._cancel_pending: dict[uuid.UUID, _Active] = {}  # named, not checked yet
+        self._cancel_checker: asyncio.Task[None] | None = None
+        self.cancel_check_count = 0  # cancel checks sent to the database (tests)
         self._writer = StepWriter(app, self.worker_id, self._write_lock)
         self._ticker = Ticker(app, self.queues)  # fires due schedule ticks (schedules.py)
         # announced at the first pin, renewed each heartbeat interval (engine/presence.py)
         self._presence = WorkerPresence(app, self.worker_id, self.instance, self.ttl,
                                         self.heartbeat_interval, self.queues)
+
+    @property
+    def _cancel_checks(self) -> bool:
+        """Whether a cancel check is pending or in flight (tests)."""
+        return bool(self._cancel_pending) or (
+            self._cancel_checker is not None and not self._cancel_checker.done())
 
     def _busy(self) -> int:
         """Slots in use: the runs held, less those whose last write is being sent."""

@@ -11,7 +11,13 @@ does not work through it) and the worker polls.
 NOTIFYs are hints anyone can send: wake-up claims are rate-limited
 (``_hints.WakeLimiter``; one over the limit is deferred, not lost) and a
 cancel is acted on only once the database confirms the run's
-``cancel_requested_at`` (``_hints.cancel_requested``).
+``cancel_requested_at`` (``_hints.cancels_requested``). Those checks are
+coalesced and rate-limited too (``cancel_limit``): the runs named by cancel
+notifications wait in ``_cancel_pending`` for one checker task, whose every
+statement asks about all of them; a check over the limit waits for the next
+token (at most ``1 / rate`` seconds), so a burst of forged cancels costs a
+bounded number of statements, and a real cancel is never dropped (a
+notification that arrives during a check is checked again after it).
 """
 
 from __future__ import annotations
@@ -24,11 +30,11 @@ from typing import Any
 
 import psycopg
 
-from .._hints import cancel_requested
+from .._hints import cancels_requested
 from .._notifications import receive
 from ..errors import DatabaseUnavailable
 from ..pooler import aconnect
-from .base import _DB_ERRORS, WorkerBase, _Active, log
+from .base import _DB_ERRORS, WorkerBase, log
 
 __all__ = ["Listener"]
 
@@ -37,6 +43,16 @@ class Listener(WorkerBase):
     """The LISTEN connection and what its notifications do (part of :class:`~pgdurable.engine.worker.Worker`)."""
 
     async def _listen(self, conninfo: str) -> None:
+        try:
+            await self._listen_loop(conninfo)
+        finally:
+            checker, self._cancel_checker = self._cancel_checker, None
+            if checker is not None:
+                checker.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await checker
+
+    async def _listen_loop(self, conninfo: str) -> None:
         backoff = 0.2
         while not self._stopping:
             conn: psycopg.AsyncConnection[Any] | None = None
@@ -91,19 +107,36 @@ class Listener(WorkerBase):
         except ValueError:
             return
         a = self._active.get(rid)
-        if a is None or a.stop_reason is not None or rid in self._cancel_checks:
+        if a is None or a.stop_reason is not None:
             return
         # a hint only: stop the step once the database confirms the request
-        check = asyncio.create_task(self._confirm_cancel(a))
-        self._cancel_checks[rid] = check
-        check.add_done_callback(lambda _t: self._cancel_checks.pop(rid, None))
+        self._cancel_pending[rid] = a
+        if self._cancel_checker is None or self._cancel_checker.done():
+            self._cancel_checker = asyncio.create_task(self._check_cancels(),
+                                                       name="pgdurable-cancel-checks")
 
-    async def _confirm_cancel(self, a: _Active) -> None:
-        try:
-            requested = await cancel_requested(self.app, a.run_id, a.token)
-        except _DB_ERRORS as exc:
-            log.warning("run %s: cancel check failed (%s); the heartbeat checks again",
-                        a.run_id, exc)
-            return
-        if requested and self._active.get(a.run_id) is a:
-            self._stop_run(a, "cancel")
+    async def _check_cancels(self) -> None:
+        """Check the pending runs, one statement for all of them, at the cancel
+        limiter's rate, until no run is pending."""
+        while True:
+            for rid, a in list(self._cancel_pending.items()):
+                if self._active.get(rid) is not a or a.stop_reason is not None:
+                    del self._cancel_pending[rid]  # gone or stopping: nothing to check
+            if not self._cancel_pending:
+                return
+            delay = self.cancel_limit.take()
+            if delay > 0:
+                await asyncio.sleep(delay)  # what is named meanwhile joins this check
+            batch, self._cancel_pending = self._cancel_pending, {}
+            self.cancel_check_count += 1
+            try:
+                requested = await cancels_requested(
+                    self.app, [(a.run_id, a.token) for a in batch.values()])
+            except _DB_ERRORS as exc:
+                log.warning("cancel check of %d run(s) failed (%s); the heartbeat checks again",
+                            len(batch), exc)
+                continue
+            for rid in requested:
+                a = batch[rid]
+                if self._active.get(rid) is a:
+                    self._stop_run(a, "cancel")

@@ -23,7 +23,7 @@ from .._json import exc_message as _exc_message
 from .._json import jsonb_str as _jsonb_str
 from .._retry import retry_while
 from ..children import park_children
-from ..errors import InvalidInput
+from ..errors import InvalidInput, recorded_checkpoint
 from ..steps import Wait
 from .base import WorkerBase, _Active, _as_timedelta
 
@@ -104,8 +104,12 @@ class Parking(WorkerBase):
 
 def _error_json(exc: BaseException) -> str:
     """The ``runs.error`` JSON of ``exc``; any exception text is storable."""
+    record: dict[str, Any]
     try:
         record = q.error_record(exc)
     except Exception:  # a broken __str__ must not lose the error
         record = {"type": type(exc).__name__, "message": _exc_message(exc), "traceback": ""}
+        checkpoint = recorded_checkpoint(exc)
+        if checkpoint is not None:
+            record["checkpoint"] = checkpoint
     return dumps({k: _jsonb_str(v) if isinstance(v, str) else v for k, v in record.items()}, "error")

@@ -10,7 +10,6 @@ the real outcome or :data:`NOT_PERFORMED`).
 
 from __future__ import annotations
 
-import enum
 import inspect
 import json
 from collections.abc import Callable
@@ -20,6 +19,7 @@ from .. import _runs_sql as q
 from .._json import dumps
 from .._json import exc_message as _exc_message
 from .._json import jsonb_str as _jsonb_str
+from ..effects import NOT_PERFORMED, NotPerformed
 from ..errors import EffectFailed, ReconcileFailed, mark_terminal
 from ..steps import EffectFn, in_thread
 from .base import WorkerBase, _Active
@@ -35,21 +35,6 @@ async def call_effect(fn: Callable[[], Any]) -> Any:
     if inspect.isawaitable(value):
         value = await value
     return value
-
-
-class NotPerformed(enum.Enum):
-    """The type of :data:`NOT_PERFORMED` (one member)."""
-
-    NOT_PERFORMED = "not performed"
-
-    def __repr__(self) -> str:
-        return "pgdurable.NOT_PERFORMED"
-
-
-#: What an effect's ``reconcile`` returns to say "the effect never happened":
-#: ``fn`` then runs (once) under the current lease token, and its outcome is
-#: recorded as usual.
-NOT_PERFORMED = NotPerformed.NOT_PERFORMED
 
 
 async def reconcile_effect(key: str, reconcile: EffectFn) -> str | NotPerformed:

@@ -68,7 +68,8 @@ export function checkTtl(ttlMs: unknown): number {
 
 const LONE_SURROGATE = /[\uD800-\uDBFF](?![\uDC00-\uDFFF])|(?<![\uD800-\uDBFF])[\uDC00-\uDFFF]/;
 
-function isWellFormed(value: string): boolean {
+/** False when `value` holds a lone surrogate (no UTF-8 form: pg would send U+FFFD instead). */
+export function isWellFormed(value: string): boolean {
   return !LONE_SURROGATE.test(value);
 }
 

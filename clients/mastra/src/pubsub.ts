@@ -49,7 +49,7 @@ import {
   ProviderClosedError, SchemaVersionMismatchError, connectionBroke, translate,
 } from './errors.js';
 import {
-  acquireCall, getOwnerCall, releaseCall, renewCall, transferCall,
+  acquireCall, getOwnerCall, isWellFormed, releaseCall, renewCall, transferCall,
   type LeaseCall, type LeaseGrant,
 } from './leases.js';
 
@@ -138,10 +138,18 @@ const PRUNE = 'SELECT pgdurable.prune_pubsub(make_interval(secs => $1::double pr
 // -- are the lease and pubsub functions there?
 const SCHEMA = "SELECT to_regprocedure('pgdurable.pubsub_publish(text,json[])') IS NOT NULL AND to_regprocedure('pgdurable.acquire_lease(bytea,bytea,bigint)') IS NOT NULL AS ok";
 
-function checkTopic(topic: unknown): string {
-  if (typeof topic !== 'string') throw new TypeError(`topic must be a string, not ${typeof topic}`);
-  if (topic.length === 0) throw new RangeError('topic must be a non-empty string');
-  if (topic.includes('\0')) throw new RangeError('topic must not contain NUL (PostgreSQL text cannot hold it)');
+/**
+ * A topic (or group) name: a non-empty string PostgreSQL text can hold. A lone
+ * surrogate has no UTF-8 form (pg would send U+FFFD, so different names would
+ * share one topic and read each other's events) and is refused, as lease keys are.
+ */
+function checkTopic(topic: unknown, what = 'topic'): string {
+  if (typeof topic !== 'string') throw new TypeError(`${what} must be a string, not ${typeof topic}`);
+  if (topic.length === 0) throw new RangeError(`${what} must be a non-empty string`);
+  if (topic.includes('\0')) throw new RangeError(`${what} must not contain NUL (PostgreSQL text cannot hold it)`);
+  if (!isWellFormed(topic)) {
+    throw new RangeError(`${what} is not valid Unicode (it contains a lone surrogate)`);
+  }
   return topic;
 }
 
@@ -378,6 +386,7 @@ export class PgDurablePubSub extends PubSub implements LeaseProvider {
       if (typeof options.group !== 'string' || options.group === '') {
         throw new RangeError('group must be a non-empty string');
       }
+      checkTopic(options.group, 'group');
       return this.#subscribeGroup(topic, cb, options.group, options.startFrom === 'latest');
     }
     return this.#subscribeAt(topic, cb, options?.startFrom === 'latest' ? 'latest' : -1);

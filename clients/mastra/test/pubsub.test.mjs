@@ -259,4 +259,25 @@ describe('PgDurablePubSub events', () => {
     await assert.rejects(() => ps.prune(-1), RangeError);
     assert.deepEqual(await ps.getHistory('t'), []);
   });
+
+  test('a topic or group with a lone surrogate is a RangeError: three such topics were one (U+FFFD)', async () => {
+    // pg encodes a string to UTF-8 with U+FFFD for a lone surrogate, so these three
+    // different topics were one row: each read the others' events
+    const ps = open();
+    const ev = { type: 't', runId: 'r', data: {} };
+    for (const topic of ['lone\uD800', 'lone\uDBFF', 'lone\uDC00']) {
+      await assert.rejects(() => ps.publish(topic, ev), RangeError);
+      await assert.rejects(() => ps.subscribe(topic, () => {}), RangeError);
+      await assert.rejects(() => ps.subscribeWithReplay(topic, () => {}), RangeError);
+      await assert.rejects(() => ps.subscribeFromOffset(topic, 0, () => {}), RangeError);
+      await assert.rejects(() => ps.getHistory(topic), RangeError);
+      await assert.rejects(() => ps.subscribe('t', () => {}, { group: `g${topic}` }), RangeError);
+    }
+    await ps.clearTopic('lone\uD800'); // best effort: never throws (and deletes nothing)
+    const stored = await admin.query("SELECT count(*)::int AS n FROM pgdurable.pubsub_topics WHERE topic LIKE 'lone%'");
+    assert.equal(stored.rows[0].n, 0, 'nothing stored');
+    // a well-formed pair is one character, not a lone surrogate: accepted
+    await ps.publish('pair\uD83D\uDE00', ev);
+    assert.equal((await ps.getHistory('pair\u{1F600}')).length, 1);
+  });
 });

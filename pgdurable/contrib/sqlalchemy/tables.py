@@ -119,6 +119,8 @@ runs = Table(
     _ts("heartbeat_at"),
     Column("metadata", JSONB),
     Column("trace_context", JSONB),
+    # the inserting transaction's id (0029, NULL on older rows): tag_started_run's test
+    Column("created_xact", BigInteger, server_default=FetchedValue()),
     comment="Durable runs: the run lives here, workers only lease it. state is the latest checkpoint.",
 )
 

@@ -1,4 +1,4 @@
--- 0031_run_affinity: a run's affinity to the worker that holds its stateful
+-- 0032_run_affinity: a run's affinity to the worker that holds its stateful
 -- service (issue 37: browsers, shells and sandboxes need long-lived services).
 --
 -- A step that keeps a service in its worker process's memory (a browser
@@ -266,11 +266,13 @@ COMMENT ON FUNCTION pgdurable.pin_run(uuid, bigint, text, text, text, interval, 
 -- pgdurable.affine_started_run(id, from) -> uuid
 -- Give a run THIS transaction has just inserted (composed with a start in one
 -- statement, as tag_started_run is) the affinity of run `from`: same holder,
--- instance, mode, wait and info. Only a row whose xmin is the current
--- transaction and that has no affinity yet is changed (an idempotent repeat
--- of a start finds the old row: nothing changes); `from` without affinity
--- gives none; an unknown `from` raises PD002 (the start is rolled back with
--- it). from NULL: nothing. Returns p_id.
+-- instance, mode, wait and info. Only a row inserted by the current
+-- transaction (created_xact, created_at = now(), as tag_started_run checks
+-- since 0029: a run this transaction merely updated does not pass) that has
+-- no affinity yet is changed (an idempotent repeat of a start finds the old
+-- row: nothing changes); `from` without affinity gives none; an unknown `from`
+-- raises PD002 (the start is rolled back with it). from NULL: nothing.
+-- Returns p_id.
 ------------------------------------------------------------------------------
 CREATE FUNCTION pgdurable.affine_started_run(p_id uuid, p_from uuid)
 RETURNS uuid
@@ -292,7 +294,8 @@ BEGIN
            affinity_wait = f.affinity_wait, affinity_info = f.affinity_info,
            affinity_since = pgdurable.now()
      WHERE r.id = p_id AND r.affinity_worker IS NULL
-       AND r.xmin = pg_catalog.xid(pg_catalog.pg_current_xact_id());
+       AND r.created_xact = (pg_catalog.pg_current_xact_id())::text::bigint
+       AND r.created_at = pgdurable.now();
   END IF;
   RETURN p_id;
 END
@@ -846,3 +849,16 @@ COMMENT ON FUNCTION pgdurable.next_wakeup(text[], text[], text[], text) IS
   'Seconds until claimable work may appear in these queues for these tasks (NULL: none); '
   'respects queue concurrency, start rate and per-key limits.';
 
+------------------------------------------------------------------------------
+-- The allow-list (0029): the functions the app role may execute. next_wakeup
+-- was dropped and created with its new p_owner argument; claim_runs keeps its
+-- arguments (its row stands). _affinity_record is a helper of the definer
+-- functions: no grant.
+------------------------------------------------------------------------------
+UPDATE pgdurable.security_api SET routine = 'pgdurable.next_wakeup(text[],text[],text[],text)'
+ WHERE routine = 'pgdurable.next_wakeup(text[],text[],text[])';
+INSERT INTO pgdurable.security_api (routine, readonly) VALUES
+  ('pgdurable.pin_run(uuid,bigint,text,text,text,interval,jsonb)', false),
+  ('pgdurable.worker_present(text,text,interval)', false),
+  ('pgdurable.worker_absent(text,text,text[])', false),
+  ('pgdurable.affine_started_run(uuid,uuid)', false);

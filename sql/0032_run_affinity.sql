@@ -38,7 +38,7 @@
 -- runnable and timer branches keep their partial indexes and LIMITs and gain
 -- one filter, `affinity_worker IS NULL OR affinity_worker = owner OR not
 -- reserved`; for a run without affinity that is one null test, and only an
--- affine candidate reads worker_presence (once per statement: THE RULE
+-- affine candidate reads worker_presence (one primary-key probe: THE RULE
 -- below). next_wakeup answers with the same rule, so workers that
 -- may not take a reserved run sleep until its reservation ends or its holder's
 -- presence would lapse (no busy claim loop, invariant 7), and the holder
@@ -101,26 +101,44 @@ COMMENT ON COLUMN pgdurable.runs.affinity_since IS 'When the run was pinned to i
 
 ------------------------------------------------------------------------------
 -- THE RULE, written out where it is used (the runnable and timer branches of
--- claim_runs and _claim_flow, the runnable and timer minima of next_wakeup:
+-- claim_runs and _claim_flow, the runnable and timer parts of next_wakeup:
 -- keep them in step). An affine run r is ready at X (available_at, or wake_at
--- for a timer); its holder's presence until, U, is looked up in
---   PRESENT = (SELECT jsonb_object_agg(ARRAY[w.worker_id, w.instance]::text, w.until)
---                FROM pgdurable.worker_presence w WHERE w.until > now)
---   U = (PRESENT ->> (ARRAY[r.affinity_worker, r.affinity_instance]::text))::timestamptz
--- (NULL: the holder -- that worker id, that process instance -- is not present;
--- the key is the pair's array text, unambiguous whatever the id holds).
--- r is reserved for its holder while U IS NOT NULL and X + r.affinity_wait > now.
--- The claim takes r when affinity_worker IS NULL, or is the claimer, or
--- X + affinity_wait <= now, or U IS NULL; next_wakeup reports r due at
+-- for a timer); U = _holder_until(r.affinity_worker, r.affinity_instance, now)
+-- is its holder's presence until, NULL when the holder (that worker id, that
+-- process instance) is not present. r is reserved for its holder while
+-- U IS NOT NULL and X + r.affinity_wait > now. The claim takes r when
+-- affinity_worker IS NULL, or is the claimer, or X + affinity_wait <= now, or
+-- U IS NULL; next_wakeup reports r due at
 -- greatest(X, least(X + affinity_wait, coalesce(U, X))): when its window ends,
 -- or when its holder's presence would lapse (asked again then if it was renewed).
--- PRESENT is an uncorrelated subquery: an InitPlan, evaluated at most once per
--- statement and only when an affine candidate reaches it (the OR stops at the
--- null test for the others), and costed once by the planner. A correlated probe
--- of worker_presence instead is costed per candidate row: the estimate of the
--- claim's timer branch (a generic plan) passed jit_above_cost, and every claim
--- was JIT-compiled (~50 ms).
+--
+-- Why a function: the OR stops at the null test for a run without affinity,
+-- so _holder_until runs only for affine candidates, and a function call is
+-- nothing to the executor until then. Measured (benchmarks/RESULTS.md):
+--   * a correlated subquery is costed per candidate row by the planner: the
+--     estimate of the claim's timer branch (a generic plan) passed
+--     jit_above_cost, and every claim was JIT-compiled (~50 ms);
+--   * an uncorrelated one (an InitPlan: evaluated once, lazily) is costed once,
+--     but its plan nodes are set up, and worker_presence opened and locked, at
+--     every claim: 5-7 us more per claim of runs without affinity.
+-- COST 1 keeps the planner's estimate of the filter at an operator's.
 ------------------------------------------------------------------------------
+
+------------------------------------------------------------------------------
+-- pgdurable._holder_until(worker, instance, now) -> timestamptz
+-- Until when the worker `worker`, process `instance`, is present (its
+-- worker_presence row's until, if that is after `now`), else NULL. One
+-- primary-key probe.
+------------------------------------------------------------------------------
+CREATE FUNCTION pgdurable._holder_until(p_worker text, p_instance text, p_now timestamptz)
+RETURNS timestamptz
+LANGUAGE sql STABLE COST 1
+SET search_path = pg_catalog, pgdurable, pg_temp AS $$
+  SELECT w.until FROM pgdurable.worker_presence w
+   WHERE w.worker_id = p_worker AND w.instance = p_instance AND w.until > p_now
+$$;
+COMMENT ON FUNCTION pgdurable._holder_until(text, text, timestamptz) IS
+  'Internal: until when a worker process instance is present (NULL: it is not).';
 
 ------------------------------------------------------------------------------
 -- pgdurable._affinity_record(worker, instance, mode, wait, info, since) -> jsonb
@@ -397,9 +415,7 @@ BEGIN
            AND r.wake_at <= p_now AND (r.task, r.revision) IN (SELECT p.t, p.v FROM pairs p)
            AND (r.affinity_worker IS NULL OR r.affinity_worker = p_owner
                 OR r.wake_at + r.affinity_wait <= p_now
-                OR ((SELECT jsonb_object_agg(ARRAY[w.worker_id, w.instance]::text, w.until)
-                       FROM pgdurable.worker_presence w WHERE w.until > p_now)
-                     ->> (ARRAY[r.affinity_worker, r.affinity_instance]::text)) IS NULL)
+                OR pgdurable._holder_until(r.affinity_worker, r.affinity_instance, p_now) IS NULL)
          ORDER BY r.wake_at
          LIMIT v_allow FOR UPDATE SKIP LOCKED
       )
@@ -474,9 +490,7 @@ BEGIN
                  AND NOT (r.id = ANY (v_ids))
                  AND (r.affinity_worker IS NULL OR r.affinity_worker = p_owner
                       OR r.available_at + r.affinity_wait <= p_now
-                      OR ((SELECT jsonb_object_agg(ARRAY[w.worker_id, w.instance]::text, w.until)
-                             FROM pgdurable.worker_presence w WHERE w.until > p_now)
-                           ->> (ARRAY[r.affinity_worker, r.affinity_instance]::text)) IS NULL)
+                      OR pgdurable._holder_until(r.affinity_worker, r.affinity_instance, p_now) IS NULL)
                ORDER BY r.priority DESC, r.available_at
                LIMIT v_room FOR UPDATE SKIP LOCKED
             LOOP
@@ -615,9 +629,7 @@ BEGIN
             AND (r.task, r.revision) IN (SELECT p.t, p.v FROM pairs p)
             AND (r.affinity_worker IS NULL OR r.affinity_worker = p_owner
                  OR r.available_at + r.affinity_wait <= v_now
-                 OR ((SELECT jsonb_object_agg(ARRAY[w.worker_id, w.instance]::text, w.until)
-                        FROM pgdurable.worker_presence w WHERE w.until > v_now)
-                      ->> (ARRAY[r.affinity_worker, r.affinity_instance]::text)) IS NULL)
+                 OR pgdurable._holder_until(r.affinity_worker, r.affinity_instance, v_now) IS NULL)
           ORDER BY r.priority DESC, r.available_at
           LIMIT p_limit FOR UPDATE SKIP LOCKED) x
        ORDER BY x.priority DESC, x.available_at
@@ -644,9 +656,7 @@ BEGIN
          AND r.wake_at <= v_now AND (r.task, r.revision) IN (SELECT p.t, p.v FROM pairs p)
          AND (r.affinity_worker IS NULL OR r.affinity_worker = p_owner
               OR r.wake_at + r.affinity_wait <= v_now
-              OR ((SELECT jsonb_object_agg(ARRAY[w.worker_id, w.instance]::text, w.until)
-                     FROM pgdurable.worker_presence w WHERE w.until > v_now)
-                   ->> (ARRAY[r.affinity_worker, r.affinity_instance]::text)) IS NULL)
+              OR pgdurable._holder_until(r.affinity_worker, r.affinity_instance, v_now) IS NULL)
        ORDER BY r.wake_at
        LIMIT p_limit FOR UPDATE SKIP LOCKED
     ), cand AS MATERIALIZED (
@@ -743,9 +753,7 @@ BEGIN
     SELECT least(
       (SELECT min(CASE WHEN r.affinity_worker IS NULL OR r.affinity_worker = p_owner THEN r.available_at
                  ELSE greatest(r.available_at, least(r.available_at + r.affinity_wait, coalesce(
-                   ((SELECT jsonb_object_agg(ARRAY[w.worker_id, w.instance]::text, w.until)
-                       FROM pgdurable.worker_presence w WHERE w.until > v_now)
-                     ->> (ARRAY[r.affinity_worker, r.affinity_instance]::text))::timestamptz,
+                   pgdurable._holder_until(r.affinity_worker, r.affinity_instance, v_now),
                    r.available_at)))
             END) FROM pgdurable.runs r
         WHERE r.status = 'runnable' AND r.queue = ANY (p_queues)
@@ -755,9 +763,7 @@ BEGIN
            -- before it, only runs skipped as reserved for another worker (or of other
            -- tasks): each due when its reservation ends
            SELECT min(greatest(r.wake_at, least(r.wake_at + r.affinity_wait, coalesce(
-                         ((SELECT jsonb_object_agg(ARRAY[w.worker_id, w.instance]::text, w.until)
-                             FROM pgdurable.worker_presence w WHERE w.until > v_now)
-                           ->> (ARRAY[r.affinity_worker, r.affinity_instance]::text))::timestamptz,
+                         pgdurable._holder_until(r.affinity_worker, r.affinity_instance, v_now),
                          r.wake_at))))
              FROM pgdurable.runs r
             WHERE r.status = 'waiting' AND r.wake_at IS NOT NULL AND r.queue = qn.name
@@ -770,9 +776,7 @@ BEGIN
                 AND (r.task, r.revision) IN (SELECT p.t, p.v FROM pairs p)
                 AND (r.affinity_worker IS NULL OR r.affinity_worker = p_owner
                      OR r.wake_at + r.affinity_wait <= v_now
-                     OR ((SELECT jsonb_object_agg(ARRAY[w.worker_id, w.instance]::text, w.until)
-                                   FROM pgdurable.worker_presence w WHERE w.until > v_now)
-                                 ->> (ARRAY[r.affinity_worker, r.affinity_instance]::text)) IS NULL)
+                     OR pgdurable._holder_until(r.affinity_worker, r.affinity_instance, v_now) IS NULL)
               ORDER BY r.wake_at LIMIT 1) AS first) n) AS t(due)),
       (SELECT min(r.lease_expires_at) FROM pgdurable.runs r
         WHERE r.status = 'leased' AND r.queue = ANY (p_queues)
@@ -806,9 +810,7 @@ BEGIN
        SELECT least(
          (SELECT min(CASE WHEN r.affinity_worker IS NULL OR r.affinity_worker = p_owner THEN r.available_at
                  ELSE greatest(r.available_at, least(r.available_at + r.affinity_wait, coalesce(
-                   ((SELECT jsonb_object_agg(ARRAY[w.worker_id, w.instance]::text, w.until)
-                       FROM pgdurable.worker_presence w WHERE w.until > v_now)
-                     ->> (ARRAY[r.affinity_worker, r.affinity_instance]::text))::timestamptz,
+                   pgdurable._holder_until(r.affinity_worker, r.affinity_instance, v_now),
                    r.available_at)))
             END) FROM pgdurable.runs r
            WHERE r.status = 'runnable' AND r.queue = qs.name
@@ -818,9 +820,7 @@ BEGIN
             -- before it, only runs skipped as reserved for another worker (or of other
             -- tasks): each due when its reservation ends
             SELECT min(greatest(r.wake_at, least(r.wake_at + r.affinity_wait, coalesce(
-                          ((SELECT jsonb_object_agg(ARRAY[w.worker_id, w.instance]::text, w.until)
-                              FROM pgdurable.worker_presence w WHERE w.until > v_now)
-                            ->> (ARRAY[r.affinity_worker, r.affinity_instance]::text))::timestamptz,
+                          pgdurable._holder_until(r.affinity_worker, r.affinity_instance, v_now),
                           r.wake_at))))
               FROM pgdurable.runs r
              WHERE r.status = 'waiting' AND r.wake_at IS NOT NULL AND r.queue = qs.name
@@ -833,9 +833,7 @@ BEGIN
                  AND (r.task, r.revision) IN (SELECT p.t, p.v FROM pairs p)
                  AND (r.affinity_worker IS NULL OR r.affinity_worker = p_owner
                       OR r.wake_at + r.affinity_wait <= v_now
-                      OR ((SELECT jsonb_object_agg(ARRAY[w.worker_id, w.instance]::text, w.until)
-                                    FROM pgdurable.worker_presence w WHERE w.until > v_now)
-                                  ->> (ARRAY[r.affinity_worker, r.affinity_instance]::text)) IS NULL)
+                      OR pgdurable._holder_until(r.affinity_worker, r.affinity_instance, v_now) IS NULL)
                ORDER BY r.wake_at LIMIT 1) AS first) n)) AS at) w
       WHERE NOT qs.full),
     (SELECT min(r.lease_expires_at) FROM pgdurable.runs r

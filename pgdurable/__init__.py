@@ -7,6 +7,7 @@ checkpoint after each one, and let go. See the README for the concepts.
 from __future__ import annotations
 
 from ._runs_sql import MAX_NAME_BYTES
+from .affinity import Affinity
 from .batch_start import Start
 from .children import TreeNode
 from .durable_runs import NOT_PERFORMED, DurableRunContext
@@ -94,6 +95,7 @@ __version__ = "0.1.0"
 __all__ = [
     "MAX_NAME_BYTES",
     "NOT_PERFORMED",
+    "Affinity",
     "Continue",
     "Done",
     "Durable",

@@ -9,9 +9,10 @@ import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from decimal import Decimal
-from typing import Any
+from typing import Any, NamedTuple
 
 from . import _json
+from .affinity import Affinity
 from .errors import RunNotFound, recorded_checkpoint
 
 # -- start a run; returns (run_id, created)
@@ -27,7 +28,9 @@ SELECT id, task, revision, queue, priority, status, state, step, attempts, max_a
        result, error, cancel_requested_at, created_at, updated_at, finished_at, reclaims,
        parent_run_id, root_run_id, child_key, parent_policy,
        ARRAY(SELECT c.id::text FROM pgdurable.runs c WHERE c.parent_run_id = r.id
-              ORDER BY c.created_at, c.id)
+              ORDER BY c.created_at, c.id),
+       affinity_worker, affinity_instance, affinity_mode,
+       extract(epoch FROM affinity_wait)::float8, affinity_info, affinity_since
   FROM pgdurable.runs r WHERE id = %s::uuid
 """
 # -- cancel; returns the resulting status (PD002 if unknown)
@@ -38,10 +41,11 @@ SIGNAL = "SELECT pgdurable.send_signal(%s::text, %s::text, %s::jsonb, %s::text, 
 SIGNAL_RUN = "SELECT pgdurable.signal_run(%s::uuid, %s::text, %s::jsonb, %s::text, %s::interval)"
 # -- tell the workers of these queues to look again (a stopping worker's timers)
 NOTIFY_QUEUES = "SELECT pg_notify('pgdurable_wake', q) FROM unnest(%s::text[]) AS q"
-# -- claim up to n runs (see the SQL header); the last array: max_reclaims per task
+# -- claim up to n runs (see the SQL header); the last array: max_reclaims per task;
+# -- one ClaimedRun per row
 CLAIM = (
     "SELECT id, task, revision, queue, status, state, step, attempts, max_attempts, "
-    "lease_token, lease_expires_at, wake, deadline_at, budget, spent, db_now "
+    "lease_token, lease_expires_at, wake, deadline_at, budget, spent, db_now, affinity "
     "FROM pgdurable.claim_runs(%s::text, %s::text[], %s::text[], %s::text[], %s::integer, "
     "%s::interval, %s::integer[])"
 )
@@ -52,9 +56,10 @@ RENEW = (
     "SELECT id, lease_expires_at, cancel_requested "
     "FROM pgdurable.renew_runs(%s::text, %s::uuid[], %s::bigint[], %s::interval)"
 )
-# -- seconds until work may appear (NULL: none) for (queues, tasks, revisions), and
-# -- until the next schedule tick in (queues) (NULL: none; sql/0013_schedules.sql)
-NEXT_WAKEUP = ("SELECT pgdurable.next_wakeup(%s::text[], %s::text[], %s::text[]), "
+# -- seconds until work may appear (NULL: none) for (queues, tasks, revisions) to
+# -- worker (owner: the runs reserved for it are due at once: docs/affinity.md),
+# -- and until the next schedule tick in (queues) (NULL: none; sql/0013_schedules.sql)
+NEXT_WAKEUP = ("SELECT pgdurable.next_wakeup(%s::text[], %s::text[], %s::text[], %s::text), "
                "pgdurable.schedule_wakeup(%s::text[])")
 # -- fenced transitions; each returns the resulting status (PARK also the
 # -- wake time and the seconds until it, on the database clock)
@@ -88,6 +93,29 @@ EFFECT_BEGIN = (
 EFFECT_FINISH = (
     "SELECT pgdurable.effect_finish(%s::uuid, %s::bigint, %s::text, %s::text, %s::boolean, %s::jsonb, %s::jsonb)"
 )
+
+class ClaimedRun(NamedTuple):
+    """One row of :data:`CLAIM` (in its column order)."""
+
+    id: uuid.UUID
+    task: str
+    revision: str
+    queue: str
+    status: str
+    state: Any
+    step: int
+    attempts: int
+    max_attempts: int
+    lease_token: int
+    lease_expires_at: datetime
+    wake: dict[str, Any] | None
+    deadline_at: datetime | None
+    budget: Decimal | None
+    spent: Decimal
+    db_now: datetime
+    #: The run's affinity record (pgdurable.affinity.parse_affinity), None without.
+    affinity: dict[str, Any] | None
+
 
 TERMINAL = frozenset({"completed", "failed", "cancelled", "incompatible"})
 
@@ -241,6 +269,8 @@ class RunInfo:
     parent_policy: str | None = None
     #: Ids of its children, oldest first.
     children: tuple[str, ...] = ()
+    #: Its affinity to the worker holding its service (pgdurable.affinity), or None.
+    affinity: Affinity | None = None
 
     @property
     def terminal(self) -> bool:
@@ -264,6 +294,9 @@ def parse_run(row: tuple[Any, ...] | None, run_id: uuid.UUID) -> RunInfo:
         v[31] = None if v[31] is None else str(v[31])
         v[32] = None if v[32] is None else str(v[32])
         v[35] = tuple(v[35] or ())
+    if len(v) > 36:
+        worker, instance, mode, wait, info, since = v[36:42]
+        v[36:42] = [None if worker is None else Affinity(worker, instance, mode, wait, info, since)]
     return RunInfo(*v)
 
 

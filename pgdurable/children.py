@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from . import _runs_sql as q
 from ._db import translated
+from .affinity import AFFINE_STARTED
 from .errors import InvalidInput, RunNotFound
 from .registry import start_params
 
@@ -158,6 +159,7 @@ async def start_child(
     max_attempts: int | None = None,
     policy: ChildPolicy = "cancel",
     conn: psycopg.AsyncConnection[Any] | None = None,
+    affinity_of: object = None,
 ) -> str:
     """Start the child ``key`` of run ``parent_run_id`` (once) and return its id.
 
@@ -167,18 +169,23 @@ async def start_child(
     child (whatever attempt asks, whatever state it passes); the same key with
     another task raises :class:`~pgdurable.InvalidInput`. Nothing is written
     for bad input or an unknown task (:class:`~pgdurable.UnknownTask`).
+    ``affinity_of`` (a run id): a child created now gets that run's affinity
+    (:mod:`pgdurable.affinity`), in the same statement.
     """
     params = child_params(
         app._registry, parent_run_id, token, task, state, key=key, queue=queue,
         priority=priority, deadline=deadline, budget=budget, revision=revision,
         max_attempts=max_attempts, policy=policy,
     )
+    sql = START_CHILD
+    if affinity_of is not None:
+        sql, params = AFFINE_STARTED.format(start=sql), (*params, q.check_run_id(affinity_of))
     if conn is not None:
         with translated():
-            cur = await conn.execute(START_CHILD, params)
+            cur = await conn.execute(sql, params)
             row = await cur.fetchone()
     else:
-        row = await app.fetchone(START_CHILD, params)
+        row = await app.fetchone(sql, params)
     assert row is not None
     return str(row[0])
 

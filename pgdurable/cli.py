@@ -373,6 +373,11 @@ def run(
         what = f"{info['wait_kind']}:{info['wait_ref']}" if info.get("wait_kind") else "timer"
         _row(head, "waits on", f"{what} since {info['wait_since']}"
                                + (f" until {info['wake_at']}" if info.get("wake_at") else ""))
+    if info.get("affinity_worker"):
+        _row(head, "affinity", f"{info['affinity_mode']} to worker {info['affinity_worker']} "
+                               f"(wait {info['affinity_wait']}) since {info['affinity_since']}"
+                               + (f" {_short(json.dumps(info['affinity_info']), 60)}"
+                                  if info.get("affinity_info") else ""))
     if info.get("error"):
         e = info["error"]
         label = "error" if info.get("status") in _ERROR_SHOWN else "last error"

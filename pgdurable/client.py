@@ -8,6 +8,7 @@ use an app's task registry and its ``pooler``.
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable, Iterable
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Literal
@@ -165,6 +166,7 @@ class DurableClient:
         key: str | None = None,
         at: datetime | None = None,
         delay: timedelta | None = None,
+        affinity_of: str | uuid.UUID | None = None,
     ) -> str:
         """Start a run (see :meth:`Durable.start`); ``conn=`` for a transactional start."""
         if self._closed:
@@ -174,7 +176,8 @@ class DurableClient:
             revision, max_attempts,
         )
         sql, params = flow.start_sql(params, key, at, delay)
-        sql, params = start_statement(sql, params, metadata)  # metadata + trace context
+        # metadata, trace context and affinity
+        sql, params = start_statement(sql, params, metadata, affinity_of)
         if conn is not None:
             with translated():
                 row = conn.execute(sql, params).fetchone()

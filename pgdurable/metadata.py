@@ -16,6 +16,7 @@ from typing import Any
 
 from . import _json
 from . import _runs_sql as q
+from .affinity import AFFINE_STARTED
 from .tracing import current_trace_context
 
 __all__ = ["MAX_METADATA_BYTES", "START_TAGGED", "check_metadata", "start_statement"]
@@ -51,13 +52,19 @@ def check_metadata(metadata: object, what: str = "metadata") -> str | None:
 
 
 def start_statement(
-    sql: str, params: tuple[Any, ...], metadata: object
+    sql: str, params: tuple[Any, ...], metadata: object, affinity_of: object = None
 ) -> tuple[str, tuple[Any, ...]]:
     """A start statement (``sql``, ``params``) as is when there is nothing to
-    store, else wrapped by :data:`TAG_STARTED` with metadata and trace context."""
+    store, else wrapped by :data:`TAG_STARTED` with metadata and trace context,
+    and by :data:`~pgdurable.affinity.AFFINE_STARTED` for ``affinity_of`` (the
+    run starts with the affinity that run has now; :mod:`pgdurable.affinity`).
+    Bad input: TypeError/ValueError before any SQL."""
     meta = check_metadata(metadata)
+    source = None if affinity_of is None else q.check_run_id(affinity_of)
     trace = current_trace_context()
-    if meta is None and trace is None:
-        return sql, params
-    return (TAG_STARTED.format(start=sql),
-            (*params, meta, None if trace is None else _json.dumps(trace, "trace")))
+    if meta is not None or trace is not None:
+        sql = TAG_STARTED.format(start=sql)
+        params = (*params, meta, None if trace is None else _json.dumps(trace, "trace"))
+    if source is not None:
+        sql, params = AFFINE_STARTED.format(start=sql), (*params, source)
+    return sql, params

@@ -24,6 +24,7 @@ are re-exported here.
 from __future__ import annotations
 
 import asyncio
+import uuid
 from collections.abc import Callable, Iterable
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
@@ -323,6 +324,7 @@ class Durable:
         key: str | None = None,
         at: datetime | None = None,
         delay: timedelta | None = None,
+        affinity_of: str | uuid.UUID | None = None,
     ) -> str:
         """Start a run of ``task`` and return its id.
 
@@ -334,7 +336,10 @@ class Durable:
         (docs/flow_control.md): ``key`` is the run's concurrency/fairness key;
         ``at`` (aware datetime) or ``delay`` (timedelta) delays its start.
         ``metadata`` (a JSON object) labels the run for search (:meth:`list_runs`,
-        see :mod:`pgdurable.metadata`).
+        see :mod:`pgdurable.metadata`). ``affinity_of`` (a run id) starts the run
+        with the affinity that run has now: its next claims prefer (or wait for)
+        the worker holding that run's service (docs/affinity.md; an unknown id:
+        :class:`RunNotFound`, nothing started).
         """
         if self._closed:
             raise ProviderClosed("this Durable app is closed")
@@ -343,7 +348,8 @@ class Durable:
             revision, max_attempts,
         )
         sql, params = flow.start_sql(params, key, at, delay)
-        sql, params = start_statement(sql, params, metadata)  # metadata + trace context
+        # metadata, trace context and affinity
+        sql, params = start_statement(sql, params, metadata, affinity_of)
         if conn is not None:
             with translated():
                 cur = await conn.execute(sql, params)

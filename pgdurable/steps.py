@@ -33,6 +33,7 @@ from decimal import Decimal
 from typing import Any
 
 from ._runs_sql import check_name, check_size
+from .affinity import Affinity, Mode, pin_params, same_pin
 from .children import ChildPolicy, _ids, check_children, need_of, start_child
 from .errors import BudgetExceeded
 from .flow import acquire, reserved
@@ -206,12 +207,16 @@ class RunIO:
     ``Continue`` (returns the run's status; raises ``LeaseLost``);
     ``release()`` gives the run back (runnable, NOTIFY); ``should_yield()``
     is true once the run should be given back (shutdown, cancel or lost
-    lease, or the worker's lease window used up).
+    lease, or the worker's lease window used up). ``pin(mode, wait,
+    info_json)`` is the fenced write of :meth:`RunContext.pin` (mode None:
+    unpin), after the worker made sure its presence is announced; it returns
+    the run's affinity record.
     """
 
     checkpoint: Callable[[str, float], Awaitable[str]]
     release: Callable[[], Awaitable[Any]]
     should_yield: Callable[[], bool]
+    pin: Callable[[str | None, timedelta | None, str | None], Awaitable[Any]] | None = None
 
 
 @dataclass
@@ -221,7 +226,10 @@ class RunContext:
     Attributes: ``run_id``, ``task``, ``step`` (0-based index of this step),
     ``attempt`` (1-based), ``token`` (the lease's fencing token), ``wake``
     (what woke the run, or ``None``), ``deadline`` (aware datetime or
-    ``None``), ``budget`` and ``spent`` (``float`` or ``None``/``0``).
+    ``None``), ``budget`` and ``spent`` (``float`` or ``None``/``0``),
+    ``affinity`` (the :class:`~pgdurable.Affinity` of the run to the worker
+    holding its service, or ``None``; see :meth:`pin` and
+    :attr:`service_lost`).
     """
 
     run_id: str
@@ -245,6 +253,73 @@ class RunContext:
     _liveness: Any = field(default=None, repr=False)  # the step's liveness.StepGuard
     #: The run's thread key (thread runs), known after ``await ctx.inbox()``.
     thread_key: str | None = None
+    #: The run's affinity (:mod:`pgdurable.affinity`) as claimed, then as this step
+    #: pinned or unpinned it; ``None`` without.
+    affinity: Affinity | None = None
+    _instance: str | None = field(default=None, repr=False)  # the worker's process instance
+
+    @property
+    def service_lost(self) -> bool:
+        """True when the run is pinned to a service this process does not hold.
+
+        The worker (or the process instance) named by :attr:`affinity` is not
+        the one running this step: the holder stopped, was killed, restarted,
+        or was busy past the pin's wait. Rebuild the service (from what the
+        state recorded; ``affinity.info`` says what it was) and :meth:`pin`
+        again, or :meth:`unpin`. False without affinity and after this step
+        pinned the run here.
+        """
+        return self.affinity is not None and not self.affinity.held_by(self._owner, self._instance)
+
+    async def pin(self, mode: Mode = "soft", *, wait: timedelta | float | None = None,
+                  info: dict[str, Any] | None = None) -> Affinity:
+        """Pin this run to the worker running this step: it holds the run's service.
+
+        The run's next claims go to this worker while it is present: a ready
+        run (made runnable, or its timer due) is reserved for it for ``wait``
+        after that moment, then any worker of its queue may take it.
+        ``"soft"`` (default): ``wait`` is a preference window (default 5 s), so
+        a busy holder does not starve the run; ``"hard"``: ``wait`` is a timeout
+        (default 300 s). A holder that stops cleanly frees the run at once, one
+        that is killed when its presence lapses (its lease TTL). ``info`` (a
+        JSON object, at most 8 KB) says what it holds; the step that finds
+        :attr:`service_lost` reads it there. Fenced by the lease
+        (:class:`~pgdurable.LeaseLost`); written at once, and not again when
+        the run is already pinned here the same way. ``wait`` outside (0, 1 day],
+        a bad mode or info: TypeError/ValueError, nothing written. Returns the
+        new :attr:`affinity`.
+        """
+        mode_s, wait_td, info_json = pin_params(mode, wait, info)
+        if same_pin(self.affinity, self._owner, self._instance, mode_s, wait_td, info_json):
+            assert self.affinity is not None
+            return self.affinity
+        self.affinity = await self._pin_io()(mode_s, wait_td, info_json)
+        assert self.affinity is not None
+        return self.affinity
+
+    async def unpin(self) -> None:
+        """Clear the run's affinity (its service is closed): any worker may claim it.
+
+        Fenced by the lease; nothing is written when the run has none."""
+        if self.affinity is None:
+            return
+        self.affinity = await self._pin_io()(None, None, None)
+
+    def pin_sync(self, mode: Mode = "soft", *, wait: timedelta | float | None = None,
+                 info: dict[str, Any] | None = None) -> Affinity:
+        """:meth:`pin` for sync step functions (which the worker runs in a thread)."""
+        result: Affinity = self._call_sync(self.pin(mode, wait=wait, info=info))
+        return result
+
+    def unpin_sync(self) -> None:
+        """:meth:`unpin` for sync step functions (which the worker runs in a thread)."""
+        self._call_sync(self.unpin())
+
+    def _pin_io(self) -> Callable[[str | None, timedelta | None, str | None], Awaitable[Any]]:
+        pin = None if self._io is None else self._io.pin
+        if pin is None:
+            raise RuntimeError("this RunContext is not attached to a worker")
+        return pin  # type: ignore[no-any-return]
 
     def spend(self, amount: float | int | Decimal) -> None:
         """Add ``amount`` to the run's spend (saved with the next checkpoint).
@@ -400,6 +475,7 @@ class RunContext:
         revision: str | None = None,
         max_attempts: int | None = None,
         policy: ChildPolicy = "cancel",
+        affinity_of: str | None = None,
     ) -> str:
         """Start a child run of ``task`` (once per this run and ``key``); return its id.
 
@@ -409,12 +485,15 @@ class RunContext:
         child's deadline is capped by this run's; ``policy`` says what happens
         to it if this run ends first: ``"cancel"`` (default) or ``"abandon"``.
         Wait for children with :meth:`Wait.children`. See :mod:`pgdurable.children`.
+        ``affinity_of`` (a run id, e.g. ``ctx.run_id`` after :meth:`pin`): the
+        child starts with that run's affinity, so it runs where that run's
+        service is (:mod:`pgdurable.affinity`).
         """
         app, _owner = self._attached()
         return await start_child(
             app, self.run_id, self.token, task, state, key=key, queue=queue, priority=priority,
             deadline=deadline, budget=budget, revision=revision, max_attempts=max_attempts,
-            policy=policy,
+            policy=policy, affinity_of=affinity_of,
         )
 
     def start_child_sync(self, task: str, state: Any = None, *, key: str, **options: Any) -> str:

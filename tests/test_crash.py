@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -23,78 +21,22 @@ from typing import Any
 
 import psycopg
 import pytest
+from _fleet import Fleet, WorkerProc
 from _pg_cluster import LocalCluster, local_cluster
 from _waiting import WAIT_LIMIT
 
 from pgdurable import LeaseLost
 from pgdurable.errors import translate
 
-ROOT = Path(__file__).resolve().parent.parent
-TESTS = ROOT / "tests"
 START = ("SELECT run_id FROM pgdurable.start_run(%s, %s, %s::jsonb, 'default', 0, 3, "
          "NULL, NULL, NULL, NULL)")
 
 pytestmark = pytest.mark.crash
 
 
-class WorkerProc:
-    """One ``python -m pgdurable.worker _crash_app:app`` subprocess."""
-
-    def __init__(self, dsn: str, log_dir: Path, name: str, *, ttl: float, poll: float,
-                 concurrency: int, grace: float) -> None:
-        self.name = name
-        self.log_path = log_dir / f"worker-{name}.log"
-        env = {**os.environ, "PYTHONPATH": f"{TESTS}{os.pathsep}{ROOT}",
-               "PGDURABLE_DSN": dsn, "PGDURABLE_LOG": "INFO"}
-        with open(self.log_path, "wb") as out:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "pgdurable.worker", "_crash_app:app",
-                 "--lease-ttl", str(ttl), "--poll", str(poll), "--concurrency", str(concurrency),
-                 "--grace", str(grace), "--worker-id", name],
-                env=env, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-    def kill(self) -> None:
-        self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait(timeout=WAIT_LIMIT)
-
-    def terminate(self) -> int:
-        """SIGCONT (in case it is stopped) + SIGTERM; the exit code."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGCONT)
-            self.proc.send_signal(signal.SIGTERM)
-        return self.proc.wait(timeout=WAIT_LIMIT)
-
-
-class Procs:
-    """Starts workers for one test; kills whatever is left at the end."""
-
-    def __init__(self, dsn: str, log_dir: Path) -> None:
-        self.dsn, self.log_dir, self.all = dsn, log_dir, list[WorkerProc]()
-
-    def start(self, name: str, *, ttl: float = 2.0, poll: float = 60.0, concurrency: int = 4,
-              grace: float = 30.0) -> WorkerProc:
-        w = WorkerProc(self.dsn, self.log_dir, name, ttl=ttl, poll=poll,
-                       concurrency=concurrency, grace=grace)
-        self.all.append(w)
-        return w
-
-    def cleanup(self) -> None:
-        for w in self.all:
-            if w.proc.poll() is None:
-                w.proc.send_signal(signal.SIGKILL)
-                w.proc.wait(timeout=WAIT_LIMIT)
-
-
 @pytest.fixture
-def procs(dsn: str, tmp_path: Path) -> Iterator[Procs]:
-    p = Procs(dsn, tmp_path)
+def procs(dsn: str, tmp_path: Path) -> Iterator[Fleet]:
+    p = Fleet(dsn, tmp_path, "_crash_app:app")
     try:
         yield p
     finally:
@@ -158,7 +100,7 @@ def blocked_on(conn: psycopg.Connection[Any], fragment: str) -> bool:
 
 
 def test_r1_sigkill_mid_step_resumes_from_last_checkpoint(
-    db: psycopg.Connection[Any], procs: Procs
+    db: psycopg.Connection[Any], procs: Fleet
 ) -> None:
     a = procs.start("a")
     rid = start(db, '{"n": 5, "hang_at": 3}')
@@ -181,7 +123,7 @@ def test_r1_sigkill_mid_step_resumes_from_last_checkpoint(
 
 
 def test_r2_stopped_worker_is_fenced_after_takeover(
-    db: psycopg.Connection[Any], procs: Procs, dsn: str
+    db: psycopg.Connection[Any], procs: Fleet, dsn: str
 ) -> None:
     key = 424242
     with psycopg.connect(dsn, autocommit=True) as holder:
@@ -212,7 +154,7 @@ def test_r2_stopped_worker_is_fenced_after_takeover(
 
 
 def test_r6_unknown_revision_stays_runnable_and_visible(
-    db: psycopg.Connection[Any], procs: Procs
+    db: psycopg.Connection[Any], procs: Fleet
 ) -> None:
     other_rev = start(db, '{"n": 1}', rev="2")
     ghost = start(db, '{"n": 1}', task="ghost")
@@ -243,7 +185,7 @@ def test_r6_unknown_revision_stays_runnable_and_visible(
 
 
 def test_r7_cancel_stops_a_leased_run_promptly_via_notify(
-    db: psycopg.Connection[Any], procs: Procs
+    db: psycopg.Connection[Any], procs: Fleet
 ) -> None:
     # TTL 300 s: heartbeats every 100 s, so only the NOTIFY can deliver the cancel
     a = procs.start("a", ttl=300.0)
@@ -262,7 +204,7 @@ def test_r7_cancel_stops_a_leased_run_promptly_via_notify(
 
 @pytest.mark.slow
 def test_r7_cancel_racing_completion_both_orders(
-    db: psycopg.Connection[Any], procs: Procs, dsn: str
+    db: psycopg.Connection[Any], procs: Fleet, dsn: str
 ) -> None:
     """The completion (write_steps) and cancel_run queue on the run's row lock (held by the
     test) in a chosen order; the first to get the lock wins, and the final
@@ -307,7 +249,7 @@ def test_r7_cancel_racing_completion_both_orders(
 
 
 def test_sigterm_gives_the_lease_back_at_once(
-    db: psycopg.Connection[Any], procs: Procs, dsn: str
+    db: psycopg.Connection[Any], procs: Fleet, dsn: str
 ) -> None:
     # TTL 300 s: b can only get the run through the give-back, never by expiry
     a = procs.start("a", ttl=300.0)
@@ -335,7 +277,7 @@ def test_sigterm_gives_the_lease_back_at_once(
 
 @pytest.mark.slow
 def test_poison_run_that_kills_its_workers_fails(
-    db: psycopg.Connection[Any], procs: Procs
+    db: psycopg.Connection[Any], procs: Fleet
 ) -> None:
     rid = start(db, '{"n": 3, "kill_at": 1}', task="poison")  # max_reclaims=1
     dead: list[WorkerProc] = []
@@ -358,7 +300,7 @@ def test_poison_run_that_kills_its_workers_fails(
 
 
 @pytest.mark.slow
-def test_four_workers_500_runs_each_step_once(db: psycopg.Connection[Any], procs: Procs) -> None:
+def test_four_workers_500_runs_each_step_once(db: psycopg.Connection[Any], procs: Fleet) -> None:
     workers = [procs.start(f"w{i}", ttl=10.0, poll=1.0, concurrency=16) for i in range(4)]
     db.execute("SELECT pgdurable.start_run('steps', '1', '{\"n\": 3}', 'default', 0, 3, "
                "NULL, NULL, NULL, NULL) FROM generate_series(1, 500)")
@@ -420,7 +362,7 @@ def test_restart_targets_the_server_under_test(dsn: str, own_cluster: LocalClust
 
 
 @pytest.mark.slow
-def test_r9_postgres_restart_mid_run(dsn: str, procs: Procs, own_cluster: LocalCluster) -> None:
+def test_r9_postgres_restart_mid_run(dsn: str, procs: Fleet, own_cluster: LocalCluster) -> None:
     with psycopg.connect(dsn, autocommit=True) as c:
         c.execute("CREATE TABLE test_step_log (run_id uuid, step int, token bigint, pid int, "
                   "event text, at timestamptz DEFAULT clock_timestamp())")

@@ -23,7 +23,7 @@ LAYERS: list[tuple[str, set[str]]] = [
         "errors", "_aio", "_json", "_text", "_hints", "_retry", "_notifications", "_runs_sql",
         "_leases_sql", "_schema_trust", "_db", "pooler", "migrations", "metrics", "embedded",
         "roles", "registry", "_ports", "presence", "signals", "leases", "_lease_pipeline",
-        "effects", "tasks",
+        "effects", "tasks", "affinity",
     }),
     ("capabilities", {
         "flow", "fork", "liveness", "children", "threads", "stream", "results", "schedules",

@@ -11,6 +11,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from _scans import scans, scans_since
 
 import pgdurable
 from pgdurable import Durable, DurableClient, LeaseLost, RunNotFound, UnknownTask
@@ -406,40 +407,24 @@ def test_claim_uses_partial_indexes(conn: psycopg.Connection[Any]) -> None:
     """)
     partial = {"runs_runnable_idx", "runs_leased_idx", "runs_timer_idx"}
     with conn.transaction():
-        before = _scans(conn)
+        before = scans(conn)
         rows = claim(conn, n=5)
-        seq, used = _scans_since(conn, before)
+        seq, used = scans_since(conn, before)
     assert len(rows) == 5
     assert not seq, f"sequential scans in claim_runs: {seq}"
     assert used >= partial, used
     # the idle poll and the heartbeat read only their partial index / the primary key
     with conn.transaction():
-        before = _scans(conn)
+        before = scans(conn)
         sql(conn, "SELECT pgdurable.next_wakeup(%s, %s, %s)", ["default"], ["t"], ["1"])
         sql(conn, "SELECT * FROM pgdurable.renew_runs('w1', %s, %s, '60 s')",
             [r[0] for r in rows], [r[2] for r in rows])
-        seq, used = _scans_since(conn, before)
+        seq, used = scans_since(conn, before)
     assert not seq, f"sequential scans in next_wakeup/renew_runs: {seq}"
     assert used >= {"runs_timer_idx", "runs_leased_idx"}, used
     # min(available_at) of the runnable set: either runnable partial index will do
     # (runs_runnable_key_idx, flow control, has the same predicate)
     assert used & {"runs_runnable_idx", "runs_runnable_key_idx"}, used
-
-
-def _scans(conn: psycopg.Connection[Any]) -> dict[tuple[str, str], int]:
-    """This backend's scan counters on pgdurable's tables: (kind, name) -> scans."""
-    return {(kind, name): int(n) for kind, name, n in conn.execute("""
-      SELECT 'seq', relname, seq_scan FROM pg_stat_xact_user_tables WHERE schemaname = 'pgdurable'
-      UNION ALL
-      SELECT 'idx', indexrelname, pg_stat_get_xact_numscans(indexrelid) FROM pg_stat_user_indexes
-       WHERE schemaname = 'pgdurable'""").fetchall()}
-
-
-def _scans_since(conn: psycopg.Connection[Any],
-                 before: dict[tuple[str, str], int]) -> tuple[set[str], set[str]]:
-    """(tables scanned sequentially, indexes scanned) since ``before``."""
-    grown = {k for k, n in _scans(conn).items() if n > before.get(k, 0)}
-    return {n for k, n in grown if k == "seq"}, {n for k, n in grown if k == "idx"}
 
 
 def test_sync_client(dsn: str, app: Durable) -> None:

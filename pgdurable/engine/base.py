@@ -29,9 +29,11 @@ from .. import _runs_sql as q
 from .. import metrics
 from .._hints import WakeLimiter
 from .._retry import retry_while
+from ..affinity import new_instance
 from ..errors import PgDurableError
 from ..schedules import Ticker
 from .batch_writer import StepWriter
+from .presence import WorkerPresence
 
 if TYPE_CHECKING:
     from .._ports import App
@@ -105,6 +107,9 @@ class WorkerBase:
         margin = self.ttl / 6 if safety_margin is None else _seconds(safety_margin, "safety_margin")
         self.safety_margin = min(margin, self.ttl / 2)
         self.worker_id = worker_id or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        # this process's instance (pgdurable/affinity.py): runs pinned here name it, and
+        # a restart under the same worker_id is another instance
+        self.instance = new_instance()
         self.listen = listen
         self._active: dict[uuid.UUID, _Active] = {}
         self._finishing = 0  # of _active, the runs whose last write is being sent
@@ -149,6 +154,9 @@ class WorkerBase:
         self.cancel_check_count = 0  # cancel checks sent to the database (tests)
         self._writer = StepWriter(app, self.worker_id, self._write_lock)
         self._ticker = Ticker(app, self.queues)  # fires due schedule ticks (schedules.py)
+        # announced at the first pin, renewed each heartbeat interval (engine/presence.py)
+        self._presence = WorkerPresence(app, self.worker_id, self.instance, self.ttl,
+                                        self.heartbeat_interval, self.queues)
 
     @property
     def _cancel_checks(self) -> bool:

@@ -70,7 +70,8 @@ class ClaimLoop(StepExecution):
         is claimed on time (Sleep overshoot), not ``min_delay`` late."""
         names, revs = self._task_arrays()
         try:
-            row = await self.app.fetchone(q.NEXT_WAKEUP, (self.queues, names, revs, self.queues))
+            row = await self.app.fetchone(
+                q.NEXT_WAKEUP, (self.queues, names, revs, self.worker_id, self.queues))
         except _DB_ERRORS as exc:
             log.warning("next_wakeup failed: %s", exc)
             self._due_at = None
@@ -162,11 +163,11 @@ class ClaimLoop(StepExecution):
             log.warning("claim failed: %s", exc)
             await asyncio.sleep(min(1.0, self.poll_interval))
             return 0
-        for row in rows:
-            if row[4] != "leased":
+        for row in map(q.ClaimedRun._make, rows):
+            if row.status != "leased":
                 continue  # a poison or cancelled reclaim, settled by the claim itself
-            rid: uuid.UUID = row[0]
-            active = _Active(rid, row[9], row[3], start + self.ttl - self.safety_margin)
+            rid: uuid.UUID = row.id
+            active = _Active(rid, row.lease_token, row.queue, start + self.ttl - self.safety_margin)
             self._active[rid] = active
             active.task = asyncio.create_task(self._execute(active, row, start))
             active.task.add_done_callback(self._make_done_callback(active))

@@ -26,6 +26,7 @@ from .. import _runs_sql as q
 from .. import metrics, tracing
 from .._json import dumps
 from .._retry import backoff, is_lost_connection, is_transient
+from ..affinity import PIN, Affinity, parse_affinity
 from ..errors import BudgetExceeded, DeadlineExceeded, EffectFailed, LeaseLost, is_terminal
 from ..flow import ACQUIRE_KIND, RateLimited
 from ..liveness import step_guard
@@ -54,16 +55,17 @@ __all__ = ["StepExecution"]
 class StepExecution(Parking, StepEffects):
     """Running a claimed run's steps (part of :class:`~pgdurable.engine.worker.Worker`)."""
 
-    async def _execute(self, a: _Active, row: tuple[Any, ...], claimed_at: float) -> None:
-        task = self.app.tasks[row[1]]
-        state: Any = row[5]
-        step: int = row[6]
-        attempts: int = row[7]
-        wake: dict[str, Any] | None = row[11]
-        deadline_at: datetime | None = row[12]
-        budget = None if row[13] is None else float(row[13])
-        spent = float(row[14])
-        db_now: datetime = row[15]
+    async def _execute(self, a: _Active, row: q.ClaimedRun, claimed_at: float) -> None:
+        task = self.app.tasks[row.task]
+        state: Any = row.state
+        step: int = row.step
+        attempts: int = row.attempts
+        wake: dict[str, Any] | None = row.wake
+        deadline_at: datetime | None = row.deadline_at
+        budget = None if row.budget is None else float(row.budget)
+        spent = float(row.spent)
+        db_now: datetime = row.db_now
+        affinity = parse_affinity(row.affinity)  # kept across the steps of this lease
         window_end = claimed_at + self.lease_window
 
         def db_clock() -> datetime:
@@ -86,6 +88,7 @@ class StepExecution(Parking, StepEffects):
             release=lambda: self._fenced(a, q.RELEASE, (a.run_id, a.token, self.worker_id)),
             should_yield=lambda: (self._stopping or a.stop_reason is not None
                                   or time.monotonic() >= window_end),
+            pin=lambda mode, wait, info: self._pin(a, mode, wait, info),
         )
 
         try:
@@ -98,6 +101,7 @@ class StepExecution(Parking, StepEffects):
                     run_id=run_id, task=task.name, step=step, attempt=attempts + 1,
                     token=a.token, wake=wake, deadline=deadline_at, budget=budget, spent=spent,
                     _effect=effect, _app=self.app, _owner=self.worker_id, _io=io,
+                    affinity=affinity, _instance=self.instance,
                 )
                 t0 = time.monotonic()
                 async with tracing.step_span(
@@ -106,6 +110,7 @@ class StepExecution(Parking, StepEffects):
                     outcome = await self._run_step(a, task, ctx, state, deadline_at, db_clock)
                     span.outcome(outcome)
                 metrics.step_done(task.name, time.monotonic() - t0)
+                affinity = ctx.affinity  # as the step pinned or unpinned it
                 if outcome is None:
                     return  # settled (failed, cancelled, lost)
                 if isinstance(outcome, BaseException) and is_lost_connection(outcome):
@@ -189,6 +194,17 @@ class StepExecution(Parking, StepEffects):
             log.exception("run %s: unexpected error; the run is failed", a.run_id)
             with contextlib.suppress(Exception):
                 await self._fail(a, task, attempts, exc, 0.0, terminal=True)
+
+    async def _pin(self, a: _Active, mode: str | None, wait: timedelta | None,
+                   info_json: str | None) -> Affinity | None:
+        """``ctx.pin``/``ctx.unpin``: announce this worker's presence first (once:
+        a pin to an absent worker would reserve nothing), then ONE fenced
+        ``pin_run``."""
+        if mode is not None:
+            await self._presence.ensure()
+        row = await self.app.fetchone(
+            PIN, (a.run_id, a.token, self.worker_id, self.instance, mode, wait, info_json))
+        return None if row is None else parse_affinity(row[0])
 
     async def _step_again(self, a: _Active, window_end: float, delays: Iterator[float]) -> bool:
         """After a step failed on a lost connection: True to run it again here;

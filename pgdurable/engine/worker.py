@@ -24,6 +24,11 @@ run):
   run missing from the answer has lost its lease and is stopped locally; a
   run whose lease could not be renewed is no longer trusted after
   ``attempt start + ttl - safety_margin`` (monotonic) and is stopped too.
+* **presence** (:mod:`~pgdurable.engine.presence`): from the first run a step
+  pins to this worker (``ctx.pin``, :mod:`pgdurable.affinity`) until it stops,
+  ONE ``pgdurable.worker_present`` per heartbeat interval says that this process
+  is alive (for one lease TTL); the runs pinned here are reserved for it only
+  while it is. A worker that never pins a run writes none.
 * **run tasks** (:mod:`~pgdurable.engine.execute`): one per claimed run; step after
   step within the lease window, then give the run back.
   A ``Continue``/``Done`` goes to the batched, fenced writer
@@ -120,6 +125,7 @@ class Worker(ClaimLoop, Listener, Heartbeat):
         # pooler restarting as the worker starts), as the schema check was
         await retry_while(self._ticker.declare, for_seconds(self.app.open_timeout))
         await register_worker(self.app, self.worker_id, self.app.tasks)
+        self._presence.reopen()
         self._running = True
         self._done.clear()
         # Not the loop's default executor (min(32, cpus + 4) threads, shared):
@@ -184,6 +190,7 @@ class Worker(ClaimLoop, Listener, Heartbeat):
                 self._claims_deadline = None
             self._claims = None
             await unregister_worker(self.app, self.worker_id)  # bounded (5 s) itself
+            await self._presence.withdraw()  # if it pinned runs; bounded (5 s) itself
             STEP_EXECUTOR.reset(executor_token)
             executor.shutdown(wait=False, cancel_futures=True)
             self._running = False

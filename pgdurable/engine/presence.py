@@ -1,0 +1,97 @@
+"""Worker presence: the database's word that a worker process is alive.
+
+A run pinned to a worker (:mod:`pgdurable.affinity`) is reserved for it only
+while its presence row (``pgdurable.worker_presence``: worker id, process
+instance, until) is current. :class:`WorkerPresence` writes nothing until the
+worker's first pin: a worker that never pins a run costs no statement more.
+From then on it renews the row every heartbeat interval for one lease TTL
+(ONE ``pgdurable.worker_present`` statement, from its own task: a slow renewal
+never delays the lease heartbeat), and removes it on a clean stop
+(``pgdurable.worker_absent``, which wakes its queues: the runs reserved for
+it, which it claimed there, are anybody's now). A killed worker's row lapses a lease TTL after its last renewal at most.
+Failures are logged: a missing row only means that the worker's runs are not
+reserved for it (any worker may take them), never that one is lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from datetime import timedelta
+from typing import TYPE_CHECKING
+
+import psycopg
+
+from ..affinity import ABSENT, PRESENT
+from ..errors import PgDurableError
+
+if TYPE_CHECKING:
+    from .._ports import App
+
+__all__ = ["WorkerPresence"]
+
+log = logging.getLogger("pgdurable.worker")
+
+_DB_ERRORS = (PgDurableError, psycopg.Error, OSError)
+
+
+class WorkerPresence:
+    """A worker's presence row (see the module docstring): :meth:`ensure`
+    before the first pin, renewed every ``every`` seconds for ``ttl`` seconds,
+    :meth:`withdraw` on a clean stop."""
+
+    def __init__(self, app: App, worker_id: str, instance: str, ttl: float,
+                 every: float, queues: list[str]) -> None:
+        self.app, self.worker_id, self.instance = app, worker_id, instance
+        self.queues = queues
+        self.ttl, self.every = timedelta(seconds=ttl), every
+        self.count = 0  # worker_present statements issued
+        self._lock = asyncio.Lock()
+        self._task: asyncio.Task[None] | None = None
+        self._withdrawn = False  # a stopped worker announces nothing more
+
+    async def _announce(self) -> bool:
+        try:
+            self.count += 1
+            async with asyncio.timeout(max(self.every, 1.0)):
+                await self.app.fetchone(PRESENT, (self.worker_id, self.instance, self.ttl))
+            return True
+        except (TimeoutError, *_DB_ERRORS) as exc:
+            log.warning("worker %s: presence not renewed (%s); its pinned runs are not "
+                        "reserved for it until it is", self.worker_id, exc)
+            return False
+
+    async def ensure(self) -> None:
+        """Announce the worker (once) and start renewing; before a pin is written."""
+        if self._task is not None or self._withdrawn:
+            return
+        async with self._lock:
+            if self._task is None and not self._withdrawn:
+                await self._announce()
+                self._task = asyncio.create_task(self.keep(), name="pgdurable-presence")
+
+    def reopen(self) -> None:
+        """The worker runs (again): its next pin announces it."""
+        self._withdrawn = False
+
+    async def keep(self) -> None:
+        """Renew every ``every`` seconds until cancelled."""
+        while True:
+            await asyncio.sleep(self.every)
+            await self._announce()
+
+    async def withdraw(self) -> None:
+        """Stop renewing and remove the row (bounded: 5 s), if it was ever written."""
+        self._withdrawn = True
+        async with self._lock:  # an announcement under way ends first
+            task, self._task = self._task, None
+        if task is None:
+            return
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        try:
+            async with asyncio.timeout(5.0):
+                await self.app.fetchone(ABSENT, (self.worker_id, self.instance, self.queues))
+        except (TimeoutError, *_DB_ERRORS) as exc:
+            log.warning("worker %s: presence not withdrawn (%s); it lapses within %.0f s",
+                        self.worker_id, exc, self.ttl.total_seconds())

@@ -147,7 +147,7 @@ def test_a_changed_definition_is_applied_again_and_only_it(empty_dsn: str) -> No
     # as if an older library had applied another body of claim_runs
     _record(empty_dsn, "UPDATE pgdurable.schema_definitions SET sha256 = 'older' WHERE path = %s",
             (claim.path,))
-    _record(empty_dsn, "COMMENT ON FUNCTION pgdurable.next_wakeup(text[], text[], text[]) IS 'old'")
+    _record(empty_dsn, "COMMENT ON FUNCTION pgdurable.next_wakeup(text[], text[], text[], text) IS 'old'")
     states = {s.definition.path: s.status for s in migrations.definition_status(empty_dsn)}
     assert states[claim.path] == "changed"
     assert {p for p, s in states.items() if s != "applied"} == {claim.path}
@@ -157,7 +157,7 @@ def test_a_changed_definition_is_applied_again_and_only_it(empty_dsn: str) -> No
     with psycopg.connect(empty_dsn, autocommit=True) as c:
         after = dict(c.execute("SELECT path, applied_at FROM pgdurable.schema_definitions"))
         comment = c.execute("SELECT obj_description('pgdurable.next_wakeup(text[], text[], "
-                            "text[])'::regprocedure)").fetchone()
+                            "text[], text)'::regprocedure)").fetchone()
     assert [p for p in after if after[p] != before[p]] == [claim.path]
     assert comment is not None and comment[0] != "old"
     assert {s.status for s in migrations.definition_status(empty_dsn)} == {"applied"}

@@ -92,3 +92,75 @@ END
 $$;
 COMMENT ON FUNCTION pgdurable.listen_presence(text, integer) IS
   'Announce a listener on pgdurable_steps or pgdurable_done for ttl seconds; returns until.';
+
+------------------------------------------------------------------------------
+-- pgdurable.worker_present(worker, instance, ttl) -> timestamptz
+-- "Worker `worker` runs as process `instance` and is alive for `ttl`": its
+-- presence row says so until now + ttl (returned). Another instance under the
+-- same id replaces the old one (a restart): the runs pinned to the old one
+-- are no longer reserved (the restarted worker itself claims them first: they
+-- still name its id), and rows lapsed more than an hour ago are pruned then.
+-- An empty worker or instance, or a ttl outside (0, 1 day], raises PD000 and
+-- changes nothing.
+------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION pgdurable.worker_present(p_worker text, p_instance text, p_ttl interval)
+RETURNS timestamptz
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pgdurable, pg_temp AS $$
+DECLARE
+  v_now timestamptz := pgdurable.now();
+  v_old text;
+  v_until timestamptz;
+BEGIN
+  IF coalesce(p_worker, '') = '' OR coalesce(p_instance, '') = '' THEN
+    RAISE EXCEPTION 'worker_present: a worker id and an instance are required'
+      USING ERRCODE = 'PD000';
+  END IF;
+  IF p_ttl IS NULL OR p_ttl <= interval '0' OR p_ttl > interval '1 day' THEN
+    RAISE EXCEPTION 'worker_present: ttl must be a positive interval of at most 1 day, got %',
+      coalesce(p_ttl::text, 'NULL') USING ERRCODE = 'PD000';
+  END IF;
+  SELECT w.instance INTO v_old FROM pgdurable.worker_presence w
+   WHERE w.worker_id = p_worker FOR UPDATE;
+  IF FOUND AND v_old = p_instance THEN
+    UPDATE pgdurable.worker_presence w SET until = v_now + p_ttl
+     WHERE w.worker_id = p_worker
+    RETURNING w.until INTO v_until;
+    RETURN v_until;
+  END IF;
+  INSERT INTO pgdurable.worker_presence AS w (worker_id, instance, since, until)
+  VALUES (p_worker, p_instance, v_now, v_now + p_ttl)
+  ON CONFLICT (worker_id) DO UPDATE
+     SET instance = excluded.instance, since = excluded.since, until = excluded.until
+  RETURNING w.until INTO v_until;
+  DELETE FROM pgdurable.worker_presence w WHERE w.until < v_now - interval '1 hour';
+  RETURN v_until;
+END
+$$;
+COMMENT ON FUNCTION pgdurable.worker_present(text, text, interval) IS
+  'Announce or renew a worker''s presence (this process instance, alive for ttl); returns until.';
+
+------------------------------------------------------------------------------
+-- pgdurable.worker_absent(worker, instance, queues) -> boolean
+-- A worker that stops cleanly removes its presence row (only if it is still
+-- the row of this instance: a newer instance under the same id keeps its own):
+-- the runs reserved for it are anybody's now, and its queues (where it claimed
+-- them) are woken, NOTIFY pgdurable_wake, once per queue. Returns whether a row
+-- was removed (nothing is sent otherwise).
+------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION pgdurable.worker_absent(p_worker text, p_instance text, p_queues text[])
+RETURNS boolean
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pgdurable, pg_temp AS $$
+BEGIN
+  DELETE FROM pgdurable.worker_presence w
+   WHERE w.worker_id = p_worker AND w.instance = p_instance;
+  IF NOT FOUND THEN
+    RETURN false;
+  END IF;
+  PERFORM pg_notify('pgdurable_wake', q) FROM (SELECT DISTINCT unnest(p_queues) AS q) u;
+  RETURN true;
+END
+$$;
+COMMENT ON FUNCTION pgdurable.worker_absent(text, text, text[]) IS
+  'A cleanly stopping worker removes its presence and wakes its queues: its reserved runs are free.';

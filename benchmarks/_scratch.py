@@ -9,32 +9,34 @@ database next to it, migrates it, and drops it at the end. Imported as
 from __future__ import annotations
 
 import argparse
+import sys
+from pathlib import Path
 
 import psycopg
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
 import pgdurable
-from pgdurable import migrations
+
+# tests/_released.py: the migrations as released (a baseline schema of an earlier version)
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from _released import migrate_released
 
 
 def scratch_dsn(admin_dsn: str, db: str, before: int | None = None) -> str:
     """(Re)create database ``db`` next to ``admin_dsn``, migrate it, return its DSN.
 
-    ``before``: apply only the migrations numbered below it (the schema as it
-    was, for a benchmark's baseline); later ones stay pending."""
+    ``before``: the schema of the release whose last migration is numbered just
+    below it, as that release made it (tests/released_sql/: its functions as
+    they were then), for a benchmark's baseline; nothing later is applied."""
     with psycopg.connect(admin_dsn, autocommit=True) as c:
         c.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(db)))
         c.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(db)))
     dsn = make_conninfo(admin_dsn, dbname=db)
-    shipped = migrations.load_migrations
     if before is not None:
-        kept = tuple(m for m in shipped() if m.version < before)
-        migrations.load_migrations = lambda: kept
-    try:
+        migrate_released(dsn, before - 1)
+    else:
         pgdurable.migrate(dsn)
-    finally:
-        migrations.load_migrations = shipped
     return dsn
 
 

@@ -22,7 +22,7 @@ does not own the schema) so that it never trusts a foreign ``schema_migrations``
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -88,10 +88,16 @@ def names_problem(applied: Mapping[int, str], shipped: Mapping[int, str]) -> str
     return None
 
 
-def check_adoptable(cur: psycopg.Cursor[Any], shipped: Mapping[int, str]) -> bool:
+def check_adoptable(
+    cur: psycopg.Cursor[Any],
+    shipped: Mapping[int, str],
+    has_work: Callable[[psycopg.Cursor[Any]], bool] | None = None,
+) -> bool:
     """Raise :class:`MigrationError` unless the database has no pgdurable schema or ours.
 
-    Returns whether the schema exists. Reads only catalogs until the schema is
+    Returns whether the schema exists. A complete schema of another owner passes
+    when ``has_work`` (asked once its ``schema_migrations`` is judged a plain table
+    of pgdurable's) says that a migrate would change nothing there. Reads only catalogs until the schema is
     judged ours; then ``schema_migrations`` for the names.
     """
     cur.execute(SCHEMA_STATE)
@@ -109,7 +115,8 @@ def check_adoptable(cur: psycopg.Cursor[Any], shipped: Mapping[int, str]) -> boo
         cur.execute("SELECT version, name FROM pgdurable.schema_migrations")
         applied = {v: n for v, n in cur.fetchall()}
         problem = names_problem(applied, shipped)
-    if not mine and not (problem is None and set(shipped) <= set(applied)):
+    complete = problem is None and set(shipped) <= set(applied)
+    if not mine and not (complete and (has_work is None or not has_work(cur))):
         # nothing to apply in a schema of another owner is fine (an app role's
         # migrate at start-up); applying anything there is adopting it
         raise MigrationError(

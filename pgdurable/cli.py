@@ -53,7 +53,7 @@ from ._cli_common import (
     schema_owner_switch,
     with_role,
 )
-from ._db import resolve_dsn
+from ._db import resolve_dsn, translated
 from ._text import escape_controls, plain
 from .children import RUN_TREE
 from .cli_fork import register as _register_fork
@@ -211,7 +211,9 @@ def migrate(
     target = need_dsn(dsn)
     try:
         if status:
-            states = migrations.migration_status(target)
+            with translated():  # a role that may not read them: one line, not a traceback
+                states = migrations.migration_status(target)
+                definitions = migrations.definition_status(target)
             table = Table("version", "name", "status", "applied at")
             for s in states:
                 _row(
@@ -222,14 +224,21 @@ def migrate(
                     s.applied_at.isoformat(timespec="seconds") if s.applied_at else "",
                 )
             out.print(table)
+            defined = Table("definitions", "status", "applied at")
+            for d in definitions:
+                _row(defined, d.definition.path, d.status,
+                     d.applied_at.isoformat(timespec="seconds") if d.applied_at else "")
+            out.print(defined)
             if any(s.drifted for s in states):
                 raise typer.Exit(EXIT_PROBLEM)
             return
         pending = migrations.migrate(target, dry_run=True, adopt=adopt)
+        changed = [d.definition for d in migrations.definition_status(target, adopt=adopt)
+                   if d.status != "applied"]
         if dry_run:
-            if not pending:
+            if not pending and not changed:
                 out.print("-- nothing to apply", highlight=False)
-            sys.stdout.write(migrations.pending_sql(pending))
+            sys.stdout.write(migrations.pending_sql(pending, changed))
             return
         with _progress() as progress:
             bar = progress.add_task("migrating", total=len(pending))
@@ -239,7 +248,11 @@ def migrate(
                 out.print(f"applied {m.name}", highlight=False, markup=False)
 
             applied = migrations.migrate(target, on_apply=applied_one, adopt=adopt)
-        if not applied:
+        if changed:
+            which = ", ".join(d.path for d in changed) if len(changed) <= 6 else "functions and views"
+            out.print(f"applied {len(changed)} definitions file(s) ({which})",
+                      highlight=False, markup=False)
+        if not applied and not changed:
             out.print(f"schema is up to date (version {migrations.required_version()})")
     except PgDurableError as exc:
         fail(str(exc))

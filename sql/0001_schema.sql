@@ -4,23 +4,14 @@
 -- functions added by later migrations (0002_leases, 0003_runs, ...); this file
 -- only creates the nouns. An applied migration is never edited: change the
 -- schema with a new numbered file.
+--
+-- Its functions, trigger functions, triggers and views are no longer here: each has
+-- one current body in sql/functions/ or sql/views/, which migrate applies after
+-- the numbered files (pgdurable/migrations.py).
 
 CREATE SCHEMA IF NOT EXISTS pgdurable;
 COMMENT ON SCHEMA pgdurable IS
   'pgdurable: durable agent runs, leases, signals and effects on PostgreSQL alone.';
-
--- pgdurable.now(): the one clock every lease, timer and deadline is judged by.
--- It is the database's transaction clock; tests may shift it with
---   SET LOCAL pgdurable.now = '2030-01-01 00:00:00+00';
--- inside a transaction. Production never sets it.
-CREATE FUNCTION pgdurable.now() RETURNS timestamptz
-LANGUAGE sql STABLE PARALLEL SAFE AS $$
-  SELECT coalesce(nullif(current_setting('pgdurable.now', true), '')::timestamptz,
-                  pg_catalog.now())
-$$;
-COMMENT ON FUNCTION pgdurable.now() IS
-  'The database clock used for every lease, timer and deadline (transaction time; '
-  'overridable only by SET LOCAL pgdurable.now in tests).';
 
 ------------------------------------------------------------------------------
 -- leases: one row per lease key (the seed''s LeaseProvider contract).

@@ -24,6 +24,10 @@
 -- An entry whose history row is gone anyway (a partition dropped by hand) is
 -- treated by _signal_dup as a new id, and the stale entry removed.
 ------------------------------------------------------------------------------
+--
+-- Its functions, trigger functions, triggers and views are no longer here: each has
+-- one current body in sql/functions/ or sql/views/, which migrate applies after
+-- the numbered files (pgdurable/migrations.py).
 
 CREATE TABLE pgdurable.signal_history_ids (
   signal_id   text        PRIMARY KEY,
@@ -37,174 +41,18 @@ COMMENT ON COLUMN pgdurable.signal_history_ids.signal_id IS
 COMMENT ON COLUMN pgdurable.signal_history_ids.consumed_at IS
   'Its row''s consumed_at: the partition to read it from.';
 
-------------------------------------------------------------------------------
--- Triggers: signal_history's rows with a signal_id, mirrored (one statement
--- each, over the statement's transition table).
-------------------------------------------------------------------------------
-CREATE FUNCTION pgdurable._signal_history_ids_add() RETURNS trigger
-LANGUAGE plpgsql
-SET search_path = pg_catalog, pgdurable, pg_temp AS $$
-BEGIN
-  INSERT INTO pgdurable.signal_history_ids AS i (signal_id, consumed_at)
-  SELECT DISTINCT ON (n.signal_id) n.signal_id, n.consumed_at
-    FROM new_rows n
-   WHERE n.signal_id IS NOT NULL
-   ORDER BY n.signal_id, n.consumed_at DESC
-  ON CONFLICT (signal_id) DO UPDATE SET consumed_at = excluded.consumed_at;
-  RETURN NULL;
-END
-$$;
-COMMENT ON FUNCTION pgdurable._signal_history_ids_add() IS
-  'Internal: add the signal_ids a statement inserted into signal_history to signal_history_ids.';
-
-CREATE FUNCTION pgdurable._signal_history_ids_remove() RETURNS trigger
-LANGUAGE plpgsql
-SET search_path = pg_catalog, pgdurable, pg_temp AS $$
-BEGIN
-  DELETE FROM pgdurable.signal_history_ids i
-   USING old_rows o
-   WHERE i.signal_id = o.signal_id AND i.consumed_at = o.consumed_at;
-  RETURN NULL;
-END
-$$;
-COMMENT ON FUNCTION pgdurable._signal_history_ids_remove() IS
-  'Internal: remove the signal_ids a statement deleted from signal_history from signal_history_ids.';
-
-CREATE TRIGGER signal_history_ids_add AFTER INSERT ON pgdurable.signal_history
-  REFERENCING NEW TABLE AS new_rows
-  FOR EACH STATEMENT EXECUTE FUNCTION pgdurable._signal_history_ids_add();
-CREATE TRIGGER signal_history_ids_remove AFTER DELETE ON pgdurable.signal_history
-  REFERENCING OLD TABLE AS old_rows
-  FOR EACH STATEMENT EXECUTE FUNCTION pgdurable._signal_history_ids_remove();
--- an UPDATE (only by hand: no function updates history) is a remove and an add
-CREATE TRIGGER signal_history_ids_update_remove AFTER UPDATE ON pgdurable.signal_history
-  REFERENCING OLD TABLE AS old_rows
-  FOR EACH STATEMENT EXECUTE FUNCTION pgdurable._signal_history_ids_remove();
-CREATE TRIGGER signal_history_ids_update_add AFTER UPDATE ON pgdurable.signal_history
-  REFERENCING NEW TABLE AS new_rows
-  FOR EACH STATEMENT EXECUTE FUNCTION pgdurable._signal_history_ids_add();
-
--- The rows already there, read only now: creating the triggers locked
--- signal_history against writers (SHARE ROW EXCLUSIVE, until this migration
--- commits), so a move_consumed_signals that commits while this runs is either
--- seen here or waits and fires the triggers; none of its ids is left out.
+-- The rows already there, read only after signal_history is locked against
+-- writers (SHARE ROW EXCLUSIVE, as creating its triggers would, until this
+-- migrate commits; the triggers, in functions/signals.sql, are created in
+-- the same transaction), so a move_consumed_signals that commits while this
+-- runs is either seen here or waits and fires the triggers; none of its ids
+-- is left out.
+LOCK TABLE pgdurable.signal_history IN SHARE ROW EXCLUSIVE MODE;
 INSERT INTO pgdurable.signal_history_ids (signal_id, consumed_at)
 SELECT DISTINCT ON (h.signal_id) h.signal_id, h.consumed_at
   FROM pgdurable.signal_history h
  WHERE h.signal_id IS NOT NULL
  ORDER BY h.signal_id, h.consumed_at DESC;
-
-------------------------------------------------------------------------------
--- pgdurable._signal_dup(signal_id, kind, ref, payload, run_id) -> uuid[]
--- Internal (0005's contract, 0022's tables): NULL when no signal with this
--- signal_id exists, in signals or in signal_history. Otherwise the existing
--- signal must carry the same kind, ref (ignored when p_ref is NULL), payload
--- and run_id, and its `woke` ids are returned; any difference raises PD008 and
--- nothing changes. signals first, then signal_history through
--- signal_history_ids (one probe; the history row itself only for a resend).
--- A row only ever moves from signals to signal_history, its id entry in the
--- same transaction, so a miss in signals followed by a miss in the ids means
--- the id does not exist.
-------------------------------------------------------------------------------
-CREATE OR REPLACE FUNCTION pgdurable._signal_dup(p_signal_id text, p_kind text, p_ref text,
-                                                 p_payload jsonb, p_run_id uuid)
-RETURNS uuid[]
-LANGUAGE plpgsql
-SET search_path = pg_catalog, pgdurable, pg_temp AS $$
-DECLARE
-  s record;
-  v_at timestamptz;
-BEGIN
-  IF p_signal_id IS NULL THEN
-    RETURN NULL;
-  END IF;
-  SELECT x.kind, x.ref, x.payload, x.run_id, x.woke INTO s
-    FROM pgdurable.signals x WHERE x.signal_id = p_signal_id;
-  IF NOT FOUND THEN
-    SELECT i.consumed_at INTO v_at
-      FROM pgdurable.signal_history_ids i WHERE i.signal_id = p_signal_id;
-    IF NOT FOUND THEN
-      RETURN NULL;
-    END IF;
-    SELECT h.kind, h.ref, h.payload, h.run_id, h.woke INTO s
-      FROM pgdurable.signal_history h
-     WHERE h.signal_id = p_signal_id AND h.consumed_at = v_at
-     LIMIT 1;
-    IF NOT FOUND THEN
-      -- its row is gone (a partition dropped by hand): a new id; the entry is stale
-      DELETE FROM pgdurable.signal_history_ids i
-       WHERE i.signal_id = p_signal_id AND i.consumed_at = v_at;
-      RETURN NULL;
-    END IF;
-  END IF;
-  IF s.kind IS DISTINCT FROM p_kind OR (p_ref IS NOT NULL AND s.ref IS DISTINCT FROM p_ref)
-     OR s.payload IS DISTINCT FROM p_payload OR s.run_id IS DISTINCT FROM p_run_id THEN
-    RAISE EXCEPTION 'signal_id % was already sent with another kind, ref, payload or run',
-      p_signal_id USING ERRCODE = 'PD008';
-  END IF;
-  RETURN s.woke;
-END
-$$;
-
-------------------------------------------------------------------------------
--- pgdurable.drop_history_partitions(older_than)
---   -> TABLE(history_table, partition_name, rows_dropped, rows_kept bigint)
--- (0022's contract and body.) Also removes from signal_history_ids the ids of
--- a dropped signal_history partition's rows, before the rows it keeps go to
--- the DEFAULT partition (whose insert adds theirs back): a DROP fires no
--- trigger.
-------------------------------------------------------------------------------
-CREATE OR REPLACE FUNCTION pgdurable.drop_history_partitions(p_older_than interval)
-RETURNS TABLE (history_table text, partition_name text, rows_dropped bigint, rows_kept bigint)
-LANGUAGE plpgsql
-SET search_path = pg_catalog, pgdurable, pg_temp
-SET lock_timeout = '5s' AS $$
-DECLARE
-  v_cutoff timestamptz;
-  p record;
-  v_col text;
-  v_total bigint;
-  v_keep bigint;
-BEGIN
-  IF p_older_than IS NULL OR p_older_than < interval '0' THEN
-    RAISE EXCEPTION 'drop_history_partitions: older_than must be a non-negative interval'
-      USING ERRCODE = 'PD000';
-  END IF;
-  v_cutoff := pgdurable.now() - p_older_than;
-  PERFORM pg_advisory_xact_lock(pgdurable.history_lock_key());
-  FOR p IN SELECT h.history_table AS tbl, h.partition_name AS part
-             FROM pgdurable.history_partitions h
-            WHERE NOT h.is_default AND h.range_to <= v_cutoff
-            ORDER BY h.range_to, h.history_table LOOP
-    v_col := CASE p.tbl WHEN 'signal_history' THEN 'consumed_by' ELSE 'run_id' END;
-    EXECUTE format('SELECT count(*), count(*) FILTER (WHERE r.id IS NOT NULL AND NOT ('
-                   'r.status IN (''completed'', ''failed'', ''cancelled'', ''incompatible'') '
-                   'AND r.finished_at <= $1)) '
-                   'FROM pgdurable.%I d LEFT JOIN pgdurable.runs r ON r.id = d.%I',
-                   p.part, v_col) INTO v_total, v_keep USING v_cutoff;
-    EXECUTE format('ALTER TABLE pgdurable.%I DETACH PARTITION pgdurable.%I', p.tbl, p.part);
-    IF p.tbl = 'signal_history' THEN
-      EXECUTE format('DELETE FROM pgdurable.signal_history_ids i USING pgdurable.%I d '
-                     'WHERE i.signal_id = d.signal_id AND i.consumed_at = d.consumed_at',
-                     p.part);
-    END IF;
-    IF v_keep > 0 THEN
-      -- the range is no longer covered: these rows land in the DEFAULT partition
-      EXECUTE format('INSERT INTO pgdurable.%I SELECT d.* FROM pgdurable.%I d '
-                     'JOIN pgdurable.runs r ON r.id = d.%I WHERE NOT ('
-                     'r.status IN (''completed'', ''failed'', ''cancelled'', ''incompatible'') '
-                     'AND r.finished_at <= $1)', p.tbl, p.part, v_col) USING v_cutoff;
-      GET DIAGNOSTICS v_keep = ROW_COUNT;
-    END IF;
-    EXECUTE format('DROP TABLE pgdurable.%I', p.part);
-    history_table := p.tbl;
-    partition_name := p.part;
-    rows_dropped := v_total - v_keep;
-    rows_kept := v_keep;
-    RETURN NEXT;
-  END LOOP;
-END
-$$;
 
 COMMENT ON TABLE pgdurable.signal_history IS
   'Consumed signals, moved from signals by move_consumed_signals. Partitioned by consumed_at (one '

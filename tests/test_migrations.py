@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -72,8 +73,12 @@ def test_cli_status_reports_drift_with_exit_1(empty_dsn: str) -> None:
 
 def test_migration_names_are_enforced() -> None:
     folder = ROOT / "sql"
-    names = sorted(p.name for p in folder.iterdir())
+    names = sorted(p.name for p in folder.iterdir() if p.is_file())
     assert all(n.endswith(".sql") for n in names), "sql/ holds only .sql migrations"
+    assert sorted(p.name for p in folder.iterdir() if p.is_dir()) == ["functions", "views"]
+    for kind in ("functions", "views"):
+        inside = sorted(p.name for p in (folder / kind).iterdir())
+        assert inside and all(re.fullmatch(r"[a-z0-9]+(_[a-z0-9]+)*\.sql", n) for n in inside), inside
     parsed = migrations.parse_migration_names(names)
     assert [v for v, _ in parsed] == list(range(1, len(names) + 1))
     for bad in (["1_x.sql"], ["0001_CamelCase.sql"], ["0001_a.sql", "0003_b.sql"],

@@ -251,6 +251,7 @@ def unprivileged(dsn: str, conn: psycopg.Connection[Any]) -> Iterator[str]:
     conn.execute(sql.SQL("CREATE ROLE {} LOGIN").format(ident))
     conn.execute(sql.SQL("GRANT USAGE ON SCHEMA pgdurable TO {}").format(ident))
     conn.execute(sql.SQL("GRANT SELECT ON pgdurable.schema_migrations TO {}").format(ident))
+    conn.execute(sql.SQL("GRANT SELECT ON pgdurable.schema_definitions TO {}").format(ident))
     try:
         yield make_conninfo(dsn, user=role)
     finally:

@@ -32,6 +32,8 @@ def test_wheel_contains_every_migration_and_py_typed(wheel: Path) -> None:
     names = set(zipfile.ZipFile(wheel).namelist())
     for m in migrations.load_migrations():
         assert f"pgdurable/sql/{m.name}" in names
+    for d in migrations.load_definitions():
+        assert f"pgdurable/sql/{d.path}" in names
     assert "pgdurable/py.typed" in names
 
     # the dashboard's templates and assets ship in the package (no build step, no CDN)
@@ -57,6 +59,9 @@ def test_wheel_migrates_an_empty_database_from_a_fresh_venv(
     with psycopg.connect(empty_dsn) as c:
         versions = [v for (v,) in c.execute("SELECT version FROM pgdurable.schema_migrations")]
     assert versions == [m.version for m in migrations.load_migrations()]
+    with psycopg.connect(empty_dsn) as c:
+        paths = [p for (p,) in c.execute("SELECT path FROM pgdurable.schema_definitions ORDER BY 1")]
+    assert paths == sorted(d.path for d in migrations.load_definitions())
     where = subprocess.run([str(py), "-c", "import pgdurable, sys; print(pgdurable.__file__)"],
                            cwd=tmp_path, capture_output=True, text=True, check=True).stdout
     assert str(env_dir) in where

@@ -20,6 +20,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from _released import migrate_released
 from _roles import as_role, cli, grant, roles
 from psycopg import sql
 
@@ -238,22 +239,18 @@ def test_the_documented_allow_list_is_the_databases(conn: psycopg.Connection[Any
     assert readonly == {n for n, ro in rows if ro}
 
 
-def test_the_migration_takes_back_the_grants_of_an_existing_database(
-        empty_dsn: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A database set up with the role model before the allow-list: the app
-    role could execute _end; after `migrate` it cannot, and keeps the API."""
-    shipped = migrations.load_migrations()
-    version = _version_of(shipped, "security_api")
-    monkeypatch.setattr(migrations, "load_migrations",
-                        lambda: tuple(m for m in shipped if m.version < version))
+def test_the_migration_takes_back_the_grants_of_an_existing_database(empty_dsn: str) -> None:
+    """A database set up with the role model before the allow-list (the last release
+    before it, tests/released_sql/): the app role could execute _end; after `migrate`
+    it cannot, and keeps the API."""
+    version = _version_of(migrations.load_migrations(), "security_api")
     with roles(empty_dsn, "NOLOGIN", "LOGIN", "LOGIN") as (owner, app_role, ro):
-        pgdurable.migrate(empty_dsn)
+        migrate_released(empty_dsn, version - 1)
         pgdurable.grant_roles(empty_dsn, owner_role=owner, app_role=app_role, readonly_role=ro)
         end = "pgdurable._end(uuid,text,jsonb,numeric)"
         check = "SELECT has_function_privilege(%s, %s, 'EXECUTE')"
         with psycopg.connect(empty_dsn) as c:
             assert c.execute(check, (app_role, end)).fetchone() == (True,)
-        monkeypatch.undo()
         with psycopg.connect(empty_dsn, autocommit=True, options=f"-c role={owner}") as c:
             assert version in [m.version for m in pgdurable.migrate(c)]
         with psycopg.connect(empty_dsn) as c:

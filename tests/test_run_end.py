@@ -9,11 +9,10 @@ from __future__ import annotations
 from typing import Any
 
 import psycopg
-import pytest
+from _released import migrate_released
 from _waiting import WAIT_LIMIT
 
 import pgdurable
-from pgdurable import migrations
 
 CHANNELS = ("pgdurable_done", "pgdurable_wake", "pgdurable_events", "pgdurable_cancel")
 
@@ -142,13 +141,10 @@ def test_leaving_leased_for_a_live_status_only_frees_the_slot(
 
 
 def test_an_installation_mid_flight_upgrades_to_one_end_trigger(
-        empty_dsn: str, monkeypatch: pytest.MonkeyPatch) -> None:
+        empty_dsn: str) -> None:
     """Migrated to 0026 with a parent waiting on a leased child: 0027 applies, the
     three end triggers are one, and the child's end then wakes the parent."""
-    shipped = migrations.load_migrations()
-    monkeypatch.setattr(migrations, "load_migrations",
-                        lambda: tuple(m for m in shipped if m.version < 27))
-    pgdurable.migrate(empty_dsn)
+    migrate_released(empty_dsn, 26)
     triggers = ("SELECT array_agg(tgname::text ORDER BY tgname) FROM pg_trigger "
                 "WHERE tgrelid = 'pgdurable.runs'::regclass AND NOT tgisinternal")
     with psycopg.connect(empty_dsn, autocommit=True) as c:
@@ -159,7 +155,6 @@ def test_an_installation_mid_flight_upgrades_to_one_end_trigger(
         c.execute("SELECT * FROM pgdurable.park_children(%s, %s, 'w', '{}', 0, "
                   "ARRAY[%s]::uuid[], 1)", (*parent, kid))
         kid_token = claim(c, "leaf", "kids")[1]
-    monkeypatch.undo()
     assert [m.version for m in pgdurable.migrate(empty_dsn)][:1] == [27]
     with psycopg.connect(empty_dsn, autocommit=True) as c:
         after = one(c, triggers)

@@ -17,6 +17,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from _released import migrate_released
 from _roles import as_role, cli, grant, roles
 from _waiting import finished, running, until
 from psycopg import sql
@@ -462,17 +463,13 @@ def test_functions_of_a_later_migration_follow_the_role_model(dsn: str) -> None:
 
 
 def test_the_runs_check_function_of_0025_after_grant_is_the_roles_not_publics(
-        empty_dsn: str, monkeypatch: pytest.MonkeyPatch) -> None:
+        empty_dsn: str) -> None:
     """0025 applied (as the owner) after grant_roles: the app and read-only roles may
     execute _runs_check, another role may not, so a role given DML on runs by hand
     cannot write it until it is granted EXECUTE too."""
-    shipped = migrations.load_migrations()
-    monkeypatch.setattr(migrations, "load_migrations",
-                        lambda: tuple(m for m in shipped if m.version < 25))
     with roles(empty_dsn, "NOLOGIN", "LOGIN", "LOGIN", "LOGIN") as (owner, app_role, ro, other):
-        pgdurable.migrate(empty_dsn)
+        migrate_released(empty_dsn, 24)
         pgdurable.grant_roles(empty_dsn, owner_role=owner, app_role=app_role, readonly_role=ro)
-        monkeypatch.undo()
         with psycopg.connect(empty_dsn, autocommit=True, options=f"-c role={owner}") as c:
             assert [m.version for m in pgdurable.migrate(c)][:2] == [25, 26]
         with psycopg.connect(empty_dsn, autocommit=True) as c:

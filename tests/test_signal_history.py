@@ -10,6 +10,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from _released import migrate_released
 from _waiting import WAIT_LIMIT
 
 import pgdurable
@@ -132,12 +133,10 @@ def test_distributable_keys(conn: psycopg.Connection[Any]) -> None:
     assert pk == ("PRIMARY KEY (run_id, id)",)
 
 
-def test_migration_with_signals_in_it(empty_dsn: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    shipped = migrations.load_migrations()
-    mine = next(m for m in shipped if m.name.endswith("_partitioned_signals.sql"))
-    monkeypatch.setattr(migrations, "load_migrations",
-                        lambda: tuple(m for m in shipped if m.version < mine.version))
-    pgdurable.migrate(empty_dsn)
+def test_migration_with_signals_in_it(empty_dsn: str) -> None:
+    mine = next(m for m in migrations.load_migrations()
+                if m.name.endswith("_partitioned_signals.sql"))
+    migrate_released(empty_dsn, mine.version - 1)
     with psycopg.connect(empty_dsn, autocommit=True) as c:
         ids = [r[0] for r in c.execute(
             "INSERT INTO pgdurable.runs (task, revision, status, finished_at)"
@@ -156,7 +155,6 @@ def test_migration_with_signals_in_it(empty_dsn: str, monkeypatch: pytest.Monkey
                   " checkpoints, effects) VALUES (%s, 2, 1, 'failed', '1', '[]', '[]')", (ids[2],))
         before = c.execute("SELECT id, kind, ref, payload, signal_id, consumed_by, woke"
                            " FROM pgdurable.signals ORDER BY id").fetchall()
-    monkeypatch.undo()
     assert mine.version in [m.version for m in pgdurable.migrate(empty_dsn)]
     with psycopg.connect(empty_dsn, autocommit=True) as c:
         rows = c.execute(
@@ -265,16 +263,13 @@ def test_signal_history_ids_follow_the_history(conn: psycopg.Connection[Any]) ->
 
 
 def test_migration_keeps_the_ids_of_a_move_that_commits_meanwhile(
-        empty_dsn: str, monkeypatch: pytest.MonkeyPatch) -> None:
+        empty_dsn: str) -> None:
     """0024 fills signal_history_ids after its triggers lock signal_history: a
     move_consumed_signals still open when the migration starts is waited for and its
     ids are in the table (filled first, its ids would be left out and never deduplicate)."""
-    shipped = migrations.load_migrations()
-    mine = next(m for m in shipped if m.name.endswith("_signal_history_ids.sql"))
-    monkeypatch.setattr(migrations, "load_migrations",
-                        lambda: tuple(m for m in shipped if m.version < mine.version))
-    pgdurable.migrate(empty_dsn)
-    monkeypatch.undo()
+    mine = next(m for m in migrations.load_migrations()
+                if m.name.endswith("_signal_history_ids.sql"))
+    migrate_released(empty_dsn, mine.version - 1)
     with psycopg.connect(empty_dsn, autocommit=True) as c:
         c.execute("""
           INSERT INTO pgdurable.signals (kind, ref, payload, signal_id, created_at,

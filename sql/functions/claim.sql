@@ -1,0 +1,422 @@
+-- functions/claim.sql: the current body of each function below.
+
+------------------------------------------------------------------------------
+-- claim_runs: as in 0016_flow_control (see 0003 for the header; pairs matched
+-- as pairs; limited queues by _claim_flow), with the affinity rule in the
+-- runnable (a) and timer (c) branches -- not in the expired-lease branch (b):
+-- crash recovery is never reserved -- and `affinity` in its result. search_path
+-- and 0021's generic plan are set here, where the function is created.
+------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION pgdurable.claim_runs(
+  p_owner text, p_queues text[], p_tasks text[], p_revisions text[],
+  p_limit integer, p_ttl interval, p_max_reclaims integer[] DEFAULT NULL)
+RETURNS TABLE (id uuid, task text, revision text, queue text, status text, state jsonb,
+               step integer, attempts integer, max_attempts integer, lease_token bigint,
+               lease_expires_at timestamptz, wake jsonb, deadline_at timestamptz,
+               budget numeric, spent numeric, affinity jsonb, db_now timestamptz)
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pgdurable, pg_temp
+SET plan_cache_mode = force_generic_plan AS $$
+DECLARE
+  v_now  timestamptz := pgdurable.now();
+  v_limited text[] := ARRAY(SELECT l.name FROM pgdurable.queues l
+                             WHERE l.name = ANY (p_queues) ORDER BY l.name);
+  v_queues text[] := p_queues;
+  v_left integer := p_limit;
+  v_n integer;
+  v_q text;
+BEGIN
+  IF p_ttl IS NULL OR p_ttl <= interval '0' THEN
+    -- a NULL lease_expires_at would leave the run leased forever (never
+    -- renewed, never reclaimed)
+    RAISE EXCEPTION 'claim_runs: ttl must be a positive interval, got %', p_ttl
+      USING ERRCODE = 'PD000';
+  END IF;
+  IF p_limit IS NULL OR p_limit < 1 THEN
+    RETURN;
+  END IF;
+  IF cardinality(v_limited) > 0 THEN
+    v_queues := ARRAY(SELECT u FROM unnest(p_queues) u WHERE u <> ALL (v_limited));
+  END IF;
+  IF cardinality(v_queues) > 0 THEN
+    RETURN QUERY
+    WITH pairs AS MATERIALIZED (
+      SELECT u.t, u.v, min(u.n) AS n
+        FROM unnest(p_tasks, p_revisions) WITH ORDINALITY AS u(t, v, n)
+       GROUP BY u.t, u.v
+    ), a AS MATERIALIZED (
+      -- per queue an index-ordered, LIMITed scan (no sort of the backlog), then
+      -- the best p_limit of those across queues
+      SELECT x.id, 'runnable'::text AS branch, 'run'::text AS verdict, NULL::integer AS bound,
+             x.priority, x.available_at AS due
+        FROM unnest(v_queues) AS qn(name)
+       CROSS JOIN LATERAL (
+         SELECT r.id, r.priority, r.available_at FROM pgdurable.runs r
+          WHERE r.status = 'runnable' AND r.queue = qn.name AND r.available_at <= v_now
+            AND (r.task, r.revision) IN (SELECT p.t, p.v FROM pairs p)
+            AND (r.affinity_worker IS NULL OR r.affinity_worker = p_owner
+                 OR r.available_at + r.affinity_wait <= v_now
+                 OR pgdurable._holder_until(r.affinity_worker, r.affinity_instance, v_now) IS NULL)
+          ORDER BY r.priority DESC, r.available_at
+          LIMIT p_limit FOR UPDATE SKIP LOCKED) x
+       ORDER BY x.priority DESC, x.available_at
+       LIMIT p_limit
+    ), b AS MATERIALIZED (
+      SELECT r.id, 'expired'::text AS branch,
+             CASE WHEN r.cancel_requested_at IS NOT NULL THEN 'cancelled'
+                  WHEN r.reclaims >= m.bound THEN 'poison'
+                  ELSE 'run' END AS verdict, m.bound,
+             r.priority, r.lease_expires_at AS due
+        FROM pgdurable.runs r
+       CROSS JOIN LATERAL (SELECT coalesce(p_max_reclaims[(SELECT p.n FROM pairs p
+                                                            WHERE p.t = r.task AND p.v = r.revision)],
+                                           5) AS bound) m
+       WHERE r.status = 'leased' AND r.queue = ANY (v_queues) AND r.lease_expires_at <= v_now
+         AND (r.task, r.revision) IN (SELECT p.t, p.v FROM pairs p)
+       ORDER BY r.priority DESC, r.lease_expires_at
+       LIMIT p_limit FOR UPDATE OF r SKIP LOCKED
+    ), c AS MATERIALIZED (
+      SELECT r.id, 'timer'::text AS branch, 'run'::text AS verdict, NULL::integer AS bound,
+             r.priority, r.wake_at AS due
+        FROM pgdurable.runs r
+       WHERE r.status = 'waiting' AND r.wake_at IS NOT NULL AND r.queue = ANY (v_queues)
+         AND r.wake_at <= v_now AND (r.task, r.revision) IN (SELECT p.t, p.v FROM pairs p)
+         AND (r.affinity_worker IS NULL OR r.affinity_worker = p_owner
+              OR r.wake_at + r.affinity_wait <= v_now
+              OR pgdurable._holder_until(r.affinity_worker, r.affinity_instance, v_now) IS NULL)
+       ORDER BY r.wake_at
+       LIMIT p_limit FOR UPDATE SKIP LOCKED
+    ), cand AS MATERIALIZED (
+      -- one order across the branches (priority, then longest due), so that a
+      -- runnable backlog cannot starve crash recovery (b) or due timers (c)
+      SELECT * FROM (SELECT * FROM a UNION ALL SELECT * FROM b UNION ALL SELECT * FROM c) k
+       ORDER BY k.priority DESC, k.due
+       LIMIT p_limit
+    ), upd AS (
+      -- k.verdict: 'run' | 'cancelled' | 'poison' (decided in branch b)
+      UPDATE pgdurable.runs r SET
+        status = CASE k.verdict WHEN 'cancelled' THEN 'cancelled' WHEN 'poison' THEN 'failed'
+                                ELSE 'leased' END,
+        reclaims = r.reclaims + (k.branch = 'expired')::integer,
+        error = CASE
+          WHEN k.verdict = 'cancelled' THEN pgdurable._error('RunCancelled',
+                 'run was cancelled (its worker''s lease expired before it stopped)')
+          WHEN k.verdict = 'poison' THEN pgdurable._error('PoisonRun', format(
+                 'lease expired %s times in a row without a checkpoint (max_reclaims %s): '
+                 'the run keeps crashing or stalling its workers; last worker %s',
+                 r.reclaims + 1, k.bound, coalesce(r.lease_owner, '?')))
+          WHEN k.branch = 'expired' THEN pgdurable._error('LeaseExpired',
+                 'lease of worker ' || coalesce(r.lease_owner, '?') || ' expired (crashed or stalled worker)')
+          ELSE r.error END,
+        claims = r.claims + 1,
+        lease_token = r.lease_token + 1,
+        lease_owner = CASE WHEN k.verdict = 'run' THEN p_owner END,
+        lease_expires_at = CASE WHEN k.verdict = 'run' THEN v_now + p_ttl END,
+        finished_at = CASE WHEN k.verdict <> 'run' THEN v_now END,
+        leased_at = v_now,
+        wake = CASE WHEN k.branch = 'timer'
+                    THEN jsonb_build_object('type', 'timeout', 'kind', r.wait_kind,
+                                            'ref', r.wait_ref, 'at', r.wake_at)
+                    ELSE r.wake END,
+        wait_kind = NULL, wait_ref = NULL, wait_since = NULL, wake_at = NULL,
+        updated_at = v_now
+      FROM cand k
+      WHERE r.id = k.id
+      RETURNING r.id, r.task, r.revision, r.queue, r.status, r.state, r.step, r.attempts,
+                r.max_attempts, r.lease_token, r.lease_expires_at, r.wake, r.deadline_at,
+                r.budget, r.spent,
+                CASE WHEN r.affinity_worker IS NULL THEN NULL
+                         ELSE pgdurable._affinity_record(r.affinity_worker, r.affinity_instance,
+                                r.affinity_mode, r.affinity_wait, r.affinity_info, r.affinity_since)
+                    END AS affinity
+    )
+    SELECT u.*, v_now FROM upd u;
+    GET DIAGNOSTICS v_n = ROW_COUNT;
+    v_left := v_left - v_n;
+  END IF;
+  FOREACH v_q IN ARRAY v_limited LOOP
+    EXIT WHEN v_left <= 0;
+    RETURN QUERY SELECT f.*, v_now
+      FROM pgdurable._claim_flow(p_owner, v_q, p_tasks, p_revisions, v_left, p_ttl,
+                                 p_max_reclaims, v_now) f;
+    GET DIAGNOSTICS v_n = ROW_COUNT;
+    v_left := v_left - v_n;
+  END LOOP;
+END
+$$;
+COMMENT ON FUNCTION pgdurable.claim_runs(text, text[], text[], text[], integer, interval, integer[]) IS
+  'Claim up to p_limit runs (runnable, expired lease, due timer) for p_owner in one statement; '
+  'limited queues (pgdurable.queues) under their concurrency, per-key and rate limits.';
+
+------------------------------------------------------------------------------
+-- claim_runs: as in 0016_flow_control (see 0003 for the header; pairs matched
+-- as pairs; limited queues by _claim_flow), with the affinity rule in the
+-- runnable (a) and timer (c) branches -- not in the expired-lease branch (b):
+-- crash recovery is never reserved -- and `affinity` in its result. search_path
+-- and 0021's generic plan are set here, where the function is created.
+------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION pgdurable.claim_runs(
+  p_owner text, p_queues text[], p_tasks text[], p_revisions text[],
+  p_limit integer, p_ttl interval, p_max_reclaims integer[] DEFAULT NULL)
+RETURNS TABLE (id uuid, task text, revision text, queue text, status text, state jsonb,
+               step integer, attempts integer, max_attempts integer, lease_token bigint,
+               lease_expires_at timestamptz, wake jsonb, deadline_at timestamptz,
+               budget numeric, spent numeric, affinity jsonb, db_now timestamptz)
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pgdurable, pg_temp
+SET plan_cache_mode = force_generic_plan AS $$
+DECLARE
+  v_now  timestamptz := pgdurable.now();
+  v_limited text[] := ARRAY(SELECT l.name FROM pgdurable.queues l
+                             WHERE l.name = ANY (p_queues) ORDER BY l.name);
+  v_queues text[] := p_queues;
+  v_left integer := p_limit;
+  v_n integer;
+  v_q text;
+BEGIN
+  IF p_ttl IS NULL OR p_ttl <= interval '0' THEN
+    -- a NULL lease_expires_at would leave the run leased forever (never
+    -- renewed, never reclaimed)
+    RAISE EXCEPTION 'claim_runs: ttl must be a positive interval, got %', p_ttl
+      USING ERRCODE = 'PD000';
+  END IF;
+  IF p_limit IS NULL OR p_limit < 1 THEN
+    RETURN;
+  END IF;
+  IF cardinality(v_limited) > 0 THEN
+    v_queues := ARRAY(SELECT u FROM unnest(p_queues) u WHERE u <> ALL (v_limited));
+  END IF;
+  IF cardinality(v_queues) > 0 THEN
+    RETURN QUERY
+    WITH pairs AS MATERIALIZED (
+      SELECT u.t, u.v, min(u.n) AS n
+        FROM unnest(p_tasks, p_revisions) WITH ORDINALITY AS u(t, v, n)
+       GROUP BY u.t, u.v
+    ), a AS MATERIALIZED (
+      -- per queue an index-ordered, LIMITed scan (no sort of the backlog), then
+      -- the best p_limit of those across queues
+      SELECT x.id, 'runnable'::text AS branch, 'run'::text AS verdict, NULL::integer AS bound,
+             x.priority, x.available_at AS due
+        FROM unnest(v_queues) AS qn(name)
+       CROSS JOIN LATERAL (
+         SELECT r.id, r.priority, r.available_at FROM pgdurable.runs r
+          WHERE r.status = 'runnable' AND r.queue = qn.name AND r.available_at <= v_now
+            AND (r.task, r.revision) IN (SELECT p.t, p.v FROM pairs p)
+            AND (r.affinity_worker IS NULL OR r.affinity_worker = p_owner
+                 OR r.available_at + r.affinity_wait <= v_now
+                 OR pgdurable._holder_until(r.affinity_worker, r.affinity_instance, v_now) IS NULL)
+          ORDER BY r.priority DESC, r.available_at
+          LIMIT p_limit FOR UPDATE SKIP LOCKED) x
+       ORDER BY x.priority DESC, x.available_at
+       LIMIT p_limit
+    ), b AS MATERIALIZED (
+      SELECT r.id, 'expired'::text AS branch,
+             CASE WHEN r.cancel_requested_at IS NOT NULL THEN 'cancelled'
+                  WHEN r.reclaims >= m.bound THEN 'poison'
+                  ELSE 'run' END AS verdict, m.bound,
+             r.priority, r.lease_expires_at AS due
+        FROM pgdurable.runs r
+       CROSS JOIN LATERAL (SELECT coalesce(p_max_reclaims[(SELECT p.n FROM pairs p
+                                                            WHERE p.t = r.task AND p.v = r.revision)],
+                                           5) AS bound) m
+       WHERE r.status = 'leased' AND r.queue = ANY (v_queues) AND r.lease_expires_at <= v_now
+         AND (r.task, r.revision) IN (SELECT p.t, p.v FROM pairs p)
+       ORDER BY r.priority DESC, r.lease_expires_at
+       LIMIT p_limit FOR UPDATE OF r SKIP LOCKED
+    ), c AS MATERIALIZED (
+      SELECT r.id, 'timer'::text AS branch, 'run'::text AS verdict, NULL::integer AS bound,
+             r.priority, r.wake_at AS due
+        FROM pgdurable.runs r
+       WHERE r.status = 'waiting' AND r.wake_at IS NOT NULL AND r.queue = ANY (v_queues)
+         AND r.wake_at <= v_now AND (r.task, r.revision) IN (SELECT p.t, p.v FROM pairs p)
+         AND (r.affinity_worker IS NULL OR r.affinity_worker = p_owner
+              OR r.wake_at + r.affinity_wait <= v_now
+              OR pgdurable._holder_until(r.affinity_worker, r.affinity_instance, v_now) IS NULL)
+       ORDER BY r.wake_at
+       LIMIT p_limit FOR UPDATE SKIP LOCKED
+    ), cand AS MATERIALIZED (
+      -- one order across the branches (priority, then longest due), so that a
+      -- runnable backlog cannot starve crash recovery (b) or due timers (c)
+      SELECT * FROM (SELECT * FROM a UNION ALL SELECT * FROM b UNION ALL SELECT * FROM c) k
+       ORDER BY k.priority DESC, k.due
+       LIMIT p_limit
+    ), upd AS (
+      -- k.verdict: 'run' | 'cancelled' | 'poison' (decided in branch b)
+      UPDATE pgdurable.runs r SET
+        status = CASE k.verdict WHEN 'cancelled' THEN 'cancelled' WHEN 'poison' THEN 'failed'
+                                ELSE 'leased' END,
+        reclaims = r.reclaims + (k.branch = 'expired')::integer,
+        error = CASE
+          WHEN k.verdict = 'cancelled' THEN pgdurable._error('RunCancelled',
+                 'run was cancelled (its worker''s lease expired before it stopped)')
+          WHEN k.verdict = 'poison' THEN pgdurable._error('PoisonRun', format(
+                 'lease expired %s times in a row without a checkpoint (max_reclaims %s): '
+                 'the run keeps crashing or stalling its workers; last worker %s',
+                 r.reclaims + 1, k.bound, coalesce(r.lease_owner, '?')))
+          WHEN k.branch = 'expired' THEN pgdurable._error('LeaseExpired',
+                 'lease of worker ' || coalesce(r.lease_owner, '?') || ' expired (crashed or stalled worker)')
+          ELSE r.error END,
+        claims = r.claims + 1,
+        lease_token = r.lease_token + 1,
+        lease_owner = CASE WHEN k.verdict = 'run' THEN p_owner END,
+        lease_expires_at = CASE WHEN k.verdict = 'run' THEN v_now + p_ttl END,
+        finished_at = CASE WHEN k.verdict <> 'run' THEN v_now END,
+        leased_at = v_now,
+        wake = CASE WHEN k.branch = 'timer'
+                    THEN jsonb_build_object('type', 'timeout', 'kind', r.wait_kind,
+                                            'ref', r.wait_ref, 'at', r.wake_at)
+                    ELSE r.wake END,
+        wait_kind = NULL, wait_ref = NULL, wait_since = NULL, wake_at = NULL,
+        updated_at = v_now
+      FROM cand k
+      WHERE r.id = k.id
+      RETURNING r.id, r.task, r.revision, r.queue, r.status, r.state, r.step, r.attempts,
+                r.max_attempts, r.lease_token, r.lease_expires_at, r.wake, r.deadline_at,
+                r.budget, r.spent,
+                CASE WHEN r.affinity_worker IS NULL THEN NULL
+                         ELSE pgdurable._affinity_record(r.affinity_worker, r.affinity_instance,
+                                r.affinity_mode, r.affinity_wait, r.affinity_info, r.affinity_since)
+                    END AS affinity
+    )
+    SELECT u.*, v_now FROM upd u;
+    GET DIAGNOSTICS v_n = ROW_COUNT;
+    v_left := v_left - v_n;
+  END IF;
+  FOREACH v_q IN ARRAY v_limited LOOP
+    EXIT WHEN v_left <= 0;
+    RETURN QUERY SELECT f.*, v_now
+      FROM pgdurable._claim_flow(p_owner, v_q, p_tasks, p_revisions, v_left, p_ttl,
+                                 p_max_reclaims, v_now) f;
+    GET DIAGNOSTICS v_n = ROW_COUNT;
+    v_left := v_left - v_n;
+  END LOOP;
+END
+$$;
+COMMENT ON FUNCTION pgdurable.claim_runs(text, text[], text[], text[], integer, interval, integer[]) IS
+  'Claim up to p_limit runs (runnable, expired lease, due timer) for p_owner in one statement; '
+  'limited queues (pgdurable.queues) under their concurrency, per-key and rate limits.';
+
+------------------------------------------------------------------------------
+-- next_wakeup(queues, tasks, revisions, owner DEFAULT NULL): as in
+-- 0016_flow_control (flow-aware), with the affinity rule: a ready run reserved
+-- for a present holder other than p_owner is due when its reservation ends
+-- (THE RULE: ready + wait, or earlier when its holder's presence would lapse;
+-- asked again then if the holder renewed it). For p_owner's own runs, and for
+-- runs without affinity, the due time is the same as before.
+-- The timers are no longer all read: per queue, the first timer that p_owner
+-- may take comes from an ordered walk of runs_timer_idx (LIMIT 1, the claim's
+-- filter), and only the timers that walk passed over (reserved for another
+-- worker, or of tasks p_owner does not serve) are read for when they are due:
+-- O(passed over) instead of O(parked timers). The runnable part reads each
+-- runnable run as before (runs_runnable_idx is ordered by priority first).
+------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION pgdurable.next_wakeup(p_queues text[], p_tasks text[], p_revisions text[],
+                                      p_owner text DEFAULT NULL)
+RETURNS double precision
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pgdurable, pg_temp AS $$
+DECLARE
+  v_now  timestamptz := pgdurable.now();
+  v_at   timestamptz;
+BEGIN
+  IF NOT EXISTS (SELECT FROM pgdurable.queues l WHERE l.name = ANY (p_queues)) THEN
+    -- no limited queue: the 0009 query (with affinity)
+    WITH pairs AS MATERIALIZED (
+      SELECT DISTINCT u.t, u.v FROM unnest(p_tasks, p_revisions) AS u(t, v)
+    )
+    SELECT least(
+      (SELECT min(CASE WHEN r.affinity_worker IS NULL OR r.affinity_worker = p_owner THEN r.available_at
+                 ELSE greatest(r.available_at, least(r.available_at + r.affinity_wait, coalesce(
+                   pgdurable._holder_until(r.affinity_worker, r.affinity_instance, v_now),
+                   r.available_at)))
+            END) FROM pgdurable.runs r
+        WHERE r.status = 'runnable' AND r.queue = ANY (p_queues)
+          AND (r.task, r.revision) IN (SELECT p.t, p.v FROM pairs p)),
+      (SELECT min(t.due) FROM unnest(p_queues) AS qn(name) CROSS JOIN LATERAL
+        (SELECT least(n.first, (
+           -- before it, only runs skipped as reserved for another worker (or of other
+           -- tasks): each due when its reservation ends
+           SELECT min(greatest(r.wake_at, least(r.wake_at + r.affinity_wait, coalesce(
+                         pgdurable._holder_until(r.affinity_worker, r.affinity_instance, v_now),
+                         r.wake_at))))
+             FROM pgdurable.runs r
+            WHERE r.status = 'waiting' AND r.wake_at IS NOT NULL AND r.queue = qn.name
+              AND r.wake_at < coalesce(n.first, 'infinity') AND r.affinity_worker IS NOT NULL
+              AND (r.task, r.revision) IN (SELECT p.t, p.v FROM pairs p)))
+           FROM (SELECT (
+             -- the first timer by wake_at that this worker may take (the claim's filter)
+             SELECT r.wake_at FROM pgdurable.runs r
+              WHERE r.status = 'waiting' AND r.wake_at IS NOT NULL AND r.queue = qn.name
+                AND (r.task, r.revision) IN (SELECT p.t, p.v FROM pairs p)
+                AND (r.affinity_worker IS NULL OR r.affinity_worker = p_owner
+                     OR r.wake_at + r.affinity_wait <= v_now
+                     OR pgdurable._holder_until(r.affinity_worker, r.affinity_instance, v_now) IS NULL)
+              ORDER BY r.wake_at LIMIT 1) AS first) n) AS t(due)),
+      (SELECT min(r.lease_expires_at) FROM pgdurable.runs r
+        WHERE r.status = 'leased' AND r.queue = ANY (p_queues)
+          AND (r.task, r.revision) IN (SELECT p.t, p.v FROM pairs p)))
+    INTO v_at;
+    RETURN CASE WHEN v_at IS NULL THEN NULL ELSE greatest(0, extract(epoch FROM v_at - v_now)) END;
+  END IF;
+  WITH pairs AS MATERIALIZED (
+    SELECT DISTINCT u.t, u.v FROM unnest(p_tasks, p_revisions) AS u(t, v)
+  ), lim AS MATERIALIZED (
+    SELECT l.name, l.per_key_concurrency,
+           CASE WHEN l.rate IS NULL THEN NULL
+                ELSE l.refilled_at + make_interval(secs => greatest(0, (1 - l.tokens) / l.rate))
+           END AS token_at,
+           (l.concurrency IS NOT NULL AND l.concurrency <= (
+              SELECT count(*) FROM pgdurable.runs r WHERE r.status = 'leased'
+                 AND r.queue = l.name AND r.lease_expires_at > v_now)) AS full,
+           ARRAY(SELECT r.concurrency_key FROM pgdurable.runs r
+                  WHERE l.per_key_concurrency IS NOT NULL AND r.status = 'leased'
+                    AND r.queue = l.name AND r.lease_expires_at > v_now AND r.concurrency_key <> ''
+                  GROUP BY r.concurrency_key
+                 HAVING count(*) >= l.per_key_concurrency) AS saturated
+      FROM pgdurable.queues l WHERE l.name = ANY (p_queues)
+  ), qs AS MATERIALIZED (
+    SELECT qn.name, lim.token_at, coalesce(lim.full, false) AS full,
+           coalesce(lim.saturated, '{}') AS saturated
+      FROM unnest(p_queues) AS qn(name) LEFT JOIN lim ON lim.name = qn.name
+  )
+  SELECT least(
+    (SELECT min(greatest(w.at, qs.token_at)) FROM qs CROSS JOIN LATERAL (
+       SELECT least(
+         (SELECT min(CASE WHEN r.affinity_worker IS NULL OR r.affinity_worker = p_owner THEN r.available_at
+                 ELSE greatest(r.available_at, least(r.available_at + r.affinity_wait, coalesce(
+                   pgdurable._holder_until(r.affinity_worker, r.affinity_instance, v_now),
+                   r.available_at)))
+            END) FROM pgdurable.runs r
+           WHERE r.status = 'runnable' AND r.queue = qs.name
+             AND (cardinality(qs.saturated) = 0 OR r.concurrency_key <> ALL (qs.saturated))
+             AND (r.task, r.revision) IN (SELECT p.t, p.v FROM pairs p)),
+         (SELECT least(n.first, (
+            -- before it, only runs skipped as reserved for another worker (or of other
+            -- tasks): each due when its reservation ends
+            SELECT min(greatest(r.wake_at, least(r.wake_at + r.affinity_wait, coalesce(
+                          pgdurable._holder_until(r.affinity_worker, r.affinity_instance, v_now),
+                          r.wake_at))))
+              FROM pgdurable.runs r
+             WHERE r.status = 'waiting' AND r.wake_at IS NOT NULL AND r.queue = qs.name
+               AND r.wake_at < coalesce(n.first, 'infinity') AND r.affinity_worker IS NOT NULL
+               AND (r.task, r.revision) IN (SELECT p.t, p.v FROM pairs p)))
+            FROM (SELECT (
+              -- the first timer by wake_at that this worker may take (the claim's filter)
+              SELECT r.wake_at FROM pgdurable.runs r
+               WHERE r.status = 'waiting' AND r.wake_at IS NOT NULL AND r.queue = qs.name
+                 AND (r.task, r.revision) IN (SELECT p.t, p.v FROM pairs p)
+                 AND (r.affinity_worker IS NULL OR r.affinity_worker = p_owner
+                      OR r.wake_at + r.affinity_wait <= v_now
+                      OR pgdurable._holder_until(r.affinity_worker, r.affinity_instance, v_now) IS NULL)
+               ORDER BY r.wake_at LIMIT 1) AS first) n)) AS at) w
+      WHERE NOT qs.full),
+    (SELECT min(r.lease_expires_at) FROM pgdurable.runs r
+      WHERE r.status = 'leased' AND r.queue = ANY (p_queues)
+        AND (r.task, r.revision) IN (SELECT p.t, p.v FROM pairs p)))
+  INTO v_at;
+  RETURN CASE WHEN v_at IS NULL THEN NULL ELSE greatest(0, extract(epoch FROM v_at - v_now)) END;
+END
+$$;
+COMMENT ON FUNCTION pgdurable.next_wakeup(text[], text[], text[], text) IS
+  'Seconds until claimable work may appear in these queues for these tasks (NULL: none); '
+  'respects queue concurrency, start rate and per-key limits.';

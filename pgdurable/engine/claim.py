@@ -31,9 +31,9 @@ import uuid
 from datetime import timedelta
 from typing import Any
 
-from .. import _runs_sql as q
-from .. import metrics
-from .._aio import wait_set
+from ..foundation import metrics
+from ..foundation import run_queries as q
+from ..foundation.aio import wait_set
 from .base import _DB_ERRORS, _Active, log
 from .execute import StepExecution
 

@@ -2,7 +2,7 @@
 
 :meth:`Listener._listen` keeps a dedicated autocommit connection (not from the
 pool) LISTENing on ``pgdurable_wake`` and ``pgdurable_cancel`` (read with one
-event-loop reader per minute, :func:`pgdurable._notifications.receive`); it reconnects
+event-loop reader per minute, :func:`pgdurable.foundation.notifications.receive`); it reconnects
 with backoff and, after every (re)connect, claims and checks the runs it holds
 for cancel requests (wake-ups and cancels sent meanwhile are lost). It connects to the app's ``listen_dsn`` if set, else to the app's DSN;
 behind a transaction-mode pooler without ``listen_dsn`` there is none (LISTEN
@@ -30,10 +30,10 @@ from typing import Any
 
 import psycopg
 
-from .._hints import cancels_requested
-from .._notifications import receive
-from ..errors import DatabaseUnavailable
-from ..pooler import aconnect
+from ..foundation.errors import DatabaseUnavailable
+from ..foundation.hints import cancels_requested
+from ..foundation.notifications import receive
+from ..foundation.pooler import aconnect
 from .base import _DB_ERRORS, WorkerBase, log
 
 __all__ = ["Listener"]

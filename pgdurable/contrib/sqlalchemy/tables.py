@@ -121,6 +121,13 @@ runs = Table(
     Column("trace_context", JSONB),
     # the inserting transaction's id (0029, NULL on older rows): tag_started_run's test
     Column("created_xact", BigInteger, server_default=FetchedValue()),
+    # the worker holding the run's stateful service (0032, docs/affinity.md)
+    Column("affinity_worker", Text),
+    Column("affinity_instance", Text),
+    Column("affinity_mode", Text),
+    Column("affinity_wait", INTERVAL),
+    Column("affinity_info", JSONB),
+    _ts("affinity_since"),
     comment="Durable runs: the run lives here, workers only lease it. state is the latest checkpoint.",
 )
 

@@ -1,4 +1,4 @@
-"""``pgdurable._notifications.receive``: a LISTEN connection read with one reader per window.
+"""``pgdurable.foundation.notifications.receive``: a LISTEN connection read with one reader per window.
 
 Real connections: the NOTIFYs come from another connection, the loss is a
 ``pg_terminate_backend`` of the listening backend.

@@ -132,7 +132,7 @@ def test_list_runs_plans_use_the_indexes(dsn: str) -> None:
 
 def test_importing_pgdurable_does_not_import_opentelemetry() -> None:
     import subprocess
-    code = ("import sys, pgdurable, pgdurable.worker, pgdurable.metrics, pgdurable.tracing; "
+    code = ("import sys, pgdurable, pgdurable.worker, pgdurable.foundation.metrics, pgdurable.runs.tracing; "
             "print(sorted(m for m in sys.modules if m.startswith(('opentelemetry', "
             "'prometheus_client', 'starlette', 'jinja2'))))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -9,9 +9,9 @@ behind a transaction-mode pooler without ``listen_dsn`` there is none (LISTEN
 does not work through it) and the worker polls.
 
 NOTIFYs are hints anyone can send: wake-up claims are rate-limited
-(``_hints.WakeLimiter``; one over the limit is deferred, not lost) and a
+(``hints.WakeLimiter``; one over the limit is deferred, not lost) and a
 cancel is acted on only once the database confirms the run's
-``cancel_requested_at`` (``_hints.cancels_requested``). Those checks are
+``cancel_requested_at`` (``hints.cancels_requested``). Those checks are
 coalesced and rate-limited too (``cancel_limit``): the runs named by cancel
 notifications wait in ``_cancel_pending`` for one checker task, whose every
 statement asks about all of them; a check over the limit waits for the next

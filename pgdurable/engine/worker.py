@@ -45,7 +45,7 @@ heartbeats starve. A cancelled thread step keeps running to its end, but its
 results are never written (every write is fenced).
 
 Cancel: ``pgdurable_cancel`` NOTIFY -- only a hint: the worker first checks
-that the run's ``cancel_requested_at`` is set (``_hints``) -- (and, as a backup,
+that the run's ``cancel_requested_at`` is set (``hints``) -- (and, as a backup,
 the heartbeat's ``cancel_requested`` flag) cancels the step task if a step is
 running; the run
 is recorded ``cancelled`` by ``ack_cancel``. Between steps nothing needs to be

@@ -44,7 +44,7 @@ retry that fails again, raises :class:`DatabaseUnavailable`, and the next call
 uses a fresh connection.
 
 Pipelining: ``pipeline=True`` lets concurrent callers share round trips and
-commits (``pgdurable._lease_pipeline``): the calls queued while a batch is in
+commits (``pgdurable.foundation.lease_pipeline``): the calls queued while a batch is in
 flight go together, as one transaction, in the next one. Every guarantee above
 holds per call; an answer comes only after its batch committed.
 
@@ -313,7 +313,7 @@ class AsyncPostgresLeaseProvider(_Base):
     ``pipeline_lanes`` batches in flight, each on its own pooled connection; the
     second lane keeps calls moving while a batch waits on an outside row lock).
     Every answer comes after its batch committed; see
-    ``pgdurable._lease_pipeline`` and ``docs/performance-writes.md``.
+    ``pgdurable.foundation.lease_pipeline`` and ``docs/performance-writes.md``.
     """
 
     def __init__(self, conninfo_or_pool: str | AsyncConnectionPool[Any], *, min_size: int = 1,
@@ -422,7 +422,7 @@ class AsyncPostgresLeaseProvider(_Base):
 class PostgresLeaseProvider(_Base):
     """Leases on PostgreSQL, synchronous twin of :class:`AsyncPostgresLeaseProvider`.
 
-    Same SQL, validation and parsing (``pgdurable._leases_sql``); thread-safe
+    Same SQL, validation and parsing (``pgdurable.foundation.lease_core``); thread-safe
     (each call borrows a pool connection). Built from a conninfo (owns its pool)
     or an existing :class:`psycopg_pool.ConnectionPool` (not owned).
     ``pipeline=True``: concurrent threads' calls share round trips and commits

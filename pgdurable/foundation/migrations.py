@@ -39,7 +39,7 @@ every released version and compares it with a fresh one with ``pg_dump``).
 
 The library refuses to work on a schema older than it ships
 (:class:`SchemaVersionMismatch`): :func:`check_schema`, which also refuses a
-``schema_migrations`` that is not pgdurable's (see ``_schema_trust``). An
+``schema_migrations`` that is not pgdurable's (see ``schema_trust``). An
 existing ``pgdurable`` schema is migrated only if it is ours (owned by the
 migrating role or its owner role, our version table, no planted triggers or
 rules, recorded names that match the shipped files); ``adopt=True`` overrides.
@@ -676,7 +676,7 @@ def check_pool_schema(pool: ConnectionPool[Any], within: float) -> None:
     A connection lost during the check (a restart of the server or of a pooler
     just as the pool opened) is discarded by the pool, and the check is asked
     again on another connection, with a short backoff, for up to ``within``
-    seconds; so is the check after another transient error (``_retry.is_transient``:
+    seconds; so is the check after another transient error (``retry.is_transient``:
     a statement timeout, a lack of resources). Any other error, a version
     mismatch included, is raised at once.
     """

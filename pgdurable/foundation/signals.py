@@ -84,7 +84,7 @@ def signal_params(
     ttl: object,
     max_bytes: int | None = DEFAULT_MAX_PAYLOAD,
 ) -> tuple[Any, ...]:
-    """Validate a broadcast signal; return the parameters of ``_runs_sql.SIGNAL``.
+    """Validate a broadcast signal; return the parameters of ``run_queries.SIGNAL``.
 
     ``TypeError``/``ValueError`` (naming the argument) for an empty or non-str
     kind/ref/signal_id, a NUL, a non-JSON payload or one over ``max_bytes``.
@@ -103,7 +103,7 @@ def signal_run_params(
     ttl: object,
     max_bytes: int | None = DEFAULT_MAX_PAYLOAD,
 ) -> tuple[Any, ...]:
-    """Validate a run-addressed signal; return the parameters of ``_runs_sql.SIGNAL_RUN``."""
+    """Validate a run-addressed signal; return the parameters of ``run_queries.SIGNAL_RUN``."""
     rid: uuid.UUID = check_run_id(run_id)
     check_name(kind, "signal kind")
     text = _check_common(payload, signal_id, ttl, max_bytes)

@@ -18,7 +18,7 @@ What it shows, on an embedded PostgreSQL (pgserver) or on ``--dsn``:
 5. completion, and the run's history read back with SQL.
 
 The worker processes import :data:`app` from this module
-(``python -m pgdurable.worker pgdurable.demo:app``); its DSN comes from
+(``python -m pgdurable.worker pgdurable.ops.demo:app``); its DSN comes from
 ``PGDURABLE_DSN``. The driver is :func:`run_demo`.
 """
 
@@ -180,7 +180,7 @@ _app: Durable | None = None
 
 
 def __getattr__(name: str) -> Any:
-    # ``pgdurable.demo:app`` for workers: built on first access (PGDURABLE_DSN must be set).
+    # ``pgdurable.ops.demo:app`` for workers: built on first access (PGDURABLE_DSN must be set).
     global _app
     if name == "app":
         if _app is None:
@@ -222,7 +222,7 @@ class _Timeline:
 
 
 class _WorkerProc:
-    """A real ``python -m pgdurable.worker pgdurable.demo:app`` process, stdout relayed."""
+    """A real ``python -m pgdurable.worker pgdurable.ops.demo:app`` process, stdout relayed."""
 
     def __init__(self, name: str, dsn: str, queue_name: str, folder: str,
                  lines: queue.Queue[tuple[str, str]]) -> None:
@@ -232,7 +232,7 @@ class _WorkerProc:
         self.stderr_path = Path(folder) / f"{name}.stderr"
         self._stderr = open(self.stderr_path, "w", encoding="utf-8")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "pgdurable.worker", "pgdurable.demo:app", "--queues", queue_name,
+            [sys.executable, "-m", "pgdurable.worker", "pgdurable.ops.demo:app", "--queues", queue_name,
              "--concurrency", "1", "--lease-ttl", str(LEASE_TTL), "--poll", "0.5", "--grace", "5",
              "--worker-id", f"{name}:{uuid.uuid4().hex[:6]}"],
             stdout=subprocess.PIPE, stderr=self._stderr, text=True, env=env,

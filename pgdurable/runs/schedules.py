@@ -527,7 +527,7 @@ class Ticker:
     """Fires the due ticks of the schedules in a worker's queues.
 
     The worker (1) calls :meth:`declare` when it starts, (2) hands the second
-    column of its idle query (``_runs_sql.NEXT_WAKEUP``: ``schedule_wakeup``
+    column of its idle query (``run_queries.NEXT_WAKEUP``: ``schedule_wakeup``
     next to ``next_wakeup``) to :meth:`note`, (3) bounds its sleep with
     :meth:`timeout` and (4) calls :meth:`fire_if_due` whenever it wakes.
     Errors are logged, never raised: a database hiccup must not stop the worker.

@@ -18,7 +18,7 @@ Contract:
   the ``postgresql+psycopg`` dialect (psycopg 3). With
   the async ones the functions return a coroutine: ``await start_run(...)``.
 * The SQL functions are the ones :class:`pgdurable.Durable` calls (the
-  statements of ``pgdurable._runs_sql``: ``START``, ``SIGNAL``,
+  statements of ``pgdurable.foundation.run_queries``: ``START``, ``SIGNAL``,
   ``SIGNAL_RUN``), with the same argument validation (the shared helpers of
   :mod:`pgdurable.app.durable` and :mod:`pgdurable.foundation.signals`), executed on the
   caller's connection inside the caller's transaction (begun if needed). Nothing

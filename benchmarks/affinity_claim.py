@@ -40,7 +40,7 @@ import psycopg
 from _scratch import drop_scratch, scratch_dsn
 from claim_scaling import BULK
 
-from pgdurable import migrations
+from pgdurable.foundation import migrations
 
 DBS = {"old": "pgdurable_bench_aff_old", "new": "pgdurable_bench_aff_new",
        "new+affine": "pgdurable_bench_aff_affine"}

@@ -20,7 +20,7 @@ from __future__ import annotations
 import timeit
 from typing import Any
 
-from pgdurable import _json
+from pgdurable.foundation import jsonb as _json
 
 STATES: dict[str, Any] = {
     "a counter {'i': 1}": {"i": 1},

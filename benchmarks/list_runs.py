@@ -36,8 +36,8 @@ import uvicorn
 from _scratch import drop_scratch, scratch_dsn
 
 from pgdurable import DurableClient
-from pgdurable.dashboard import create_app
-from pgdurable.search import encode_cursor, list_runs_query
+from pgdurable.ops.dashboard import create_app
+from pgdurable.runs.search import encode_cursor, list_runs_query
 
 DBS = ("pgdurable_bench_list_big", "pgdurable_bench_list_small")
 FILL = """

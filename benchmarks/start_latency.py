@@ -49,8 +49,8 @@ import psycopg
 from _scratch import add_watch_args, drop_scratch, scratch_dsn, set_watch
 
 from pgdurable import Continue, Done, Durable, DurableClient, RunContext, Start
-from pgdurable._runs_sql import START
-from pgdurable.registry import start_params
+from pgdurable.foundation.registry import start_params
+from pgdurable.foundation.run_queries import START
 
 DB = "pgdurable_bench_start_latency"
 BARE = "INSERT INTO bench_bare (state) VALUES (%s::jsonb)"

@@ -1,4 +1,4 @@
-"""Per-step cost of the liveness guard (pgdurable/liveness.py), in process.
+"""Per-step cost of the liveness guard (pgdurable/runs/liveness.py), in process.
 
 Runs a trivial async step 100,000 times bare (the baseline), inside a guard
 without limits, and inside a guard with step_timeout and heartbeat_timeout;
@@ -13,8 +13,8 @@ import contextlib
 import time
 from typing import Any
 
-from pgdurable.liveness import StepGuard
-from pgdurable.steps import RunContext
+from pgdurable.runs.liveness import StepGuard
+from pgdurable.runs.steps import RunContext
 
 N = 100_000
 

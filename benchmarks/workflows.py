@@ -110,7 +110,7 @@ async def resume_cost(dsn: str, long_n: int, resumes: int) -> None:
     sys.path.insert(0, str(HERE))
     import _workflows_app as wa
 
-    from pgdurable.workflows import LOAD_HISTORY
+    from pgdurable.models.workflows import LOAD_HISTORY
 
     app = wa.app
     claimed: dict[str, float] = {}

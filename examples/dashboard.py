@@ -27,8 +27,8 @@ import httpx
 import uvicorn
 
 import pgdurable
-from pgdurable.dashboard import create_app
-from pgdurable.schedules import make_schedule, upsert_schedule
+from pgdurable.ops.dashboard import create_app
+from pgdurable.runs.schedules import make_schedule, upsert_schedule
 
 DSN = os.environ["PGDURABLE_DSN"]
 

@@ -14,7 +14,7 @@ from datetime import timedelta
 from typing import Any
 
 from pgdurable import Durable, DurableStep, RunInfo, define_durable_task
-from pgdurable.durable_runs import DurableRunContext
+from pgdurable.models.durable_runs import DurableRunContext
 
 # Stands in for the payment provider, which keeps charges under an idempotency key.
 provider: dict[str, dict[str, Any]] = {}

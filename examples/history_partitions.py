@@ -16,9 +16,9 @@ import psycopg
 
 import pgdurable
 from pgdurable import Continue, Done, RunContext
-from pgdurable.partitions import maintain
-from pgdurable.retention import prune
-from pgdurable.testing import run_until_idle
+from pgdurable.ops.partitions import maintain
+from pgdurable.ops.retention import prune
+from pgdurable.ops.testing import run_until_idle
 
 app = pgdurable.Durable()  # DSN from PGDURABLE_DSN / DATABASE_URL
 

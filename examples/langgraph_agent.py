@@ -17,7 +17,6 @@ from langgraph.graph import END, START, StateGraph
 from langgraph.types import interrupt
 
 import pgdurable
-from pgdurable._db import resolve_dsn
 from pgdurable.contrib.langgraph import (
     AsyncPgDurableSaver,
     ThreadBusy,
@@ -26,7 +25,8 @@ from pgdurable.contrib.langgraph import (
     resume_graph,
     run_graph,
 )
-from pgdurable.retention import prune
+from pgdurable.foundation.db import resolve_dsn
+from pgdurable.ops.retention import prune
 
 
 class State(TypedDict, total=False):

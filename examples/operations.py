@@ -17,7 +17,7 @@ import psycopg
 
 import pgdurable
 from pgdurable import Continue, Done, RunContext
-from pgdurable.retention import prune, run_pruner
+from pgdurable.ops.retention import prune, run_pruner
 
 app = pgdurable.Durable()  # DSN from PGDURABLE_DSN / DATABASE_URL
 tool_is_down = True  # the outage we fix before retrying

@@ -16,7 +16,12 @@ from typing import Any
 
 import pgdurable
 from pgdurable import Done, RunContext
-from pgdurable.schedules import list_schedules, pause_schedule, resume_schedule, trigger_schedule
+from pgdurable.runs.schedules import (
+    list_schedules,
+    pause_schedule,
+    resume_schedule,
+    trigger_schedule,
+)
 
 app = pgdurable.Durable()  # DSN from PGDURABLE_DSN / DATABASE_URL
 

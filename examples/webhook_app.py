@@ -34,7 +34,8 @@ import httpx
 import uvicorn
 
 import pgdurable
-from pgdurable import Done, RunContext, Wait, webhooks
+from pgdurable import Done, RunContext, Wait
+from pgdurable.ops import webhooks
 
 app = pgdurable.Durable()  # DSN from PGDURABLE_DSN / DATABASE_URL
 # at least 32 bytes each; a fresh random secret when none is configured (the demo)

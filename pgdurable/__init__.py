@@ -6,17 +6,14 @@ checkpoint after each one, and let go. See the README for the concepts.
 
 from __future__ import annotations
 
-from ._runs_sql import MAX_NAME_BYTES
-from .affinity import Affinity
-from .batch_start import Start
-from .children import TreeNode
-from .durable_runs import NOT_PERFORMED, DurableRunContext
-from .effects import with_idempotency, with_idempotency_sync
+from .app.durable import Durable, DurableClient, RunInfo, Task
 
-# the engine's Worker (pgdurable/worker.py, the `python -m` entry point, is not
+# the engine's Worker (pgdurable/ops/worker_process.py, the `python -m` entry point, is not
 # imported here: runpy would warn about a second, already-imported copy)
 from .engine.worker import Worker
-from .errors import (
+from .foundation.affinity import Affinity
+from .foundation.effects import with_idempotency, with_idempotency_sync
+from .foundation.errors import (
     AttemptsExhausted,
     BudgetExceeded,
     CorruptCheckpoint,
@@ -45,9 +42,7 @@ from .errors import (
     UnknownTask,
     ValueTooLarge,
 )
-from .flow import RateLimited
-from .fork import ForkedRun
-from .leases import (
+from .foundation.leases import (
     AsyncLeaseProvider,
     AsyncNoopLeaseProvider,
     AsyncPostgresLeaseProvider,
@@ -62,15 +57,11 @@ from .leases import (
     resolve_async_lease_provider,
     resolve_lease_provider,
 )
-from .migrations import check_schema, migrate, migration_status, required_version
-from .pooler import Pooler
-from .roles import grant_roles
-from .runs import Durable, DurableClient, RunInfo, Task
-from .schedules import Schedule, ScheduleInfo
-from .search import Page, RunSummary
-from .steps import Continue, Done, RunContext, Sleep, StepResult, Wait
-from .stream import StreamEvent
-from .tasks import (
+from .foundation.migrations import check_schema, migrate, migration_status, required_version
+from .foundation.pooler import Pooler
+from .foundation.run_queries import MAX_NAME_BYTES
+from .models.durable_runs import NOT_PERFORMED, DurableRunContext
+from .models.durable_tasks import (
     CancelSignal,
     DurableCheckpoint,
     DurableContext,
@@ -81,14 +72,23 @@ from .tasks import (
     PostgresDurableStore,
     define_durable_task,
 )
-from .threads import Delivery, Message, ThreadRoute
-from .workflows import (
+from .models.workflows import (
     NonDeterministicWorkflow,
     StepFailed,
     StepPolicy,
     WaitTimeout,
     WorkflowContext,
 )
+from .ops.roles import grant_roles
+from .runs.batch_start import Start
+from .runs.children import TreeNode
+from .runs.flow import RateLimited
+from .runs.fork import ForkedRun
+from .runs.schedules import Schedule, ScheduleInfo
+from .runs.search import Page, RunSummary
+from .runs.steps import Continue, Done, RunContext, Sleep, StepResult, Wait
+from .runs.stream import StreamEvent
+from .runs.threads import Delivery, Message, ThreadRoute
 
 __version__ = "0.1.0"
 

@@ -34,8 +34,8 @@ from openai.types.responses import (
 )
 
 import pgdurable
-from pgdurable._db import resolve_dsn
 from pgdurable.contrib.openai_agents import PgDurableSession, register_agent
+from pgdurable.foundation.db import resolve_dsn
 
 os.environ.setdefault("OPENAI_AGENTS_DISABLE_TRACING", "1")
 

@@ -33,7 +33,7 @@ import psycopg
 
 import pgdurable
 from pgdurable import Continue, Done, RunContext
-from pgdurable._db import resolve_dsn
+from pgdurable.foundation.db import resolve_dsn
 
 app = pgdurable.Durable(pool_size=int(os.environ.get("CRASH_POOL_SIZE", "10")))
 

@@ -20,7 +20,7 @@ from typing import Any
 import psycopg
 
 from pgdurable import NOT_PERFORMED, Done, Durable, DurableStep, RunContext, define_durable_task
-from pgdurable.durable_runs import DurableRunContext
+from pgdurable.models.durable_runs import DurableRunContext
 
 SCRATCH = "CREATE TABLE public.effect_log (id serial PRIMARY KEY, what text NOT NULL, run_id text)"
 

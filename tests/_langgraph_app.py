@@ -39,7 +39,6 @@ from langgraph.graph import END, START, StateGraph
 from langgraph.types import interrupt
 
 import pgdurable
-from pgdurable._db import resolve_dsn
 from pgdurable.contrib.langgraph import (
     AsyncPgDurableSaver,
     PgDurableSaver,
@@ -47,6 +46,7 @@ from pgdurable.contrib.langgraph import (
     invoke_exclusive,
     register_graph,
 )
+from pgdurable.foundation.db import resolve_dsn
 
 GATE = 918_273
 

@@ -29,7 +29,7 @@ from pgdurable import (
     WorkflowContext,
     define_durable_task,
 )
-from pgdurable._db import resolve_dsn
+from pgdurable.foundation.db import resolve_dsn
 
 #: a step retried in place twice, quickly: a down backend fails it for good
 FAST = StepPolicy(max_attempts=2, retry_base=0.01, retry_cap=0.02)

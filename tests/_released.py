@@ -18,7 +18,7 @@ from pathlib import Path
 
 import psycopg
 
-from pgdurable.migrations import MIGRATION_LOCK_KEY, RELEASED_SHA256
+from pgdurable.foundation.migrations import MIGRATION_LOCK_KEY, RELEASED_SHA256
 
 RELEASED = Path(__file__).resolve().parent / "released_sql"
 

@@ -18,7 +18,7 @@ import psycopg
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-CLI = [sys.executable, "-m", "pgdurable.cli"]
+CLI = [sys.executable, "-m", "pgdurable"]
 
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:

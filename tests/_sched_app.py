@@ -25,7 +25,7 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool
 
 from pgdurable import Done, Durable, RunContext, Sleep
-from pgdurable.pooler import connect_kwargs
+from pgdurable.foundation.pooler import connect_kwargs
 
 CLOCK_TABLE = "CREATE TABLE IF NOT EXISTS test_clock (t timestamptz); " \
               "INSERT INTO test_clock SELECT NULL WHERE NOT EXISTS (SELECT 1 FROM test_clock)"

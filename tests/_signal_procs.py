@@ -21,8 +21,8 @@ import time
 from typing import Any
 
 from pgdurable import Done, Durable, DurableClient, RunContext, Wait
-from pgdurable.webhooks import WebhookApp
-from pgdurable.webhooks import app as make_webhook_app
+from pgdurable.ops.webhooks import WebhookApp
+from pgdurable.ops.webhooks import app as make_webhook_app
 
 
 def send(dsn: str, kind: str, ref: str, payload: str, signal_id: str | None) -> None:

@@ -31,7 +31,7 @@ import psycopg
 
 import pgdurable
 from pgdurable import StepPolicy, WorkflowContext
-from pgdurable._db import resolve_dsn
+from pgdurable.foundation.db import resolve_dsn
 
 app = pgdurable.Durable()
 

@@ -34,8 +34,8 @@ from psycopg.conninfo import make_conninfo
 from pytest_postgresql.janitor import DatabaseJanitor
 
 import pgdurable
-from pgdurable._retry import for_seconds, retry_while_sync
-from pgdurable.testing import enable_test_clock, test_server
+from pgdurable.foundation.retry import for_seconds, retry_while_sync
+from pgdurable.ops.testing import enable_test_clock, test_server
 
 DEFAULT_TEST_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"
 _counter = itertools.count()

@@ -34,9 +34,9 @@ from pgdurable import (
     RunContext,
     RunNotFound,
 )
-from pgdurable import cli as cli_module
-from pgdurable.affinity import PIN as PIN_SQL
-from pgdurable.errors import translate
+from pgdurable.foundation.affinity import PIN as PIN_SQL
+from pgdurable.foundation.errors import translate
+from pgdurable.ops import cli as cli_module
 
 START = ("SELECT run_id FROM pgdurable.start_run('t', '1', '{}', %s, 0, 3, NULL, NULL, NULL, "
          "NULL)")

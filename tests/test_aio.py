@@ -1,4 +1,4 @@
-"""Bounded waits never lose a cancellation (pgdurable/_aio.py).
+"""Bounded waits never lose a cancellation (pgdurable/foundation/aio.py).
 
 On Python 3.11, ``asyncio.wait_for(event.wait(), t)`` returns normally when
 its task is cancelled within a few loop iterations of the event being set: the
@@ -19,7 +19,7 @@ import pytest
 
 import pgdurable
 from pgdurable import Durable
-from pgdurable._aio import wait_set
+from pgdurable.foundation.aio import wait_set
 
 GAPS = range(6)  # loop iterations between the event being set and the cancel
 
@@ -81,7 +81,7 @@ async def test_heartbeat_ends_when_cancelled_as_a_renewal_is_asked(dsn: str, gap
 
 def test_no_module_uses_wait_for() -> None:
     """``asyncio.wait_for`` loses cancels on 3.11: the package uses
-    ``asyncio.timeout`` or :func:`pgdurable._aio.wait_set` instead."""
+    ``asyncio.timeout`` or :func:`pgdurable.foundation.aio.wait_set` instead."""
     root = pathlib.Path(pgdurable.__file__).parent
     found = []
     for path in sorted(root.rglob("*.py")):

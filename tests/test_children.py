@@ -30,9 +30,9 @@ from pgdurable import (
     UnknownTask,
     Wait,
 )
-from pgdurable.children import start_child
-from pgdurable.cli import app as cli_app
-from pgdurable.errors import translate
+from pgdurable.foundation.errors import translate
+from pgdurable.ops.cli import app as cli_app
+from pgdurable.runs.children import start_child
 
 
 @pytest.fixture

@@ -21,7 +21,7 @@ import pytest
 from _waiting import finished, running, until
 
 from pgdurable import Done, Durable, RunContext, Sleep, Worker
-from pgdurable import _runs_sql as q
+from pgdurable.foundation import run_queries as q
 
 WINDOW = 2.0
 

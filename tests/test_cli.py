@@ -17,11 +17,11 @@ import pytest
 from typer.testing import CliRunner
 
 from pgdurable import DurableClient
-from pgdurable import cli as cli_module
-from pgdurable.cli import app
+from pgdurable.ops import cli as cli_module
+from pgdurable.ops.cli import app
 
 ROOT = Path(__file__).resolve().parent.parent
-CLI = [sys.executable, "-m", "pgdurable.cli"]
+CLI = [sys.executable, "-m", "pgdurable"]
 NO_RUN = "00000000-0000-0000-0000-000000000000"
 
 

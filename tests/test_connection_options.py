@@ -17,8 +17,8 @@ import pytest
 from psycopg.conninfo import make_conninfo
 
 from pgdurable import AsyncPostgresLeaseProvider, Durable, DurableClient, PostgresLeaseProvider
-from pgdurable._db import connect
-from pgdurable.pooler import connect_kwargs
+from pgdurable.foundation.db import connect
+from pgdurable.foundation.pooler import connect_kwargs
 
 SHOW = ("SELECT current_setting('statement_timeout'), current_setting('application_name'), "
         "current_setting('idle_in_transaction_session_timeout')")

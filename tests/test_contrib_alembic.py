@@ -18,7 +18,7 @@ from sqlalchemy.ext.asyncio import create_async_engine
 import pgdurable
 from pgdurable.contrib.alembic import downgrade, upgrade
 from pgdurable.contrib.sqlalchemy import url_from_dsn
-from pgdurable.migrations import MIGRATION_LOCK_KEY, load_migrations, required_version
+from pgdurable.foundation.migrations import MIGRATION_LOCK_KEY, load_migrations, required_version
 
 ALL_VERSIONS = [m.version for m in load_migrations()]
 

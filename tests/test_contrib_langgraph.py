@@ -68,7 +68,7 @@ def test_retention_keep_last_n_through_the_prune_cli_in_batches(dsn: str) -> Non
     import subprocess
     import sys
 
-    from pgdurable.retention import prune_sync
+    from pgdurable.ops.retention import prune_sync
 
     with PgDurableSaver(dsn) as saver:
         a = _put_chain(saver, "ta", 5)
@@ -84,7 +84,7 @@ def test_retention_keep_last_n_through_the_prune_cli_in_batches(dsn: str) -> Non
         assert _ids(saver, "ta") == a[:2:-1][:2] == [a[4], a[3]]
         assert _ids(saver, "tb") == [b[3], b[2]]
         _put_chain(saver, "tc", 3)
-        p = subprocess.run([sys.executable, "-m", "pgdurable.cli", "prune", "--older-than",
+        p = subprocess.run([sys.executable, "-m", "pgdurable", "prune", "--older-than",
                             "7d", "--dsn", dsn], capture_output=True, text=True, timeout=60)
         assert p.returncode == 0, p.stderr
         assert "1 LangGraph checkpoint(s)" in p.stdout, p.stdout

@@ -135,7 +135,7 @@ def test_interrupt_parks_the_run_and_a_signal_from_another_process_resumes_it(
     procs.worker("b")
     # the resume is a signal sent by another process (the CLI)
     out = subprocess.run(
-        [sys.executable, "-m", "pgdurable.cli", "signal", "langgraph.resume", "thread-ask",
+        [sys.executable, "-m", "pgdurable", "signal", "langgraph.resume", "thread-ask",
          "--payload", json.dumps({"approved": True}), "--dsn", dsn],
         env=procs.env, cwd=ROOT, capture_output=True, text=True, timeout=WAIT_LIMIT)
     assert out.returncode == 0, out.stderr

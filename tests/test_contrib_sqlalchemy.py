@@ -46,7 +46,7 @@ import pgdurable
 from pgdurable import Done, Durable, RunContext, Wait
 from pgdurable.contrib.sqlalchemy import signal, signal_run, start_run, url_from_dsn
 from pgdurable.contrib.sqlalchemy import tables as t
-from pgdurable.testing import run_until_idle
+from pgdurable.ops.testing import run_until_idle
 
 SENTINEL = "zz-sentinel"
 

@@ -26,7 +26,7 @@ from _pg_cluster import LocalCluster, local_cluster
 from _waiting import WAIT_LIMIT
 
 from pgdurable import LeaseLost
-from pgdurable.errors import translate
+from pgdurable.foundation.errors import translate
 
 START = ("SELECT run_id FROM pgdurable.start_run(%s, %s, %s::jsonb, 'default', 0, 3, "
          "NULL, NULL, NULL, NULL)")

@@ -21,8 +21,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from test_security_boundary import _as, _grant, roles
 
 from pgdurable import DurableClient
-from pgdurable.dashboard import create_app
-from pgdurable.schedules import make_schedule, upsert_schedule_sync
+from pgdurable.ops.dashboard import create_app
+from pgdurable.runs.schedules import make_schedule, upsert_schedule_sync
 
 TOKEN = "s3cret-token-of-the-dashboard-tests-0123"  # 32 bytes at least
 

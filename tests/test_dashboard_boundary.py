@@ -43,7 +43,7 @@ from starlette.responses import PlainTextResponse
 from starlette.routing import Mount, Route
 
 from pgdurable import DurableClient
-from pgdurable.dashboard import create_app
+from pgdurable.ops.dashboard import create_app
 
 ROOT = Path(__file__).resolve().parent.parent
 TOKEN = "dashboard-boundary-token-0123456789abcdef"  # 41 bytes
@@ -53,7 +53,7 @@ TOKEN = "dashboard-boundary-token-0123456789abcdef"  # 41 bytes
 def _own_metrics(monkeypatch: pytest.MonkeyPatch) -> None:
     """Each test's /metrics reads its own database: ``metrics.enable`` keeps the
     first DSN of the process (a dashboard's queue gauges are of that one)."""
-    from pgdurable import metrics
+    from pgdurable.foundation import metrics
 
     monkeypatch.setattr(metrics, "_m", None)
 
@@ -276,7 +276,7 @@ def test_a_short_token_is_refused(dsn: str) -> None:
             create_app(dsn, actions=True, token=short)
     create_app(dsn, token="x" * 32)
     create_app(dsn, token="é" * 16)  # 32 bytes in UTF-8
-    p = subprocess.run([sys.executable, "-m", "pgdurable.cli", "dashboard", "--dsn", dsn,
+    p = subprocess.run([sys.executable, "-m", "pgdurable", "dashboard", "--dsn", dsn,
                         "--port", str(free_port()), "--token", "short"],
                        cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert p.returncode == 2 and "32 bytes" in p.stderr and "Traceback" not in p.stderr
@@ -326,7 +326,7 @@ def _cli_dashboard(dsn: str, *args: str) -> Iterator[tuple[subprocess.Popen[str]
     port = free_port()
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     env.pop("PGDURABLE_DASHBOARD_TOKEN", None)
-    p = subprocess.Popen([sys.executable, "-m", "pgdurable.cli", "dashboard", "--dsn", dsn,
+    p = subprocess.Popen([sys.executable, "-m", "pgdurable", "dashboard", "--dsn", dsn,
                           "--port", str(port), *args], cwd=ROOT, env=env, text=True,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:

@@ -23,8 +23,8 @@ import pytest
 from _dashboard_server import serving
 
 from pgdurable import DurableClient
-from pgdurable.dashboard import create_app
-from pgdurable.schedules import make_schedule, upsert_schedule_sync
+from pgdurable.ops.dashboard import create_app
+from pgdurable.runs.schedules import make_schedule, upsert_schedule_sync
 
 CHROMIUM = os.environ.get("PGDURABLE_CHROMIUM", "/usr/bin/chromium")
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",

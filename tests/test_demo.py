@@ -11,7 +11,7 @@ from typing import Any
 import psycopg
 import pytest
 
-CLI = [sys.executable, "-m", "pgdurable.cli"]
+CLI = [sys.executable, "-m", "pgdurable"]
 ROOT = Path(__file__).resolve().parent.parent
 
 

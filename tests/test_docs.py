@@ -185,7 +185,7 @@ def attributes(cls: type) -> frozenset[str]:
 
 
 def conventional_names() -> dict[str, tuple[type, ...]]:
-    from pgdurable.durable_runs import DurableRunContext
+    from pgdurable.models.durable_runs import DurableRunContext
 
     return {
         "app": (pgdurable.Durable,),

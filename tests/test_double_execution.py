@@ -35,8 +35,8 @@ from pgdurable import (
     RunContext,
     with_idempotency,
 )
-from pgdurable._schema_trust import SCHEMA_STATE
-from pgdurable.schedules import DECLARE_LOCK
+from pgdurable.foundation.schema_trust import SCHEMA_STATE
+from pgdurable.runs.schedules import DECLARE_LOCK
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tests"))
@@ -555,7 +555,7 @@ def test_transient_errors_are_told_from_the_statement_s_own(conn: psycopg.Connec
     """What the worker retries (while its lease is trusted) instead of failing
     the run: lost connections, deadlocks and serialization failures, lack of
     resources, statement timeouts; not an error of the statement's values."""
-    from pgdurable._retry import is_transient
+    from pgdurable.foundation.retry import is_transient
 
     def error_of(code: str) -> BaseException:
         with pytest.raises(psycopg.Error) as info:

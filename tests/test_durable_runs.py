@@ -26,7 +26,7 @@ from pgdurable import (
     RunContext,
     define_durable_task,
 )
-from pgdurable.durable_runs import DurableRunContext
+from pgdurable.models.durable_runs import DurableRunContext
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

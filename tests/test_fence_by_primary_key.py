@@ -14,7 +14,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from pgdurable import _runs_sql as q
+from pgdurable.foundation import run_queries as q
 
 WRITE = ("SELECT id, status FROM pgdurable.write_steps('w', %s::uuid[], %s::bigint[], "
          "%s::jsonb[], %s::numeric[], %s::boolean[], %s::jsonb[])")

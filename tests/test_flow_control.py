@@ -153,11 +153,11 @@ async def test_acquire_bad_input_and_unknown_bucket(dsn: str, conn: psycopg.Conn
         for name, cost, match in (("nope", 1, "unknown bucket name"), ("b", 6, "cost"),
                                   ("b", 0, "cost"), ("b", -1, "cost")):
             with pytest.raises(ValueError, match=match):
-                await pgdurable.flow.acquire(app, name, cost)
+                await pgdurable.runs.flow.acquire(app, name, cost)
         # nothing was taken by the refused calls
         assert one(conn, "SELECT tokens FROM pgdurable.buckets") == 5
         with pytest.raises(InvalidInput):
-            await pgdurable.flow.acquire(app, "nope", 1)
+            await pgdurable.runs.flow.acquire(app, "nope", 1)
 
 
 def test_start_bad_flow_input(dsn: str, conn: psycopg.Connection[Any]) -> None:
@@ -428,7 +428,7 @@ def test_stats_and_buckets_commands_show_limits(dsn: str, conn: psycopg.Connecti
 
     from typer.testing import CliRunner
 
-    from pgdurable.cli import app as cli_app
+    from pgdurable.ops.cli import app as cli_app
 
     conn.execute("SELECT pgdurable.set_queue('llm', 20, 2, 10, 20)")
     conn.execute("SELECT pgdurable.set_bucket('openai', 100, 1000)")

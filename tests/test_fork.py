@@ -167,7 +167,7 @@ async def test_fork_at_step_3_repeats_only_effects_4_to_6(dsn: str, scratch: Any
 
 
 def run_cli(argv: list[str]) -> tuple[int, str]:
-    proc = subprocess.run([sys.executable, "-m", "pgdurable.cli", *argv], cwd=ROOT,
+    proc = subprocess.run([sys.executable, "-m", "pgdurable", *argv], cwd=ROOT,
                           capture_output=True, text=True, env=dict(os.environ, COLUMNS="200"))
     return proc.returncode, proc.stdout + proc.stderr
 

@@ -31,7 +31,7 @@ from pgdurable import (
     with_idempotency,
     with_idempotency_sync,
 )
-from pgdurable._db import translated
+from pgdurable.foundation.db import translated
 
 ROOT = Path(__file__).resolve().parent.parent
 HELPER = str(ROOT / "tests" / "_effect_procs.py")

@@ -15,37 +15,34 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "pgdurable"
 
-#: Lowest first. A module may import its own layer (without a circle) and the
-#: layers below it, never one above. An entry ending in ".*" is a package
-#: with everything under it.
+#: The top-level modules besides ``__init__`` and ``__main__``: each only re-exports
+#: a module of a layer under the documented path users import.
+SHIMS = {"worker", "testing", "retention", "schedules", "partitions", "durable_runs",
+         "dashboard", "webhooks"}
+
+#: Lowest first, one folder each. A module may import its own layer (without a
+#: circle) and the layers below it, never one above. An entry ending in ".*" is a
+#: package with everything under it; the top level (the package's ``__init__``,
+#: ``__main__`` and the shims that keep documented paths working) imports anything.
 LAYERS: list[tuple[str, set[str]]] = [
-    ("foundation", {
-        "errors", "_aio", "_json", "_text", "_hints", "_retry", "_notifications", "_runs_sql",
-        "_leases_sql", "_schema_trust", "_db", "pooler", "migrations", "metrics", "embedded",
-        "roles", "registry", "_ports", "presence", "signals", "leases", "_lease_pipeline",
-        "effects", "tasks", "affinity",
-    }),
-    ("capabilities", {
-        "flow", "fork", "liveness", "children", "threads", "stream", "results", "schedules",
-        "search", "metadata", "tracing", "steps", "batch_start",
-    }),
+    ("foundation", {"foundation.*"}),
+    ("runs", {"runs.*"}),
     ("engine", {"engine.*"}),
-    ("models", {"step_tasks", "durable_runs", "workflows"}),
-    ("app", {"runs", "client", "_app_common"}),
-    ("operations", {
-        "", "worker", "cli", "_cli_common", "cli_fork", "schedules_cli", "retention",
-        "partitions", "demo", "webhooks", "testing", "dashboard.*", "contrib.*",
-    }),
+    ("models", {"models.*"}),
+    ("app", {"app.*"}),
+    ("operations", {"ops.*"}),
+    ("contrib", {"contrib.*"}),
+    ("public", {"", "__main__", *SHIMS}),
 ]
 
 #: Imports inside a function that stay there, each for an optional dependency.
 LATE_IMPORTS = {
-    ("pgdurable.cli", "pgdurable.dashboard"),  # pgdurable[dashboard]: starlette, jinja2
-    ("pgdurable.demo", "pgdurable.embedded"),  # pgdurable[embedded]: pgserver
-    ("pgdurable.testing", "pgdurable.embedded"),  # pgdurable[embedded]: pgserver
+    ("pgdurable.ops.cli", "pgdurable.ops.dashboard"),  # pgdurable[dashboard]: starlette, jinja2
+    ("pgdurable.ops.demo", "pgdurable.ops.embedded"),  # pgdurable[embedded]: pgserver
+    ("pgdurable.ops.testing", "pgdurable.ops.embedded"),  # pgdurable[embedded]: pgserver
 }
 
-APP_MODULE = "pgdurable.runs"  # Durable (it re-exports DurableClient)
+APP_MODULE = "pgdurable.app.durable"  # Durable (it re-exports DurableClient)
 
 
 def _name(path: Path) -> str:
@@ -151,11 +148,12 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 def test_the_graph_sees_every_kind_of_import() -> None:
     graph, late = _graph()
-    assert "pgdurable.engine.worker" in graph["pgdurable.runs"]  # module level
-    assert ("pgdurable.cli", "pgdurable.dashboard") in late  # inside a function
-    assert "pgdurable._ports" in graph["pgdurable.stream"]  # under TYPE_CHECKING
-    assert "pgdurable.metrics" in graph["pgdurable.engine.claim"]  # from .. import metrics
-    assert "pgdurable._runs_sql" in graph["pgdurable.runs"]  # from . import _runs_sql as q
+    assert "pgdurable.engine.worker" in graph["pgdurable.app.durable"]  # module level
+    assert ("pgdurable.ops.cli", "pgdurable.ops.dashboard") in late  # inside a function
+    assert "pgdurable.foundation.ports" in graph["pgdurable.runs.stream"]  # under TYPE_CHECKING
+    assert "pgdurable.foundation.metrics" in graph["pgdurable.engine.claim"]  # from .. import x
+    # from ..foundation import run_queries as q
+    assert "pgdurable.foundation.run_queries" in graph["pgdurable.app.durable"]
 
 
 def test_no_import_circle() -> None:
@@ -196,7 +194,8 @@ def test_only_the_top_imports_the_app() -> None:
     importers = sorted(m for m in graph if APP_MODULE in graph[m])
     below = [m for m in importers if _layer(m) < _layer(APP_MODULE)]
     assert not below, f"{below} import {APP_MODULE} (Durable/DurableClient): take _ports.App"
-    assert "pgdurable.worker" in importers and "pgdurable.engine.worker" not in importers
+    assert "pgdurable.ops.worker_process" in importers
+    assert "pgdurable.engine.worker" not in importers
 
 
 def test_late_imports_are_only_for_optional_dependencies() -> None:
@@ -204,3 +203,17 @@ def test_late_imports_are_only_for_optional_dependencies() -> None:
     assert late == LATE_IMPORTS, (
         "an import of a pgdurable module inside a function (not for an optional "
         f"dependency): {sorted(late - LATE_IMPORTS)}; import it at module level")
+
+
+def test_every_layer_is_a_folder_and_the_top_level_only_re_exports() -> None:
+    """The layers are the folders: a module's folder says its layer, and the top level
+    holds nothing but ``__init__``, ``__main__`` and the documented paths' shims."""
+    top = {p.stem for p in PACKAGE.glob("*.py")}
+    assert top == {"__init__", "__main__", *SHIMS}, top
+    folders = {p.name for p in PACKAGE.iterdir() if p.is_dir() and p.name != "__pycache__"}
+    assert folders == {name.split(".")[0] for _, members in LAYERS for name in members
+                       if name.endswith(".*")}
+    for name in SHIMS:
+        tree = ast.parse((PACKAGE / f"{name}.py").read_text(encoding="utf-8"))
+        body = [n for n in tree.body if not isinstance(n, ast.Expr)]  # the docstring
+        assert all(isinstance(n, ast.ImportFrom | ast.If) for n in body), name

@@ -78,7 +78,7 @@ async def test_app_role_runs_a_worker_with_a_schedule_a_workflow_a_child_and_a_s
     from _waiting import until
     from test_security_boundary import _as, _grant, roles
 
-    from pgdurable.schedules import list_schedules, pause_schedule, resume_schedule
+    from pgdurable.runs.schedules import list_schedules, pause_schedule, resume_schedule
 
     with roles(dsn, "NOLOGIN", "LOGIN", "LOGIN") as (owner, app_role, ro):
         _grant(dsn, owner, app_role, ro)
@@ -337,8 +337,8 @@ async def test_a_connection_lost_during_setup_is_unavailable_not_a_crash() -> No
     pool wait for the server (a worker started while PgBouncer restarts)."""
     import pytest
 
-    from pgdurable.errors import DatabaseUnavailable
-    from pgdurable.pooler import aconnect, aprobe, connect, probe
+    from pgdurable.foundation.errors import DatabaseUnavailable
+    from pgdurable.foundation.pooler import aconnect, aprobe, connect, probe
 
     s, half = _half_server()
     try:

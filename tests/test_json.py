@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pgdurable import _json
+from pgdurable.foundation import jsonb as _json
 
 
 @pytest.mark.parametrize(

@@ -34,7 +34,7 @@ from pgdurable import (
     resolve_async_lease_provider,
     resolve_lease_provider,
 )
-from pgdurable.errors import translate
+from pgdurable.foundation.errors import translate
 
 TTL = 60_000
 
@@ -699,7 +699,7 @@ def test_c1_detection_is_structural(dsn: str) -> None:
     assert not is_lease_provider(Missing())
     assert not is_lease_provider(NotCallable())
     # a plain namespace with five callables counts too (no base class, no isinstance)
-    ns = type("NS", (), {m: staticmethod(lambda *a: None) for m in pgdurable.leases.LEASE_METHODS})
+    ns = type("NS", (), {m: staticmethod(lambda *a: None) for m in pgdurable.foundation.leases.LEASE_METHODS})
     assert is_lease_provider(ns())
 
 

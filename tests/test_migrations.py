@@ -14,11 +14,11 @@ import pytest
 from psycopg.conninfo import make_conninfo
 
 import pgdurable
-from pgdurable import migrations
-from pgdurable.errors import MigrationError, SchemaVersionMismatch
+from pgdurable.foundation import migrations
+from pgdurable.foundation.errors import MigrationError, SchemaVersionMismatch
 
 ROOT = Path(__file__).resolve().parent.parent
-CLI = [sys.executable, "-m", "pgdurable.cli"]
+CLI = [sys.executable, "-m", "pgdurable"]
 
 
 def applied(dsn: str) -> list[tuple[int, str]]:

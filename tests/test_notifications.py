@@ -1,4 +1,4 @@
-"""``pgdurable._notifications.receive``: a LISTEN connection read with one reader per window.
+"""``pgdurable.foundation.notifications.receive``: a LISTEN connection read with one reader per window.
 
 Real connections: the NOTIFYs come from another connection, the loss is a
 ``pg_terminate_backend`` of the listening backend.
@@ -28,9 +28,11 @@ import psycopg
 import pytest
 from _waiting import until, worker_listening
 
-from pgdurable import Continue, Done, Durable, RunContext, presence, stream
-from pgdurable._notifications import receive
-from pgdurable.dashboard import _live
+from pgdurable import Continue, Done, Durable, RunContext
+from pgdurable.foundation import presence
+from pgdurable.foundation.notifications import receive
+from pgdurable.ops.dashboard import _live
+from pgdurable.runs import stream
 
 
 async def _listening(dsn: str, heard: list[tuple[str, str]]) -> psycopg.AsyncConnection[Any]:

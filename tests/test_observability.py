@@ -155,7 +155,7 @@ def test_worker_metrics_are_scraped_and_parsed(dsn: str, tmp_path: Path) -> None
 def test_a_step_error_whose_str_raises_does_not_break_tracing() -> None:
     from opentelemetry.trace import StatusCode
 
-    from pgdurable.tracing import StepSpan
+    from pgdurable.runs.tracing import StepSpan
 
     class Weird(Exception):
         def __str__(self) -> str:

@@ -18,7 +18,7 @@ import psycopg
 import pytest
 
 from pgdurable import Durable, DurableClient, InvalidInput, RunNotFound
-from pgdurable.retention import PruneResult, prune, prune_sync
+from pgdurable.ops.retention import PruneResult, prune, prune_sync
 
 ROOT = Path(__file__).resolve().parent.parent
 NO_RUN = "00000000-0000-0000-0000-000000000000"
@@ -148,7 +148,7 @@ def test_python_m_worker_no_listen_polls_only(dsn: str, conn: psycopg.Connection
 
 def test_cli_worker_no_listen_polls_only(dsn: str, conn: psycopg.Connection[Any]) -> None:
     _worker_completes_a_run(dsn, conn, [
-        sys.executable, "-m", "pgdurable.cli", "worker", "tests._ops_procs:app", "--poll", "0.2",
+        sys.executable, "-m", "pgdurable", "worker", "tests._ops_procs:app", "--poll", "0.2",
         "--lease-ttl", "5", "--grace", "2", "--no-listen"])
 
 
@@ -223,7 +223,7 @@ async def test_async_prune_and_cli_count_thread_messages(
     async with Durable(dsn) as app:
         assert (await prune(app, timedelta(0), dry_run=True)).messages == 3
     p = await asyncio.to_thread(
-        subprocess.run, [sys.executable, "-m", "pgdurable.cli", "prune", "--older-than", "0s",
+        subprocess.run, [sys.executable, "-m", "pgdurable", "prune", "--older-than", "0s",
                          "--dsn", dsn], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert p.returncode == 0, p.stderr
     assert "3 consumed thread message(s)" in p.stdout, p.stdout
@@ -233,7 +233,7 @@ async def test_async_prune_and_cli_count_thread_messages(
 # -- public start parameters for integrations ------------------------------------------------
 
 def test_start_params_is_public() -> None:
-    from pgdurable import runs
+    from pgdurable.app import durable as runs
 
     registry = runs.TaskRegistry()
     app = Durable("postgresql://127.0.0.1/unused")

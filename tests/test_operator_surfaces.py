@@ -20,13 +20,13 @@ from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
 from pgdurable import Durable, DurableClient, PermissionDenied, PgDurableError
-from pgdurable._db import validate_dsn
-from pgdurable.errors import InvalidInput
-from pgdurable.retention import parse_age
-from pgdurable.testing import TestServer
+from pgdurable.foundation.db import validate_dsn
+from pgdurable.foundation.errors import InvalidInput
+from pgdurable.ops.retention import parse_age
+from pgdurable.ops.testing import TestServer
 
 ROOT = Path(__file__).resolve().parent.parent
-CLI = [sys.executable, "-m", "pgdurable.cli"]
+CLI = [sys.executable, "-m", "pgdurable"]
 
 
 def pgdurable_cli(*args: str | bytes, dsn: str | None = None) -> subprocess.CompletedProcess[str]:

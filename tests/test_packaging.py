@@ -11,7 +11,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from pgdurable import migrations
+from pgdurable.foundation import migrations
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -37,10 +37,10 @@ def test_wheel_contains_every_migration_and_py_typed(wheel: Path) -> None:
     assert "pgdurable/py.typed" in names
 
     # the dashboard's templates and assets ship in the package (no build step, no CDN)
-    root = Path(__file__).resolve().parent.parent / "pgdurable" / "dashboard"
+    root = Path(__file__).resolve().parent.parent / "pgdurable" / "ops" / "dashboard"
     for sub in ("templates", "static"):
         for f in (root / sub).iterdir():
-            assert f"pgdurable/dashboard/{sub}/{f.name}" in names
+            assert f"pgdurable/ops/dashboard/{sub}/{f.name}" in names
 
 
 @pytest.mark.slow

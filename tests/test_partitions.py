@@ -12,10 +12,11 @@ import pytest
 from _released import migrate_released
 
 import pgdurable
-from pgdurable import Continue, Done, InvalidInput, RunContext, migrations
-from pgdurable.partitions import maintain, maintain_sync
-from pgdurable.retention import prune_sync
-from pgdurable.testing import run_until_idle
+from pgdurable import Continue, Done, InvalidInput, RunContext
+from pgdurable.foundation import migrations
+from pgdurable.ops.partitions import maintain, maintain_sync
+from pgdurable.ops.retention import prune_sync
+from pgdurable.ops.testing import run_until_idle
 
 TERMINAL = "('completed', 'failed', 'cancelled', 'incompatible')"
 
@@ -190,13 +191,13 @@ async def test_maintain_async_and_leader_election(dsn: str) -> None:
     assert result.created == 21  # days 4 to 10 ahead, three tables
     with psycopg.connect(dsn, autocommit=True) as c:
         assert c.execute("SELECT acquired FROM pgdurable.acquire_lease(%s, 'other', 60000)",
-                         (pgdurable.partitions.MAINTENANCE_LEASE,)).fetchone() == (True,)
+                         (pgdurable.ops.partitions.MAINTENANCE_LEASE,)).fetchone() == (True,)
         assert maintain_sync(c, days_ahead=20, _lead=("me", 60000)).skipped
         assert maintain_sync(c, days_ahead=20, _lead=("other", 60000)).created == 30
 
 
 def test_cli_maintain(dsn: str) -> None:
-    out = subprocess.run([sys.executable, "-m", "pgdurable.cli", "maintain", "--dsn", dsn,
+    out = subprocess.run([sys.executable, "-m", "pgdurable", "maintain", "--dsn", dsn,
                           "--days-ahead", "9", "--json"], capture_output=True, text=True,
                          check=True).stdout
     assert '"created": 18' in out  # days 4 to 9 ahead, three tables
@@ -296,7 +297,7 @@ def test_partition_helper_creates_only_partition_names(conn: psycopg.Connection[
 async def test_run_maintenance_next_to_workers_is_leader_elected(dsn: str) -> None:
     import asyncio
 
-    from pgdurable.partitions import MAINTENANCE_LEASE, run_maintenance
+    from pgdurable.ops.partitions import MAINTENANCE_LEASE, run_maintenance
     from tests._waiting import until
 
     last = f"checkpoints_p{(datetime.now(UTC) + timedelta(days=6)):%Y%m%d}"

@@ -43,9 +43,9 @@ from pgdurable import (
     PostgresLeaseProvider,
     RunContext,
 )
-from pgdurable.pooler import connect as pooler_connect
-from pgdurable.retention import prune_sync
-from pgdurable.schedules import DECLARE_LOCK, DECLARE_LOCK_KEY
+from pgdurable.foundation.pooler import connect as pooler_connect
+from pgdurable.ops.retention import prune_sync
+from pgdurable.runs.schedules import DECLARE_LOCK, DECLARE_LOCK_KEY
 
 pytestmark = [
     pytest.mark.skipif(PGBOUNCER is None, reason="pgbouncer is not installed "

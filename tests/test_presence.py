@@ -1,5 +1,5 @@
 """The watch-only NOTIFYs (pgdurable_steps, pgdurable_done) are sent only while a
-listener is present (sql/0023_listener_presence.sql, pgdurable/presence.py),
+listener is present (sql/0023_listener_presence.sql, pgdurable/foundation/presence.py),
 and every listener announces itself: result() (async and sync) and the
 dashboard still wake on the notification, not on their safety poll."""
 
@@ -15,17 +15,10 @@ import psycopg
 import pytest
 from _waiting import app_running
 
-from pgdurable import (
-    Done,
-    Durable,
-    DurableClient,
-    RunCancelled,
-    RunContext,
-    presence,
-    results,
-    stream,
-)
-from pgdurable.errors import InvalidInput, PgDurableError, translate
+from pgdurable import Done, Durable, DurableClient, RunCancelled, RunContext
+from pgdurable.foundation import presence
+from pgdurable.foundation.errors import InvalidInput, PgDurableError, translate
+from pgdurable.runs import results, stream
 
 WATCH = ("pgdurable_steps", "pgdurable_done")
 START = ("SELECT run_id FROM pgdurable.start_run('t', '1', '{}', 'default', 0, 3, NULL, NULL, "

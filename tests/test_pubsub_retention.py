@@ -1,5 +1,5 @@
 """Retention of the pubsub tables (sql/0009 pubsub, used by clients/mastra):
-``pgdurable.prune_pubsub`` and its place in :func:`pgdurable.retention.prune_sync`."""
+``pgdurable.prune_pubsub`` and its place in :func:`pgdurable.ops.retention.prune_sync`."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from pgdurable.retention import PruneResult, prune_sync
+from pgdurable.ops.retention import PruneResult, prune_sync
 
 PUBLISH = "SELECT pgdurable.pubsub_publish(%s, %s::json[])"
 

@@ -30,7 +30,7 @@ from _waiting import WAIT_LIMIT, until_sync
 
 import pgdurable
 from pgdurable import InvalidInput
-from pgdurable.dashboard import create_app
+from pgdurable.ops.dashboard import create_app
 
 ROOT = Path(__file__).resolve().parent.parent
 TESTS = ROOT / "tests"
@@ -119,7 +119,7 @@ def base(dsn: str) -> Iterator[str]:
 
 def cli(dsn: str, *argv: str) -> subprocess.CompletedProcess[str]:
     """``pgdurable ARGV --dsn DSN`` in a subprocess."""
-    return subprocess.run([sys.executable, "-m", "pgdurable.cli", *argv, "--dsn", dsn],
+    return subprocess.run([sys.executable, "-m", "pgdurable", *argv, "--dsn", dsn],
                           cwd=ROOT, capture_output=True, text=True,
                           env={**os.environ, "COLUMNS": "200"})
 

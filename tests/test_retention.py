@@ -14,7 +14,7 @@ import pytest
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 from pgdurable import Durable, InvalidInput
-from pgdurable.retention import (
+from pgdurable.ops.retention import (
     PruneResult,
     parse_age,
     prune,

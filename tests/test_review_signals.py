@@ -15,8 +15,8 @@ import psycopg
 import pytest
 
 from pgdurable import Durable, DurableClient
-from pgdurable.signals import MAX_SIGNAL_TTL, parse_payload
-from pgdurable.webhooks import app, sign_request
+from pgdurable.foundation.signals import MAX_SIGNAL_TTL, parse_payload
+from pgdurable.ops.webhooks import app, sign_request
 from tests.test_webhooks import call
 
 SECRET = "review-secret-" + "r" * 32
@@ -91,7 +91,7 @@ async def test_signal_refuses_deeply_nested_payload(durable: Durable, dsn: str,
 def test_cli_signal_refuses_deeply_nested_payload(dsn: str, conn: psycopg.Connection[Any]) -> None:
     from typer.testing import CliRunner
 
-    from pgdurable.cli import app as cli_app
+    from pgdurable.ops.cli import app as cli_app
 
     rid = parked_run(conn, "ci", "deep")
     r = CliRunner().invoke(cli_app, ["signal", "ci", "deep", "--payload", "[" * 50_000 + "]" * 50_000,

@@ -15,12 +15,7 @@ import pytest
 from _waiting import until_sync as wait_until
 from psycopg_pool import AsyncConnectionPool
 
-from pgdurable import (
-    DurableStep,
-    PostgresDurableStore,
-    define_durable_task,
-    with_idempotency,
-)
+from pgdurable import DurableStep, PostgresDurableStore, define_durable_task, with_idempotency
 from tests.test_tasks import is_count
 
 

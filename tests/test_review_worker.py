@@ -18,7 +18,7 @@ from _pgnet import proxied
 from _waiting import WAIT_LIMIT, finished, running, until
 
 from pgdurable import Continue, Done, Durable, DurableStep, RunContext, define_durable_task
-from pgdurable.durable_runs import DurableRunContext
+from pgdurable.models.durable_runs import DurableRunContext
 
 LONG_TTL = timedelta(seconds=600)
 

@@ -25,8 +25,8 @@ from _roles import as_role, cli, grant, roles
 from psycopg import sql
 
 import pgdurable
-from pgdurable import migrations
-from pgdurable.errors import LeaseLost, ValueTooLarge, translate
+from pgdurable.foundation import migrations
+from pgdurable.foundation.errors import LeaseLost, ValueTooLarge, translate
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -11,7 +11,7 @@ import psycopg
 import pytest
 
 from pgdurable import Durable, DurableClient
-from pgdurable.search import list_runs_query
+from pgdurable.runs.search import list_runs_query
 
 
 async def test_metadata_set_at_start_is_readable_in_sql_and_kept_on_repeat(dsn: str) -> None:
@@ -132,7 +132,7 @@ def test_list_runs_plans_use_the_indexes(dsn: str) -> None:
 
 def test_importing_pgdurable_does_not_import_opentelemetry() -> None:
     import subprocess
-    code = ("import sys, pgdurable, pgdurable.worker, pgdurable.metrics, pgdurable.tracing; "
+    code = ("import sys, pgdurable, pgdurable.worker, pgdurable.foundation.metrics, pgdurable.runs.tracing; "
             "print(sorted(m for m in sys.modules if m.startswith(('opentelemetry', "
             "'prometheus_client', 'starlette', 'jinja2'))))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -160,7 +160,7 @@ def test_cli_runs_filters_and_cursor(dsn: str, monkeypatch: pytest.MonkeyPatch) 
 
     from typer.testing import CliRunner
 
-    from pgdurable.cli import app as cli_app
+    from pgdurable.ops.cli import app as cli_app
 
     monkeypatch.setenv("PGDURABLE_DSN", dsn)
     with DurableClient(dsn) as client:

@@ -15,7 +15,7 @@ from _scans import scans, scans_since
 
 import pgdurable
 from pgdurable import Durable, DurableClient, LeaseLost, RunNotFound, UnknownTask
-from pgdurable.errors import ProviderClosed, translate
+from pgdurable.foundation.errors import ProviderClosed, translate
 
 
 @pytest.fixture

@@ -14,7 +14,7 @@ from psycopg import sql
 
 import pgdurable
 from pgdurable import DurableClient
-from pgdurable.migrations import load_migrations
+from pgdurable.foundation.migrations import load_migrations
 
 # (the change, the old constraint that refuses it)
 BROKEN = [

@@ -2,7 +2,7 @@
 
 Time is the database clock, moved with the ``pgdurable.now`` override
 (tests/_sched_app.py: every pooled connection follows ``test_clock``); ticks
-are fired by a worker's :class:`~pgdurable.schedules.Ticker` in this process
+are fired by a worker's :class:`~pgdurable.runs.schedules.Ticker` in this process
 (the same code path as in a worker), never by sleeping. Worker processes are
 in tests/test_schedules_procs.py.
 """
@@ -20,7 +20,7 @@ from _sched_app import CLOCK_TABLE, ClockedApp, make_app, set_clock
 from _waiting import app_running, until
 
 from pgdurable import Done, Durable, InvalidInput, ScheduleNotFound
-from pgdurable.schedules import (
+from pgdurable.runs.schedules import (
     Cadence,
     Ticker,
     declare_all,

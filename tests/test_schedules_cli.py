@@ -9,7 +9,7 @@ import psycopg
 import pytest
 from typer.testing import CliRunner
 
-from pgdurable.cli import app
+from pgdurable.ops.cli import app
 
 
 def cli(*args: str) -> Any:

@@ -2,7 +2,7 @@
 
 The numbered migrations hold tables, indexes, types and data changes; every
 function, trigger function and view has one current body in ``sql/functions/``
-or ``sql/views/`` (pgdurable/migrations.py). A database of any earlier release
+or ``sql/views/`` (pgdurable/foundation/migrations.py). A database of any earlier release
 (``tests/released_sql/``, whose files still restated the functions they changed)
 must upgrade in place to exactly what a fresh install makes: compared with
 ``pg_dump --schema-only`` (procrastinate's migration test and Absurd's
@@ -25,8 +25,8 @@ from _released import migrate_released, released_files
 from psycopg.conninfo import conninfo_to_dict
 
 import pgdurable
-from pgdurable import migrations
-from pgdurable.errors import SchemaVersionMismatch
+from pgdurable.foundation import migrations
+from pgdurable.foundation.errors import SchemaVersionMismatch
 
 ROOT = Path(__file__).resolve().parent.parent
 

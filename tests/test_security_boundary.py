@@ -23,8 +23,14 @@ from _waiting import finished, running, until
 from psycopg import sql
 
 import pgdurable
-from pgdurable import Continue, Done, Durable, RunContext, Wait, migrations
-from pgdurable.errors import InvalidInput, LeaseLost, MigrationError, SchemaVersionMismatch
+from pgdurable import Continue, Done, Durable, RunContext, Wait
+from pgdurable.foundation import migrations
+from pgdurable.foundation.errors import (
+    InvalidInput,
+    LeaseLost,
+    MigrationError,
+    SchemaVersionMismatch,
+)
 
 PINNED = "search_path=pg_catalog, pgdurable, pg_temp"
 
@@ -660,7 +666,7 @@ def test_task_and_revision_are_matched_as_pairs(conn: psycopg.Connection[Any]) -
 
 
 def test_wake_limiter_spends_defers_and_refunds() -> None:
-    from pgdurable._hints import WakeLimiter
+    from pgdurable.foundation.hints import WakeLimiter
 
     lim = WakeLimiter(rate=0.001, burst=3)  # refills a token in ~17 minutes
     assert [lim.take() for _ in range(3)] == [0.0, 0.0, 0.0]
@@ -675,7 +681,7 @@ def test_wake_limiter_spends_defers_and_refunds() -> None:
 def test_a_role_that_may_not_announce_still_reads_the_outcome(dsn: str, caplog: pytest.LogCaptureFixture) -> None:
     """A role set up by hand without EXECUTE on listen_presence: result() logs that
     it cannot announce itself and still gets the outcome (by reading)."""
-    from pgdurable.results import result_sync
+    from pgdurable.runs.results import result_sync
 
     caplog.set_level(logging.DEBUG, logger="pgdurable")  # warned once per process, then debug
     with psycopg.connect(dsn, autocommit=True) as c:

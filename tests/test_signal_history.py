@@ -14,9 +14,9 @@ from _released import migrate_released
 from _waiting import WAIT_LIMIT
 
 import pgdurable
-from pgdurable import migrations
-from pgdurable.partitions import maintain_sync
-from pgdurable.retention import prune_sync
+from pgdurable.foundation import migrations
+from pgdurable.ops.partitions import maintain_sync
+from pgdurable.ops.retention import prune_sync
 from tests.test_partitions import at, claim, db_today, start
 
 SEND = "SELECT array_agg(x) FROM pgdurable.send_signal(%s, %s, %s, %s) x"

@@ -30,8 +30,8 @@ from pgdurable import (
     Sleep,
     Wait,
 )
-from pgdurable.errors import translate
-from pgdurable.signals import parse_payload
+from pgdurable.foundation.errors import translate
+from pgdurable.foundation.signals import parse_payload
 
 BASE = datetime(2030, 1, 1, tzinfo=UTC)
 
@@ -626,7 +626,7 @@ def test_sync_client_signal_and_signal_run(dsn: str, conn: psycopg.Connection[An
 def test_cli_signal(dsn: str, conn: psycopg.Connection[Any]) -> None:
     from typer.testing import CliRunner
 
-    from pgdurable.cli import app as cli_app
+    from pgdurable.ops.cli import app as cli_app
 
     def cli(*args: str) -> Any:
         return CliRunner().invoke(cli_app, [*args, "--dsn", dsn], catch_exceptions=False)

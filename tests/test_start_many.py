@@ -1,4 +1,4 @@
-"""start_many: N runs in one statement (sql/0021_start_many.sql, pgdurable/batch_start.py):
+"""start_many: N runs in one statement (sql/0021_start_many.sql, pgdurable/runs/batch_start.py):
 the same arguments and validation as start(), all or nothing, one NOTIFY per
 queue, idempotency keys (repeated in the call and already existing), the
 caller's transaction (psycopg and SQLAlchemy)."""
@@ -186,7 +186,7 @@ def test_claim_runs_plans_generically(conn: psycopg.Connection[Any]) -> None:
 def test_wake_limiter_gives_a_token_back_per_run_claimed() -> None:
     """A claim that takes the runs of several NOTIFYs refunds each one: a trickle
     of real starts never defers a wake-up; wake-ups that find nothing stay limited."""
-    from pgdurable._hints import WakeLimiter
+    from pgdurable.foundation.hints import WakeLimiter
 
     lim = WakeLimiter(rate=0.001, burst=3)
     assert [lim.take() for _ in range(3)] == [0.0, 0.0, 0.0]  # three NOTIFYs

@@ -20,7 +20,7 @@ from _waiting import WAIT_LIMIT, until_sync
 from _waiting import app_running as running
 
 from pgdurable import Continue, Done, Durable, RunContext, RunNotFound
-from pgdurable.stream import StreamEvent
+from pgdurable.runs.stream import StreamEvent
 from tests._thread_procs import EVENTS_PER_STEP, STEPS, create_scratch
 from tests.test_threads import q1, stop, worker_proc
 

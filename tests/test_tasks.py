@@ -42,7 +42,7 @@ from pgdurable import (
     RunCancelled,
     define_durable_task,
 )
-from pgdurable.tasks import CHECKPOINT_VERSION, KIT_CHECKPOINT_VERSION
+from pgdurable.models.durable_tasks import CHECKPOINT_VERSION, KIT_CHECKPOINT_VERSION
 
 ROOT = Path(__file__).resolve().parent.parent
 HELPER = str(ROOT / "tests" / "_effect_procs.py")
@@ -851,7 +851,7 @@ def test_postgres_store_rejects_bad_targets() -> None:
 
 def test_sql_save_rejects_bad_records(conn: psycopg.Connection[Any]) -> None:
     for args in (("", "{}"), ("t", "[1]"), ("t", None)):
-        with pytest.raises(InvalidInput), pgdurable._db.translated():
+        with pytest.raises(InvalidInput), pgdurable.foundation.db.translated():
             conn.execute("SELECT pgdurable.task_checkpoint_save(%s, %s::jsonb)", args)
     assert conn.execute("SELECT count(*) FROM pgdurable.task_checkpoints").fetchone() == (0,)
 

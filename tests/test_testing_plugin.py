@@ -15,7 +15,7 @@ import pytest
 import pytest_asyncio
 
 from pgdurable import Continue, Done, Durable, RunContext, Sleep
-from pgdurable.testing import afire_due_timers, fire_due_timers, run_until_idle
+from pgdurable.ops.testing import afire_due_timers, fire_due_timers, run_until_idle
 
 pytest_plugins = ["pytester"]
 
@@ -27,7 +27,7 @@ def plugin_args() -> list[str]:
     (a checkout not reinstalled since it was added); loading it twice is an error."""
     if entry_points(group="pytest11", name="pgdurable"):
         return []
-    return ["-p", "pgdurable.testing"]
+    return ["-p", "pgdurable.ops.testing"]
 
 
 def run_suite(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
@@ -41,7 +41,7 @@ def run_suite(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
 
 def test_pyproject_registers_the_plugin() -> None:
     meta = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
-    assert meta["project"]["entry-points"]["pytest11"] == {"pgdurable": "pgdurable.testing"}
+    assert meta["project"]["entry-points"]["pytest11"] == {"pgdurable": "pgdurable.ops.testing"}
 
 
 def test_the_example_suite_passes_with_the_plugin(pytester: pytest.Pytester) -> None:

@@ -15,7 +15,7 @@ import pytest
 from _waiting import WAIT_LIMIT, until
 
 from pgdurable import Done, Durable, DurableClient, RunContext
-from pgdurable.threads import decode_thread_key, encode_thread_key, thread_lease_key
+from pgdurable.runs.threads import decode_thread_key, encode_thread_key, thread_lease_key
 from tests.test_stream import collect, running
 from tests.test_threads import q1
 

@@ -28,7 +28,7 @@ from pgdurable import (
     SignalConflict,
     UnknownTask,
 )
-from pgdurable.threads import Delivery, thread_lease_key
+from pgdurable.runs.threads import Delivery, thread_lease_key
 from tests._thread_procs import app as procs_app
 from tests._thread_procs import create_scratch
 

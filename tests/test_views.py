@@ -10,7 +10,7 @@ import psycopg
 import pytest
 
 from pgdurable import Continue, Done, Durable, InvalidInput, RunContext, RunNotFound
-from pgdurable._db import translated
+from pgdurable.foundation.db import translated
 
 NOW = "2030-01-10 12:00:00+00"
 

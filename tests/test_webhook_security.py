@@ -24,7 +24,7 @@ from _pgnet import open_server
 from psycopg.conninfo import make_conninfo
 
 from pgdurable import Durable
-from pgdurable.webhooks import (
+from pgdurable.ops.webhooks import (
     SIGNATURE_HEADER,
     TIMESTAMP_HEADER,
     WebhookApp,

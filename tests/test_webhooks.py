@@ -18,7 +18,7 @@ import psycopg
 import pytest
 
 from pgdurable import Durable, ProviderClosed
-from pgdurable.webhooks import app, request_path, sign_request
+from pgdurable.ops.webhooks import app, request_path, sign_request
 
 SECRET = "s3cret-for-tests-" + "x" * 32
 

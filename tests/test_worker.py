@@ -16,16 +16,9 @@ import psycopg
 import pytest
 from _waiting import WAIT_LIMIT, finished, running, until
 
-from pgdurable import (
-    Continue,
-    Done,
-    Durable,
-    RunContext,
-    Sleep,
-    Wait,
-)
-from pgdurable import _runs_sql as q
-from pgdurable.fork import REGISTER_WORKER, UNREGISTER_WORKER
+from pgdurable import Continue, Done, Durable, RunContext, Sleep, Wait
+from pgdurable.foundation import run_queries as q
+from pgdurable.runs.fork import REGISTER_WORKER, UNREGISTER_WORKER
 
 
 async def status_is(app: Durable, rid: str, status: str) -> None:
@@ -523,7 +516,7 @@ async def test_idle_worker_issues_one_query_per_poll(app: Durable) -> None:
 
         await until(polled, "six idle polls")
     # the worker registers its task revisions at start and removes them at
-    # stop (pgdurable/fork.py: one statement each, not per poll)
+    # stop (pgdurable/runs/fork.py: one statement each, not per poll)
     assert seen[0] == REGISTER_WORKER and seen[-1] == UNREGISTER_WORKER
     seen = seen[1:-1]
     # startup claims once (and asks next_wakeup); afterwards each poll is ONE
@@ -573,7 +566,7 @@ async def test_app_with_external_pool(dsn: str) -> None:
 async def test_untrusted_lease_stops_step_when_renewals_fail(
     app: Durable, conn: psycopg.Connection[Any]
 ) -> None:
-    from pgdurable.errors import DatabaseUnavailable
+    from pgdurable.foundation.errors import DatabaseUnavailable
 
     started = asyncio.Event()
     stopped = asyncio.Event()

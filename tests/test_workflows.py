@@ -14,15 +14,9 @@ from _waiting import app_running, finished, until
 from typer.testing import CliRunner
 
 import pgdurable
-from pgdurable import (
-    NonDeterministicWorkflow,
-    StepFailed,
-    StepPolicy,
-    WaitTimeout,
-    WorkflowContext,
-)
-from pgdurable.cli import app as cli_app
-from pgdurable.workflows import LOAD_HISTORY
+from pgdurable import NonDeterministicWorkflow, StepFailed, StepPolicy, WaitTimeout, WorkflowContext
+from pgdurable.models.workflows import LOAD_HISTORY
+from pgdurable.ops.cli import app as cli_app
 
 
 def _names(dsn: str, rid: str) -> list[str]:

@@ -10,8 +10,8 @@ from typing import Any
 
 import psycopg
 
-from pgdurable import _runs_sql as q
 from pgdurable.engine.batch_writer import _Write, batch_params
+from pgdurable.foundation import run_queries as q
 
 # JSON that text-array escaping and naive joining both get wrong if done badly
 TRICKY = [

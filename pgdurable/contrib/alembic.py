@@ -37,8 +37,8 @@ from typing import Any
 
 import psycopg
 
-from ..errors import InvalidInput
-from ..migrations import Migration, migrate
+from ..foundation.errors import InvalidInput
+from ..foundation.migrations import Migration, migrate
 
 __all__ = ["downgrade", "upgrade"]
 

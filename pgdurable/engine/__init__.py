@@ -5,5 +5,5 @@
 (running a run's steps), ``step_effects`` (``ctx.effect``), ``park`` (park,
 fail, release) and ``batch_writer`` (batched, fenced step writes) over the
 shared state of ``base``. The engine takes the small protocols of
-:mod:`pgdurable._ports`, never the app object: see ``docs/architecture.md``.
+:mod:`pgdurable.foundation.ports`, never the app object: see ``docs/architecture.md``.
 """

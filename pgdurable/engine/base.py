@@ -6,7 +6,7 @@ step execution and parking share: the settings, the runs held
 :meth:`WorkerBase._fenced`) and stopping a run's step
 (:meth:`WorkerBase._stop_run`). Each part is a class in a module named for
 its job; :class:`pgdurable.engine.worker.Worker` composes them. The engine
-takes the :class:`pgdurable._ports.App` protocol, never the app object.
+takes the :class:`pgdurable.foundation.ports.App` protocol, never the app object.
 """
 
 from __future__ import annotations
@@ -25,19 +25,19 @@ from typing import TYPE_CHECKING, Any
 
 import psycopg
 
-from .. import _runs_sql as q
-from .. import metrics
-from .._hints import WakeLimiter
-from .._retry import retry_while
-from ..affinity import new_instance
-from ..errors import PgDurableError
-from ..schedules import Ticker
+from ..foundation import metrics
+from ..foundation import run_queries as q
+from ..foundation.affinity import new_instance
+from ..foundation.errors import PgDurableError
+from ..foundation.hints import WakeLimiter
+from ..foundation.retry import retry_while
+from ..runs.schedules import Ticker
 from .batch_writer import StepWriter
 from .presence import WorkerPresence
 
 if TYPE_CHECKING:
-    from .._ports import App
-    from ..registry import Task
+    from ..foundation.ports import App
+    from ..foundation.registry import Task
 
 __all__ = ["WorkerBase"]
 
@@ -107,7 +107,7 @@ class WorkerBase:
         margin = self.ttl / 6 if safety_margin is None else _seconds(safety_margin, "safety_margin")
         self.safety_margin = min(margin, self.ttl / 2)
         self.worker_id = worker_id or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
-        # this process's instance (pgdurable/affinity.py): runs pinned here name it, and
+        # this process's instance (pgdurable/foundation/affinity.py): runs pinned here name it, and
         # a restart under the same worker_id is another instance
         self.instance = new_instance()
         self.listen = listen
@@ -143,7 +143,7 @@ class WorkerBase:
         # (one worker's two multi-row UPDATEs could otherwise deadlock)
         self._write_lock = asyncio.Lock()
         # NOTIFYs are hints anyone can send: wake-up claims are rate-limited,
-        # cancels checked against the database first (pgdurable/_hints.py)
+        # cancels checked against the database first (pgdurable/foundation/hints.py)
         self.wake_limit = WakeLimiter()
         self._deferred_wake: asyncio.TimerHandle | None = None
         # cancel checks: coalesced (one asks about every run named since the last)

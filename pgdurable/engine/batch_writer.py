@@ -5,13 +5,13 @@ flight, the steps that finish meanwhile wait and go together in the next one:
 one round trip and one commit for many steps (group commit from the client
 side), and no added delay when the worker is quiet (a lone step is sent at
 once). Each caller gets its own run's status; a run whose fence failed raises
-:class:`~pgdurable.errors.LeaseLost` in its caller only.
+:class:`~pgdurable.foundation.errors.LeaseLost` in its caller only.
 
 One bad run cannot fail its neighbours: when a batch fails for anything but a
 transient error (a value the database refuses, a trigger, ...), its runs are
 written again one statement each, so only the run that fails alone gets the
 error. A transient error (a lost connection, a deadlock, a statement timeout:
-:func:`~pgdurable._retry.is_transient`) is not a failure of the step: the
+:func:`~pgdurable.foundation.retry.is_transient`) is not a failure of the step: the
 caller writes again on a fresh connection while its lease is trusted, after
 reading the run to see whether the lost write committed (``write_steps``
 advances the step, so sending a committed Continue twice would skip a step).
@@ -25,12 +25,12 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .. import _runs_sql as q
-from .._retry import backoff, is_transient
-from ..errors import LeaseLost
+from ..foundation import run_queries as q
+from ..foundation.errors import LeaseLost
+from ..foundation.retry import backoff, is_transient
 
 if TYPE_CHECKING:
-    from .._ports import Database
+    from ..foundation.ports import Database
 
 __all__ = ["StepWriter"]
 
@@ -161,7 +161,7 @@ class StepWriter:
 
 
 def batch_params(owner: str, batch: list[_Write]) -> tuple[Any, ...]:
-    """The parameters of :data:`~pgdurable._runs_sql.WRITE_STEPS` for ``batch``.
+    """The parameters of :data:`~pgdurable.foundation.run_queries.WRITE_STEPS` for ``batch``.
 
     The states and results are JSON texts already (encoded and validated by the
     worker): joined into one JSON array each, they cost one parameter and no

@@ -1,7 +1,7 @@
 """The claim loop: when to claim, how many runs, and starting their tasks.
 
 :meth:`ClaimLoop._claim_loop` claims up to the number of free slots with ONE
-``pgdurable.claim_runs`` call (``_runs_sql.CLAIM``), when woken by a NOTIFY on
+``pgdurable.claim_runs`` call (``run_queries.CLAIM``), when woken by a NOTIFY on
 ``pgdurable_wake`` for one of its queues (:mod:`~pgdurable.engine.listener`),
 a freed slot while work may remain, a known due time (timer, retry, lease
 expiry) or a slow jittered poll. When nothing is known to be due, the poll
@@ -31,9 +31,9 @@ import uuid
 from datetime import timedelta
 from typing import Any
 
-from .. import _runs_sql as q
-from .. import metrics
-from .._aio import wait_set
+from ..foundation import metrics
+from ..foundation import run_queries as q
+from ..foundation.aio import wait_set
 from .base import _DB_ERRORS, _Active, log
 from .execute import StepExecution
 

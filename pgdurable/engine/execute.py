@@ -1,7 +1,7 @@
 """Executing a run: step after step within the lease window, then let go.
 
 :meth:`StepExecution._execute` runs one claimed run (one asyncio task per
-run): it builds the step's :class:`~pgdurable.steps.RunContext`, runs the
+run): it builds the step's :class:`~pgdurable.runs.steps.RunContext`, runs the
 step function (:meth:`StepExecution._run_step`: async on the loop, sync in the
 worker's thread pool, under the deadline and the task's step/heartbeat
 timeouts) and hands its outcome on: ``Continue``/``Done`` to the batched,
@@ -22,15 +22,22 @@ from collections.abc import Iterator
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from .. import _runs_sql as q
-from .. import metrics, tracing
-from .._json import dumps
-from .._retry import backoff, is_lost_connection, is_transient
-from ..affinity import PIN, Affinity, parse_affinity
-from ..errors import BudgetExceeded, DeadlineExceeded, EffectFailed, LeaseLost, is_terminal
-from ..flow import ACQUIRE_KIND, RateLimited
-from ..liveness import step_guard
-from ..steps import (
+from ..foundation import metrics
+from ..foundation import run_queries as q
+from ..foundation.affinity import PIN, Affinity, parse_affinity
+from ..foundation.errors import (
+    BudgetExceeded,
+    DeadlineExceeded,
+    EffectFailed,
+    LeaseLost,
+    is_terminal,
+)
+from ..foundation.jsonb import dumps
+from ..foundation.retry import backoff, is_lost_connection, is_transient
+from ..runs import tracing
+from ..runs.flow import ACQUIRE_KIND, RateLimited
+from ..runs.liveness import step_guard
+from ..runs.steps import (
     _UNSET,
     Continue,
     Done,
@@ -47,7 +54,7 @@ from .park import Parking
 from .step_effects import StepEffects
 
 if TYPE_CHECKING:
-    from ..registry import Task
+    from ..foundation.registry import Task
 
 __all__ = ["StepExecution"]
 

@@ -19,8 +19,8 @@ import time
 from datetime import timedelta
 from typing import Any
 
-from .. import _runs_sql as q
-from .._aio import wait_set
+from ..foundation import run_queries as q
+from ..foundation.aio import wait_set
 from .base import _DB_ERRORS, WorkerBase, _Active, log
 
 __all__ = ["Heartbeat"]

@@ -2,16 +2,16 @@
 
 :meth:`Listener._listen` keeps a dedicated autocommit connection (not from the
 pool) LISTENing on ``pgdurable_wake`` and ``pgdurable_cancel`` (read with one
-event-loop reader per minute, :func:`pgdurable._notifications.receive`); it reconnects
+event-loop reader per minute, :func:`pgdurable.foundation.notifications.receive`); it reconnects
 with backoff and, after every (re)connect, claims and checks the runs it holds
 for cancel requests (wake-ups and cancels sent meanwhile are lost). It connects to the app's ``listen_dsn`` if set, else to the app's DSN;
 behind a transaction-mode pooler without ``listen_dsn`` there is none (LISTEN
 does not work through it) and the worker polls.
 
 NOTIFYs are hints anyone can send: wake-up claims are rate-limited
-(``_hints.WakeLimiter``; one over the limit is deferred, not lost) and a
+(``hints.WakeLimiter``; one over the limit is deferred, not lost) and a
 cancel is acted on only once the database confirms the run's
-``cancel_requested_at`` (``_hints.cancels_requested``). Those checks are
+``cancel_requested_at`` (``hints.cancels_requested``). Those checks are
 coalesced and rate-limited too (``cancel_limit``): the runs named by cancel
 notifications wait in ``_cancel_pending`` for one checker task, whose every
 statement asks about all of them; a check over the limit waits for the next
@@ -30,10 +30,10 @@ from typing import Any
 
 import psycopg
 
-from .._hints import cancels_requested
-from .._notifications import receive
-from ..errors import DatabaseUnavailable
-from ..pooler import aconnect
+from ..foundation.errors import DatabaseUnavailable
+from ..foundation.hints import cancels_requested
+from ..foundation.notifications import receive
+from ..foundation.pooler import aconnect
 from .base import _DB_ERRORS, WorkerBase, log
 
 __all__ = ["Listener"]

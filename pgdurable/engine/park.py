@@ -16,19 +16,19 @@ import random
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from .. import _runs_sql as q
-from .. import metrics
-from .._json import dumps
-from .._json import exc_message as _exc_message
-from .._json import jsonb_str as _jsonb_str
-from .._retry import retry_while
-from ..children import park_children
-from ..errors import InvalidInput, recorded_checkpoint
-from ..steps import Wait
+from ..foundation import metrics
+from ..foundation import run_queries as q
+from ..foundation.errors import InvalidInput, recorded_checkpoint
+from ..foundation.jsonb import dumps
+from ..foundation.jsonb import exc_message as _exc_message
+from ..foundation.jsonb import jsonb_str as _jsonb_str
+from ..foundation.retry import retry_while
+from ..runs.children import park_children
+from ..runs.steps import Wait
 from .base import WorkerBase, _Active, _as_timedelta
 
 if TYPE_CHECKING:
-    from ..registry import Task
+    from ..foundation.registry import Task
 
 __all__ = ["Parking"]
 

@@ -1,6 +1,6 @@
 """Worker presence: the database's word that a worker process is alive.
 
-A run pinned to a worker (:mod:`pgdurable.affinity`) is reserved for it only
+A run pinned to a worker (:mod:`pgdurable.foundation.affinity`) is reserved for it only
 while its presence row (``pgdurable.worker_presence``: worker id, process
 instance, until) is current. :class:`WorkerPresence` writes nothing until the
 worker's first pin: a worker that never pins a run costs no statement more.
@@ -22,11 +22,11 @@ from typing import TYPE_CHECKING
 
 import psycopg
 
-from ..affinity import ABSENT, PRESENT
-from ..errors import PgDurableError
+from ..foundation.affinity import ABSENT, PRESENT
+from ..foundation.errors import PgDurableError
 
 if TYPE_CHECKING:
-    from .._ports import App
+    from ..foundation.ports import App
 
 __all__ = ["WorkerPresence"]
 

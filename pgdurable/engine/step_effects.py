@@ -15,13 +15,13 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from .. import _runs_sql as q
-from .._json import dumps
-from .._json import exc_message as _exc_message
-from .._json import jsonb_str as _jsonb_str
-from ..effects import NOT_PERFORMED, NotPerformed
-from ..errors import EffectFailed, ReconcileFailed, mark_terminal
-from ..steps import EffectFn, in_thread
+from ..foundation import run_queries as q
+from ..foundation.effects import NOT_PERFORMED, NotPerformed
+from ..foundation.errors import EffectFailed, ReconcileFailed, mark_terminal
+from ..foundation.jsonb import dumps
+from ..foundation.jsonb import exc_message as _exc_message
+from ..foundation.jsonb import jsonb_str as _jsonb_str
+from ..runs.steps import EffectFn, in_thread
 from .base import WorkerBase, _Active
 
 __all__ = ["NOT_PERFORMED", "NotPerformed", "StepEffects", "call_effect", "reconcile_effect"]

@@ -25,7 +25,7 @@ run):
   run whose lease could not be renewed is no longer trusted after
   ``attempt start + ttl - safety_margin`` (monotonic) and is stopped too.
 * **presence** (:mod:`~pgdurable.engine.presence`): from the first run a step
-  pins to this worker (``ctx.pin``, :mod:`pgdurable.affinity`) until it stops,
+  pins to this worker (``ctx.pin``, :mod:`pgdurable.foundation.affinity`) until it stops,
   ONE ``pgdurable.worker_present`` per heartbeat interval says that this process
   is alive (for one lease TTL); the runs pinned here are reserved for it only
   while it is. A worker that never pins a run writes none.
@@ -45,7 +45,7 @@ heartbeats starve. A cancelled thread step keeps running to its end, but its
 results are never written (every write is fenced).
 
 Cancel: ``pgdurable_cancel`` NOTIFY -- only a hint: the worker first checks
-that the run's ``cancel_requested_at`` is set (``_hints``) -- (and, as a backup,
+that the run's ``cancel_requested_at`` is set (``hints``) -- (and, as a backup,
 the heartbeat's ``cancel_requested`` flag) cancels the step task if a step is
 running; the run
 is recorded ``cancelled`` by ``ack_cancel``. Between steps nothing needs to be
@@ -69,9 +69,9 @@ import signal
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 
-from .._retry import for_seconds, retry_while
-from ..fork import register_worker, unregister_worker
-from ..steps import STEP_EXECUTOR
+from ..foundation.retry import for_seconds, retry_while
+from ..runs.fork import register_worker, unregister_worker
+from ..runs.steps import STEP_EXECUTOR
 from .base import log
 from .claim import ClaimLoop
 from .heartbeat import Heartbeat
@@ -99,7 +99,7 @@ class Worker(ClaimLoop, Listener, Heartbeat):
     (:class:`~pgdurable.engine.listener.Listener`) and the heartbeat
     (:class:`~pgdurable.engine.heartbeat.Heartbeat`); its options and shared
     state are :class:`~pgdurable.engine.base.WorkerBase`'s. It takes any
-    :class:`pgdurable._ports.App` (:class:`pgdurable.Durable` is one).
+    :class:`pgdurable.foundation.ports.App` (:class:`pgdurable.Durable` is one).
     """
 
 

@@ -38,11 +38,11 @@ from typing import TYPE_CHECKING, Any
 from langchain_core.runnables import RunnableConfig
 from langgraph.types import Command
 
-from ...steps import Done, RunContext, Wait
+from ...runs.steps import Done, RunContext, Wait
 from .saver import DEFAULT_TTL_MS, AsyncPgDurableSaver
 
 if TYPE_CHECKING:
-    from ...runs import Durable
+    from ...app.durable import Durable
 
 __all__ = ["RESUME_KIND", "register_graph", "resume_graph", "run_graph"]
 

@@ -43,10 +43,10 @@ from langgraph.checkpoint.base import (
 from langgraph.checkpoint.serde.base import SerializerProtocol
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
-from ..._db import acheck_connection, check_connection, translated
-from ...errors import PgDurableError
-from ...leases import AsyncPostgresLeaseProvider, PostgresLeaseProvider, keep_lease
-from ...pooler import aconfigure, configure, connect_kwargs, connect_timeout
+from ...foundation.db import acheck_connection, check_connection, translated
+from ...foundation.errors import PgDurableError
+from ...foundation.leases import AsyncPostgresLeaseProvider, PostgresLeaseProvider, keep_lease
+from ...foundation.pooler import aconfigure, configure, connect_kwargs, connect_timeout
 from . import _sql as q
 
 __all__ = [

@@ -40,11 +40,11 @@ from agents.models.interface import Model
 from agents.usage import Usage
 from pydantic import TypeAdapter
 
-from ...steps import Done, RunContext
+from ...runs.steps import Done, RunContext
 from .session import PgDurableSession
 
 if TYPE_CHECKING:
-    from ...runs import Durable
+    from ...app.durable import Durable
 
 __all__ = ["register_agent", "run_agent"]
 

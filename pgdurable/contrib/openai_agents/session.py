@@ -18,8 +18,8 @@ from agents.memory.session_settings import SessionSettings, resolve_session_limi
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
-from ..._db import acheck_connection, translated
-from ...pooler import aconfigure, connect_kwargs, connect_timeout
+from ...foundation.db import acheck_connection, translated
+from ...foundation.pooler import aconfigure, connect_kwargs, connect_timeout
 
 __all__ = ["PgDurableSession"]
 

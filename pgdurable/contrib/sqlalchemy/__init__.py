@@ -18,9 +18,9 @@ Contract:
   the ``postgresql+psycopg`` dialect (psycopg 3). With
   the async ones the functions return a coroutine: ``await start_run(...)``.
 * The SQL functions are the ones :class:`pgdurable.Durable` calls (the
-  statements of ``pgdurable._runs_sql``: ``START``, ``SIGNAL``,
+  statements of ``pgdurable.foundation.run_queries``: ``START``, ``SIGNAL``,
   ``SIGNAL_RUN``), with the same argument validation (the shared helpers of
-  :mod:`pgdurable.runs` and :mod:`pgdurable.signals`), executed on the
+  :mod:`pgdurable.app.durable` and :mod:`pgdurable.foundation.signals`), executed on the
   caller's connection inside the caller's transaction (begun if needed). Nothing
   here commits or rolls back: a rollback leaves no run and no signal; the
   ``pgdurable_wake`` NOTIFY is transactional, so workers wake on commit only.
@@ -64,14 +64,19 @@ except ImportError as _exc:  # pragma: no cover - depends on the extra
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
-from ... import _runs_sql as q
-from ..._db import validate_dsn
-from ...batch_start import START_MANY, Start, start_many_params
-from ...errors import InvalidInput, UnknownTask, translate
-from ...metadata import start_statement
-from ...migrations import acheck_schema, check_schema
-from ...runs import Durable, DurableClient, Task, TaskRegistry, start_params
-from ...signals import DEFAULT_MAX_PAYLOAD, DEFAULT_SIGNAL_TTL, signal_params, signal_run_params
+from ...app.durable import Durable, DurableClient, Task, TaskRegistry, start_params
+from ...foundation import run_queries as q
+from ...foundation.db import validate_dsn
+from ...foundation.errors import InvalidInput, UnknownTask, translate
+from ...foundation.migrations import acheck_schema, check_schema
+from ...foundation.signals import (
+    DEFAULT_MAX_PAYLOAD,
+    DEFAULT_SIGNAL_TTL,
+    signal_params,
+    signal_run_params,
+)
+from ...runs.batch_start import START_MANY, Start, start_many_params
+from ...runs.metadata import start_statement
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession, async_scoped_session
@@ -416,7 +421,7 @@ def signal(
     """Send a signal inside the caller's transaction; return the woken run ids.
 
     Same SQL function, validation and semantics as
-    :meth:`pgdurable.Durable.signal` (:mod:`pgdurable.signals`): runs waiting
+    :meth:`pgdurable.Durable.signal` (:mod:`pgdurable.foundation.signals`): runs waiting
     on ``(kind, ref)`` become runnable on commit; with none waiting the signal
     is kept (until ``ttl``) for the next run that parks on it; the same
     ``signal_id`` with the same content changes nothing (with other content:

@@ -1,0 +1,749 @@
+"""The ``pgdurable`` command line.
+
+Commands: ``migrate``, ``grant``, ``runs``, ``run ID``, ``leases``, ``cancel ID``,
+``retry ID``, ``signal KIND REF``, ``prune``, ``maintain``, ``worker``, ``stats``, ``demo``, and
+``fork``, ``fork-failed``, ``rewind`` (:mod:`pgdurable.ops.cli_fork`). Every listing takes
+``--json`` (one JSON document on stdout). The database comes from ``--dsn``,
+else ``$PGDURABLE_DSN``, else ``$DATABASE_URL``.
+
+Exit codes:
+
+* ``0`` success;
+* ``1`` the command ran but found a problem: a drifted migration under
+  ``migrate --status``, a demo whose checks failed;
+* ``2`` bad input or an unusable database (a one-line error on stderr, no
+  traceback, nothing half-applied), e.g. a bad DSN, a bad ``--older-than``,
+  ``retry`` of a run that is not failed or cancelled;
+* ``3`` no such run (``run``, ``cancel``, ``retry`` with an unknown id).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict
+from datetime import UTC, datetime
+from typing import Annotated, Any
+
+import typer
+from rich import box
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+from rich.text import Text
+
+from ..app.durable import RETRY
+from ..foundation import migrations
+from ..foundation import run_queries as _runs_sql
+from ..foundation.db import resolve_dsn, translated
+from ..foundation.errors import PgDurableError
+from ..foundation.signals import DEFAULT_SIGNAL_TTL, parse_payload, signal_params
+from ..foundation.text import escape_controls, plain
+from ..runs.children import RUN_TREE
+from ..runs.search import list_runs_query, make_page
+from . import partitions, retention
+from .cli_common import (
+    EXIT_BAD_INPUT,
+    EXIT_NOT_FOUND,
+    EXIT_PROBLEM,
+    _error_line,
+    _rows,
+    _run_id,
+    _short,
+    database,
+    err,
+    fail,
+    human_age,
+    need_dsn,
+    out,
+    owner_dsn,
+    print_json,
+    schema_owner_switch,
+    with_role,
+)
+from .cli_fork import register as _register_fork
+from .cli_schedules import schedule_app
+from .demo import run_demo
+from .roles import grant_roles
+from .worker_process import _load_app
+from .worker_process import main as worker_main
+
+app = typer.Typer(
+    name="pgdurable",
+    help="Durable AI-agent runs on PostgreSQL alone.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+app.add_typer(schedule_app)  # pgdurable schedule list | add | pause | resume | delete | trigger
+
+# statuses whose runs.error explains the status (a completed run may keep an old one)
+_ERROR_SHOWN = frozenset({"failed", "cancelled", "incompatible", "runnable"})
+STATUSES = ("runnable", "leased", "waiting", "completed", "failed", "cancelled", "incompatible")
+
+DsnOption = Annotated[
+    str | None,
+    typer.Option(
+        "--dsn",
+        help="PostgreSQL conninfo or URL (default: $PGDURABLE_DSN, then $DATABASE_URL).",
+        show_default=False,
+    ),
+]
+JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
+
+# -- Queries the CLI issues (read-only unless noted). ----------------------------------
+# -- one run, every column
+Q_RUN = "SELECT to_jsonb(r) FROM pgdurable.runs r WHERE r.id = %s::uuid"
+# -- a run's checkpoint history
+Q_CHECKPOINTS = """
+SELECT step, token, created_at, wake, state FROM pgdurable.checkpoints
+ WHERE run_id = %s::uuid ORDER BY step
+"""
+# -- a run's output events (the last %s)
+Q_EVENTS = """
+SELECT seq, created_at, event FROM (
+  SELECT seq, created_at, event FROM pgdurable.run_events
+   WHERE run_id = %s::uuid ORDER BY seq DESC LIMIT %s) e
+ ORDER BY seq
+"""
+# -- a run's recorded effects
+Q_EFFECTS = """
+SELECT key, status, token, result, error, created_at, updated_at FROM pgdurable.effects
+ WHERE run_id = %s::uuid ORDER BY created_at, key
+"""
+# -- a run's rewinds in place and the retries that dropped or reset history (0017, 0030)
+Q_REWINDS = """
+SELECT from_step, to_step, status, error, created_at, kind FROM pgdurable.run_rewinds
+ WHERE run_id = %s::uuid ORDER BY id
+"""
+# -- may this role read the tables (states, results, payloads)? The read-only role may
+# -- not: `run` then shows what the views hold (the queries below, same columns)
+Q_CAN_READ = "SELECT has_table_privilege('pgdurable.runs', 'SELECT')"
+Q_RUN_VIEW = """
+SELECT to_jsonb(d) || jsonb_build_object('error', CASE WHEN d.error_type IS NOT NULL THEN
+         jsonb_build_object('type', d.error_type, 'message', d.error_message) END)
+  FROM pgdurable.run_detail d WHERE d.id = %s::uuid
+"""
+Q_STEPS_VIEW = """
+SELECT step, token, created_at, step_name, CASE WHEN wake_type IS NOT NULL THEN
+         jsonb_build_object('type', wake_type, 'kind', wake_kind, 'ref', wake_ref) END AS wake
+  FROM pgdurable.run_steps WHERE run_id = %s::uuid ORDER BY step
+"""
+Q_EFFECTS_VIEW = """
+SELECT key, status, token, NULL::jsonb AS result, CASE WHEN error_type IS NOT NULL THEN
+         jsonb_build_object('type', error_type, 'message', error_message) END AS error,
+       created_at, updated_at
+  FROM pgdurable.run_effects WHERE run_id = %s::uuid ORDER BY created_at, key
+"""
+# -- live leases (lease providers) and leased runs
+Q_LEASES = """
+SELECT key, owner, token, acquired_at, expires_at, ttl_remaining
+  FROM pgdurable.active_leases ORDER BY expires_at
+"""
+Q_RUN_LEASES = """
+SELECT id, task, queue, worker, lease_expires_at, lease_expired,
+       lease_expires_at - pgdurable.now() AS ttl_remaining
+  FROM pgdurable.run_overview WHERE status = 'leased' ORDER BY lease_expires_at
+"""
+# -- per-queue counts
+Q_STATS = """
+SELECT s.*, l.concurrency, l.active, l.per_key_concurrency, l.rate_per_second, l.tokens,
+       l.keys_queued
+  FROM pgdurable.queue_stats s LEFT JOIN pgdurable.queue_limits l ON l.queue = s.queue
+ ORDER BY s.queue
+"""
+# -- flow control (docs/flow_control.md): limited queues and token buckets
+Q_LIMITS = "SELECT * FROM pgdurable.queue_limits ORDER BY queue"
+Q_BUCKETS = "SELECT * FROM pgdurable.bucket_levels ORDER BY name"
+# -- writes: one SQL function each, the same statements as the Python API's
+Q_CANCEL = _runs_sql.CANCEL
+Q_RETRY = RETRY
+
+
+def _row(table: Table, *cells: object) -> None:
+    """Add a row of data: each cell plain text (not markup), controls escaped."""
+    table.add_row(*(c if isinstance(c, Text) else plain(c) for c in cells))
+
+
+def _progress() -> Progress:
+    """A progress bar on stderr, shown only on a terminal and erased when done."""
+    return Progress(
+        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+        console=err, transient=True, disable=not err.is_terminal,
+    )
+
+
+# ---------------------------------------------------------------------------------------
+@app.command()
+def grant(
+    dsn: DsnOption = None,
+    owner_role: Annotated[str | None, typer.Option("--owner-role", help="NOLOGIN role that owns the schema and runs migrations.")] = None,
+    app_role: Annotated[str | None, typer.Option("--app-role", help="Role of the application and workers: EXECUTE + SELECT, no table DML.")] = None,
+    readonly_role: Annotated[str | None, typer.Option("--readonly-role", help="Operators' role: SELECT on the views only.")] = None,
+) -> None:
+    """Set up the role model on existing roles (run as a superuser; see docs/security.md)."""
+    target = need_dsn(dsn)
+    current = schema_owner_switch(target)
+    if current is not None and owner_role is not None and owner_role != current:
+        fail(f"schema pgdurable is owned by {current!r}, which may have changed any of its "
+             f"functions: a superuser does not run them, and as {current!r} this cannot hand the "
+             f"schema to {owner_role!r}. Install pgdurable afresh as {owner_role!r} (see "
+             "docs/security.md, 'A schema a non-superuser migrated')")
+    try:
+        grant_roles(with_role(target, current), owner_role=owner_role, app_role=app_role,
+                    readonly_role=readonly_role)
+    except (PgDurableError, ValueError, TypeError) as exc:
+        fail(str(exc))
+    out.print("roles granted", highlight=False)
+
+
+# ---------------------------------------------------------------------------------------
+@app.command()
+def migrate(
+    dsn: DsnOption = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the SQL of pending migrations; apply nothing.")] = False,
+    status: Annotated[bool, typer.Option("--status", help="Show each migration's state; apply nothing.")] = False,
+    adopt: Annotated[bool, typer.Option("--adopt", help="Migrate an existing pgdurable schema even if it does not look like ours.")] = False,
+) -> None:
+    """Apply pending schema migrations (safe to run from many processes at once).
+
+    An existing pgdurable schema that is not ours (another owner, a foreign
+    schema_migrations, triggers or rules on it) is refused unless --adopt."""
+    target = need_dsn(dsn)
+    try:
+        if status:
+            with translated():  # a role that may not read them: one line, not a traceback
+                states = migrations.migration_status(target)
+                definitions = migrations.definition_status(target)
+            table = Table("version", "name", "status", "applied at")
+            for s in states:
+                _row(
+                    table,
+                    f"{s.migration.version:04d}",
+                    s.migration.name,
+                    s.status,
+                    s.applied_at.isoformat(timespec="seconds") if s.applied_at else "",
+                )
+            out.print(table)
+            defined = Table("definitions", "status", "applied at")
+            for d in definitions:
+                _row(defined, d.definition.path, d.status,
+                     d.applied_at.isoformat(timespec="seconds") if d.applied_at else "")
+            out.print(defined)
+            if any(s.drifted for s in states):
+                raise typer.Exit(EXIT_PROBLEM)
+            return
+        pending = migrations.migrate(target, dry_run=True, adopt=adopt)
+        changed = [d.definition for d in migrations.definition_status(target, adopt=adopt)
+                   if d.status != "applied"]
+        if dry_run:
+            if not pending and not changed:
+                out.print("-- nothing to apply", highlight=False)
+            sys.stdout.write(migrations.pending_sql(pending, changed))
+            return
+        with _progress() as progress:
+            bar = progress.add_task("migrating", total=len(pending))
+
+            def applied_one(m: migrations.Migration) -> None:
+                progress.advance(bar)
+                out.print(f"applied {m.name}", highlight=False, markup=False)
+
+            applied = migrations.migrate(target, on_apply=applied_one, adopt=adopt)
+        if changed:
+            which = ", ".join(d.path for d in changed) if len(changed) <= 6 else "functions and views"
+            out.print(f"applied {len(changed)} definitions file(s) ({which})",
+                      highlight=False, markup=False)
+        if not applied and not changed:
+            out.print(f"schema is up to date (version {migrations.required_version()})")
+    except PgDurableError as exc:
+        fail(str(exc))
+
+
+@app.command()
+def runs(
+    dsn: DsnOption = None,
+    status: Annotated[str | None, typer.Option("--status", help=f"One of: {', '.join(STATUSES)}.")] = None,
+    task: Annotated[str | None, typer.Option("--task", help="Only runs of this task.")] = None,
+    queue: Annotated[str | None, typer.Option("--queue", help="Only runs in this queue.")] = None,
+    limit: Annotated[int, typer.Option("--limit", min=1, max=1000, help="At most this many (newest first).")] = 50,
+    metadata: Annotated[str | None, typer.Option("--metadata", help='Only runs whose metadata contains this JSON object, e.g. \'{"tenant": "acme"}\'.')] = None,
+    since: Annotated[datetime | None, typer.Option("--since", help="Only runs started at or after this time (ISO 8601; UTC if no offset).")] = None,
+    until: Annotated[datetime | None, typer.Option("--until", help="Only runs started before this time (ISO 8601; UTC if no offset).")] = None,
+    id_prefix: Annotated[str | None, typer.Option("--id-prefix", help="Only runs whose id starts with these hex digits.")] = None,
+    cursor: Annotated[str | None, typer.Option("--cursor", help="Continue after the page that printed this cursor.")] = None,
+    as_json: JsonOption = False,
+) -> None:
+    """List runs, newest first: where each runs, what it waits on, why it failed."""
+    if status is not None and status not in STATUSES:
+        fail(f"unknown status {status!r}: use one of {', '.join(STATUSES)}")
+    try:
+        meta = None if metadata is None else json.loads(metadata)
+        query, params = list_runs_query(
+            status=status, task=task, queue=queue, metadata=meta, limit=limit, cursor=cursor,
+            since=None if since is None else since.replace(tzinfo=since.tzinfo or UTC),
+            until=None if until is None else until.replace(tzinfo=until.tzinfo or UTC),
+            id_prefix=id_prefix)
+    except (TypeError, ValueError) as exc:
+        fail(str(exc))
+    with database(dsn) as conn:
+        page = make_page(conn.execute(query, params).fetchall(), limit)
+        now = conn.execute("SELECT pgdurable.now()").fetchone()
+    rows = [{**asdict(r), "age": now[0] - r.created_at if now else None} for r in page.items]
+    if page.next_cursor is not None:  # stderr: --json output stays a list
+        err.print(f"more: --cursor {page.next_cursor}", highlight=False, soft_wrap=True)
+    if as_json:
+        print_json(rows)
+        return
+    table = Table(title=f"{len(rows)} run(s)", box=box.SIMPLE_HEAD, pad_edge=False)
+    table.add_column("id", no_wrap=True, min_width=36)
+    for name in ("task", "queue", "status", "step", "attempts", "where", "age", "error"):
+        table.add_column(name, justify="right" if name in ("step", "attempts") else "left")
+    for r in rows:
+        where = ""
+        expired = Text(" (lease expired)", "red") if r["lease_expired"] else Text()
+        if r["status"] == "leased":
+            where = f"{r['worker']}"
+        elif r["status"] == "waiting":
+            where = f"{r['wait_kind']}:{r['wait_ref']}" if r["wait_kind"] else "timer"
+            if r["wake_at"]:
+                where += f" until {r['wake_at']:%H:%M:%S}"
+        error = ""
+        if r["error_type"] and r["status"] in _ERROR_SHOWN:  # a completed run may keep one
+            error = f"{r['error_type']}: {r['error_message']}"
+        _row(table, str(r["id"]), _short(r["task"], 24), _short(r["queue"], 16), r["status"],
+             str(r["step"]), f"{r['attempts']}/{r['max_attempts']}",
+             Text.assemble(plain(_short(where, 30)), expired if r["status"] == "leased" else ""),
+             human_age(r["age"]), _short(error, 50))
+    out.print(table)
+
+
+def _show_tree(nodes: list[dict[str, Any]], as_json: bool) -> None:
+    """``run ID --tree``: the run and its descendants (pgdurable.run_tree), indented."""
+    if as_json:
+        print_json({"tree": nodes})
+        return
+    table = Table("run", "key", "task", "status", "policy", "error", box=box.SIMPLE_HEAD,
+                  pad_edge=False, title=f"tree of {nodes[0]['id']}", title_justify="left")
+    for n in nodes:
+        _row(table, "  " * n["depth"] + str(n["id"]), _short(n["child_key"], 20),
+             _short(n["task"], 24), n["status"], n["parent_policy"] or "",
+             n["error_type"] or "")
+    out.print(table)
+
+
+@app.command()
+def run(
+    run_id: Annotated[str, typer.Argument(help="The run's id.")],
+    dsn: DsnOption = None,
+    events: Annotated[int, typer.Option("--events", min=0, help="Show the last N events.")] = 20,
+    as_json: JsonOption = False,
+    tree: Annotated[bool, typer.Option("--tree", help="Show the run's tree of child runs.")] = False,
+) -> None:
+    """Show one run: state, steps, events, effects, lease, wait, error (or --tree)."""
+    rid = _run_id(run_id)
+    with database(dsn) as conn:
+        full = bool((conn.execute(Q_CAN_READ).fetchone() or (False,))[0])
+        row = conn.execute(Q_RUN if full else Q_RUN_VIEW, (rid,)).fetchone()
+        if row is None:
+            fail(f"no run {rid}", EXIT_NOT_FOUND)
+        if tree:
+            _show_tree(_rows(conn.execute(RUN_TREE, (rid,))), as_json)
+            return
+        info: dict[str, Any] = row[0]
+        steps = _rows(conn.execute(Q_CHECKPOINTS if full else Q_STEPS_VIEW, (rid,)))
+        evs = _rows(conn.execute(Q_EVENTS, (rid, events))) if full else []
+        effects = _rows(conn.execute(Q_EFFECTS if full else Q_EFFECTS_VIEW, (rid,)))
+        rewinds = _rows(conn.execute(Q_REWINDS, (rid,))) if full else []
+    if not full:
+        err.print("this role reads the views only: no state, result, payload or event is shown",
+                  highlight=False)
+    if as_json:
+        print_json({"run": info, "steps": steps, "events": evs, "effects": effects,
+                    "rewinds": rewinds})
+        return
+    head = Table(show_header=False, box=None, title=f"run {rid}", title_justify="left")
+    head.add_column(style="bold")
+    head.add_column()
+    for key in ("task", "revision", "queue", "status", "step", "attempts", "max_attempts",
+                "created_at", "updated_at", "finished_at"):
+        _row(head, key, _short(info.get(key), 80))
+    if info.get("status") == "leased":
+        _row(head, "lease", f"{info['lease_owner']} token {info['lease_token']} "
+                            f"until {info['lease_expires_at']}")
+    if info.get("status") == "waiting":
+        what = f"{info['wait_kind']}:{info['wait_ref']}" if info.get("wait_kind") else "timer"
+        _row(head, "waits on", f"{what} since {info['wait_since']}"
+                               + (f" until {info['wake_at']}" if info.get("wake_at") else ""))
+    if info.get("affinity_worker"):
+        _row(head, "affinity", f"{info['affinity_mode']} to worker {info['affinity_worker']} "
+                               f"(wait {info['affinity_wait']}) since {info['affinity_since']}"
+                               + (f" {_short(json.dumps(info['affinity_info']), 60)}"
+                                  if info.get("affinity_info") else ""))
+    if info.get("error"):
+        e = info["error"]
+        label = "error" if info.get("status") in _ERROR_SHOWN else "last error"
+        _row(head, label, f"{e.get('type')}: {_short(e.get('message'), 100)}")
+    if info.get("forked_from"):
+        _row(head, "forked from", f"{info['forked_from']} at step {info['forked_from_step']}")
+    for w in rewinds:
+        _row(head, "retried" if w.get("kind") == "retry" else "rewound",
+             f"{w['created_at']} from step {w['from_step']} to step {w['to_step']} "
+             f"(was {w['status']})")
+    if info.get("heartbeat_at"):
+        _row(head, "heartbeat", f"{info['heartbeat_at']} progress "
+                                f"{_short(json.dumps(info.get('progress')), 80)}")
+    if info.get("result") is not None:
+        _row(head, "result", _short(json.dumps(info["result"]), 100))
+    if "state" in info:
+        _row(head, "state", _short(json.dumps(info["state"]), 100))
+    out.print(head)
+    steps_t = Table("step", "token", "at", "woken by", "state", title="steps",
+                    box=box.SIMPLE_HEAD, pad_edge=False)
+    for s in steps:
+        wake = s["wake"] or {}
+        woke = f"{wake.get('type')} {wake.get('kind') or ''}:{wake.get('ref') or ''}" if wake else ""
+        state = s.get("state")
+        entry = state.get("workflow") if isinstance(state, dict) else None
+        shown = (  # a workflow's entry by name (pgdurable.workflows)
+            f"{entry.get('kind')} {entry.get('name')} "
+            + _short(json.dumps(entry.get("error", entry.get("result"))), 40)
+            if isinstance(entry, dict) else _short(json.dumps(state), 60) if "state" in s
+            else s.get("step_name") or "")
+        _row(steps_t, str(s["step"]), str(s["token"]), f"{s['created_at']:%H:%M:%S.%f}"[:-3],
+             woke, shown)
+    out.print(steps_t)
+    if effects:
+        eff_t = Table("effect", "status", "token", "result / error", title="effects", box=box.SIMPLE_HEAD, pad_edge=False)
+        for e in effects:
+            _row(eff_t, e["key"], e["status"], str(e["token"]),
+                 _short(json.dumps(e["result"] if e["error"] is None else e["error"]), 60))
+        out.print(eff_t)
+    if evs:
+        ev_t = Table("seq", "at", "event", title="events", box=box.SIMPLE_HEAD, pad_edge=False)
+        for ev in evs:
+            _row(ev_t, str(ev["seq"]), f"{ev['created_at']:%H:%M:%S}",
+                 _short(json.dumps(ev["event"]), 80))
+        out.print(ev_t)
+
+
+@app.command()
+def leases(dsn: DsnOption = None, as_json: JsonOption = False) -> None:
+    """Show live leases: lease-provider keys and leased runs."""
+    with database(dsn) as conn:
+        keys = _rows(conn.execute(Q_LEASES))
+        held = _rows(conn.execute(Q_RUN_LEASES))
+    if as_json:
+        print_json({"leases": keys, "runs": held})
+        return
+    t = Table("key", "owner", "token", "expires in", title=f"{len(keys)} lease(s)", box=box.SIMPLE_HEAD, pad_edge=False)
+    for k in keys:
+        _row(t, _short(k["key"], 50), _short(k["owner"], 40), str(k["token"]),
+             human_age(k["ttl_remaining"]))
+    out.print(t)
+    r = Table("run", "task", "queue", "worker", "expires in", title=f"{len(held)} leased run(s)", box=box.SIMPLE_HEAD, pad_edge=False)
+    for h in held:
+        _row(r, str(h["id"]), h["task"], h["queue"], str(h["worker"]),
+             Text("expired", "red") if h["lease_expired"] else human_age(h["ttl_remaining"]))
+    out.print(r)
+
+
+@app.command()
+def cancel(run_id: Annotated[str, typer.Argument(help="The run's id.")], dsn: DsnOption = None) -> None:
+    """Cancel a run (at once if runnable/waiting; its worker stops it if leased)."""
+    rid = _run_id(run_id)
+    with database(dsn) as conn:
+        row = conn.execute(Q_CANCEL, (rid,)).fetchone()
+    status = row[0] if row else "?"
+    if status == "cancelled":
+        out.print(f"run {rid} cancelled")
+    elif status == "leased":
+        out.print(f"run {rid} is leased: cancel requested, its worker stops it at the next boundary")
+    else:
+        out.print(f"run {rid} is already {status}; nothing to cancel")
+
+
+@app.command()
+def retry(run_id: Annotated[str, typer.Argument(help="The run's id.")], dsn: DsnOption = None) -> None:
+    """Make a failed or cancelled run live again: what failed runs again (a failed step, failed effects, failed children)."""
+    rid = _run_id(run_id)
+    with database(dsn) as conn:
+        row = conn.execute(Q_RETRY, (rid,)).fetchone()
+    if row is not None and row[0] == "waiting":
+        out.print(f"run {rid} waits again for the failed children it retried (attempts reset)")
+    else:
+        out.print(f"run {rid} is runnable again (attempts reset)")
+
+
+@app.command()
+def signal(
+    kind: Annotated[str, typer.Argument(help="Signal kind, e.g. ci, approval.")],
+    ref: Annotated[str, typer.Argument(help="Signal reference, e.g. a build id.")],
+    payload: Annotated[str | None, typer.Option("--payload", help="JSON payload (default: null).")] = None,
+    signal_id: Annotated[str | None, typer.Option("--signal-id", help="Deduplication id: the same id is delivered once.")] = None,
+    dsn: DsnOption = None,
+) -> None:
+    """Send a signal: wake the runs waiting on KIND REF (printed, one id a line), else keep it pending."""
+    try:
+        value = parse_payload(payload or "")
+        params = signal_params(kind, ref, value, signal_id, DEFAULT_SIGNAL_TTL)
+    except (TypeError, ValueError) as exc:
+        fail(str(exc))
+    with database(dsn) as conn:
+        woken = [str(r[0]) for r in conn.execute(_runs_sql.SIGNAL, params).fetchall()]
+    for rid in woken:
+        sys.stdout.write(rid + "\n")
+    if not woken:
+        err.print(f"no run waits on {escape_controls(kind)}:{escape_controls(ref)}; the signal "
+                  "is kept pending for the next one "
+                  f"(for {DEFAULT_SIGNAL_TTL})", highlight=False, markup=False)
+
+
+@app.command()
+def prune(
+    dsn: DsnOption = None,
+    older_than: Annotated[str, typer.Option("--older-than", help="Age of finished runs to delete: 7d, 12h, 30m, 90s, 2w.")] = "7d",
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Only count what would be deleted.")] = False,
+    batch: Annotated[int, typer.Option("--batch", min=1, max=100000, help="Runs per transaction.")] = 1000,
+    as_json: JsonOption = False,
+) -> None:
+    """Delete finished runs older than --older-than with their history, and consumed thread messages, in short batches."""
+    try:
+        age = retention.parse_age(older_than)
+    except PgDurableError as exc:
+        fail(str(exc))
+    target = owner_dsn(dsn)
+    try:
+        preview = retention.prune_sync(target, age, dry_run=True)
+        if dry_run:
+            result = preview
+        else:
+            with _progress() as progress:
+                bar = progress.add_task("pruning runs", total=preview.runs or None)
+                result = retention.prune_sync(
+                    target, age, batch=batch,
+                    on_batch=lambda b: progress.advance(bar, b.runs),
+                )
+    except PgDurableError as exc:
+        fail(str(exc))
+    if as_json:
+        print_json(result.as_dict())
+        return
+    verb = "would delete" if dry_run else "deleted"
+    out.print(
+        f"{verb} {result.runs} run(s) finished more than {older_than} ago, with "
+        f"{result.checkpoints} checkpoint(s), {result.effects} effect(s), {result.events} "
+        f"event(s), {result.signals} signal(s), {result.messages} consumed thread "
+        f"message(s), {result.graph_checkpoints} LangGraph checkpoint(s)"
+        + ("" if dry_run else f" in {result.batches} batch(es)"),
+        highlight=False,
+    )
+
+
+@app.command()
+def maintain(
+    dsn: DsnOption = None,
+    days_ahead: Annotated[int, typer.Option("--days-ahead", min=0, max=366, help="Daily history partitions to keep ready ahead of today (UTC).")] = 3,
+    older_than: Annotated[str | None, typer.Option("--older-than", help="Also drop history partitions older than this (30d, ...), keeping rows of runs retention keeps.")] = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Create the history partitions ahead of time; with --older-than, drop old ones whole."""
+    try:
+        result = partitions.maintain_sync(owner_dsn(dsn), days_ahead=days_ahead,
+                                          older_than=older_than)
+    except PgDurableError as exc:
+        fail(str(exc))
+    if as_json:
+        print_json(result.as_dict())
+        return
+    out.print(f"created {result.created} partition(s), moved {result.signals_moved} consumed "
+              f"signal(s) to signal_history, dropped {len(result.dropped)}"
+              + "".join(f"; {d.partition_name}: {d.rows_dropped} row(s) dropped, "
+                        f"{d.rows_kept} kept" for d in result.dropped), highlight=False)
+
+
+@app.command()
+def stats(dsn: DsnOption = None, as_json: JsonOption = False) -> None:
+    """Per queue: runnable, leased, waiting, failed, and the age of the oldest runnable run."""
+    with database(dsn) as conn:
+        rows = _rows(conn.execute(Q_STATS))
+    if as_json:
+        print_json(rows)
+        return
+    t = Table("queue", "runnable", "due", "leased", "expired", "waiting", "done", "failed",
+              "cancelled", "oldest due", title="queues (expired = leases of dead workers)", box=box.SIMPLE_HEAD, pad_edge=False)
+    for r in rows:
+        _row(t, r["queue"], str(r["runnable"]), str(r["due"]), str(r["leased"]),
+             str(r["expired_leases"]), str(r["waiting"]), str(r["completed"]),
+             str(r["failed"]), str(r["cancelled"]), human_age(r["oldest_runnable_age"]))
+    out.print(t)
+    _flow_tables(dsn)
+
+
+def _flow_tables(dsn: str | None) -> None:
+    """``stats``: the limited queues and the token buckets, when there are any."""
+    with database(dsn) as conn:
+        limits, buckets = _rows(conn.execute(Q_LIMITS)), _rows(conn.execute(Q_BUCKETS))
+    if limits:
+        t = Table("queue", "concurrency", "active", "per key", "rate/s", "tokens", "keys queued",
+                  title="queue limits (docs/flow_control.md)", box=box.SIMPLE_HEAD, pad_edge=False)
+        for r in limits:
+            _row(t, r["queue"], *(("-" if r[k] is None else f"{r[k]:g}" if k == "tokens"
+                                   else str(r[k]))
+                                  for k in ("concurrency", "active", "per_key_concurrency",
+                                            "rate_per_second", "tokens", "keys_queued")))
+        out.print(t)
+    if buckets:
+        t = Table("bucket", "rate/s", "burst", "tokens", title="token buckets",
+                  box=box.SIMPLE_HEAD, pad_edge=False)
+        for r in buckets:
+            _row(t, r["name"], str(r["rate_per_second"]), str(r["burst"]), f"{r['tokens']:g}")
+        out.print(t)
+
+
+@app.command()
+def buckets(dsn: DsnOption = None, as_json: JsonOption = False) -> None:
+    """Token buckets shared by every worker (ctx.acquire): rate, burst, level now."""
+    with database(dsn) as conn:
+        rows = _rows(conn.execute(Q_BUCKETS))
+    if as_json:
+        print_json(rows)
+        return
+    _flow_tables(dsn)
+
+
+@app.command()
+def worker(
+    app_spec: Annotated[str, typer.Argument(metavar="MODULE:APP", help="module:attribute of a pgdurable.Durable app.")],
+    concurrency: Annotated[int, typer.Option("--concurrency", min=1, help="Runs at once.")] = 16,
+    queues: Annotated[str, typer.Option("--queues", help="Comma-separated queue names.")] = "default",
+    lease_ttl: Annotated[float, typer.Option("--lease-ttl", min=0.1, help="Lease TTL, seconds.")] = 60.0,
+    poll: Annotated[float, typer.Option("--poll", min=0.01, help="Poll interval, seconds.")] = 5.0,
+    grace: Annotated[float, typer.Option("--grace", min=0, help="Shutdown grace, seconds.")] = 30.0,
+    prune_older_than: Annotated[str | None, typer.Option("--prune-older-than", help="Also prune finished runs older than this (7d, 12h, ...), one pruner at a time across the fleet.")] = None,
+    prune_every: Annotated[float, typer.Option("--prune-every", min=1, help="Seconds between prunes.")] = 3600.0,
+    no_listen: Annotated[bool, typer.Option("--no-listen", help="Poll only, no LISTEN connection (PgBouncer in transaction mode).")] = False,
+    maintain: Annotated[bool, typer.Option("--maintain", help="Also create history partitions ahead of time, hourly; one leader (a lease) across the fleet.")] = False,
+    metrics_port: Annotated[int | None, typer.Option("--metrics-port", help="Serve Prometheus /metrics on this port (pgdurable[metrics]).")] = None,
+) -> None:
+    """Run a worker for MODULE:APP until SIGTERM/SIGINT (same as python -m pgdurable.worker)."""
+    if prune_older_than is not None:
+        _start_pruner(app_spec, prune_older_than, prune_every)
+    if maintain:
+        _start_pruner(app_spec, None, 3600.0)
+    with _one_line_exit():
+        worker_main([app_spec, "--concurrency", str(concurrency), "--queues", queues,
+                     "--lease-ttl", str(lease_ttl), "--poll", str(poll), "--grace", str(grace)]
+                    + (["--no-listen"] if no_listen else [])
+                    + ([] if metrics_port is None else ["--metrics-port", str(metrics_port)]))
+
+
+@app.command()
+def dashboard(
+    dsn: DsnOption = None,
+    host: Annotated[str, typer.Option("--host", help="Interface to bind (not loopback: set --token, and --trusted-host for the names it is reached by).")] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", min=1, max=65535, help="TCP port.")] = 8080,
+    actions: Annotated[bool, typer.Option("--actions", help="Enable run cancel/retry/signal/fork and schedule pause/resume/trigger (needs --token or $PGDURABLE_DASHBOARD_TOKEN).")] = False,
+    token: Annotated[str | None, typer.Option("--token", envvar="PGDURABLE_DASHBOARD_TOKEN", help="Token (at least 32 bytes) to log in with: every page needs it, and so does each action.", show_default=False)] = None,
+    trusted_host: Annotated[list[str] | None, typer.Option("--trusted-host", help="A host name the dashboard is reached by (Host header and POST origins; repeatable; '*.example.com' for subdomains). Default: localhost, 127.0.0.1, [::1].", show_default=False)] = None,
+) -> None:
+    """Serve the web dashboard (pgdurable[dashboard]); read-only unless --actions."""
+    try:
+        from .dashboard import exposure_warnings, serve
+    except ImportError as exc:
+        fail(f"the dashboard needs its extra: pip install 'pgdurable[dashboard]' ({exc})")
+    try:
+        warnings = exposure_warnings(host, token=token, trusted_hosts=trusted_host or None)
+    except (TypeError, ValueError) as exc:
+        fail(str(exc))
+    for message in warnings:
+        err.print(Text.assemble(("WARNING:", "bold red"), f" {message}"), highlight=False,
+                  soft_wrap=True)
+    try:
+        serve(owner_dsn(dsn), host=host, port=port, actions=actions, token=token,
+              trusted_hosts=trusted_host or None, warn=False)
+    except ValueError as exc:
+        fail(str(exc))
+
+
+@contextmanager
+def _one_line_exit() -> Iterator[None]:
+    """``SystemExit("message")`` (the worker's "cannot load the app") as a one-line error."""
+    try:
+        yield
+    except SystemExit as exc:
+        if isinstance(exc.code, str):
+            fail(exc.code)
+        raise
+
+
+def _start_pruner(app_spec: str, older_than: str | None, every: float) -> None:
+    """A daemon thread pruning next to the worker (run_pruner_sync, exclusive batches).
+
+    ``older_than=None``: the history partition maintenance instead
+    (run_maintenance_sync, leader-elected).
+    """
+    import os
+    import threading
+
+    try:
+        age = retention.parse_age(older_than) if older_than is not None else None
+    except PgDurableError as exc:
+        fail(str(exc))
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    with _one_line_exit():
+        target = need_dsn(_load_app(app_spec).conninfo)
+    if age is None:
+        threading.Thread(target=partitions.run_maintenance_sync, name="pgdurable-maintenance",
+                         daemon=True, kwargs={"target": target, "every": every}).start()
+        return
+    threading.Thread(
+        target=retention.run_pruner_sync, name="pgdurable-pruner", daemon=True,
+        kwargs={"target": target, "every": every, "older_than": age},
+    ).start()
+
+
+@app.command()
+def demo(
+    dsn: DsnOption = None,
+    data_dir: Annotated[str | None, typer.Option("--data-dir", help="Embedded server data directory (default .pgdurable/pgdata).")] = None,
+) -> None:
+    """Run a durable research agent end to end: effects, CI webhook, approval, a killed worker."""
+    try:
+        ok = run_demo(dsn=resolve_dsn(dsn), data_dir=data_dir, console=out)
+    except PgDurableError as exc:
+        fail(str(exc))
+    if not ok:
+        raise typer.Exit(EXIT_PROBLEM)
+
+
+# typer vendors click (typer._click): find its ClickException through a public class.
+_CLICK_EXCEPTION: type[Exception] = next(
+    c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException"
+)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console-script entry point: usage errors too are one line on stderr (exit 2)."""
+    try:
+        rv = app(args=argv, standalone_mode=False)
+    except _CLICK_EXCEPTION as exc:
+        code = int(getattr(exc, "exit_code", EXIT_BAD_INPUT))
+        if type(exc).__name__ == "NoArgsIsHelpError":  # bare `pgdurable`: the help
+            exc.show()  # type: ignore[attr-defined]
+            sys.exit(code)
+        where = getattr(getattr(exc, "ctx", None), "command_path", None) or "pgdurable"
+        line = " ".join(str(exc.format_message()).split())  # type: ignore[attr-defined]
+        err.print(_error_line(line, f" (see '{where} --help')"), highlight=False, soft_wrap=True)
+        sys.exit(code)
+    except typer.Abort:
+        err.print("[bold red]error:[/] aborted", highlight=False)
+        sys.exit(130)
+    sys.exit(rv if isinstance(rv, int) else 0)
+
+
+_register_fork(app)  # fork, fork-failed, rewind (pgdurable/ops/cli_fork.py)
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

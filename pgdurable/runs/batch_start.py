@@ -1,0 +1,157 @@
+"""Start many runs in one statement: ``start_many``.
+
+``await app.start_many([Start("agent", {"n": 1}), Start("agent", {"n": 2}), ...])``
+(and ``client.start_many`` / ``pgdurable.contrib.sqlalchemy.start_many``)
+validates every start exactly as :meth:`pgdurable.Durable.start` does (the same
+helpers: :func:`pgdurable.app.durable.start_params`, :func:`pgdurable.runs.flow.start_flow_params`,
+:func:`pgdurable.runs.metadata.check_metadata`), then inserts all the runs with ONE
+call of ``pgdurable.start_runs`` (``sql/0021_start_many.sql``): one INSERT of N
+rows and at most one ``NOTIFY pgdurable_wake`` per queue, in one transaction.
+
+Contract:
+
+* All or nothing: bad input in any start raises its typed error (``TypeError``,
+  ``ValueError``, :class:`~pgdurable.UnknownTask`, with a note naming the
+  start's index) before any SQL, and nothing is written; a start the database
+  refuses fails the whole call, nothing written.
+* The ids come back in input order. An ``idempotency_key`` that exists already
+  returns that run's id (nothing written for it); a key repeated inside one
+  call starts one run, and every position with that key gets its id.
+* ``conn=`` inserts inside the caller's transaction (workers wake on commit
+  only), as ``start(conn=...)``.
+* Everything :meth:`~pgdurable.Durable.start` accepts per run is accepted per
+  :class:`Start`: state, queue, priority, idempotency key, deadline, budget,
+  revision, max_attempts, metadata, flow-control key, ``at``/``delay``. The
+  caller's trace context (when OpenTelemetry is in use) is stored on every run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import KW_ONLY, dataclass, fields
+from datetime import datetime, timedelta
+from typing import Any
+
+import psycopg
+
+from ..foundation import jsonb as _json
+from ..foundation import metrics
+from ..foundation.db import translated
+from ..foundation.ports import Database, SyncDatabase
+from ..foundation.registry import TaskRegistry, start_params
+from . import flow
+from .metadata import check_metadata
+from .tracing import current_trace_context
+
+__all__ = ["START_MANY", "Start", "start_many", "start_many_params", "start_many_sync"]
+
+# -- start N runs: one array per argument (see sql/0021_start_many.sql); returns
+# -- the run ids in input order
+START_MANY = (
+    "SELECT run_id FROM pgdurable.start_runs(%s::text[], %s::text[], %s::text[]::jsonb[], "
+    "%s::text[], %s::integer[], %s::integer[], %s::text[], %s::interval[], "
+    "%s::timestamptz[], %s::text[]::numeric[], %s::text[], %s::timestamptz[], "
+    "%s::interval[], %s::text[]::jsonb[], %s::jsonb) ORDER BY ord"
+)
+
+
+@dataclass(frozen=True)
+class Start:
+    """One run for :meth:`pgdurable.Durable.start_many`: the arguments of
+    :meth:`~pgdurable.Durable.start`, with the same defaults and meaning."""
+
+    task: str
+    state: Any = None
+    _: KW_ONLY
+    queue: str = "default"
+    priority: int = 0
+    idempotency_key: str | None = None
+    deadline: Any = None
+    budget: float | None = None
+    revision: str | None = None
+    max_attempts: int | None = None
+    metadata: dict[str, Any] | None = None
+    key: str | None = None
+    at: datetime | None = None
+    delay: timedelta | None = None
+
+
+_FIELDS = frozenset(f.name for f in fields(Start))  # (KW_ONLY is not a field)
+
+
+def _as_start(item: object) -> Start:
+    if isinstance(item, Start):
+        return item
+    if isinstance(item, Mapping):
+        unknown = sorted(str(k) for k in item if k not in _FIELDS)
+        if unknown:
+            raise TypeError(f"unknown start argument(s) {unknown}; known: {sorted(_FIELDS)}")
+        if "task" not in item:
+            raise TypeError("a start needs a 'task'")
+        return Start(**item)
+    raise TypeError(f"each start must be a pgdurable.Start or a dict, not {type(item).__name__}")
+
+
+def start_many_params(registry: TaskRegistry, starts: Iterable[object]) -> tuple[Any, ...] | None:
+    """Validate every start (before any SQL) and return the ``START_MANY``
+    parameters, or ``None`` for no starts. The first bad start raises its
+    error (with a note ``start_many: start #i``)."""
+    if isinstance(starts, str | bytes | Mapping) or not isinstance(starts, Iterable):
+        raise TypeError("start_many takes a list of pgdurable.Start (or dicts)")
+    columns: list[list[Any]] = [[] for _ in range(14)]
+    for i, item in enumerate(starts):
+        try:
+            s = _as_start(item)
+            params = start_params(
+                registry, s.task, s.state, s.queue, s.priority, s.idempotency_key, s.deadline,
+                s.budget, s.revision, s.max_attempts,
+            )
+            flow_params = flow.start_flow_params(params, s.key, s.at, s.delay)
+            key, at, delay = (None, None, None) if flow_params is None else flow_params[10:]
+            meta = check_metadata(s.metadata)
+        except Exception as exc:
+            exc.add_note(f"start_many: start #{i}")
+            raise
+        budget = params[9]
+        row = (*params[:9], None if budget is None else str(budget), key, at, delay, meta)
+        for col, value in zip(columns, row, strict=True):
+            col.append(value)
+    if not columns[0]:
+        return None
+    trace = current_trace_context()
+    return (*columns, None if trace is None else _json.dumps(trace, "trace"))
+
+
+def _counted(params: tuple[Any, ...], rows: list[tuple[Any, ...]]) -> list[str]:
+    for task in params[0]:
+        metrics.run_started(task)
+    return [str(r[0]) for r in rows]
+
+
+async def start_many(
+    db: Database, registry: TaskRegistry, starts: Iterable[object],
+    conn: psycopg.AsyncConnection[Any] | None,
+) -> list[str]:
+    """:meth:`pgdurable.Durable.start_many`: one statement on ``db``'s pool or ``conn``."""
+    params = start_many_params(registry, starts)
+    if params is None:
+        return []
+    if conn is None:
+        return _counted(params, await db.fetchall(START_MANY, params))
+    with translated():
+        cur = await conn.execute(START_MANY, params)
+        return _counted(params, await cur.fetchall())
+
+
+def start_many_sync(
+    db: SyncDatabase, registry: TaskRegistry, starts: Iterable[object],
+    conn: psycopg.Connection[Any] | None,
+) -> list[str]:
+    """:meth:`pgdurable.DurableClient.start_many`: the sync twin."""
+    params = start_many_params(registry, starts)
+    if params is None:
+        return []
+    if conn is None:
+        return _counted(params, db._fetchall(START_MANY, params))
+    with translated():
+        return _counted(params, conn.execute(START_MANY, params).fetchall())

@@ -1,0 +1,152 @@
+"""Awaiting a run's result from any process: ``await app.result(run_id, timeout)``
+and the sync twin ``DurableClient.result``.
+
+A run that becomes terminal NOTIFYs ``pgdurable_done`` (payload = its id) in
+the transaction that ends it (``sql/0010_children.sql``), while a listener is
+present (``sql/0023_listener_presence.sql``, :mod:`pgdurable.foundation.presence`). A
+waiter first LISTENs and announces itself, then reads the run (so a run
+already finished returns at once, and a run that finishes between the read and
+the wait is not missed: its notification arrives after the LISTEN), then sleeps
+until a notification for its run or a slow safety poll (``poll`` seconds) and
+reads again; after its first announcement it also reads again at each
+:data:`~pgdurable.foundation.presence.RECHECK` delay.
+
+Outcome: a ``completed`` run's result is returned; ``failed`` (or
+``incompatible``) raises :class:`~pgdurable.RunFailed` carrying the recorded
+error; ``cancelled`` raises :class:`~pgdurable.RunCancelled`; no end within
+``timeout`` raises :class:`~pgdurable.ResultTimeout` (the run goes on). The
+async form shares the app's one listener connection per event loop (see
+:mod:`pgdurable.runs.stream`); the sync form opens its own connection per call (and one to LISTEN on
+when the reads go through a transaction pooler and a ``listen_dsn`` is set).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+import uuid
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+from ..foundation import run_queries as q
+from ..foundation.aio import wait_set
+from ..foundation.db import connect, translated
+from ..foundation.errors import ResultTimeout, RunCancelled, RunFailed, RunNotFound
+from ..foundation.pooler import Pooler
+from ..foundation.presence import RECHECK, RENEW, announce_sync
+from .stream import _hub
+
+if TYPE_CHECKING:
+    from ..foundation.ports import App
+
+__all__ = ["CHANNEL", "await_result", "outcome", "result_sync"]
+
+#: NOTIFY channel of terminal transitions (payload = run id).
+CHANNEL = "pgdurable_done"
+# -- the run's status, result and error
+READ = "SELECT status, result, error FROM pgdurable.runs WHERE id = %s::uuid"
+#: Longest wait between two reads when no notification comes (a missed NOTIFY).
+POLL = 5.0
+
+
+def _timeout(timeout: object) -> float | None:
+    if timeout is None:
+        return None
+    if isinstance(timeout, timedelta):
+        secs = timeout.total_seconds()
+    elif isinstance(timeout, int | float) and not isinstance(timeout, bool):
+        secs = float(timeout)
+    else:
+        raise TypeError("timeout must be a number of seconds, a timedelta or None")
+    if not math.isfinite(secs) or secs < 0:
+        raise ValueError(f"timeout must be finite and >= 0, not {timeout!r}")
+    return secs
+
+
+def outcome(row: tuple[Any, ...] | None, run_id: uuid.UUID) -> tuple[bool, Any]:
+    """``(True, result)`` for a completed run, ``(False, None)`` for a live one;
+    raises RunFailed / RunCancelled / RunNotFound."""
+    if row is None:
+        raise RunNotFound(f"no run {run_id}")
+    status, result, error = row
+    if status == "completed":
+        return True, result
+    if status == "cancelled":
+        msg = (error or {}).get("message") or "run was cancelled"
+        raise RunCancelled(f"run {run_id} was cancelled: {msg}")
+    if status in ("failed", "incompatible"):
+        err = error or {}
+        raise RunFailed(f"run {run_id} {status}: {err.get('type')}: {err.get('message')}",
+                        error, str(run_id))
+    return False, None
+
+
+def _expired(run_id: uuid.UUID, timeout: float | None) -> ResultTimeout:
+    return ResultTimeout(f"run {run_id} did not finish within {timeout} s")
+
+
+async def await_result(app: App, run_id: object, timeout: object = None) -> Any:  # noqa: ASYNC109
+    """``await app.result(run_id, timeout)``: see the module docstring."""
+    rid = q.check_run_id(run_id)
+    limit = _timeout(timeout)
+    end = None if limit is None else time.monotonic() + limit
+    hub = _hub(app, CHANNEL)
+    event = hub.subscribe(str(rid))
+    try:
+        # the LISTEN must be in place before the first read (no lost wake-up);
+        # if the listener cannot connect, the reads below still poll
+        await wait_set(hub.listening, POLL if limit is None else min(POLL, limit))
+        while True:
+            event.clear()
+            done, result = outcome(await app.fetchone(READ, (rid,)), rid)
+            if done:
+                return result
+            left = None if end is None else end - time.monotonic()
+            if left is not None and left <= 0:
+                raise _expired(rid, limit)
+            await wait_set(event, POLL if left is None else min(POLL, left))
+    finally:
+        await hub.unsubscribe(str(rid), event)
+
+
+def result_sync(conninfo: str, run_id: object, timeout: object = None, *,
+                pooler: Pooler | None = None, listen_to: str | None = None) -> Any:
+    """Sync twin of :func:`await_result`: reads on a connection of its own
+    (through ``pooler``) and LISTENs on ``listen_to`` (the same connection when
+    it is ``conninfo`` and no transaction pooler is in between; None: poll).
+    """
+    rid = q.check_run_id(run_id)
+    limit = _timeout(timeout)
+    end = None if limit is None else time.monotonic() + limit
+    with contextlib.ExitStack() as stack, translated():
+        conn = stack.enter_context(connect(conninfo, pooler=pooler))
+        listener = None
+        rechecks: list[float] = []  # monotonic times of the reads after the announcement
+        announced = -math.inf
+        if listen_to is not None:
+            listener = conn if listen_to == conninfo and pooler != "transaction" else (
+                stack.enter_context(connect(listen_to)))
+            listener.execute(f"LISTEN {CHANNEL}")
+        while True:
+            if listener is not None and time.monotonic() - announced >= RENEW:
+                if announced == -math.inf:
+                    rechecks = [time.monotonic() + d for d in RECHECK]
+                announced = time.monotonic()
+                announce_sync(listener, CHANNEL)
+            done, result = outcome(conn.execute(READ, (rid,)).fetchone(), rid)
+            if done:
+                return result
+            now = time.monotonic()
+            left = None if end is None else end - now
+            if left is not None and left <= 0:
+                raise _expired(rid, limit)
+            rechecks = [t for t in rechecks if t > now]
+            wait = min([POLL, *(t - now for t in rechecks[:1])])
+            wait = wait if left is None else min(wait, left)
+            if listener is None:
+                time.sleep(wait)  # no LISTEN possible (transaction pooler): poll
+                continue
+            for n in listener.notifies(timeout=wait):
+                if n.payload == str(rid):
+                    break

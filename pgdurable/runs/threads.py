@@ -1,0 +1,304 @@
+"""Threads: one owning run per thread key, follow-up messages routed to it.
+
+This is the seed's *signal layer* (Mastra) on PostgreSQL: a thread key such
+as ``"chat:42"`` has at most one owning run across all processes. The first
+:meth:`Durable.send <pgdurable.Durable.send>` to an idle thread starts a run
+(of the task chosen with :meth:`Durable.thread_task
+<pgdurable.Durable.thread_task>`) holding the thread's lease; every other
+send appends to that run's inbox instead of starting a competing run.
+
+Contract (each point is a test in ``tests/test_threads.py``):
+
+* ``send`` makes ONE call to ``pgdurable.send_message``: the ownership
+  decision (acquire the thread lease + start a run, or append to the owner's
+  inbox) is one transaction under the thread's row lock, and the message is
+  durable when ``send`` returns. It returns :class:`Delivery`
+  (``action="wake"``: a run was started for it; ``"deliver"``: appended to the
+  inbox of ``run_id``, which is woken if parked on its inbox).
+* The same ``message_id`` twice is stored once (the second send returns the
+  first delivery with ``duplicate=True``); the same id with another payload
+  raises :class:`~pgdurable.SignalConflict`.
+* In a step, ``await ctx.inbox()`` drains the thread's unconsumed messages in
+  order. They are consumed in the same transaction as the step's checkpoint:
+  a retried step sees them again, a checkpointed one never again. Within one
+  attempt of a step each message is returned once (a second ``inbox()``
+  returns only the messages sent since the first).
+* The thread lease's owner is the run's current attempt, ``"<run id>:<lease
+  token>"``, never the bare run id: a stale attempt cannot release its
+  successor's lease. The lease follows the run (renewed with the worker's
+  heartbeat; a parked owner keeps it for ``idle_ttl``, renewed by sends, and a
+  send re-acquires it for the same unfinished run should it lapse).
+* When the owner ends (completed, failed, cancelled) with unconsumed
+  messages, the follow-up run is started and the lease handed over by
+  ``transfer_lease`` in the same transaction (no gap); if the transfer fails
+  and the fallback acquire loses, the messages go to the winner.
+* A run whose thread was taken by someone else gets :class:`~pgdurable.LeaseLost`
+  from ``ctx.inbox()`` (the step fails; its messages stay for the owner).
+
+Poison messages: a message whose processing fails every attempt ends its run
+``failed`` and the follow-up run receives it again, but after
+``threads.max_unproductive_runs`` (3) consecutive runs that failed, were
+cancelled or consumed nothing, no follow-up is started: the messages stay
+pending (``thread_owners.inbox_depth``) and the next send starts a run. There
+is no per-message attempt limit or dead-letter state.
+
+Sync step functions use ``ctx.inbox_sync()`` / ``ctx.emit_sync()``.
+
+Thread keys are any non-empty ``str`` (NUL, backslashes, quotes, ``%``,
+emoji, any length; Mastra's keys are ``resource + "\\x00" + thread``).
+PostgreSQL ``text`` cannot hold NUL, so the ``thread_key`` columns store an
+escaped form: :func:`encode_thread_key` turns ``\\`` into ``\\\\`` and NUL
+into ``\\0`` (nothing else changes, so ``'chat:42'`` reads as itself in psql),
+and :func:`decode_thread_key` reverses it. They are the only conversion, used
+at every boundary (send, inbox, ``ctx.thread_key``, ``ctx.wait_inbox()``,
+:func:`thread_lease_key`, ``stream_thread``). Prefix routing
+(``thread_task``) compares the original, decoded keys, in Python.
+"""
+
+from __future__ import annotations
+
+import re
+import reprlib
+import uuid
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any, Literal
+
+from ..foundation import run_queries as q
+from ..foundation.errors import UnknownTask
+from ..foundation.jsonb import dumps
+
+if TYPE_CHECKING:
+    from ..foundation.ports import StepContext
+
+__all__ = [
+    "Delivery", "Message", "ThreadRoute", "decode_thread_key", "encode_thread_key",
+    "thread_lease_key",
+]
+
+# -- the ownership decision; returns (action, run_id, seq, duplicate)
+SEND = (
+    "SELECT action, run_id, seq, duplicate FROM pgdurable.send_message("
+    "%s::text, %s::text, %s::jsonb, %s::text, %s::text, %s::text, %s::text, %s::integer, "
+    "%s::integer, %s::jsonb, %s::interval)"
+)
+# -- fenced drain of the thread inbox for the current step
+TAKE = (
+    "SELECT seq, message_id, payload, sender, created_at, thread_key "
+    "FROM pgdurable.take_messages(%s::uuid, %s::bigint, %s::text)"
+)
+# -- the thread key of a run (NULL: not a thread run)
+RUN_THREAD = "SELECT thread_key FROM pgdurable.runs WHERE id = %s::uuid"
+# -- one row of the thread_owners view (parameter: the stored key, encode_thread_key)
+OWNER = (
+    "SELECT thread_key, run_id, lease_owner, lease_token, lease_expires_at, owned, run_status, "
+    "inbox_depth, last_message_seq, stream_position, runs_started "
+    "FROM pgdurable.thread_owners WHERE thread_key = %s::text"
+)
+
+_PREFIX = "pgdurable.thread:"
+_ESCAPE = re.compile(r"\\(.?)", re.DOTALL)  # a backslash and the char after it (if any)
+
+
+def encode_thread_key(thread_key: object) -> str:
+    """A thread key as stored in the ``thread_key`` columns: ``\\`` -> ``\\\\``, NUL -> ``\\0``.
+
+    Any non-empty ``str`` is a key; ``TypeError`` for a non-str, ``ValueError``
+    for ``""`` or a lone surrogate (not encodable as UTF-8). The result has no
+    NUL, and a prefix of a key that does not end inside an escape encodes to
+    a prefix of the key's encoding. :func:`decode_thread_key` reverses it.
+
+    Thread keys have no length limit of their own (a 10 kB key works): the
+    database indexes them compressed, and a key too large even so (several kB
+    of incompressible text) is refused by the database as
+    :class:`~pgdurable.InvalidInput`, with nothing written.
+    """
+    if not isinstance(thread_key, str):
+        raise TypeError(f"thread_key must be a str, not {type(thread_key).__name__}")
+    if not thread_key:
+        raise ValueError("thread_key must be a non-empty string")
+    try:
+        thread_key.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("thread_key is not valid Unicode (it contains a lone surrogate)") from None
+    return thread_key.replace("\\", "\\\\").replace("\x00", "\\0")
+
+
+def _unescape(m: re.Match[str]) -> str:
+    if m[1] == "\\":
+        return "\\"
+    if m[1] == "0":
+        return "\x00"
+    escape = "\\" + m[1]
+    raise ValueError(f"not an escaped thread key: {escape!r} (the escapes are \\\\ and \\0)")
+
+
+def decode_thread_key(stored: str) -> str:
+    """The original key of a stored (escaped) thread key; ``ValueError`` if malformed."""
+    return _ESCAPE.sub(_unescape, stored) if "\\" in stored else stored
+
+
+def thread_lease_key(thread_key: str) -> str:
+    """The lease key of a thread (for :class:`~pgdurable.PostgresLeaseProvider` calls).
+
+    ``"pgdurable.thread:"`` + the escaped key, as the SQL function
+    ``pgdurable.thread_lease_key(stored key)`` computes it.
+    """
+    return _PREFIX + encode_thread_key(thread_key)
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """What :meth:`Durable.send <pgdurable.Durable.send>` did with a message.
+
+    ``action`` is ``"wake"`` (a run was started for it) or ``"deliver"``
+    (appended to the inbox of the run owning the thread); ``run_id`` is that
+    run; ``seq`` the message's position in the thread; ``duplicate`` is True
+    when this ``message_id`` had been sent before (nothing was written).
+    """
+
+    action: Literal["wake", "deliver"]
+    run_id: str
+    seq: int
+    message_id: str
+    duplicate: bool = False
+
+
+@dataclass(frozen=True)
+class Message:
+    """One inbox message, as ``ctx.inbox()`` returns it."""
+
+    seq: int
+    message_id: str
+    payload: Any
+    sender: str | None
+    created_at: datetime
+    thread_key: str  # the original key (decoded)
+
+
+@dataclass(frozen=True)
+class ThreadRoute:
+    """Which task runs the threads whose key starts with ``prefix`` (original keys, NUL allowed)."""
+
+    prefix: str
+    task: str
+    queue: str = "default"
+    priority: int = 0
+    idle_ttl: timedelta | None = None
+    revision: str | None = None  # None: the registered task's revision
+
+
+class ThreadRoutes:
+    """Thread-key prefix -> :class:`ThreadRoute`; the longest prefix wins, ``""`` is the default."""
+
+    def __init__(self) -> None:
+        self.routes: dict[str, ThreadRoute] = {}
+
+    def add(
+        self,
+        prefix: str,
+        task: str,
+        queue: str,
+        priority: int,
+        idle_ttl: timedelta | None,
+        revision: str | None = None,
+    ) -> ThreadRoute:
+        """Validate and register a route (replacing one with the same prefix)."""
+        if not isinstance(prefix, str):
+            raise TypeError("thread prefix must be a str ('' = every thread)")
+        q.check_name(task, "task")
+        q.check_name(queue, "queue")
+        if isinstance(priority, bool) or not isinstance(priority, int):
+            raise TypeError("priority must be an int")
+        if idle_ttl is not None and (
+            not isinstance(idle_ttl, timedelta) or idle_ttl.total_seconds() <= 0
+        ):
+            raise ValueError("idle_ttl must be a positive timedelta or None")
+        if revision is not None:
+            q.check_name(revision, "revision")
+        route = ThreadRoute(prefix, task, queue, priority, idle_ttl, revision)
+        self.routes[prefix] = route
+        return route
+
+    def resolve(self, thread_key: str) -> ThreadRoute:
+        """The route of ``thread_key`` (the original key; :class:`UnknownTask` if none matches)."""
+        best: ThreadRoute | None = None
+        for prefix, route in self.routes.items():
+            if thread_key.startswith(prefix) and (best is None or len(prefix) > len(best.prefix)):
+                best = route
+        if best is None:
+            raise UnknownTask(
+                f"no thread task for {reprlib.repr(thread_key)}: register one with "
+                "app.thread_task(prefix, task_name)"
+            )
+        return best
+
+
+def routes_of(registry: Any) -> ThreadRoutes:
+    """The :class:`ThreadRoutes` of an app's task registry (created on first use)."""
+    routes = getattr(registry, "thread_routes", None)
+    if not isinstance(routes, ThreadRoutes):
+        routes = ThreadRoutes()
+        registry.thread_routes = routes
+    return routes
+
+
+def send_params(
+    registry: Any,
+    thread_key: object,
+    message: object,
+    message_id: object,
+    sender: object,
+    state: object,
+) -> tuple[tuple[Any, ...], str]:
+    """Validate a send (before any SQL); return the SEND parameters and the message id."""
+    stored_key = encode_thread_key(thread_key)
+    assert isinstance(thread_key, str)
+    if message_id is None:
+        message_id = uuid.uuid4().hex
+    q.check_name(message_id, "message_id")
+    assert isinstance(message_id, str)
+    if sender is not None:
+        q.check_name(sender, "sender")
+    payload = dumps(message, "message")
+    state_json = None if state is None else dumps(state, "state")
+    route = routes_of(registry).resolve(thread_key)
+    revision = registry.revision_for(route.task, route.revision)
+    attempts = registry.max_attempts_for(route.task)
+    params = (
+        stored_key, message_id, payload, sender, route.task, revision, route.queue,
+        route.priority, attempts, state_json, route.idle_ttl,
+    )
+    return params, message_id
+
+
+def parse_delivery(row: tuple[Any, ...] | None, message_id: str) -> Delivery:
+    """A SEND row as :class:`Delivery`."""
+    assert row is not None
+    return Delivery(
+        action=row[0], run_id=str(row[1]), seq=int(row[2]), message_id=message_id,
+        duplicate=bool(row[3]),
+    )
+
+
+def parse_message(row: tuple[Any, ...]) -> Message:
+    """A TAKE row as :class:`Message`."""
+    return Message(int(row[0]), row[1], row[2], row[3], row[4], decode_thread_key(row[5]))
+
+
+async def take(ctx: StepContext) -> list[Message]:
+    """``ctx.inbox()``: drain the thread inbox for this step (fenced, one round trip).
+
+    Each message once per attempt: a second ``inbox()`` in the same step
+    returns only what arrived since (see ``pgdurable.take_messages``).
+    """
+    app, owner = ctx._attached()
+    rid = q.check_run_id(ctx.run_id)
+    rows = await app.fetchall(TAKE, (rid, ctx.token, owner))
+    messages = [parse_message(r) for r in rows]
+    if messages:
+        ctx.thread_key = messages[0].thread_key
+    elif ctx.thread_key is None:
+        row = await app.fetchone(RUN_THREAD, (rid,))
+        ctx.thread_key = None if row is None or row[0] is None else decode_thread_key(row[0])
+    return messages

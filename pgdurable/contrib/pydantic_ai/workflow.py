@@ -1,0 +1,132 @@
+"""An agent run as a pgdurable workflow: registration, the workflow, :func:`start_agent`.
+
+Binding :class:`~.durability.PgDurability` to an agent (Pydantic AI does it when
+the ``Agent`` is built) registers the workflow ``pydantic_ai.<agent name>`` on
+the app. Its input is ``{"prompt", "message_history", "deps", "model"}`` (JSON);
+its body sets the scope the capability reads and awaits ``agent.run(...)``:
+
+* the model requests and tool calls inside are recorded steps (see
+  :mod:`.durability`); a later claim (after a crash, a park, a lapsed lease)
+  runs ``agent.run`` again from the top and every recorded step returns its
+  recorded result, so the model is not called again for a recorded turn and a
+  recorded tool call never runs twice;
+* a wait parks the run (the workflow's ``Wait = exit``): the coroutine is
+  abandoned and no worker holds the run until its signal;
+* the run's result is ``{"output", "usage", "messages"}``: the output as JSON,
+  the run's :class:`~pydantic_ai.usage.RunUsage`, and every message of the
+  conversation (``ModelMessagesTypeAdapter`` JSON: pass it as
+  ``message_history=`` to continue).
+
+``deps`` cross as JSON and are validated into the agent's ``deps_type`` on the
+worker; the model crosses by name (``model="openai:gpt-5-mini"``).
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+from pydantic import TypeAdapter
+from pydantic_ai.messages import ModelMessagesTypeAdapter
+from pydantic_core import to_jsonable_python
+
+from ...models.workflows import WorkflowContext, _Park
+from ...runs.steps import RunSettled
+from .scope import SCOPE, Scope
+
+if TYPE_CHECKING:
+    from pydantic_ai.agent.abstract import AbstractAgent
+
+
+class Bound(Protocol):
+    """What the workflow needs of the bound capability (:class:`~.durability.PgDurability`)."""
+
+    app: Any
+    name: str
+    revision: str
+    max_attempts: int
+
+    @property
+    def task_name(self) -> str: ...
+
+
+@dataclass
+class _Entry:
+    """The agent a registered workflow runs (rebinding the same agent replaces it)."""
+
+    agent: weakref.ReferenceType[Any]
+    capability: Bound
+
+
+#: app -> workflow name -> what it runs
+_REGISTERED: weakref.WeakKeyDictionary[Any, dict[str, _Entry]] = weakref.WeakKeyDictionary()
+
+
+def register(capability: Bound, agent: AbstractAgent[Any, Any]) -> None:
+    """Register the workflow of ``agent`` on ``capability.app`` (once per name)."""
+    app = capability.app
+    name = capability.task_name
+    entries = _REGISTERED.setdefault(app, {})
+    entry = entries.get(name)
+    if entry is not None:
+        current = entry.agent()
+        if current is not None and current is not agent:
+            raise ValueError(f"another agent named {capability.name!r} is already durable on "
+                             "this app: give each agent its own name")
+        entries[name] = _Entry(weakref.ref(agent), capability)
+        return
+    if name in app.tasks:
+        raise ValueError(f"task {name!r} is already registered on this app")
+    entries[name] = _Entry(weakref.ref(agent), capability)
+
+    async def run_agent(ctx: WorkflowContext, input: dict[str, Any]) -> dict[str, Any]:
+        current = entries[name]
+        agent = current.agent()
+        if agent is None:  # pragma: no cover - the worker's module keeps its agent
+            raise RuntimeError(f"the agent of {name!r} is gone")
+        return await _run(ctx, agent, current.capability, input)
+
+    run_agent.__qualname__ = run_agent.__name__ = f"run_{capability.name}"
+    app.workflow(name, revision=capability.revision,
+                 max_attempts=capability.max_attempts)(run_agent)
+
+
+async def _run(ctx: WorkflowContext, agent: AbstractAgent[Any, Any], capability: Bound,
+               input: dict[str, Any]) -> dict[str, Any]:
+    history = input.get("message_history")
+    deps = input.get("deps")
+    if deps is not None or agent.deps_type is not type(None):
+        deps = TypeAdapter(agent.deps_type).validate_python(deps)
+    token = SCOPE.set(Scope(ctx, capability.name, agent))
+    try:
+        result = await agent.run(
+            input.get("prompt"),
+            message_history=ModelMessagesTypeAdapter.validate_python(history)
+            if history else None,
+            deps=deps, model=input.get("model"))
+    except BaseExceptionGroup as group:
+        raise _single(group) from None
+    finally:
+        SCOPE.reset(token)
+    return {"output": to_jsonable_python(result.output),
+            "usage": to_jsonable_python(result.usage),
+            "messages": ModelMessagesTypeAdapter.dump_python(result.all_messages(), mode="json")}
+
+
+def _single(group: BaseExceptionGroup[BaseException]) -> BaseException:
+    """A park or a settled run raised inside a task group, unwrapped (else the group)."""
+    leaves: list[BaseException] = []
+
+    def walk(exc: BaseException) -> None:
+        if isinstance(exc, BaseExceptionGroup):
+            for e in exc.exceptions:
+                walk(e)
+        else:
+            leaves.append(exc)
+
+    walk(group)
+    for exc in leaves:
+        if isinstance(exc, RunSettled | _Park):
+            return exc
+    return group

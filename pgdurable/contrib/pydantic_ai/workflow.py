@@ -23,7 +23,6 @@ worker; the model crosses by name (``model="openai:gpt-5-mini"``).
 
 from __future__ import annotations
 
-import weakref
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -53,41 +52,44 @@ class Bound(Protocol):
 
 @dataclass
 class _Entry:
-    """The agent a registered workflow runs (rebinding the same agent replaces it)."""
+    """The agent a registered workflow runs (rebinding the same agent replaces the capability)."""
 
-    agent: weakref.ReferenceType[Any]
+    agent: Any
     capability: Bound
 
 
-#: app -> workflow name -> what it runs
-_REGISTERED: weakref.WeakKeyDictionary[Any, dict[str, _Entry]] = weakref.WeakKeyDictionary()
+def _entry_of(task: Any) -> _Entry | None:
+    """The entry of a registered agent workflow (``Task.fn`` is its ``Workflow.drive``)."""
+    workflow = getattr(task.fn, "__self__", None)
+    entry = getattr(getattr(workflow, "fn", None), "pgdurable_agent", None)
+    return entry if isinstance(entry, _Entry) else None
 
 
 def register(capability: Bound, agent: AbstractAgent[Any, Any]) -> None:
-    """Register the workflow of ``agent`` on ``capability.app`` (once per name)."""
+    """Register the workflow of ``agent`` on ``capability.app`` (once per name).
+
+    The app's registry holds the agent from then on (a worker process keeps it).
+    A second, different agent of the same name on the same app: ValueError.
+    """
     app = capability.app
     name = capability.task_name
-    entries = _REGISTERED.setdefault(app, {})
-    entry = entries.get(name)
-    if entry is not None:
-        current = entry.agent()
-        if current is not None and current is not agent:
+    task = app.tasks.get(name)
+    if task is not None:
+        entry = _entry_of(task)
+        if entry is None:
+            raise ValueError(f"task {name!r} is already registered on this app")
+        if entry.agent is not agent:
             raise ValueError(f"another agent named {capability.name!r} is already durable on "
                              "this app: give each agent its own name")
-        entries[name] = _Entry(weakref.ref(agent), capability)
+        entry.capability = capability
         return
-    if name in app.tasks:
-        raise ValueError(f"task {name!r} is already registered on this app")
-    entries[name] = _Entry(weakref.ref(agent), capability)
+    entry = _Entry(agent, capability)
 
     async def run_agent(ctx: WorkflowContext, input: dict[str, Any]) -> dict[str, Any]:
-        current = entries[name]
-        agent = current.agent()
-        if agent is None:  # pragma: no cover - the worker's module keeps its agent
-            raise RuntimeError(f"the agent of {name!r} is gone")
-        return await _run(ctx, agent, current.capability, input)
+        return await _run(ctx, entry.agent, entry.capability, input)
 
     run_agent.__qualname__ = run_agent.__name__ = f"run_{capability.name}"
+    run_agent.pgdurable_agent = entry  # type: ignore[attr-defined]
     app.workflow(name, revision=capability.revision,
                  max_attempts=capability.max_attempts)(run_agent)
 

@@ -6,6 +6,7 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from pydantic_ai.messages import ModelMessagesTypeAdapter
+from pydantic_ai.usage import UsageLimits
 from pydantic_core import to_jsonable_python
 
 from .durability import PgDurability
@@ -46,6 +47,7 @@ async def start_agent(
     priority: int = 0,
     deadline: timedelta | datetime | None = None,
     budget: float | None = None,
+    usage_limits: UsageLimits | None = None,
 ) -> str:
     """Start a durable run of ``agent`` on ``prompt``; return the run id.
 
@@ -54,7 +56,8 @@ async def start_agent(
     ``message_history``: earlier messages (``ModelMessage`` objects or their
     JSON, e.g. a previous run's ``result["messages"]``); ``deps``: JSON for the
     agent's ``deps_type``; ``model``: a model name (or a ``models=`` key) for this
-    run. The other options are :meth:`Durable.start`'s. Bad input (no capability,
+    run; ``usage_limits``: the run's :class:`~pydantic_ai.usage.UsageLimits` (Pydantic
+    AI's default allows 50 requests). The other options are :meth:`Durable.start`'s. Bad input (no capability,
     a ``model`` that is not a str, values that are not JSON) raises here and
     starts nothing.
     """
@@ -68,7 +71,8 @@ async def start_agent(
         history = ModelMessagesTypeAdapter.dump_python(
             ModelMessagesTypeAdapter.validate_python(message_history), mode="json")
     state = {"prompt": prompt, "message_history": history,
-             "deps": to_jsonable_python(deps), "model": model}
+             "deps": to_jsonable_python(deps), "model": model,
+             "usage_limits": None if usage_limits is None else to_jsonable_python(usage_limits)}
     return await app.start(cap.task_name, state, revision=cap.revision, metadata=metadata,
                            idempotency_key=idempotency_key, queue=queue, priority=priority,
                            deadline=deadline, budget=budget)

@@ -28,11 +28,14 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from pydantic import TypeAdapter
 from pydantic_ai.messages import ModelMessagesTypeAdapter
+from pydantic_ai.usage import UsageLimits
 from pydantic_core import to_jsonable_python
 
 from ...models.workflows import WorkflowContext, _Park
 from ...runs.steps import RunSettled
 from .scope import SCOPE, Scope
+
+_LIMITS: TypeAdapter[UsageLimits] = TypeAdapter(UsageLimits)
 
 if TYPE_CHECKING:
     from pydantic_ai.agent.abstract import AbstractAgent
@@ -98,6 +101,7 @@ async def _run(ctx: WorkflowContext, agent: AbstractAgent[Any, Any], capability:
                input: dict[str, Any]) -> dict[str, Any]:
     history = input.get("message_history")
     deps = input.get("deps")
+    limits = input.get("usage_limits")
     if deps is not None or agent.deps_type is not type(None):
         deps = TypeAdapter(agent.deps_type).validate_python(deps)
     token = SCOPE.set(Scope(ctx, capability.name, agent))
@@ -106,7 +110,8 @@ async def _run(ctx: WorkflowContext, agent: AbstractAgent[Any, Any], capability:
             input.get("prompt"),
             message_history=ModelMessagesTypeAdapter.validate_python(history)
             if history else None,
-            deps=deps, model=input.get("model"))
+            deps=deps, model=input.get("model"),
+            usage_limits=_LIMITS.validate_python(limits) if limits else None)
     except BaseExceptionGroup as group:
         raise _single(group) from None
     finally:

@@ -37,6 +37,9 @@ import pgdurable
 from pgdurable.foundation.retry import for_seconds, retry_while_sync
 from pgdurable.ops.testing import enable_test_clock, test_server
 
+#: Fixture plugins of this suite (psycopg's tests/fix_*.py): ``fleet``, worker processes.
+pytest_plugins = ["fix_fleet"]
+
 DEFAULT_TEST_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"
 _counter = itertools.count()
 

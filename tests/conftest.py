@@ -14,6 +14,8 @@
   the run-to-run noise (benchmarks/RESULTS.md, "Cloning the test databases").
   What it does reliably is drop every database, through a server restart
   (tests/test_crash.py R9), and fail the session if one could not be dropped.
+* ``fleet`` (tests/fix_fleet.py, a plugin registered below) is a test's worker
+  processes: started, made ready, signalled by pid, logged, always killed.
 """
 
 from __future__ import annotations

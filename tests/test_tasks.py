@@ -870,11 +870,16 @@ async def test_store_default_and_definition_exposed(dsn: str) -> None:
     assert store.get("t") is not None
 
 
-async def test_cancelled_while_waiting_for_the_lock_leaves_no_lock(dsn: str) -> None:
-    """A caller cancelled while blocked in pg_advisory_lock must not hold it later."""
-    task = define_durable_task(id="count", revision="1", is_state=is_count,
+def count_to_one() -> Any:
+    """Task count/1 (the lock tests'): one step that sets the count to 1."""
+    return define_durable_task(id="count", revision="1", is_state=is_count,
                                initial_state={"count": 0},
                                steps=[DurableStep(id="s", run=lambda s, _c: {"count": 1})])
+
+
+async def test_cancelled_while_waiting_for_the_lock_leaves_no_lock(dsn: str) -> None:
+    """A caller cancelled while blocked in pg_advisory_lock must not hold it later."""
+    task = count_to_one()
     with psycopg.connect(dsn, autocommit=True) as c:
         c.execute("SELECT pg_advisory_lock(pgdurable.task_lock_key('t'))")
         async with PostgresDurableStore(dsn) as store:
@@ -914,9 +919,7 @@ async def test_cancel_landing_after_the_task_lock_was_granted_leaks_no_lock(dsn:
     reads the answer: psycopg waits for the statement and raises CancelledError, so the
     pooled session would keep the advisory lock and every later run of that task id
     (from any other session) would block forever."""
-    task = define_durable_task(id="count", revision="1", is_state=is_count,
-                               initial_state={"count": 0},
-                               steps=[DurableStep(id="s", run=lambda s, _c: {"count": 1})])
+    task = count_to_one()
     with psycopg.connect(dsn, autocommit=True) as c:
         c.execute("SELECT pg_advisory_lock(pgdurable.task_lock_key('t'))")
         async with PostgresDurableStore(dsn) as store:
@@ -947,9 +950,7 @@ async def test_store_on_a_callers_pool_leaves_its_connections_transactional(dsn:
     application shares, it must hand the connection back as it found it, or the
     application's later `async with pool.connection()` blocks silently autocommit
     (an exception no longer rolls its writes back)."""
-    task = define_durable_task(id="count", revision="1", is_state=is_count,
-                               initial_state={"count": 0},
-                               steps=[DurableStep(id="s", run=lambda s, _c: {"count": 1})])
+    task = count_to_one()
     async with AsyncConnectionPool(dsn, min_size=1, max_size=1, open=False) as pool:
         async with pool.connection() as c:
             await c.execute("CREATE TABLE app_rows (n int)")

@@ -1,9 +1,9 @@
 """Crash recovery with real worker processes (CONTRACT R1, R2, R6, R7, R9).
 
 Workers are ``python -m pgdurable.worker _crash_app:app`` subprocesses
-(tests/_crash_app.py, started by the ``fleet`` fixture of tests/fix_fleet.py); every step execution is logged durably in
-``test_step_log`` before the step does anything, so every assertion is made
-from the database. Races are made deterministic by waiting on
+(tests/_crash_app.py, started by the ``fleet`` fixture of tests/fix_fleet.py);
+every step execution is logged durably in ``test_step_log`` before the step
+does anything, so every assertion is made from the database. Races are made deterministic by waiting on
 ``pg_stat_activity`` (a backend blocked on a lock) and on the step log, never
 on sleeps. Bounds like WAIT_LIMIT only keep a broken test from hanging; the
 elapsed recovery times are printed, not asserted.

@@ -3,7 +3,7 @@ registered by tests/conftest.py, as psycopg registers its ``tests/fix_*.py``).
 
 A test module names the app its workers run, and the workers' defaults, once::
 
-    pytestmark = pytest.mark.fleet("_crash_app:app", ttl=2.0, poll=60.0)
+    pytestmark = pytest.mark.fleet("_crash_app:app", ttl=10.0)   # + the defaults of start()
 
 and a test takes ``fleet``::
 

@@ -3,6 +3,7 @@ logs in a failed test's report, and nothing left running after a failed test."""
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,11 @@ def state(pid: int) -> str | None:
     except FileNotFoundError:
         return None
     return stat.rpartition(")")[2].split()[0]
+
+
+def gone(pid: int) -> bool:
+    """Killed: no such process, or a zombie its new parent has not reaped yet."""
+    return state(pid) in (None, "Z")
 
 
 def test_a_worker_is_ready_and_signalled_by_pid(fleet: Fleet,
@@ -95,4 +101,4 @@ def test_a_failed_test_prints_the_logs_and_leaves_no_process(
     assert "fleet logs" in out and "group up" in out and "stopped up" in out
     # the group's leader, its child (the same process group) and a stopped process
     for pid in map(int, pids.read_text().split()):
-        until_sync(lambda pid=pid: state(pid) in (None, "Z"), f"process {pid} to be gone")
+        until_sync(partial(gone, pid), f"process {pid} to be gone")

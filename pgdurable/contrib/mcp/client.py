@@ -153,10 +153,29 @@ def _dump(model: Any) -> dict[str, Any]:
     return out
 
 
+def _leaf(group: BaseExceptionGroup[Any]) -> BaseException:
+    """The one error a task group wrapped (the SDK's client raises through anyio)."""
+    inner: BaseException = group
+    while isinstance(inner, BaseExceptionGroup) and len(inner.exceptions) == 1:
+        inner = inner.exceptions[0]
+    return inner
+
+
+async def _request(server: str, connector: Connect, request: Any) -> dict[str, Any]:
+    try:
+        async with connector(server) as client:
+            return _dump(await client.session.send_request(request, _AnyResult))
+    except BaseExceptionGroup as group:
+        raise _leaf(group) from None
+
+
 async def _tools_call(server: str, name: str, arguments: dict[str, Any],
                       connector: Connect) -> dict[str, Any]:
-    async with connector(server) as client:
-        result = await client.session.call_tool(name, arguments, allow_claimed=True)
+    try:
+        async with connector(server) as client:
+            result = await client.session.call_tool(name, arguments, allow_claimed=True)
+    except BaseExceptionGroup as group:
+        raise _leaf(group) from None
     data = _dump(result)
     if data.get("resultType") == "task" or "taskId" in data:
         return {"task": data}
@@ -165,26 +184,19 @@ async def _tools_call(server: str, name: str, arguments: dict[str, Any],
 
 async def get_task(server: str, task_id: str, connector: Connect = connect) -> dict[str, Any]:
     """``tasks/get`` on ``server``: the task as a dict."""
-    async with connector(server) as client:
-        task = await client.session.send_request(
-            _GetTask(params=_TaskParams(taskId=task_id)), _AnyResult)
-    return _dump(task)
+    return await _request(server, connector, _GetTask(params=_TaskParams(taskId=task_id)))
 
 
 async def update_task(server: str, task_id: str, responses: dict[str, Any],
                       connector: Connect = connect) -> None:
     """``tasks/update`` on ``server`` with ``responses`` (``inputResponses``)."""
-    async with connector(server) as client:
-        await client.session.send_request(
-            _UpdateTask(params=_UpdateParams(taskId=task_id, inputResponses=responses)),
-            _AnyResult)
+    await _request(server, connector,
+                   _UpdateTask(params=_UpdateParams(taskId=task_id, inputResponses=responses)))
 
 
 async def cancel_task(server: str, task_id: str, connector: Connect = connect) -> None:
     """``tasks/cancel`` on ``server``."""
-    async with connector(server) as client:
-        await client.session.send_request(
-            _CancelTask(params=_TaskParams(taskId=task_id)), _AnyResult)
+    await _request(server, connector, _CancelTask(params=_TaskParams(taskId=task_id)))
 
 
 async def _watch(app: Durable, run_id: str, key: str, server: str, task_id: str, round_: int,

@@ -345,8 +345,10 @@ class DurableTasks(Extension):
     # -- the extension's contributions ---------------------------------------
 
     def tools(self) -> Sequence[ToolBinding]:
+        # no output schema: a task's result is whatever CallToolResult the body made
         return [ToolBinding(fn=_schema_stub(t), kwargs={"name": t.name,
-                                                        "description": t.description})
+                                                        "description": t.description,
+                                                        "structured_output": False})
                 for t in self._tools.values()]
 
     def methods(self) -> Sequence[MethodBinding]:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import sys
 
 import uvicorn
-
 from _mcp_app import server
 
 if __name__ == "__main__":

@@ -21,14 +21,14 @@ import pytest
 
 pytest.importorskip("mcp")
 
-from _fleet import Fleet  # noqa: E402
-from _mcp_procs import ROOT, TESTS, ServerProc  # noqa: E402
-from _waiting import WAIT_LIMIT, app_running, until  # noqa: E402
-from mcp.shared.exceptions import MCPError  # noqa: E402
+from _fleet import Fleet
+from _mcp_procs import ROOT, TESTS, ServerProc
+from _waiting import WAIT_LIMIT, app_running, until
+from mcp.shared.exceptions import MCPError
 
-from pgdurable import Durable  # noqa: E402
-from pgdurable.contrib.mcp import DurableTasks, TaskContext  # noqa: E402
-from pgdurable.contrib.mcp.client import (  # noqa: E402
+from pgdurable import Durable
+from pgdurable.contrib.mcp import DurableTasks, TaskContext
+from pgdurable.contrib.mcp.client import (
     cancel_task,
     connect,
     get_task,
@@ -119,9 +119,10 @@ async def test_input_required_answered_from_a_separate_process(
         row = conn.execute("SELECT status, lease_owner FROM pgdurable.runs WHERE id = %s",
                            (task_id,)).fetchone()
         assert row == ("waiting", None)
-    out = subprocess.run([sys.executable, "-c", UPDATE_SCRIPT, b.url, task_id],
-                         capture_output=True, text=True, timeout=WAIT_LIMIT, cwd=ROOT,
-                         env={"PYTHONPATH": f"{TESTS}:{ROOT}", "PATH": "/usr/bin:/bin"})
+    out = await asyncio.to_thread(
+        subprocess.run, [sys.executable, "-c", UPDATE_SCRIPT, b.url, task_id],
+        capture_output=True, text=True, timeout=WAIT_LIMIT, cwd=ROOT,
+        env={"PYTHONPATH": f"{TESTS}:{ROOT}", "PATH": "/usr/bin:/bin"})
     assert out.returncode == 0, out.stderr
     done = await until_status(a.url, task_id, "completed", "failed")
     assert done["result"]["content"][0]["text"] == "deleted x.txt"

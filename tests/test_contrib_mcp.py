@@ -21,9 +21,9 @@ import pytest
 
 pytest.importorskip("mcp")
 
-from _fleet import Fleet
 from _mcp_procs import ROOT, TESTS, ServerProc
 from _waiting import WAIT_LIMIT, app_running, until
+from fix_fleet import Fleet
 from mcp.shared.exceptions import MCPError
 
 from pgdurable import Durable
@@ -35,19 +35,17 @@ from pgdurable.contrib.mcp.client import (
     update_task,
 )
 
-pytestmark = pytest.mark.crash
+pytestmark = [pytest.mark.crash, pytest.mark.fleet("_mcp_app:app")]
 
 
 @pytest.fixture
-def procs(dsn: str, tmp_path: Path) -> Iterator[tuple[Fleet, list[ServerProc]]]:
-    fleet = Fleet(dsn, tmp_path, "_mcp_app:app")
+def procs(fleet: Fleet) -> Iterator[tuple[Fleet, list[ServerProc]]]:
     servers: list[ServerProc] = []
     try:
         yield fleet, servers
     finally:
         for s in servers:
             s.stop()
-        fleet.cleanup()
 
 
 async def create(url: str, tool: str, arguments: dict[str, Any]) -> str:

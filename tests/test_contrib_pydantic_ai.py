@@ -11,20 +11,18 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import subprocess
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 import pytest
 
 pytest.importorskip("pydantic_ai")
 
-from _fleet import Fleet
 from _pydantic_ai_app import build
 from _waiting import WAIT_LIMIT, app_running, until, until_sync
 from pydantic_ai import Agent
@@ -36,7 +34,11 @@ from pydantic_ai.models.test import TestModel
 import pgdurable
 from pgdurable.contrib.pydantic_ai import PgDurability, decision, start_agent, task_name
 
+if TYPE_CHECKING:
+    from fix_fleet import Fleet
+
 ROOT = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.fleet("_pydantic_ai_app:app")
 
 
 @dataclass
@@ -51,15 +53,6 @@ def db(dsn: str) -> Iterator[psycopg.Connection[Any]]:
                      "at timestamptz DEFAULT clock_timestamp())")
         conn.execute("CREATE TABLE pa_kills (point text PRIMARY KEY)")
         yield conn
-
-
-@pytest.fixture
-def fleet(dsn: str, tmp_path: Path) -> Iterator[Fleet]:
-    f = Fleet(dsn, tmp_path, "_pydantic_ai_app:app")
-    try:
-        yield f
-    finally:
-        f.cleanup()
 
 
 @pytest.fixture
@@ -306,7 +299,7 @@ def test_sigkill_between_the_two_tools(db: psycopg.Connection[Any], fleet: Fleet
     assert _counts(db, "o-10") == {"model": 3, "search": 1, "charge": 1}
     pids = dict(db.execute("SELECT event, array_agg(DISTINCT pid) FROM test_ledger "
                            "WHERE tag LIKE 'o-10%%' GROUP BY event").fetchall())
-    assert pids["search"] == [fleet.all[0].pid] and pids["charge"] == [fleet.all[1].pid]
+    assert pids["search"] == [fleet.workers[0].pid] and pids["charge"] == [fleet.workers[1].pid]
     output = db.execute("SELECT result->>'output' FROM pgdurable.runs WHERE id = %s",
                         (rid,)).fetchone()
     assert output == ("done: 3 hits for o-10; charged 42 for o-10",)
@@ -347,7 +340,7 @@ def test_an_approval_parks_and_resumes_from_another_process(
     until_sync(lambda: _status(db, rid)[0] == "completed", "the run to complete")
     assert _counts(db, "o-12") == {"model": 3, "search": 1, "charge": 1}
     charged_by = db.execute("SELECT pid FROM test_ledger WHERE event = 'charge'").fetchone()
-    assert charged_by == (fleet.all[1].pid,)
+    assert charged_by == (fleet.workers[1].pid,)
 
 
 def test_a_stream_followed_across_a_crash_has_no_gap_and_no_duplicate(
@@ -361,8 +354,7 @@ def test_a_stream_followed_across_a_crash_has_no_gap_and_no_duplicate(
     db.execute("INSERT INTO pa_kills VALUES ('before:charge')")
     crashed = _start("planner", "plan o-21", env_dsn, queue="crash")
     reader = subprocess.Popen([sys.executable, "-c", _READER, env_dsn, crashed], cwd=ROOT,
-                              env={**os.environ, "PYTHONPATH": f"{ROOT / 'tests'}:{ROOT}"},
-                              stdout=subprocess.PIPE, text=True)
+                              env=fleet.env, stdout=subprocess.PIPE, text=True)
     fleet.start("a", queues="crash")
     until_sync(lambda: _counts(db, "before:charge").get("killed") == 1, "the kill")
     before_crash = max(s for s, _ in _events(db, crashed))
@@ -402,14 +394,11 @@ asyncio.run(main())
 
 
 def test_a_worker_of_another_revision_does_not_take_the_run(
-        db: psycopg.Connection[Any], fleet: Fleet, env_dsn: str,
-        monkeypatch: pytest.MonkeyPatch) -> None:
+        db: psycopg.Connection[Any], fleet: Fleet, env_dsn: str) -> None:
     """The run records its agent's revision; a worker whose agents are revision 2
     claims a run started after it (``ping``) but leaves the revision-1 run alone."""
     rid = _start("planner", "plan o-30", env_dsn)
-    monkeypatch.setenv("PA_REVISION", "2")
-    fleet.start("v2")
-    monkeypatch.setenv("PA_REVISION", "1")
+    fleet.start("v2", env={"PA_REVISION": "2"})
     ping = _start_task("ping", env_dsn)
     until_sync(lambda: _status(db, ping)[0] == "completed", "the ping")
     assert _status(db, rid)[0] == "runnable"

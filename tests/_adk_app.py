@@ -1,9 +1,9 @@
 """Google ADK agents run by pgdurable worker processes (tests/test_contrib_adk.py), on a
 scripted ``BaseLlm`` subclass (no network).
 
-Every real model call and tool call records a row in ``test_ledger(event, pid, tag)``
-(committed) before it returns. A test arms a crash by inserting ``before:pay`` into
-``adk_kills``: the first process to reach it deletes the row and SIGKILLs itself.
+Every real model call and tool call records a row in ``test_ledger`` before it returns
+(tests/_agent_ledger.py); a test arms a crash by inserting ``before:pay`` into
+``test_kills``.
 
 The scripted model answers from the request: no tool result yet -> call ``search``;
 one -> call ``pay`` (the order is the user message's last word); two -> the final
@@ -15,12 +15,10 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
 import warnings
 from collections.abc import AsyncGenerator
-from typing import Any
 
-import psycopg
+from _agent_ledger import ledger, maybe_die
 from google.adk.agents import LlmAgent
 from google.adk.models.base_llm import BaseLlm
 from google.adk.models.llm_request import LlmRequest
@@ -34,25 +32,6 @@ from pgdurable.foundation.db import resolve_dsn
 
 warnings.filterwarnings("ignore", category=UserWarning, module="google.adk")
 logging.getLogger("opentelemetry.context").setLevel(logging.CRITICAL)
-
-
-def _conn() -> psycopg.Connection[Any]:
-    return psycopg.connect(resolve_dsn() or "", autocommit=True)
-
-
-def ledger(event: str, tag: str = "") -> None:
-    with _conn() as conn:
-        conn.execute("INSERT INTO test_ledger (event, pid, tag) VALUES (%s, %s, %s)",
-                     (event, os.getpid(), tag))
-
-
-def maybe_die(point: str) -> None:
-    with _conn() as conn:
-        row = conn.execute("DELETE FROM adk_kills WHERE point = %s RETURNING point",
-                           (point,)).fetchone()
-    if row is not None:
-        ledger("killed", point)
-        os.kill(os.getpid(), signal.SIGKILL)
 
 
 class ScriptedLlm(BaseLlm):

@@ -13,8 +13,8 @@ final message (which quotes how many user messages the session holds).
 
 ``teller`` (streamed) and ``store`` (``pay`` needs an approval) run on the SDK's own
 scripted model, ``agents.testing.ScriptedModel``: ``search``, then ``pay``, then the
-answer. A test arms a crash by inserting ``before:pay`` into ``oa_kills``: the first
-process to reach it deletes the row and SIGKILLs itself.
+answer. A test arms a crash by inserting ``before:pay`` into ``test_kills``
+(tests/_agent_ledger.py).
 
 ``python tests/_agents_app.py add SESSION TAG N`` appends N batches of 3 items.
 """
@@ -28,6 +28,7 @@ import sys
 from typing import Any
 
 import psycopg
+from _agent_ledger import ledger, maybe_die
 from agents import Agent, ModelSettings, function_tool
 from agents.items import ModelResponse
 from agents.models.interface import Model
@@ -44,12 +45,6 @@ from pgdurable.contrib.openai_agents import PgDurableSession, register_agent
 from pgdurable.foundation.db import resolve_dsn
 
 os.environ.setdefault("OPENAI_AGENTS_DISABLE_TRACING", "1")
-
-
-def ledger(event: str, tag: str = "") -> None:
-    with psycopg.connect(resolve_dsn() or "", autocommit=True) as conn:
-        conn.execute("INSERT INTO test_ledger (event, pid, tag) VALUES (%s, %s, %s)",
-                     (event, os.getpid(), tag))
 
 
 def _count(event: str) -> int:
@@ -111,17 +106,6 @@ def crash() -> str:
 
 
 # -- agents on the SDK's own scripted model (agents.testing.ScriptedModel) ------------
-
-
-def maybe_die(point: str) -> None:
-    """SIGKILL this process if ``point`` is armed in ``oa_kills`` (once: the row is
-    taken first)."""
-    with psycopg.connect(resolve_dsn() or "", autocommit=True) as conn:
-        row = conn.execute("DELETE FROM oa_kills WHERE point = %s RETURNING point",
-                           (point,)).fetchone()
-    if row is not None:
-        ledger("killed", point)
-        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def scripted_turn(call: ModelCall) -> list[Any]:

@@ -1,11 +1,9 @@
 """Pydantic AI agents run by pgdurable worker processes (tests/test_contrib_pydantic_ai.py),
 with Pydantic AI's own stand-in for a model: a ``FunctionModel`` (no network).
 
-Every real model call and tool call records a row in ``test_ledger(event, pid, tag)``
-(committed) before it returns, so a test counts from the database what ran, and in
-which process. A test arms a crash by inserting a row into ``pa_kills(point)``: the
-first process to reach that point deletes the row and SIGKILLs itself (so it dies
-exactly once). Points: ``before:charge`` (the second tool, before its side effect),
+Every real model call and tool call records a row in ``test_ledger`` before it returns
+(tests/_agent_ledger.py); a test arms a crash by inserting a point into ``test_kills``.
+Points: ``before:charge`` (the second tool, before its side effect),
 ``after:charge`` (after the side effect, before the step is recorded).
 
 The scripted model answers from the conversation: no tool result yet -> call
@@ -20,11 +18,11 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 from collections.abc import AsyncIterator
 from typing import Any
 
 import psycopg
+from _agent_ledger import ledger, maybe_die
 from pydantic_ai import Agent
 from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart
 from pydantic_ai.models.function import AgentInfo, DeltaToolCall, DeltaToolCalls, FunctionModel
@@ -33,26 +31,6 @@ import pgdurable
 from pgdurable import NOT_PERFORMED, Done
 from pgdurable.contrib.pydantic_ai import PgDurability
 from pgdurable.foundation.db import resolve_dsn
-
-
-def _conn() -> psycopg.Connection[Any]:
-    return psycopg.connect(resolve_dsn() or "", autocommit=True)
-
-
-def ledger(event: str, tag: str = "") -> None:
-    with _conn() as conn:
-        conn.execute("INSERT INTO test_ledger (event, pid, tag) VALUES (%s, %s, %s)",
-                     (event, os.getpid(), tag))
-
-
-def maybe_die(point: str) -> None:
-    """SIGKILL this process if ``point`` is armed (once: the row is taken first)."""
-    with _conn() as conn:
-        row = conn.execute("DELETE FROM pa_kills WHERE point = %s RETURNING point",
-                           (point,)).fetchone()
-    if row is not None:
-        ledger("killed", point)
-        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def _order(messages: list[ModelMessage]) -> str:
@@ -109,7 +87,7 @@ def charge_card(order: str, amount: int) -> str:
 def reconcile_charge(order: str, amount: int) -> Any:
     """The real outcome of a charge that crashed before it was recorded."""
     ledger("reconcile", order)
-    with _conn() as conn:
+    with psycopg.connect(resolve_dsn() or "", autocommit=True) as conn:
         row = conn.execute("SELECT 1 FROM test_ledger WHERE event = 'charge' AND tag = %s",
                            (order,)).fetchone()
     return f"charged {amount} for {order}" if row else NOT_PERFORMED

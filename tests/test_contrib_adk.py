@@ -9,8 +9,6 @@ long-running tool parks until its result is signalled. What ran is counted in
 from __future__ import annotations
 
 import asyncio
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -21,6 +19,7 @@ import pytest
 pytest.importorskip("google.adk")
 
 from _adk_app import build
+from _agent_ledger import TABLES, cli_signal
 from _waiting import WAIT_LIMIT, app_running, until, until_sync
 
 from pgdurable.contrib.adk import answer, run_agent
@@ -36,9 +35,7 @@ pytestmark = pytest.mark.fleet("_adk_app:app")
 def db(dsn: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[psycopg.Connection[Any]]:
     monkeypatch.setenv("PGDURABLE_DSN", dsn)  # the test app's ledger connects with it
     with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute("CREATE TABLE test_ledger (event text, pid int, tag text, "
-                     "at timestamptz DEFAULT clock_timestamp())")
-        conn.execute("CREATE TABLE adk_kills (point text PRIMARY KEY)")
+        conn.execute(TABLES)
         yield conn
 
 
@@ -91,7 +88,7 @@ async def test_a_run_records_model_and_tool_calls_and_streams_its_events(
 @pytest.mark.crash
 def test_sigkill_between_the_two_tools(dsn: str, db: psycopg.Connection[Any],
                                        fleet: Fleet) -> None:
-    db.execute("INSERT INTO adk_kills VALUES ('before:pay')")
+    db.execute("INSERT INTO test_kills VALUES ('before:pay')")
     rid = _start(dsn, "desk", "pay o-2")
     a = fleet.start("a", poll=0.5)
     until_sync(lambda: a.poll() is not None, "worker a to die in `pay`")
@@ -119,10 +116,7 @@ def test_a_confirmation_parks_and_resumes_from_another_process(
     assert run["state"]["pending"][0]["tool"] == "pay"
     assert run["state"]["pending"][0]["args"] == {"order": "o-3"}
     a.kill()
-    out = subprocess.run([sys.executable, "-m", "pgdurable", "signal", "approval", f"{rid}:1",
-                          "--payload", "true", "--dsn", dsn], cwd=ROOT, capture_output=True,
-                         text=True, timeout=WAIT_LIMIT)
-    assert out.returncode == 0, out.stderr
+    cli_signal(dsn, "approval", f"{rid}:1", True)
     b = fleet.start("b", poll=0.5)
     until_sync(lambda: _run(db, rid)["status"] == "completed", "worker b to finish the run")
     assert _pids(db, "model", "o-3") == [a.pid, a.pid, b.pid]

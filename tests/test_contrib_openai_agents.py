@@ -17,6 +17,7 @@ import pytest
 
 pytest.importorskip("agents")
 
+from _agent_ledger import TABLES, cli_signal
 from _waiting import WAIT_LIMIT, until_sync
 
 from pgdurable.contrib.openai_agents import PgDurableSession, run_agent
@@ -28,8 +29,7 @@ TESTS = ROOT / "tests"
 @pytest.fixture
 def db(dsn: str) -> Iterator[psycopg.Connection[Any]]:
     with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute("CREATE TABLE test_ledger (event text, pid int, tag text, "
-                     "at timestamptz DEFAULT clock_timestamp())")
+        conn.execute(TABLES)
         yield conn
 
 
@@ -153,8 +153,7 @@ def test_sigkill_mid_agent_run_resumes_without_repeating_model_calls_or_tools(
 
 @pytest.fixture
 def kills(db: psycopg.Connection[Any]) -> psycopg.Connection[Any]:
-    db.execute("CREATE TABLE oa_kills (point text PRIMARY KEY)")
-    return db
+    return db  # (test_kills is made with test_ledger)
 
 
 def _start(dsn: str, agent: str, text: str, *, session: str, queue: str = "default") -> str:
@@ -204,7 +203,7 @@ def test_sigkill_through_the_streamed_runner_between_two_tools(
     clean = _start(dsn, "teller", "pay o-1", session="s-clean")
     fleet.start("clean", poll=0.5)
     until_sync(lambda: _run(db, clean)["status"] == "completed", "the uninterrupted run")
-    db.execute("INSERT INTO oa_kills VALUES ('before:pay')")
+    db.execute("INSERT INTO test_kills VALUES ('before:pay')")
     rid = _start(dsn, "teller", "pay o-2", session="s-crash", queue="crash")
     a = fleet.start("a", queues="crash", poll=0.5)
     until_sync(lambda: a.poll() is not None, "worker a to die in `pay`")
@@ -237,10 +236,7 @@ def test_an_approval_parks_on_the_run_state_and_resumes_in_another_process(
                                         "arguments": '{"order":"o-3"}'}]
     assert isinstance(run["state"]["run_state"], str)  # the SDK's serialized RunState
     a.kill()
-    out = subprocess.run([sys.executable, "-m", "pgdurable", "signal", "approval", f"{rid}:1",
-                          "--payload", "true", "--dsn", dsn], cwd=ROOT, capture_output=True,
-                         text=True, timeout=WAIT_LIMIT)
-    assert out.returncode == 0, out.stderr
+    cli_signal(dsn, "approval", f"{rid}:1", True)
     b = fleet.start("b", poll=0.5)
     until_sync(lambda: _run(db, rid)["status"] == "completed", "worker b to finish the run")
     assert _tagged(db, "model", "o-3") == [a.pid, a.pid, b.pid]

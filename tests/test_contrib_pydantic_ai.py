@@ -23,6 +23,7 @@ import pytest
 
 pytest.importorskip("pydantic_ai")
 
+from _agent_ledger import TABLES, cli_signal
 from _pydantic_ai_app import build
 from _waiting import WAIT_LIMIT, app_running, until, until_sync
 from pydantic_ai import Agent
@@ -49,9 +50,7 @@ class Deps:
 @pytest.fixture
 def db(dsn: str) -> Iterator[psycopg.Connection[Any]]:
     with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute("CREATE TABLE test_ledger (event text, pid int, tag text, "
-                     "at timestamptz DEFAULT clock_timestamp())")
-        conn.execute("CREATE TABLE pa_kills (point text PRIMARY KEY)")
+        conn.execute(TABLES)
         yield conn
 
 
@@ -290,7 +289,7 @@ def test_sigkill_between_the_two_tools(db: psycopg.Connection[Any], fleet: Fleet
                                        env_dsn: str) -> None:
     """The worker dies in the second tool, before its side effect: another worker
     resumes the run; the first tool ran once and no recorded model turn was asked again."""
-    db.execute("INSERT INTO pa_kills VALUES ('before:charge')")
+    db.execute("INSERT INTO test_kills VALUES ('before:charge')")
     rid = _start("shopper", "plan o-10", env_dsn)
     fleet.start("a")
     until_sync(lambda: _counts(db, "before:charge").get("killed") == 1, "the kill")
@@ -315,7 +314,7 @@ def test_sigkill_after_a_side_effect_follows_the_tools_replay_policy(
     """Killed after charging, before the step is recorded: ``planner``'s charge_card
     (replay policy reconcile) is reconciled, not charged again; ``shopper``'s (safe)
     runs again, as its policy allows. No recorded model turn is asked again."""
-    db.execute("INSERT INTO pa_kills VALUES ('after:charge')")
+    db.execute("INSERT INTO test_kills VALUES ('after:charge')")
     rid = _start(agent, "plan o-11", env_dsn)
     fleet.start("a")
     until_sync(lambda: _counts(db, "after:charge").get("killed") == 1, "the kill")
@@ -332,10 +331,7 @@ def test_an_approval_parks_and_resumes_from_another_process(
     assert _status(db, rid) == ("waiting", "approval", None)  # no worker holds it
     a.kill()  # the worker that parked it is gone
     ref = f"{rid}:approval"
-    out = subprocess.run([sys.executable, "-m", "pgdurable", "signal", "approval", ref,
-                          "--payload", "true", "--dsn", env_dsn], cwd=ROOT,
-                         capture_output=True, text=True, timeout=WAIT_LIMIT)
-    assert out.returncode == 0, out.stderr
+    cli_signal(env_dsn, "approval", ref, True)
     fleet.start("b")
     until_sync(lambda: _status(db, rid)[0] == "completed", "the run to complete")
     assert _counts(db, "o-12") == {"model": 3, "search": 1, "charge": 1}
@@ -351,7 +347,7 @@ def test_a_stream_followed_across_a_crash_has_no_gap_and_no_duplicate(
     clean = _start("planner", "plan o-20", env_dsn)
     fleet.start("clean")
     until_sync(lambda: _status(db, clean)[0] == "completed", "the uninterrupted run")
-    db.execute("INSERT INTO pa_kills VALUES ('before:charge')")
+    db.execute("INSERT INTO test_kills VALUES ('before:charge')")
     crashed = _start("planner", "plan o-21", env_dsn, queue="crash")
     reader = subprocess.Popen([sys.executable, "-c", _READER, env_dsn, crashed], cwd=ROOT,
                               env=fleet.env, stdout=subprocess.PIPE, text=True)

@@ -240,6 +240,51 @@ async def test_an_approval_parks_and_a_denial_reaches_the_model(
         await app.close()
 
 
+def _concierge(messages: list[Any], info: AgentInfo) -> ModelResponse:
+    """An MCP tool (lookup), then a tool that needs an approval (book), then the answer."""
+    results = [p for m in messages for p in m.parts if p.part_kind == "tool-return"]
+    if not results:
+        return ModelResponse(parts=[ToolCallPart("lookup", {"code": "B-1"}, tool_call_id="m1")])
+    if len(results) == 1:
+        return ModelResponse(parts=[ToolCallPart("book", {"code": "B-1"}, tool_call_id="b1")])
+    return ModelResponse(parts=[TextPart(" / ".join(str(r.content) for r in results))])
+
+
+async def test_an_mcp_tool_call_is_a_recorded_step(env_dsn: str,
+                                                   db: psycopg.Connection[Any]) -> None:
+    """The MCP server's tool runs once: the run parks after it (an approval) and the
+    claim that resumes it replays the recorded MCP call instead of calling the server."""
+    from fastmcp.client.transports import PythonStdioTransport
+    from pydantic_ai.mcp import MCPToolset
+
+    app = pgdurable.Durable(env_dsn)
+    try:
+        server = MCPToolset(PythonStdioTransport(ROOT / "tests" / "_mcp_lookup_server.py",
+                                                 env={"PGDURABLE_DSN": env_dsn}), id="bookings")
+        agent = Agent(FunctionModel(_concierge), name="concierge", toolsets=[server],
+                      capabilities=[PgDurability(app, stream=False)])
+
+        @agent.tool_plain(requires_approval=True)
+        def book(code: str) -> str:
+            return f"booked {code}"
+
+        rid = await start_agent(app, agent, "book B-1")
+        async with app_running(app):
+            async def parked() -> bool:
+                return _status(db, rid)[0] == "waiting"
+
+            await until(parked, "the park")
+            await app.signal("approval", f"{rid}:approval", True)
+            result = await app.result(rid, timeout=WAIT_LIMIT)
+        assert result["output"] == "booking B-1: confirmed / booked B-1"
+        assert db.execute("SELECT count(*) FROM test_ledger WHERE event = 'mcp'").fetchone() == (1,)
+        steps = _steps(db, rid)
+        assert "concierge__mcp_server__bookings.call_tool" in steps
+        assert any(s.startswith("concierge__mcp_server__bookings.get_tools") for s in steps)
+    finally:
+        await app.close()
+
+
 def test_decision_payloads() -> None:
     from pydantic_ai.exceptions import UserError
     from pydantic_ai.tools import DeferredToolRequests, ToolApproved, ToolDenied

@@ -87,13 +87,10 @@ from .workflow import register
 if TYPE_CHECKING:
     from ...app.durable import Durable
 
-__all__ = ["APPROVAL_KIND", "PgDurability", "ToolPolicy"]
+__all__ = ["APPROVAL_KIND", "PgDurability", "decision"]
 
 #: The signal kind of a parked wait: ``pgdurable signal approval <token> --payload ...``.
 APPROVAL_KIND = "approval"
-
-#: The tool metadata key of a tool's :class:`~pgdurable.StepPolicy` fields.
-ToolPolicy = Mapping[str, Any]
 
 _RESULTS: TypeAdapter[DeferredToolResults] = TypeAdapter(DeferredToolResults)
 _POLICY_FIELDS = {f.name for f in dataclasses.fields(StepPolicy)}

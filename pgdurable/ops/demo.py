@@ -462,7 +462,7 @@ def _summary(console: Console, conn: Any, run_id: str, folder: str, ok: bool,
     console.print(table)
     console.print(f"tool web_search executed [bold]{len(calls)}[/] time(s) "
                   f"({', '.join(calls) or 'never'}); steps checkpointed under {len(tokens)} "
-                  "lease token(s)", highlight=False)
+                  "lease token(s)", highlight=False, soft_wrap=True)
     console.print("inspect it: ", Text(inspect, style="bold"), sep="", highlight=False,
                   soft_wrap=True)
     good = ok and len(calls) == 1

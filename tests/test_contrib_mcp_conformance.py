@@ -21,8 +21,8 @@ import pytest
 
 pytest.importorskip("mcp")
 
-from fix_fleet import Fleet
 from _mcp_procs import ROOT, ServerProc
+from fix_fleet import Fleet
 
 SCENARIOS = [
     "tasks-lifecycle", "tasks-capability-negotiation", "tasks-wire-fields",

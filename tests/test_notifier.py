@@ -212,7 +212,7 @@ async def test_a_channel_is_unlistened_when_its_last_subscriber_leaves(
     finally:
         await done.close()  # the last subscriber of all: the connection closes
     assert notifier.backend_pid is None
-    assert _backend_gone(conn, pid)
+    await soon(lambda: _backend_gone(conn, pid), "the connection to close")
 
 
 async def test_a_flood_fans_out_to_every_subscriber_without_waiting_for_any(
@@ -305,3 +305,24 @@ def test_each_event_loop_has_its_own(dsn: str) -> None:
         return notifier_for(dsn)
 
     assert asyncio.run(get()) is not asyncio.run(get())
+
+
+async def test_a_subscriber_that_comes_as_the_last_one_leaves_waits_for_a_new_connection(
+        dsn: str, conn: psycopg.Connection[Any]) -> None:
+    notifier = Notifier(dsn)
+    first = notifier.subscribe(["pgdurable_events"])
+    await asyncio.wait_for(first.ready.wait(), WAIT_LIMIT)
+    pid = notifier.backend_pid
+    first.cancel()  # the last one: its connection is closing, not waited for
+    heard: list[str] = []
+    second = notifier.subscribe(["pgdurable_events"], lambda n: heard.append(n.payload))
+    try:
+        assert not second.ready.is_set(), "ready on a connection that is closing"
+        await asyncio.wait_for(second.ready.wait(), WAIT_LIMIT)
+        assert notifier.backend_pid != pid and notifier.connects == 2
+        conn.execute("NOTIFY pgdurable_events, 'x'")
+        await soon(lambda: heard == ["x"], "the new connection to hear it")
+    finally:
+        await second.close()
+    assert pid is not None
+    await soon(lambda: _backend_gone(conn, pid), "the first connection to close")

@@ -238,6 +238,7 @@ class Notifier:
         if not self._subs and self._task is not None:
             task, self._task = self._task, None
             task.cancel()  # nobody listens: close the connection
+            self._reset()  # now: a subscriber that comes next waits for a new one
             return task
         if unwanted:
             self._change()  # UNLISTEN what nobody wants
@@ -282,12 +283,16 @@ class Notifier:
                 sub._recheck()
 
     def _lost(self) -> None:
-        """The connection is gone: nothing is listened, nobody is ready. (Only the
-        current connection task says so: one that was cancelled because the
-        last subscriber left may end after a new one started.)"""
-        if self._task is not None and self._task is not asyncio.current_task():
-            return
+        """The connection task's connection is gone. (Only the current task says
+        so: one that was cancelled because the last subscriber left may end
+        after a new one started.)"""
+        if self._task is None or self._task is asyncio.current_task():
+            self._reset()
+
+    def _reset(self) -> None:
+        """No connection: nothing is listened, nobody is ready."""
         self._listening.clear()
+        self._changed = None
         self.backend_pid = None
         for sub in self._subs:
             sub.ready.clear()
@@ -309,13 +314,17 @@ class Notifier:
                     await self._serve(conn)
                 except asyncio.CancelledError:
                     raise
-                except (psycopg.Error, OSError, DatabaseUnavailable) as exc:
+                except Exception as exc:
                     why = str(exc).strip() or type(exc).__name__
-                    if conn is not None:
-                        backoff = BACKOFF[0]  # it was up: the first retry comes soon
+                    if not isinstance(exc, psycopg.Error | OSError | DatabaseUnavailable):
+                        # a bug, not the network: say so, but keep the process listening
+                        log.error("listener failed; reconnecting", exc_info=True)
+                    elif conn is not None:
                         log.warning("listener connection lost: %s; reconnecting", why)
                     else:
                         log.warning("listener cannot connect: %s; retrying", why)
+                    if conn is not None:
+                        backoff = BACKOFF[0]  # it was up: the first retry comes soon
                     self._lost()
                     await asyncio.sleep(backoff * random.uniform(0.5, 1.5))
                     backoff = min(backoff * 2, BACKOFF[1])
@@ -325,6 +334,8 @@ class Notifier:
                             await conn.close()
         finally:
             self._lost()
+            if self._task is asyncio.current_task():
+                self._task = None  # (a subscriber that comes next starts another)
 
     async def _serve(self, conn: psycopg.AsyncConnection[Any]) -> None:
         """LISTEN and UNLISTEN as subscribers come and go, announce, renew and
@@ -348,7 +359,7 @@ class Notifier:
                 announced[ch] = heard = time.monotonic()
 
         while True:
-            self._changed = asyncio.get_running_loop().create_future()
+            changed = self._changed = asyncio.get_running_loop().create_future()
             for ch in [c for c in listened if c not in self._wanted]:
                 self._listening.discard(ch)
                 announced.pop(ch, None)
@@ -366,15 +377,15 @@ class Notifier:
                 self._schedule_rechecks(fresh)
             self._listening.update(listened)
             self._mark_ready()  # the subscribers of what is listened now look again
-            if self._changed.done():
+            if changed.done():
                 continue  # a subscriber came or went meanwhile
             now = time.monotonic()
             window = heard + HEALTH - now
             if watched:
                 window = min(window, min(announced[c] for c in watched) + presence.RENEW - now)
-            if await receive(conn, max(0.0, window), self._changed):
+            if await receive(conn, max(0.0, window), changed):
                 heard = time.monotonic()
-            if self._changed.done():
+            if changed.done():
                 continue
             if watched and time.monotonic() - min(announced[c] for c in watched) >= presence.RENEW:
                 continue  # the renewal, at the top, is also the health check

@@ -91,8 +91,9 @@ class Durable:
     transaction-mode pooler such as PgBouncer's ``pool_mode = transaction``
     (no prepared statements, no session settings, no LISTEN through it).
     ``listen_dsn`` (else ``PGDURABLE_LISTEN_DSN``) is a direct connection
-    for LISTEN (workers' wake-ups, streams); without one behind a
-    transaction pooler, workers and streams poll. See :mod:`pgdurable.foundation.pooler`.
+    for LISTEN (the process's one, :meth:`notifier`: workers' wake-ups,
+    streams, results); without one behind a transaction pooler, they poll.
+    See :mod:`pgdurable.foundation.pooler`.
     """
 
     #: Largest signal payload (bytes of JSON) :meth:`signal` accepts; set it on the app.

@@ -66,7 +66,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, TypeVar
 
 import psycopg
 from psycopg import conninfo as _conninfo
@@ -88,6 +88,7 @@ STATEMENT_TIMEOUT = 30.0
 #: First and longest wait (seconds, jittered ±50 %) between two connection attempts.
 BACKOFF = (0.2, 5.0)
 
+K = TypeVar("K")
 NotifyHandler = Callable[[psycopg.Notify], None]
 Recheck = Callable[[], None]
 
@@ -222,13 +223,10 @@ class Notifier:
         self._subs.discard(sub)
         unwanted = False
         for ch in sub.channels:
-            group = self._by_channel if sub.key is None else self._by_key
-            k: Any = ch if sub.key is None else (ch, sub.key)
-            members = group.get(k)
-            if members is not None:
-                members.discard(sub)
-                if not members:
-                    del group[k]
+            if sub.key is None:
+                _drop(self._by_channel, ch, sub)
+            else:
+                _drop(self._by_key, (ch, sub.key), sub)
             left = self._wanted.get(ch, 0) - 1
             if left > 0:
                 self._wanted[ch] = left
@@ -391,6 +389,15 @@ class Notifier:
                 continue  # the renewal, at the top, is also the health check
             if time.monotonic() - heard >= HEALTH:
                 await statement("SELECT 1")  # a quiet socket: is it still there?
+
+
+def _drop(index: dict[K, set[Subscription]], k: K, sub: Subscription) -> None:
+    """Take ``sub`` out of ``index[k]`` (and the key out when it is left empty)."""
+    members = index.get(k)
+    if members is not None:
+        members.discard(sub)
+        if not members:
+            del index[k]
 
 
 class Wakeup:

@@ -19,6 +19,11 @@ WAIT_LIMIT = 60.0
 #: listener, once connected: its last LISTEN is that one).
 WORKERS_LISTENING = ("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
                      "AND query = 'LISTEN pgdurable_cancel'")
+#: This database's LISTEN connections (a process's notifier, pgdurable/foundation/notifier.py),
+#: told apart by what such a connection alone runs: LISTEN, UNLISTEN, presence announcements.
+LISTENING = ("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+             "AND (query LIKE 'LISTEN pgdurable%%' OR query LIKE 'UNLISTEN pgdurable%%' "
+             "OR query LIKE 'SELECT pgdurable.listen_presence%%')")
 
 
 async def until(pred: Callable[[], Awaitable[Any]], what: str = "condition") -> None:

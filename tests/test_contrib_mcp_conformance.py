@@ -21,8 +21,8 @@ import pytest
 
 pytest.importorskip("mcp")
 
-from _fleet import Fleet
 from _mcp_procs import ROOT, ServerProc
+from fix_fleet import Fleet
 
 SCENARIOS = [
     "tasks-lifecycle", "tasks-capability-negotiation", "tasks-wire-fields",
@@ -53,9 +53,9 @@ def runner() -> tuple[Path, Path]:
 
 
 @pytest.mark.slow
-def test_conformance_task_scenarios(dsn: str, tmp_path: Path) -> None:
+@pytest.mark.fleet("_mcp_app:app")
+def test_conformance_task_scenarios(dsn: str, tmp_path: Path, fleet: Fleet) -> None:
     node, entry = runner()
-    fleet = Fleet(dsn, tmp_path, "_mcp_app:app")
     fleet.start("w1", poll=1.0, concurrency=16)
     server = ServerProc(dsn, tmp_path, "conformance")
     passed: dict[str, str] = {}
@@ -72,5 +72,4 @@ def test_conformance_task_scenarios(dsn: str, tmp_path: Path) -> None:
             assert out.returncode == 0, f"{scenario}:\n{text[-4000:]}"
     finally:
         server.stop()
-        fleet.cleanup()
     print("conformance:", passed)

@@ -9,9 +9,10 @@ Real connections: the NOTIFYs come from another connection, the loss is a
   psycopg reads itself), or between two windows, are not lost;
 * a lost connection ends the window at once with ``psycopg.OperationalError``;
   a handler that raises ends it with that error, and the connection stays usable;
-* the stream hub and the dashboard's broadcaster keep a notification that
-  arrives while they renew their presence (a statement on the listening
-  connection, held here on the presence row's lock);
+* the notifier (what result waiters and streams subscribe to) and the
+  dashboard's broadcaster keep a notification that arrives while the notifier
+  renews its presence (a statement on the listening connection, held here on
+  the presence row's lock);
 * a worker whose listener hears a stream of wake-ups runs every run, and a
   cancel NOTIFY still stops a running step.
 """
@@ -31,8 +32,8 @@ from _waiting import until, worker_listening
 from pgdurable import Continue, Done, Durable, RunContext
 from pgdurable.foundation import presence
 from pgdurable.foundation.notifications import receive
+from pgdurable.foundation.notifier import Notifier
 from pgdurable.ops.dashboard import _live
-from pgdurable.runs import stream
 
 
 async def _listening(dsn: str, heard: list[tuple[str, str]]) -> psycopg.AsyncConnection[Any]:
@@ -148,8 +149,7 @@ def renewing(monkeypatch: pytest.MonkeyPatch) -> None:
     """Listeners renew their presence ten times a second, and an announcement lasts
     2 s: a renewal writes the presence row about every second."""
     monkeypatch.setattr(presence, "TTL", 2)
-    monkeypatch.setattr(stream, "RENEW", 0.1)
-    monkeypatch.setattr(_live, "RENEW", 0.1)
+    monkeypatch.setattr(presence, "RENEW", 0.1)
 
 
 @asynccontextmanager
@@ -172,16 +172,17 @@ async def _renewal_held(dsn: str) -> AsyncIterator[None]:
             await locker.rollback()
 
 
-async def test_the_stream_hub_keeps_a_notification_heard_while_it_announces(
+async def test_the_notifier_keeps_a_notification_heard_while_it_announces(
         dsn: str, renewing: None) -> None:
-    """result() waiters' hub on pgdurable_done: a run's end notified while the hub's
-    connection runs its renewal is read by psycopg during that statement; the hub's
-    notify handler must still wake the run's subscribers."""
-    hub = stream._Hub(dsn, "pgdurable_done")
-    ev = hub.subscribe("run-x")
-    other = hub.subscribe("run-y")
+    """result() waiters on pgdurable_done: a run's end notified while the notifier's
+    connection runs its renewal is read by psycopg during that statement; the
+    notifier's notify handler must still wake the run's subscribers."""
+    notifier = Notifier(dsn)
+    ev, other = asyncio.Event(), asyncio.Event()
+    sub = notifier.subscribe(["pgdurable_done"], lambda _: ev.set(), key="run-x")
+    sub_other = notifier.subscribe(["pgdurable_done"], lambda _: other.set(), key="run-y")
     try:
-        await asyncio.wait_for(hub.listening.wait(), 30)
+        await asyncio.wait_for(sub.ready.wait(), 30)
         await asyncio.sleep(max(presence.RECHECK) + 0.2)  # its re-reads are over
         ev.clear()
         other.clear()
@@ -192,8 +193,8 @@ async def test_the_stream_hub_keeps_a_notification_heard_while_it_announces(
         await asyncio.wait_for(ev.wait(), 30)
         assert not other.is_set()  # only the notified run's subscribers
     finally:
-        await hub.unsubscribe("run-y", other)
-        await hub.unsubscribe("run-x", ev)
+        await sub_other.close()
+        await sub.close()
 
 
 async def test_the_dashboard_keeps_a_notification_heard_while_it_announces(

@@ -18,7 +18,7 @@ from _waiting import app_running
 from pgdurable import Done, Durable, DurableClient, RunCancelled, RunContext
 from pgdurable.foundation import presence
 from pgdurable.foundation.errors import InvalidInput, PgDurableError, translate
-from pgdurable.runs import results, stream
+from pgdurable.runs import results
 
 WATCH = ("pgdurable_steps", "pgdurable_done")
 START = ("SELECT run_id FROM pgdurable.start_run('t', '1', '{}', 'default', 0, 3, NULL, NULL, "
@@ -137,8 +137,7 @@ async def test_result_wakes_on_the_notification(
     """No safety poll and no re-reads: only the pgdurable_done NOTIFY, sent because
     the waiter (alone: async or sync) announced itself, can end this wait early."""
     monkeypatch.setattr(results, "POLL", 3600.0)
-    monkeypatch.setattr(results, "RECHECK", ())
-    monkeypatch.setattr(stream, "RECHECK", ())
+    monkeypatch.setattr(presence, "RECHECK", ())  # the notifier's and the sync waiter's
     gate = threading.Event()
     _register(app, gate)
     rid = str(await app.start("slow", {"i": 1}))

@@ -16,7 +16,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from _waiting import WAIT_LIMIT, finished, until, until_sync
+from _waiting import LISTENING, WAIT_LIMIT, finished, until, until_sync
 from _waiting import app_running as running
 
 from pgdurable import Continue, Done, Durable, RunContext, RunNotFound
@@ -25,9 +25,9 @@ from tests._thread_procs import EVENTS_PER_STEP, STEPS, create_scratch
 from tests.test_threads import q1, stop, worker_proc
 
 ROOT = Path(__file__).resolve().parent.parent
-#: How many of this database's backends LISTEN for stream events.
-LISTENERS = ("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-             "AND query = 'LISTEN pgdurable_events'")
+#: How many of this database's backends LISTEN (a process's notifier: the one of
+#: the test, shared by its worker and its streams).
+LISTENERS = LISTENING
 
 
 async def collect(it: AsyncIterator[StreamEvent]) -> list[StreamEvent]:
@@ -223,7 +223,7 @@ def test_a_follower_in_another_process_sees_every_event_once_across_a_worker_cra
 async def test_a_stream_survives_its_listener_being_killed(
     dsn: str, conn: psycopg.Connection[Any], caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.WARNING, logger="pgdurable.stream")
+    caplog.set_level(logging.WARNING, logger="pgdurable.notifier")
     app = Durable(dsn)
     gate = asyncio.Event()
 
@@ -248,14 +248,14 @@ async def test_a_stream_survives_its_listener_being_killed(
         async with running(app):
             follower = asyncio.create_task(follow())
             await asyncio.wait_for(first.wait(), WAIT_LIMIT)
-            killed = q1(conn, "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
-                              "WHERE datname = current_database() AND query = 'LISTEN pgdurable_events'")
+            # the process's one LISTEN connection (the worker's and the stream's)
+            killed = q1(conn, LISTENING.replace("count(*)", "count(pg_terminate_backend(pid))"))
             assert killed == 1
             gate.set()
             await asyncio.wait_for(follower, WAIT_LIMIT)
     assert [e.event for e in got[:-1]] == ["before", "after-0", "after-1", "after-2"]
     assert [e.seq for e in got] == [1, 2, 3, 4, 5] and got[-1].final
-    assert "stream listener lost" in caplog.text  # it noticed, reconnected and re-read
+    assert "listener connection lost" in caplog.text  # it noticed, reconnected and re-read
 
 
 async def test_streams_of_one_app_share_one_listen_connection(

@@ -28,6 +28,7 @@ from pgdurable import (
     define_durable_task,
 )
 from pgdurable.foundation import run_queries as q
+from pgdurable.foundation.affinity import ABSENT, PRESENT, STARTED
 from pgdurable.models.durable_runs import DurableRunContext
 from pgdurable.runs.fork import REGISTER_WORKER, UNREGISTER_WORKER
 
@@ -526,10 +527,14 @@ async def test_idle_worker_issues_one_query_per_poll(app: Durable) -> None:
             return seen.count(q.NEXT_WAKEUP) >= 6
 
         await until(polled, "six idle polls")
-    # the worker registers its task revisions at start and removes them at
-    # stop (pgdurable/runs/fork.py: one statement each, not per poll)
-    assert seen[0] == REGISTER_WORKER and seen[-1] == UNREGISTER_WORKER
-    seen = seen[1:-1]
+    # the worker registers its task revisions and announces its presence at start,
+    # and removes both at stop (pgdurable/runs/fork.py, engine/presence.py: one
+    # statement each, not per poll; the presence is renewed per heartbeat interval,
+    # TTL/3 = 20 s here)
+    assert seen[:2] == [REGISTER_WORKER, STARTED], seen[:2]
+    assert seen[-2:] == [UNREGISTER_WORKER, ABSENT], seen[-2:]
+    assert PRESENT not in seen
+    seen = seen[2:-2]
     # startup claims once (and asks next_wakeup); afterwards each poll is ONE
     # next_wakeup query and no claim, since nothing is due
     assert seen[0] == q.CLAIM and seen[1] == q.NEXT_WAKEUP

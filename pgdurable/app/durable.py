@@ -41,6 +41,7 @@ from ..foundation.effects import DEFAULT_TTL as DEFAULT_IDEMPOTENCY_TTL
 from ..foundation.effects import with_idempotency
 from ..foundation.errors import InvalidInput, ProviderClosed
 from ..foundation.migrations import acheck_pool_schema
+from ..foundation.notifier import Notifier, notifier_for
 from ..foundation.pooler import Pooler, aconfigure, aprobe, listen_conninfo, resolve_pooler
 from ..foundation.registry import Task, TaskRegistry, start_params
 from ..foundation.signals import (
@@ -90,8 +91,9 @@ class Durable:
     transaction-mode pooler such as PgBouncer's ``pool_mode = transaction``
     (no prepared statements, no session settings, no LISTEN through it).
     ``listen_dsn`` (else ``PGDURABLE_LISTEN_DSN``) is a direct connection
-    for LISTEN (workers' wake-ups, streams); without one behind a
-    transaction pooler, workers and streams poll. See :mod:`pgdurable.foundation.pooler`.
+    for LISTEN (the process's one, :meth:`notifier`: workers' wake-ups,
+    streams, results); without one behind a transaction pooler, they poll.
+    See :mod:`pgdurable.foundation.pooler`.
     """
 
     #: Largest signal payload (bytes of JSON) :meth:`signal` accepts; set it on the app.
@@ -271,6 +273,14 @@ class Durable:
         info = self._pool.conninfo
         return listen_conninfo(info if isinstance(info, str) and info else self.conninfo,
                                self.pooler, self.listen_dsn)
+
+    def notifier(self) -> Notifier | None:
+        """The app's notifier: the process's one LISTEN connection to
+        :meth:`listen_conninfo` in the running event loop, shared by its workers,
+        streams and result waiters (and a dashboard on the same DSN); None
+        where nothing can LISTEN (they poll). See :mod:`pgdurable.foundation.notifier`."""
+        conninfo = self.listen_conninfo()
+        return None if conninfo is None else notifier_for(conninfo)
 
     @property
     def pool(self) -> AsyncConnectionPool[Any]:

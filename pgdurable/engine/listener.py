@@ -1,12 +1,15 @@
-"""Listen and wake: one LISTEN connection per worker, fanned out in-process.
+"""Listen and wake: what a worker does with ``pgdurable_wake`` and ``pgdurable_cancel``.
 
-:meth:`Listener._listen` keeps a dedicated autocommit connection (not from the
-pool) LISTENing on ``pgdurable_wake`` and ``pgdurable_cancel`` (read with one
-event-loop reader per minute, :func:`pgdurable.foundation.notifications.receive`); it reconnects
-with backoff and, after every (re)connect, claims and checks the runs it holds
-for cancel requests (wake-ups and cancels sent meanwhile are lost). It connects to the app's ``listen_dsn`` if set, else to the app's DSN;
-behind a transaction-mode pooler without ``listen_dsn`` there is none (LISTEN
-does not work through it) and the worker polls.
+:meth:`Listener._listen` subscribes to both channels on the process's notifier
+(:mod:`pgdurable.foundation.notifier`: one dedicated autocommit connection, not
+from the pool, shared with the process's streams, result waiters and
+dashboard; it reconnects with backoff and health-checks a quiet socket). After
+every (re)connect the notifier calls :meth:`Listener._listening_again`: the
+worker claims and checks the runs it holds for cancel requests (wake-ups and
+cancels sent meanwhile are lost). It connects to the app's ``listen_dsn`` if
+set, else to the app's DSN; behind a transaction-mode pooler without
+``listen_dsn`` there is none (LISTEN does not work through it) and the worker
+polls.
 
 NOTIFYs are hints anyone can send: wake-up claims are rate-limited
 (``hints.WakeLimiter``; one over the limit is deferred, not lost) and a
@@ -24,59 +27,43 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import random
 import uuid
-from typing import Any
 
 import psycopg
 
-from ..foundation.errors import DatabaseUnavailable
 from ..foundation.hints import cancels_requested
-from ..foundation.notifications import receive
-from ..foundation.pooler import aconnect
+from ..foundation.notifier import notifier_for
 from .base import _DB_ERRORS, WorkerBase, log
 
-__all__ = ["Listener"]
+__all__ = ["CHANNELS", "Listener"]
+
+#: What a worker listens to (in this order: the last LISTEN is the cancel channel's).
+CHANNELS = ("pgdurable_wake", "pgdurable_cancel")
 
 
 class Listener(WorkerBase):
     """The LISTEN connection and what its notifications do (part of :class:`~pgdurable.engine.worker.Worker`)."""
 
     async def _listen(self, conninfo: str) -> None:
+        """Subscribe to the wake-up and cancel channels on the process's notifier
+        for ``conninfo`` until cancelled (the worker ends its helpers so)."""
+        sub = notifier_for(conninfo).subscribe(CHANNELS, self._notified, self._listening_again)
         try:
-            await self._listen_loop(conninfo)
+            await asyncio.Event().wait()  # notifications come through the callbacks
         finally:
             checker, self._cancel_checker = self._cancel_checker, None
             if checker is not None:
                 checker.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await checker
+            await sub.close()
 
-    async def _listen_loop(self, conninfo: str) -> None:
-        backoff = 0.2
-        while not self._stopping:
-            conn: psycopg.AsyncConnection[Any] | None = None
-            try:
-                conn = await aconnect(conninfo)
-                conn.add_notify_handler(self._notified)  # also while a statement runs
-                await conn.execute("LISTEN pgdurable_wake")
-                await conn.execute("LISTEN pgdurable_cancel")
-                backoff = 0.2
-                self._poke()  # claim after every (re)connect: wake-ups may be lost
-                self._renew_now.set()  # and so may cancels: the renewal reads them, one statement
-                while not self._stopping:
-                    if not await receive(conn, 60.0):
-                        await conn.execute("SELECT 1")  # health check of a quiet socket
-            except asyncio.CancelledError:
-                raise
-            except (psycopg.Error, OSError, DatabaseUnavailable) as exc:
-                log.warning("listener connection lost: %s; reconnecting", exc)
-                await asyncio.sleep(backoff * random.uniform(0.5, 1.5))
-                backoff = min(backoff * 2, 5.0)
-            finally:
-                if conn is not None:
-                    with contextlib.suppress(Exception):
-                        await conn.close()
+    def _listening_again(self) -> None:
+        """The notifier listens (first connection or a reconnect): claim, since
+        wake-ups may have been lost, and so may cancels: the renewal reads them,
+        one statement."""
+        self._poke()
+        self._renew_now.set()
 
     def _notified(self, n: psycopg.Notify) -> None:
         if n.channel == "pgdurable_wake":

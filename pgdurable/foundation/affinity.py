@@ -84,6 +84,10 @@ PIN = ("SELECT pgdurable.pin_run(%s::uuid, %s::bigint, %s::text, %s::text, %s::t
        "%s::interval, %s::jsonb)")
 # -- worker presence: this instance is alive for ttl (returns until)
 PRESENT = "SELECT pgdurable.worker_present(%s::text, %s::text, %s::interval)"
+# -- a starting worker's presence, with where and how it runs: host, pid, queues,
+# -- concurrency (returns until)
+STARTED = ("SELECT pgdurable.worker_started(%s::text, %s::text, %s::interval, %s::text, "
+           "%s::integer, %s::text[], %s::integer)")
 # -- a clean stop: remove this instance's presence and wake its queues (its reserved runs
 # -- are anybody's now); returns whether it was there
 ABSENT = "SELECT pgdurable.worker_absent(%s::text, %s::text, %s::text[])"

@@ -22,11 +22,14 @@ import psycopg
 __all__ = ["receive"]
 
 
-async def receive(conn: psycopg.AsyncConnection[Any], seconds: float) -> int:
+async def receive(conn: psycopg.AsyncConnection[Any], seconds: float,
+                  until: asyncio.Future[Any] | None = None) -> int:
     """Read ``conn``'s notifications for ``seconds``, each handed at once to the
     handlers added with ``conn.add_notify_handler``; return how many arrived.
 
-    Raises ``psycopg.OperationalError`` as soon as the connection is lost. The
+    The window ends early once ``until`` is done (at once if it already is:
+    then only what libpq has buffered is handed on). Raises
+    ``psycopg.OperationalError`` as soon as the connection is lost. The
     connection is held (its lock) for the window: nothing else may use it.
     """
     loop = asyncio.get_running_loop()
@@ -47,10 +50,20 @@ async def receive(conn: psycopg.AsyncConnection[Any], seconds: float) -> int:
             if not lost.done():
                 lost.set_exception(exc)
 
+    def stop(_: object) -> None:
+        if not lost.done():
+            lost.set_result(None)
+
     async with conn.lock:
         fd = pg.socket
         drain()  # anything read into libpq's buffer before the window
+        if until is not None and until.done():
+            if lost.done():
+                lost.result()  # the connection was lost (or a handler raised)
+            return count
         loop.add_reader(fd, drain)
+        if until is not None:
+            until.add_done_callback(stop)
         try:
             async with asyncio.timeout(seconds):
                 await lost
@@ -58,4 +71,6 @@ async def receive(conn: psycopg.AsyncConnection[Any], seconds: float) -> int:
             pass
         finally:
             loop.remove_reader(fd)
+            if until is not None:
+                until.remove_done_callback(stop)
     return count

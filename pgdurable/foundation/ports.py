@@ -3,7 +3,7 @@
 The engine (claim, write, heartbeat, listen, park) and the capability modules
 (streams, threads, children, schedules, fork, results, tracing ...) need a few
 things of an app: run one statement on its pool, its task registry, where to
-LISTEN. They take these protocols, never :class:`pgdurable.Durable` or
+LISTEN and its notifier (the process's one LISTEN connection). They take these protocols, never :class:`pgdurable.Durable` or
 :class:`pgdurable.DurableClient`, which satisfy them and sit in the layer
 above (see ``docs/architecture.md``): nothing below the app imports the app.
 """
@@ -14,6 +14,7 @@ from typing import Any, Protocol
 
 from psycopg_pool import AsyncConnectionPool
 
+from .notifier import Notifier
 from .pooler import Pooler
 from .registry import Task, TaskRegistry
 
@@ -47,6 +48,8 @@ class App(Database, Protocol):
     async def open(self) -> None: ...
 
     def listen_conninfo(self) -> str | None: ...
+
+    def notifier(self) -> Notifier | None: ...
 
 
 class AppSettings(Protocol):

@@ -16,6 +16,10 @@ way: a run that ends in a transaction that looked for listeners just before
 the announcement committed, and commits just after the listener's first read,
 sends nothing. So after its first announcement a listener also reads again at
 each :data:`RECHECK` delay, not only after its slow safety poll.
+
+The process's notifier (:mod:`pgdurable.foundation.notifier`) does all this for
+its subscribers (result waiters, the dashboard); the sync result waiter, which
+has no event loop to share it in, does it by itself.
 """
 
 from __future__ import annotations

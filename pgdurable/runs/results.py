@@ -9,15 +9,18 @@ already finished returns at once, and a run that finishes between the read and
 the wait is not missed: its notification arrives after the LISTEN), then sleeps
 until a notification for its run or a slow safety poll (``poll`` seconds) and
 reads again; after its first announcement it also reads again at each
-:data:`~pgdurable.foundation.presence.RECHECK` delay.
+:data:`~pgdurable.foundation.presence.RECHECK` delay, and after every reconnect
+of the LISTEN connection.
 
 Outcome: a ``completed`` run's result is returned; ``failed`` (or
 ``incompatible``) raises :class:`~pgdurable.RunFailed` carrying the recorded
 error; ``cancelled`` raises :class:`~pgdurable.RunCancelled`; no end within
 ``timeout`` raises :class:`~pgdurable.ResultTimeout` (the run goes on). The
-async form shares the app's one listener connection per event loop (see
-:mod:`pgdurable.runs.stream`); the sync form opens its own connection per call (and one to LISTEN on
-when the reads go through a transaction pooler and a ``listen_dsn`` is set).
+async form subscribes to the app's notifier (the process's one LISTEN
+connection, :mod:`pgdurable.foundation.notifier`); the sync form has no event
+loop to share it in, and keeps its own path: a connection of its own per call
+(and one to LISTEN on when the reads go through a transaction pooler and a
+``listen_dsn`` is set).
 """
 
 from __future__ import annotations
@@ -29,13 +32,12 @@ import uuid
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
+from ..foundation import presence
 from ..foundation import run_queries as q
-from ..foundation.aio import wait_set
 from ..foundation.db import connect, translated
 from ..foundation.errors import ResultTimeout, RunCancelled, RunFailed, RunNotFound
+from ..foundation.notifier import Wakeup
 from ..foundation.pooler import Pooler
-from ..foundation.presence import RECHECK, RENEW, announce_sync
-from .stream import _hub
 
 if TYPE_CHECKING:
     from ..foundation.ports import App
@@ -91,23 +93,21 @@ async def await_result(app: App, run_id: object, timeout: object = None) -> Any:
     rid = q.check_run_id(run_id)
     limit = _timeout(timeout)
     end = None if limit is None else time.monotonic() + limit
-    hub = _hub(app, CHANNEL)
-    event = hub.subscribe(str(rid))
+    wake = Wakeup(app.notifier(), CHANNEL, str(rid))
     try:
         # the LISTEN must be in place before the first read (no lost wake-up);
-        # if the listener cannot connect, the reads below still poll
-        await wait_set(hub.listening, POLL if limit is None else min(POLL, limit))
+        # if the notifier cannot connect, the reads below still poll
+        await wake.listening(POLL if limit is None else min(POLL, limit))
         while True:
-            event.clear()
             done, result = outcome(await app.fetchone(READ, (rid,)), rid)
             if done:
                 return result
             left = None if end is None else end - time.monotonic()
             if left is not None and left <= 0:
                 raise _expired(rid, limit)
-            await wait_set(event, POLL if left is None else min(POLL, left))
+            await wake.wait(POLL if left is None else min(POLL, left))
     finally:
-        await hub.unsubscribe(str(rid), event)
+        await wake.close()
 
 
 def result_sync(conninfo: str, run_id: object, timeout: object = None, *,
@@ -129,11 +129,11 @@ def result_sync(conninfo: str, run_id: object, timeout: object = None, *,
                 stack.enter_context(connect(listen_to)))
             listener.execute(f"LISTEN {CHANNEL}")
         while True:
-            if listener is not None and time.monotonic() - announced >= RENEW:
+            if listener is not None and time.monotonic() - announced >= presence.RENEW:
                 if announced == -math.inf:
-                    rechecks = [time.monotonic() + d for d in RECHECK]
+                    rechecks = [time.monotonic() + d for d in presence.RECHECK]
                 announced = time.monotonic()
-                announce_sync(listener, CHANNEL)
+                presence.announce_sync(listener, CHANNEL)
             done, result = outcome(conn.execute(READ, (rid,)).fetchone(), rid)
             if done:
                 return result

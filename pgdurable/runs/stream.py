@@ -14,14 +14,15 @@ event ``{"type": "end", "status", "result", "error"}`` (``final=True``) is
 written in the same transaction: a reader sees completion after the last event.
 
 :func:`stream_run` / :func:`stream_thread` (``app.stream`` /
-``app.stream_thread``) are async iterators: they subscribe to the app's one
-shared LISTEN connection (dedicated, autocommit, never used for work; opened
-with the first stream of an event loop, closed with the last), then replay
-from the cursor, then follow live; a missed notification is covered by a slow
-poll (``poll`` seconds) and by a re-read after every reconnect of the
-listener. The listener connects to the app's ``listen_dsn``, else its DSN;
-behind a transaction-mode pooler without ``listen_dsn`` there is none and
-streams follow by polling every ``poll`` seconds (a warning says so once).
+``app.stream_thread``) are async iterators: they subscribe to
+``pgdurable_events`` on the app's notifier (the process's one LISTEN
+connection, :mod:`pgdurable.foundation.notifier`, shared with its workers,
+result waiters and dashboard), then replay from the cursor, then follow live;
+a missed notification is covered by a slow poll (``poll`` seconds) and by a
+re-read after every reconnect of the notifier. It connects to the app's
+``listen_dsn``, else its DSN; behind a transaction-mode pooler without
+``listen_dsn`` there is none and streams follow by polling every ``poll``
+seconds (a warning says so once).
 Reads go through the app's pool. They read the database, not a worker,
 so they continue across worker changes and crashes. ``stream_run`` ends after
 the run's final event (for a run that never emitted and has no thread, a
@@ -30,8 +31,6 @@ synthesized final event with ``seq`` equal to the cursor).
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 import math
 import weakref
@@ -40,16 +39,10 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-import psycopg
-
 from ..foundation import run_queries as q
-from ..foundation.aio import wait_set
-from ..foundation.errors import DatabaseUnavailable, RunNotFound
+from ..foundation.errors import RunNotFound
 from ..foundation.jsonb import dumps
-from ..foundation.notifications import receive
-from ..foundation.pooler import aconnect
-from ..foundation.presence import CHANNELS as PRESENCE_CHANNELS
-from ..foundation.presence import RECHECK, RENEW, announce
+from ..foundation.notifier import Wakeup
 from .threads import encode_thread_key
 
 if TYPE_CHECKING:
@@ -152,147 +145,18 @@ def parse_thread_cursor(after: object) -> tuple[int, int]:
     raise ValueError(f"thread cursor must be None, 'thread_no:seq' or a tuple, not {after!r}")
 
 
-class _Hub:
-    """One LISTEN connection per app (and event loop), shared by all its streams.
-
-    A background task LISTENs on ``pgdurable_events`` (autocommit, never used
-    for work) and sets the :class:`asyncio.Event` of every subscriber of the
-    notified run id (and of every ``None`` subscriber: thread streams). After
-    every (re)connect it sets all events (notifications may have been lost
-    meanwhile), then reconnects with backoff on failure. The task and its
-    connection end when the last subscriber leaves.
-
-    On a watch-only channel (``pgdurable_done``) the hub also announces itself
-    after its LISTEN and every :data:`~pgdurable.foundation.presence.RENEW` seconds (see
-    :mod:`pgdurable.foundation.presence`), and sets all events again at each
-    :data:`~pgdurable.foundation.presence.RECHECK` delay after the first announcement of
-    a connection.
-    """
-
-    def __init__(self, conninfo: str | None, channel: str = CHANNEL) -> None:
-        self.conninfo = conninfo  # None: no LISTEN possible (transaction pooler): poll
-        self.channel = channel
-        self.subs: dict[str | None, set[asyncio.Event]] = {}
-        self.listening = asyncio.Event()
-        self.task: asyncio.Task[None] | None = None
-
-    def subscribe(self, key: str | None) -> asyncio.Event:
-        ev = asyncio.Event()
-        self.subs.setdefault(key, set()).add(ev)
-        if self.conninfo is None:
-            self.listening.set()  # nothing to wait for: followers poll
-            return ev
-        if self.task is None or self.task.done():
-            self.listening.clear()
-            self.task = asyncio.create_task(self._run(), name="pgdurable-stream-listener")
-        return ev
-
-    async def unsubscribe(self, key: str | None, ev: asyncio.Event) -> None:
-        group = self.subs.get(key)
-        if group is not None:
-            group.discard(ev)
-            if not group:
-                del self.subs[key]
-        if not self.subs and self.task is not None:
-            task, self.task = self.task, None
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
-
-    def _recheck(self) -> None:
-        """After a first announcement: every subscriber reads again soon, a few times."""
-        loop = asyncio.get_running_loop()
-        for delay in RECHECK:
-            loop.call_later(delay, self._wake_all)
-
-    def _wake_all(self) -> None:
-        for group in self.subs.values():
-            for ev in group:
-                ev.set()
-
-    def _notified(self, n: psycopg.Notify) -> None:
-        for ev in self.subs.get(n.payload, ()):
-            ev.set()
-        for ev in self.subs.get(None, ()):
-            ev.set()
-
-    async def _run(self) -> None:
-        assert self.conninfo is not None
-        backoff = 0.1
-        while True:
-            conn: psycopg.AsyncConnection[Any] | None = None
-            try:
-                conn = await aconnect(self.conninfo)
-                conn.add_notify_handler(self._notified)  # also while a statement runs
-                await conn.execute(f"LISTEN {self.channel}")
-                presence = self.channel in PRESENCE_CHANNELS
-                if presence:
-                    await announce(conn, self.channel)
-                    self._recheck()
-                backoff = 0.1
-                self.listening.set()
-                self._wake_all()  # re-read: notifications may have been missed
-                while True:
-                    got = await receive(conn, RENEW if presence else 60.0)
-                    if presence:  # also the health check of a quiet socket
-                        await announce(conn, self.channel)
-                    elif not got:
-                        await conn.execute("SELECT 1")  # health check of a quiet socket
-            except asyncio.CancelledError:
-                raise
-            except (psycopg.Error, OSError, DatabaseUnavailable) as exc:
-                log.warning("stream listener lost: %s; reconnecting", exc)
-                self.listening.clear()
-                self._wake_all()
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 5.0)
-            finally:
-                if conn is not None:
-                    with contextlib.suppress(Exception):
-                        await conn.close()
+_warned: weakref.WeakSet[Any] = weakref.WeakSet()  # apps told once that they poll
 
 
-_hubs: dict[str, weakref.WeakKeyDictionary[
-    Any, weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Hub]
-]] = {}
-
-
-def _hub(app: App, channel: str = CHANNEL) -> _Hub:
-    """The app's shared listener on ``channel`` for the running event loop
-    (``pgdurable_events`` for streams, ``pgdurable_done`` for results)."""
-    by_app = _hubs.setdefault(channel, weakref.WeakKeyDictionary())
-    per_loop = by_app.setdefault(app, weakref.WeakKeyDictionary())
-    loop = asyncio.get_running_loop()
-    hub = per_loop.get(loop)
-    if hub is None:
-        conninfo = app.listen_conninfo()
-        if conninfo is None:
-            log.warning("streams: no LISTEN: the app's DSN goes through a transaction-mode "
-                        "pooler and no listen_dsn is set; following runs by polling")
-        hub = per_loop[loop] = _Hub(conninfo, channel)
-    return hub
-
-
-class _Follower:
-    """A subscription: ``start`` waits (at most ``poll``) for the LISTEN to be
-    in place; ``wait`` returns on a notification for ``key`` or after ``poll``."""
-
-    def __init__(self, app: App, key: str | None, poll: float) -> None:
-        self.hub = _hub(app)
-        self.key = key
-        self.poll = poll
-        self.event = self.hub.subscribe(key)
-
-    async def start(self) -> None:
-        await wait_set(self.hub.listening, self.poll)
-        self.event.clear()
-
-    async def wait(self) -> None:
-        await wait_set(self.event, self.poll)
-        self.event.clear()  # before the re-read: a later notification sets it again
-
-    async def close(self) -> None:
-        await self.hub.unsubscribe(self.key, self.event)
+def _wakeup(app: App, key: str | None) -> Wakeup:
+    """A follower's subscription to ``pgdurable_events`` on the app's notifier
+    (for run ``key``; None: every run, a thread stream)."""
+    notifier = app.notifier()
+    if notifier is None and app not in _warned:
+        _warned.add(app)
+        log.warning("streams: no LISTEN: the app's DSN goes through a transaction-mode "
+                    "pooler and no listen_dsn is set; following runs by polling")
+    return Wakeup(notifier, CHANNEL, key)
 
 
 async def stream_run(
@@ -302,9 +166,9 @@ async def stream_run(
     rid = q.check_run_id(run_id)
     cursor = _check_after(after)
     poll = _check_poll(poll)
-    follower = _Follower(app, str(rid), poll)
+    follower = _wakeup(app, str(rid))
     try:
-        await follower.start()
+        await follower.listening(poll)
         while True:
             rows = await app.fetchall(READ_RUN, (cursor, BATCH, rid))
             if not rows:
@@ -324,12 +188,14 @@ async def stream_run(
                 continue
             if status in q.TERMINAL:
                 if cursor == 0:  # a run that never emitted (no final row written)
-                    err = None if error is None else {k: v for k, v in error.items() if k != "traceback"}
+                    # as run_end.sql's end event: a completed run ended without error
+                    err = None if error is None or status == "completed" else {
+                        k: v for k, v in error.items() if k != "traceback"}
                     yield StreamEvent(
                         str(rid), 0, {"type": "end", "status": status, "result": result,
                                       "error": err}, True, None)
                 return
-            await follower.wait()
+            await follower.wait(poll)
     finally:
         await follower.close()
 
@@ -345,10 +211,10 @@ async def stream_thread(
     stored_key = encode_thread_key(thread_key)  # the runs.thread_key form
     no, seq = parse_thread_cursor(after)
     poll = _check_poll(poll)
-    follower = _Follower(app, None, poll) if follow else None
+    follower = _wakeup(app, None) if follow else None
     try:
         if follower is not None:
-            await follower.start()
+            await follower.listening(poll)
         while True:
             rows = await app.fetchall(READ_THREAD, (stored_key, no, seq, BATCH))
             for row in rows:
@@ -360,7 +226,7 @@ async def stream_thread(
                 continue
             if follower is None:
                 return
-            await follower.wait()
+            await follower.wait(poll)
     finally:
         if follower is not None:
             await follower.close()

@@ -1,20 +1,24 @@
-"""One LISTEN connection per dashboard server, fanned out to every browser tab.
+"""The dashboard's live updates: one subscription to the process's notifier,
+fanned out to every browser tab.
 
-:class:`Broadcaster` holds a single autocommit connection that LISTENs on the
-engine's channels (a finished step, a run's end, a new event, a cancel, a
-wake-up) and puts each notification, as a small dict, on the queue of every
-subscriber (one per open SSE stream). Tabs never poll the database; the
-number of database connections does not grow with the number of tabs.
-The connection is opened with the first subscriber, re-opened after a loss,
-and closed by :meth:`close`. A subscriber gets ``{"channel": "reconnect"}``
-("refresh everything; every later event will reach you") as soon as the
-connection listens: when it subscribes, or when the connection is (re)made.
-While it listens, the connection announces the dashboard on the watch-only
-channels (``pgdurable_steps``, ``pgdurable_done``: the database sends them only
-while somebody listens, see :mod:`pgdurable.foundation.presence`) and renews that every
-:data:`~pgdurable.foundation.presence.RENEW` seconds; after its first announcement the
-subscribers also get ``reconnect`` at each :data:`~pgdurable.foundation.presence.RECHECK`
-delay (a step or a run's end that raced the announcement is read then).
+:class:`Broadcaster` subscribes to the engine's channels (a finished step, a
+run's end, a new event, a cancel, a wake-up) on the process's notifier for the
+dashboard's DSN (:mod:`pgdurable.foundation.notifier`: one LISTEN connection,
+shared with the workers, streams and result waiters of an app on the same
+DSN in the same event loop) and puts each notification, as a small dict, on
+the queue of every subscriber (one per open SSE stream). Tabs never poll the
+database; the number of database connections does not grow with the number
+of tabs. The subscription is made with the first tab and ended by
+:meth:`Broadcaster.close` (the dashboard's shutdown): a tab moving to another
+page reconnects its stream at once, and the LISTEN connection stays. A subscriber gets ``{"channel":
+"reconnect"}`` ("refresh everything; every later event will reach you") as
+soon as the notifier listens: when it subscribes, when the connection is
+(re)made, and at each :data:`~pgdurable.foundation.presence.RECHECK` delay
+after the notifier announced itself on the watch-only channels
+(``pgdurable_steps``, ``pgdurable_done``: see :mod:`pgdurable.foundation.presence`;
+a step or a run's end that raced the announcement is read then). A tab whose
+queue is full (it stalled) gets a full refresh instead of what it missed:
+the fan-out never waits for a tab.
 """
 
 from __future__ import annotations
@@ -26,9 +30,7 @@ from typing import Any
 
 import psycopg
 
-from ...foundation.notifications import receive
-from ...foundation.presence import CHANNELS as PRESENCE_CHANNELS
-from ...foundation.presence import RECHECK, RENEW, announce
+from ...foundation.notifier import Notifier, Subscription, notifier_for
 
 log = logging.getLogger("pgdurable.dashboard")
 
@@ -38,30 +40,44 @@ _QUEUE_SIZE = 256
 
 
 class Broadcaster:
-    """Fan-out of one LISTEN connection to many subscriber queues."""
+    """Fan-out of the notifier's notifications to many subscriber queues."""
 
     def __init__(self, dsn: str) -> None:
         self._dsn = dsn
         self._subs: set[asyncio.Queue[dict[str, Any]]] = set()
-        self._task: asyncio.Task[None] | None = None
-        self.connections = 0  # LISTEN connections opened (tests: one per server)
-        self.ready = asyncio.Event()
+        self._notifier: Notifier | None = None
+        self._sub: Subscription | None = None
+        self.ready = asyncio.Event()  # the notifier listened for it (tests)
+
+    @property
+    def connections(self) -> int:
+        """LISTEN connections the notifier opened (tests: one per process)."""
+        return 0 if self._notifier is None else self._notifier.connects
 
     def subscribe(self) -> asyncio.Queue[dict[str, Any]]:
-        """A new subscriber queue (starts the listener if needed)."""
+        """A new subscriber queue (subscribes to the notifier if needed)."""
         q: asyncio.Queue[dict[str, Any]] = asyncio.Queue(_QUEUE_SIZE)
         self._subs.add(q)
-        if self.ready.is_set():
+        if self._sub is None:
+            self._notifier = notifier_for(self._dsn)  # the running loop's
+            self._sub = self._notifier.subscribe(CHANNELS, self._notified, self._listening)
+        elif self._sub.ready.is_set():
             # already listening: from now on this subscriber gets every event;
             # what happened before it subscribed, it must re-read (refresh)
             q.put_nowait({"channel": "reconnect"})
-        if self._task is None or self._task.done():
-            self._task = asyncio.create_task(self._listen())
         return q
 
     def unsubscribe(self, q: asyncio.Queue[dict[str, Any]]) -> None:
-        """Drop a subscriber queue."""
+        """Drop a subscriber queue. The subscription stays until :meth:`close`: a
+        tab that moves to another page opens its next stream at once."""
         self._subs.discard(q)
+
+    def _listening(self) -> None:
+        self.ready.set()
+        self._publish({"channel": "reconnect"})
+
+    def _notified(self, n: psycopg.Notify) -> None:
+        self._publish(_message(n.channel, n.payload))
 
     def _publish(self, message: dict[str, Any]) -> None:
         for q in list(self._subs):
@@ -73,46 +89,13 @@ class Broadcaster:
                         q.get_nowait()
                 q.put_nowait({"channel": "reconnect"})
 
-    async def _listen(self) -> None:
-        while True:
-            try:
-                async with await psycopg.AsyncConnection.connect(
-                    self._dsn, autocommit=True
-                ) as conn:
-                    self.connections += 1
-                    conn.add_notify_handler(  # also while a statement runs
-                        lambda n: self._publish(_message(n.channel, n.payload)))
-                    for ch in CHANNELS:
-                        await conn.execute(f"LISTEN {ch}")
-                    await self._announce(conn)
-                    self.ready.set()
-                    self._publish({"channel": "reconnect"})
-                    loop = asyncio.get_running_loop()
-                    for delay in RECHECK:  # what raced the announcement
-                        loop.call_later(delay, self._publish, {"channel": "reconnect"})
-                    while True:
-                        await receive(conn, RENEW)
-                        await self._announce(conn)
-            except asyncio.CancelledError:
-                raise
-            except (psycopg.Error, OSError) as exc:
-                self.ready.clear()
-                log.warning("dashboard listener lost: %s; reconnecting", exc)
-                await asyncio.sleep(1.0)
-
-    @staticmethod
-    async def _announce(conn: psycopg.AsyncConnection[Any]) -> None:
-        """Announce the dashboard on the watch-only channels (renewed every RENEW s)."""
-        for ch in sorted(PRESENCE_CHANNELS):
-            await announce(conn, ch)
-
     async def close(self) -> None:
-        """Stop the listener."""
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        """End the subscription (every tab's)."""
+        self._subs.clear()
+        sub, self._sub = self._sub, None
+        self.ready.clear()
+        if sub is not None:
+            await sub.close()
 
 
 def _message(channel: str, payload: str) -> dict[str, Any]:

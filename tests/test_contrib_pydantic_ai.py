@@ -285,6 +285,44 @@ async def test_an_mcp_tool_call_is_a_recorded_step(env_dsn: str,
         await app.close()
 
 
+def _asks(messages: list[Any], info: AgentInfo) -> ModelResponse:
+    results = [p for m in messages for p in m.parts if p.part_kind == "tool-return"]
+    if not results:
+        return ModelResponse(parts=[ToolCallPart("quote", {"item": "desk"}, tool_call_id="q1")])
+    return ModelResponse(parts=[TextPart(f"the quote: {results[0].content}")])
+
+
+async def test_an_externally_executed_tool_parks_until_its_result_is_signalled(
+        dsn: str, db: psycopg.Connection[Any]) -> None:
+    """A tool that raises CallDeferred (executed elsewhere): the run parks; the signal's
+    payload carries the result as Pydantic AI's DeferredToolResults JSON."""
+    from pydantic_ai.exceptions import CallDeferred
+
+    app = pgdurable.Durable(dsn)
+    try:
+        agent = Agent(FunctionModel(_asks), name="quoter",
+                      capabilities=[PgDurability(app, stream=False)])
+
+        @agent.tool_plain
+        def quote(item: str) -> str:
+            raise CallDeferred
+
+        rid = await start_agent(app, agent, "price a desk")
+        async with app_running(app):
+            async def parked() -> bool:
+                return _status(db, rid)[0] == "waiting"
+
+            await until(parked, "the park")
+            asked = [e for _, e in _events(db, rid) if e.get("type") == "approval_requested"]
+            assert asked[0]["calls"] == [{"tool_name": "quote", "tool_call_id": "q1",
+                                          "args": {"item": "desk"}}]
+            await app.signal("approval", f"{rid}:approval", {"calls": {"q1": "120 EUR"}})
+            result = await app.result(rid, timeout=WAIT_LIMIT)
+        assert result["output"] == "the quote: 120 EUR"
+    finally:
+        await app.close()
+
+
 def test_decision_payloads() -> None:
     from pydantic_ai.exceptions import UserError
     from pydantic_ai.tools import DeferredToolRequests, ToolApproved, ToolDenied

@@ -127,6 +127,11 @@ def test_a_confirmation_parks_and_resumes_from_another_process(
         "SELECT coalesce(event->>'type', event->>'author') FROM pgdurable.run_events "
         "WHERE run_id = %s ORDER BY seq", (rid,))]
     assert kinds.count("approval_requested") == 1 and kinds[-1] == "end"
+    # the step that resumed replayed the first part of the invocation: not streamed again
+    calls = [p["function_call"]["name"] for (e,) in db.execute(
+        "SELECT event FROM pgdurable.run_events WHERE run_id = %s", (rid,))
+        for p in (e.get("content") or {}).get("parts", []) if "function_call" in p]
+    assert calls == ["search", "pay", "adk_request_confirmation"]
 
 
 async def test_a_rejection_and_a_long_running_tool(dsn: str,

@@ -142,10 +142,12 @@ class _Backend(JournalCallableOperationBackend[StepPolicy]):
         if scope is None:  # pragma: no cover - in_durable_context guards every call
             raise RuntimeError("a pgdurable durable unit outside a pgdurable run")
         policy = config if isinstance(config, StepPolicy) else StepPolicy()
-        if (isinstance(operation_id, ToolsetCallToolId) and policy.reconcile is not None
-                and scope.call is not None):
-            reconcile = functools.partial(_reconcile_tool, policy.reconcile, scope.call[1])
-            policy = dataclasses.replace(policy, reconcile=reconcile)
+        if policy.reconcile is not None:
+            if isinstance(operation_id, ToolsetCallToolId) and scope.call is not None:
+                reconcile = functools.partial(_reconcile_tool, policy.reconcile, scope.call[1])
+                policy = dataclasses.replace(policy, reconcile=reconcile)
+            else:  # the tool's argument validation, say: nothing to reconcile
+                policy = dataclasses.replace(policy, replay="safe", reconcile=None)
         run = scope.ctx.run
         first_event = run._emitted
 

@@ -11,6 +11,11 @@ no tool output yet -> call ``charge``; one -> call ``crash``; two -> the
 final message (which quotes how many user messages the session holds).
 ``crash`` SIGKILLs its own process the first time (no ``killed`` row yet).
 
+``teller`` (streamed) and ``store`` (``pay`` needs an approval) run on the SDK's own
+scripted model, ``agents.testing.ScriptedModel``: ``search``, then ``pay``, then the
+answer. A test arms a crash by inserting ``before:pay`` into ``test_kills``
+(tests/_agent_ledger.py).
+
 ``python tests/_agents_app.py add SESSION TAG N`` appends N batches of 3 items.
 """
 
@@ -23,9 +28,11 @@ import sys
 from typing import Any
 
 import psycopg
+from _agent_ledger import ledger, maybe_die
 from agents import Agent, ModelSettings, function_tool
 from agents.items import ModelResponse
 from agents.models.interface import Model
+from agents.testing import ModelCall, ModelStep, ScriptedModel, assistant_message, function_call
 from agents.usage import Usage
 from openai.types.responses import (
     ResponseFunctionToolCall,
@@ -38,12 +45,6 @@ from pgdurable.contrib.openai_agents import PgDurableSession, register_agent
 from pgdurable.foundation.db import resolve_dsn
 
 os.environ.setdefault("OPENAI_AGENTS_DISABLE_TRACING", "1")
-
-
-def ledger(event: str, tag: str = "") -> None:
-    with psycopg.connect(resolve_dsn() or "", autocommit=True) as conn:
-        conn.execute("INSERT INTO test_ledger (event, pid, tag) VALUES (%s, %s, %s)",
-                     (event, os.getpid(), tag))
 
 
 def _count(event: str) -> int:
@@ -104,11 +105,58 @@ def crash() -> str:
     return "survived"
 
 
+# -- agents on the SDK's own scripted model (agents.testing.ScriptedModel) ------------
+
+
+def scripted_turn(call: ModelCall) -> list[Any]:
+    """no tool output since the user's message -> ``search``; one -> ``pay``; two -> the answer."""
+    items = [{"role": "user", "content": call.input}] if isinstance(call.input, str) \
+        else [i if isinstance(i, dict) else i.model_dump() for i in call.input]
+    outputs = [i for i in _since_last_user(items) if i.get("type") == "function_call_output"]
+    order = str(items[max(i for i, it in enumerate(items) if it.get("role") == "user")]
+                ["content"]).split()[-1]
+    ledger("model", f"{order}:{len(outputs)}")
+    if not outputs:
+        return [function_call("search", {"q": order}, call_id=f"s-{order}")]
+    if len(outputs) == 1:
+        return [function_call("pay", {"order": order}, call_id=f"p-{order}")]
+    return [assistant_message("done: " + "; ".join(str(o.get("output")) for o in outputs))]
+
+
+def scripted_model() -> ScriptedModel:
+    return ScriptedModel([ModelStep.respond(scripted_turn) for _ in range(200)],
+                         default_usage=Usage(requests=1, input_tokens=7, output_tokens=3,
+                                             total_tokens=10))
+
+
+@function_tool
+def search(q: str) -> str:
+    """Search (the first tool)."""
+    ledger("search", q)
+    return f"found {q}"
+
+
+def _pay(order: str) -> str:
+    maybe_die("before:pay")
+    ledger("pay", order)
+    return f"paid {order}"
+
+
+pay = function_tool(_pay, name_override="pay")
+pay_approved = function_tool(_pay, name_override="pay", needs_approval=True)
+
+
 def build(dsn: str | None = None) -> pgdurable.Durable:
     app = pgdurable.Durable(dsn or resolve_dsn())
     agent = Agent(name="shop", instructions="Help.", model=FakeModel(),
                   model_settings=ModelSettings(), tools=[charge, crash])
     register_agent(app, agent, name="shop")
+    # streamed, two tools: the SIGKILL and stream tests
+    register_agent(app, Agent(name="teller", model=scripted_model(), tools=[search, pay]),
+                   name="teller", stream=True)
+    # pay needs a human's approval: the run parks on it (RunState)
+    register_agent(app, Agent(name="store", model=scripted_model(),
+                              tools=[search, pay_approved]), name="store")
     return app
 
 

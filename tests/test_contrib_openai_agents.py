@@ -17,6 +17,7 @@ import pytest
 
 pytest.importorskip("agents")
 
+from _agent_ledger import TABLES, cli_signal
 from _waiting import WAIT_LIMIT, until_sync
 
 from pgdurable.contrib.openai_agents import PgDurableSession, run_agent
@@ -28,8 +29,7 @@ TESTS = ROOT / "tests"
 @pytest.fixture
 def db(dsn: str) -> Iterator[psycopg.Connection[Any]]:
     with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute("CREATE TABLE test_ledger (event text, pid int, tag text, "
-                     "at timestamptz DEFAULT clock_timestamp())")
+        conn.execute(TABLES)
         yield conn
 
 
@@ -146,3 +146,165 @@ def test_sigkill_mid_agent_run_resumes_without_repeating_model_calls_or_tools(
     finally:
         b.send_signal(signal.SIGKILL)
         b.wait(timeout=WAIT_LIMIT)
+
+
+# -- the SDK's scripted model: SIGKILL, approvals through RunState, run_streamed ---------
+
+
+@pytest.fixture
+def kills(db: psycopg.Connection[Any]) -> psycopg.Connection[Any]:
+    return db  # (test_kills is made with test_ledger)
+
+
+def _start(dsn: str, agent: str, text: str, *, session: str, queue: str = "default") -> str:
+    from _agents_app import build
+
+    async def go() -> str:
+        app = build(dsn)
+        async with app:
+            return await run_agent(app, agent, text, session_id=session, queue=queue)
+
+    return asyncio.run(go())
+
+
+def _run(db: psycopg.Connection[Any], rid: str) -> dict[str, Any]:
+    row = db.execute("SELECT status, wait_kind, wait_ref, lease_owner, state, result "
+                     "FROM pgdurable.runs WHERE id = %s", (rid,)).fetchone()
+    assert row is not None
+    return dict(zip(["status", "wait_kind", "wait_ref", "owner", "state", "result"], row,
+                    strict=True))
+
+
+def _tagged(db: psycopg.Connection[Any], event: str, order: str) -> list[int]:
+    return [r[0] for r in db.execute(
+        "SELECT pid FROM test_ledger WHERE event = %s AND tag LIKE %s || '%%' ORDER BY at",
+        (event, order))]
+
+
+def _stream(db: psycopg.Connection[Any], rid: str) -> list[tuple[int, str]]:
+    """(seq, what) of the run's stored events, without ids that differ between runs."""
+    out = []
+    for seq, e in db.execute("SELECT seq, event FROM pgdurable.run_events WHERE run_id = %s "
+                             "ORDER BY seq", (rid,)):
+        what = e.get("name") or (e.get("data") or {}).get("type") or e.get("agent") or ""
+        out.append((int(seq), f"{e['type']}:{what}"))
+    return out
+
+
+@pytest.mark.crash
+@pytest.mark.fleet("_agents_app:app")
+def test_sigkill_through_the_streamed_runner_between_two_tools(
+        dsn: str, kills: psycopg.Connection[Any], fleet: Any) -> None:
+    """``Runner.run_streamed`` with the SDK's ScriptedModel: the worker dies in the second
+    tool, before its side effect; another worker finishes the run. The first tool and the
+    recorded model calls ran once; the run's stream holds the events of an uninterrupted
+    run, each once, with consecutive seqs."""
+    db = kills
+    clean = _start(dsn, "teller", "pay o-1", session="s-clean")
+    fleet.start("clean", poll=0.5)
+    until_sync(lambda: _run(db, clean)["status"] == "completed", "the uninterrupted run")
+    db.execute("INSERT INTO test_kills VALUES ('before:pay')")
+    rid = _start(dsn, "teller", "pay o-2", session="s-crash", queue="crash")
+    a = fleet.start("a", queues="crash", poll=0.5)
+    until_sync(lambda: a.poll() is not None, "worker a to die in `pay`")
+    b = fleet.start("b", queues="crash", poll=0.5)
+    until_sync(lambda: _run(db, rid)["status"] == "completed", "worker b to finish the run")
+    assert _tagged(db, "model", "o-2") == [a.pid, a.pid, b.pid]
+    assert _tagged(db, "search", "o-2") == [a.pid]
+    assert _tagged(db, "pay", "o-2") == [b.pid]
+    assert _run(db, rid)["result"]["final_output"] == "done: found o-2; paid o-2"
+    stream = _stream(db, rid)
+    assert [s for s, _ in stream] == list(range(1, len(stream) + 1))
+    assert [w for _, w in stream] == [w for _, w in _stream(db, clean)]
+    kinds = [w for _, w in stream]
+    assert kinds.count("run_item_stream_event:tool_called") == 2
+    assert kinds.count("raw_response_event:response.completed") == 3
+    assert kinds[-1] == "end:"
+
+
+@pytest.mark.crash
+@pytest.mark.fleet("_agents_app:app")
+def test_an_approval_parks_on_the_run_state_and_resumes_in_another_process(
+        dsn: str, kills: psycopg.Connection[Any], fleet: Any) -> None:
+    db = kills
+    rid = _start(dsn, "store", "buy o-3", session="s-store")
+    a = fleet.start("a", poll=0.5)
+    until_sync(lambda: _run(db, rid)["status"] == "waiting", "the park")
+    run = _run(db, rid)
+    assert (run["wait_kind"], run["wait_ref"], run["owner"]) == ("approval", f"{rid}:1", None)
+    assert run["state"]["pending"] == [{"call_id": "p-o-3", "tool_name": "pay",
+                                        "arguments": '{"order":"o-3"}'}]
+    assert isinstance(run["state"]["run_state"], str)  # the SDK's serialized RunState
+    a.kill()
+    cli_signal(dsn, "approval", f"{rid}:1", True)
+    b = fleet.start("b", poll=0.5)
+    until_sync(lambda: _run(db, rid)["status"] == "completed", "worker b to finish the run")
+    assert _tagged(db, "model", "o-3") == [a.pid, a.pid, b.pid]
+    assert _tagged(db, "search", "o-3") == [a.pid]
+    assert _tagged(db, "pay", "o-3") == [b.pid]
+    assert _run(db, rid)["result"]["final_output"] == "done: found o-3; paid o-3"
+    items = [r[0] for r in db.execute(
+        "SELECT item FROM pgdurable.session_get_items('s-store', NULL)")]
+    assert [i.get("type", i.get("role")) for i in items] == [
+        "user", "function_call", "function_call_output", "function_call",
+        "function_call_output", "message"]
+
+
+async def test_a_rejection_reaches_the_model_and_the_tool_never_runs(
+        dsn: str, kills: psycopg.Connection[Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    from _agents_app import build
+    from _waiting import app_running, until
+
+    db = kills
+    monkeypatch.setenv("PGDURABLE_DSN", dsn)  # the test app's ledger
+    app = build(dsn)
+    async with app:
+        rid = await run_agent(app, "store", "buy o-4", session_id="s-reject")
+        async with app_running(app):
+            async def parked() -> bool:
+                return _run(db, rid)["status"] == "waiting"
+
+            await until(parked, "the park")
+            asked = [e for (e,) in db.execute(
+                "SELECT event FROM pgdurable.run_events WHERE run_id = %s", (rid,))]
+            assert asked[0]["type"] == "approval_requested"
+            assert asked[0]["signal"] == ["approval", f"{rid}:1"]
+            await app.signal("approval", f"{rid}:1",
+                             {"p-o-4": {"approved": False, "message": "not today"}})
+            result = await app.result(rid, timeout=WAIT_LIMIT)
+    assert result["final_output"] == "done: found o-4; not today"
+    assert _tagged(db, "pay", "o-4") == []
+
+
+def test_apply_decision_payloads() -> None:
+    from pgdurable.contrib.openai_agents import apply_decision
+
+    class State:
+        def __init__(self) -> None:
+            self.approved: list[str] = []
+            self.rejected: list[tuple[str, str | None]] = []
+
+        def get_interruptions(self) -> list[Any]:
+            from agents.items import ToolApprovalItem
+            from openai.types.responses import ResponseFunctionToolCall
+
+            return [ToolApprovalItem(agent=None, tool_name="pay", raw_item=ResponseFunctionToolCall(  # type: ignore[arg-type]
+                type="function_call", call_id=c, name="pay", arguments="{}")) for c in ("a", "b")]
+
+        def approve(self, item: Any) -> None:
+            self.approved.append(item.raw_item.call_id)
+
+        def reject(self, item: Any, rejection_message: str | None = None) -> None:
+            self.rejected.append((item.raw_item.call_id, rejection_message))
+
+    s = State()
+    assert apply_decision(s, True) == 2 and s.approved == ["a", "b"]  # type: ignore[arg-type]
+    s = State()
+    assert apply_decision(s, {"approved": False, "message": "no"}) == 2  # type: ignore[arg-type]
+    assert s.rejected == [("a", "no"), ("b", "no")]
+    s = State()
+    assert apply_decision(s, {"b": True}) == 1 and s.approved == ["b"]  # type: ignore[arg-type]
+    with pytest.raises(ValueError):
+        apply_decision(State(), "yes")  # type: ignore[arg-type]
+    with pytest.raises(ValueError):
+        apply_decision(State(), {"a": "maybe"})  # type: ignore[arg-type]

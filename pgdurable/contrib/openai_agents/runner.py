@@ -19,7 +19,18 @@ whose model and function tools are wrapped:
   reconcile, as for any pgdurable effect);
 * **the session** -- the history is read once (effect ``session:history``),
   the run's new items are appended to the :class:`PgDurableSession` once
-  (idempotent per run), so the conversation continues in the same session.
+  (idempotent per run), so the conversation continues in the same session;
+* **approvals** -- a tool with ``needs_approval`` interrupts the SDK's run: the
+  :class:`~agents.RunState` (``result.to_state().to_string()``) is checkpointed and
+  the run parks on the signal ``("approval", "<run id>:<n>")`` holding no worker.
+  The signal's payload is the decision (see :func:`apply_decision`); the next step,
+  on any worker, rebuilds the state with ``RunState.from_string``, approves or
+  rejects the pending calls and runs on from there;
+* **streaming** (``register_agent(..., stream=True)``) -- the run uses
+  ``Runner.run_streamed`` and every stream event goes to the run's output stream
+  (``app.stream(run_id)``; :func:`event_json`). A model call's raw events are
+  recorded with its response, so a replay yields the same events and the stream is
+  rewritten in place (same ``seq``, same content), never duplicated.
 
 A crashed worker's run is claimed by another worker, which replays the
 recorded calls and continues with the first unrecorded one. Results and tool
@@ -28,27 +39,34 @@ outputs are stored as JSON (values JSON cannot hold are stored as ``str``).
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import dataclasses
 import json
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
-from agents import Agent, FunctionTool, RunConfig, Runner
-from agents.items import ModelResponse, TResponseOutputItem
+from agents import Agent, FunctionTool, RunConfig, Runner, RunState
+from agents.items import ModelResponse, ToolApprovalItem, TResponseOutputItem, TResponseStreamEvent
 from agents.models.interface import Model
+from agents.stream_events import StreamEvent
 from agents.usage import Usage
-from pydantic import TypeAdapter
+from pydantic import BaseModel, TypeAdapter
 
-from ...runs.steps import Done, RunContext
+from ...runs.steps import Done, RunContext, Wait
 from .session import PgDurableSession
 
 if TYPE_CHECKING:
     from ...app.durable import Durable
 
-__all__ = ["register_agent", "run_agent"]
+__all__ = ["APPROVAL_KIND", "apply_decision", "event_json", "register_agent", "run_agent"]
+
+#: The signal kind a run waiting for approvals parks on.
+APPROVAL_KIND = "approval"
 
 _OUTPUT: TypeAdapter[Any] = TypeAdapter(list[TResponseOutputItem])
+_EVENT: TypeAdapter[Any] = TypeAdapter(TResponseStreamEvent)
+_DONE = object()
 
 
 def _jsonable(value: Any) -> Any:
@@ -73,11 +91,12 @@ def load_response(data: dict[str, Any]) -> ModelResponse:
 
 
 class _Recorder:
-    """Numbers the model calls of one attempt (replays take the same numbers)."""
+    """Numbers the model calls of the run (replays take the same numbers); ``calls``
+    starts where the run's earlier steps (before a park) left it."""
 
-    def __init__(self, ctx: RunContext) -> None:
+    def __init__(self, ctx: RunContext, calls: int = 0) -> None:
         self.ctx = ctx
-        self.calls = 0
+        self.calls = calls
 
 
 class RecordedModel(Model):
@@ -95,8 +114,35 @@ class RecordedModel(Model):
         data = await self.recorder.ctx.effect(f"model:{self.recorder.calls}", call)
         return load_response(data)
 
-    def stream_response(self, *args: Any, **kwargs: Any) -> AsyncIterator[Any]:
-        raise NotImplementedError("durable agent runs do not stream: use Runner.run")
+    async def stream_response(self, *args: Any, **kwargs: Any) -> AsyncIterator[Any]:
+        """The model's stream events, live, recorded as the effect ``model:<n>`` once the
+        stream ended: a replay yields the recorded events (the same ones) without calling."""
+        self.recorder.calls += 1
+        live: asyncio.Queue[Any] = asyncio.Queue()
+        ran = False
+
+        async def call() -> dict[str, Any]:
+            nonlocal ran
+            ran = True
+            events = []
+            async for event in self.inner.stream_response(*args, **kwargs):
+                events.append(event.model_dump(mode="json", exclude_none=True))
+                live.put_nowait(event)
+            return {"events": events}
+
+        effect = asyncio.ensure_future(
+            self.recorder.ctx.effect(f"model:{self.recorder.calls}", call))
+        effect.add_done_callback(lambda _: live.put_nowait(_DONE))
+        try:
+            while (event := await live.get()) is not _DONE:
+                yield event
+            data = effect.result()  # the recorded events, or the error
+        finally:
+            if not effect.done():
+                effect.cancel()
+        if not ran:  # recorded by an earlier attempt: the same events again
+            for raw in data["events"]:
+                yield _EVENT.validate_python(raw)
 
 
 def _tool(tool: Any, recorder: _Recorder) -> Any:
@@ -140,30 +186,112 @@ def durable_agent(agent: Agent[Any], recorder: _Recorder, default: Model | None,
     return clone
 
 
+def event_json(event: StreamEvent) -> dict[str, Any]:
+    """A ``Runner.run_streamed`` event as the JSON the run's output stream holds:
+    ``{"type": "raw_response_event", "data": <the Responses API event>}``,
+    ``{"type": "run_item_stream_event", "name", "item_type", "item": <its raw item>}``
+    or ``{"type": "agent_updated_stream_event", "agent": <name>}``."""
+    if event.type == "raw_response_event":
+        return {"type": event.type, "data": event.data.model_dump(mode="json", exclude_none=True)}
+    if event.type == "run_item_stream_event":
+        raw = event.item.raw_item
+        item = raw.model_dump(mode="json", exclude_none=True) if isinstance(raw, BaseModel) \
+            else _jsonable(raw)
+        return {"type": event.type, "name": event.name, "item_type": event.item.type,
+                "item": item}
+    return {"type": event.type, "agent": event.new_agent.name}
+
+
+def _pending(item: ToolApprovalItem) -> dict[str, Any]:
+    raw = item.raw_item
+    get = raw.get if isinstance(raw, dict) else lambda k, d=None: getattr(raw, k, d)
+    return {"call_id": get("call_id"), "tool_name": item.tool_name,
+            "arguments": get("arguments")}
+
+
+def apply_decision(state: RunState[Any, Any], payload: Any) -> int:
+    """Approve or reject the pending tool calls of ``state`` as an approval signal's
+    payload says; return how many were decided (the others stay pending).
+
+    ``true`` / ``false``: every pending call; ``{"approved": bool, "message": str}``:
+    the same, ``message`` being what the model is told of a rejection;
+    ``{call_id: bool | {"approved": bool, "message": str}}``: call by call.
+    Anything else: ``ValueError``.
+    """
+    items = state.get_interruptions()
+    if isinstance(payload, bool) or (isinstance(payload, dict) and "approved" in payload
+                                     and set(payload) <= {"approved", "message"}):
+        decisions: dict[str, Any] = {str(_pending(i)["call_id"]): payload for i in items}
+    elif isinstance(payload, dict):
+        decisions = payload
+    else:
+        raise ValueError(f"an approval payload must be a bool or an object, not {payload!r}")
+    done = 0
+    for item in items:
+        d = decisions.get(str(_pending(item)["call_id"]))
+        if d is None:
+            continue
+        approved, message = (d, None) if isinstance(d, bool) else (
+            d.get("approved"), d.get("message")) if isinstance(d, dict) else (None, None)
+        if not isinstance(approved, bool):
+            raise ValueError(f"a decision must be a bool or {{'approved': bool}}, not {d!r}")
+        if approved:
+            state.approve(item)
+        else:
+            state.reject(item, rejection_message=message)
+        done += 1
+    return done
+
+
 def register_agent(app: Durable, agent: Agent[Any], *, name: str = "agent",
                    model: Model | None = None, run_config: RunConfig | None = None,
-                   max_turns: int = 10, revision: str = "1", max_attempts: int = 3) -> str:
+                   max_turns: int = 10, revision: str = "1", max_attempts: int = 3,
+                   stream: bool = False) -> str:
     """Register durable runs of ``agent`` as the pgdurable task ``name``; returns it.
 
     ``model`` is used when ``agent.model`` is not a :class:`~agents.Model`
     instance (else the SDK's default provider resolves ``agent.model``).
+    ``stream``: run with ``Runner.run_streamed`` and send its events to the run's
+    output stream. A tool with ``needs_approval`` parks the run until an approval
+    signal (see the module docstring).
     """
     if not isinstance(agent, Agent):
         raise TypeError("register_agent needs an agents.Agent")
     config = run_config or RunConfig()
 
-    async def step(ctx: RunContext, state: dict[str, Any]) -> Done:
+    async def step(ctx: RunContext, state: dict[str, Any]) -> Done | Wait:
         session = PgDurableSession(state["session_id"], app.pool)
 
         async def read_history() -> list[Any]:
             return await session.get_items()
 
         history: list[Any] = await ctx.effect("session:history", read_history)
-        recorder = _Recorder(ctx)
-        result = await Runner.run(
-            durable_agent(agent, recorder, model),
-            [*history, {"role": "user", "content": state["input"]}],
-            run_config=config, max_turns=max_turns)
+        recorder = _Recorder(ctx, state.get("model_calls", 0))
+        durable = durable_agent(agent, recorder, model)
+        start: Any = [*history, {"role": "user", "content": state["input"]}]
+        if state.get("run_state") is not None:
+            # woken by an approval signal: the SDK's state, with the decisions applied
+            start = await RunState.from_string(durable, state["run_state"])
+            wake = ctx.wake or {}
+            if wake.get("type") == "signal":
+                apply_decision(start, wake.get("payload"))
+        if stream:
+            streamed = Runner.run_streamed(durable, start, run_config=config,
+                                           max_turns=max_turns)
+            async for event in streamed.stream_events():
+                await ctx.emit(event_json(event))
+            result: Any = streamed
+        else:
+            result = await Runner.run(durable, start, run_config=config, max_turns=max_turns)
+        if result.interruptions:
+            parks = state.get("parks", 0) + 1
+            ref = f"{ctx.run_id}:{parks}"
+            pending = [_pending(i) for i in result.interruptions]
+            await ctx.emit({"type": "approval_requested", "signal": [APPROVAL_KIND, ref],
+                            "approvals": pending})
+            return Wait(signal=(APPROVAL_KIND, ref), state={
+                **state, "run_state": result.to_state().to_string(),
+                "model_calls": recorder.calls, "parks": parks, "pending": pending})
         new_items = result.to_input_list()[len(history):]
         await session.add_items(_jsonable(new_items), key=f"pgdurable-run:{ctx.run_id}")
         return Done(result={"final_output": _jsonable(result.final_output),

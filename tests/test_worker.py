@@ -18,7 +18,7 @@ from _waiting import WAIT_LIMIT, finished, running, until
 
 from pgdurable import Continue, Done, Durable, RunContext, Sleep, Wait
 from pgdurable.foundation import run_queries as q
-from pgdurable.runs.fork import REGISTER_WORKER, UNREGISTER_WORKER
+from pgdurable.foundation.queries.fork import REGISTER_WORKER, UNREGISTER_WORKER
 
 
 async def status_is(app: Durable, rid: str, status: str) -> None:
@@ -517,7 +517,7 @@ async def test_idle_worker_issues_one_query_per_poll(app: Durable) -> None:
         await until(polled, "six idle polls")
     # the worker registers its task revisions at start and removes them at
     # stop (pgdurable/runs/fork.py: one statement each, not per poll)
-    assert seen[0] == REGISTER_WORKER and seen[-1] == UNREGISTER_WORKER
+    assert seen[0] == REGISTER_WORKER.sql and seen[-1] == UNREGISTER_WORKER.sql
     seen = seen[1:-1]
     # startup claims once (and asks next_wakeup); afterwards each poll is ONE
     # next_wakeup query and no claim, since nothing is due

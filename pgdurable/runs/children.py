@@ -37,10 +37,10 @@ import uuid
 from typing import TYPE_CHECKING, Any, Literal
 
 from ..foundation import run_queries as q
-from ..foundation.affinity import AFFINE_STARTED
 from ..foundation.db import translated
 from ..foundation.errors import InvalidInput, RunNotFound
 from ..foundation.queries import children as cq
+from ..foundation.queries.affinity import AFFINE_STARTED
 from ..foundation.queries.children import Parked, TreeNode
 from ..foundation.queries.core import many, one
 from ..foundation.registry import start_params

@@ -52,6 +52,13 @@ class SyncDatabase(Protocol):
     def _fetchone(self, sql: str, params: tuple[Any, ...]) -> tuple[Any, ...] | None: ...
 
 
+#: Where a query runs: the app's pool (errors translated), or an open connection or
+#: cursor (the caller translates errors).
+AsyncTarget = Database | psycopg.AsyncConnection[Any] | psycopg.AsyncCursor[Any]
+#: Where a query runs synchronously: the sync client, or an open connection or cursor.
+SyncTarget = SyncDatabase | psycopg.Connection[Any] | psycopg.Cursor[Any]
+
+
 @dataclass(frozen=True, slots=True)
 class Query(Generic[R_co]):
     """A statement (``sql``) and the decoder of one of its rows into ``R_co``."""
@@ -134,56 +141,56 @@ def record(sql: str, cls: Callable[..., R]) -> Query[R]:
     return Query(sql, decode)
 
 
-async def _fetchone(db: Database | psycopg.AsyncConnection[Any], sql: str,
+async def _fetchone(db: AsyncTarget, sql: str,
                     params: tuple[Any, ...], prepare: bool | None) -> Row | None:
-    if isinstance(db, psycopg.AsyncConnection):
+    if isinstance(db, psycopg.AsyncConnection | psycopg.AsyncCursor):
         return await (await db.execute(sql, params)).fetchone()
     return await db.fetchone(sql, params, prepare=prepare)
 
 
-async def one(db: Database | psycopg.AsyncConnection[Any], q: Query[R],
+async def one(db: AsyncTarget, q: Query[R],
               params: tuple[Any, ...] = (), *, prepare: bool | None = True) -> R:
     """Run ``q`` on ``db`` (``prepare``: a Database's); the record of its one row."""
     return q.one(await _fetchone(db, q.sql, params, prepare))
 
 
-async def first(db: Database | psycopg.AsyncConnection[Any], q: Query[R],
+async def first(db: AsyncTarget, q: Query[R],
                 params: tuple[Any, ...] = (), *, prepare: bool | None = True) -> R | None:
     """Run ``q`` on ``db``; the record of its row, None without one."""
     return q.first(await _fetchone(db, q.sql, params, prepare))
 
 
-async def many(db: Database | psycopg.AsyncConnection[Any], q: Query[R],
+async def many(db: AsyncTarget, q: Query[R],
                params: tuple[Any, ...] = (), *, prepare: bool | None = True) -> list[R]:
     """Run ``q`` on ``db``; the records of all its rows."""
-    if isinstance(db, psycopg.AsyncConnection):
+    if isinstance(db, psycopg.AsyncConnection | psycopg.AsyncCursor):
         return q.all(await (await db.execute(q.sql, params)).fetchall())
     return q.all(await db.fetchall(q.sql, params, prepare=prepare))
 
 
-def _fetchone_sync(db: SyncDatabase | psycopg.Connection[Any], sql: str,
+def _fetchone_sync(db: SyncTarget, sql: str,
                    params: tuple[Any, ...]) -> Row | None:
-    if isinstance(db, psycopg.Connection):
+    if isinstance(db, psycopg.Connection | psycopg.Cursor):
         return db.execute(sql, params).fetchone()
     return db._fetchone(sql, params)
 
 
-def one_sync(db: SyncDatabase | psycopg.Connection[Any], q: Query[R],
+def one_sync(db: SyncTarget, q: Query[R],
              params: tuple[Any, ...] = ()) -> R:
     """Run ``q`` on the sync client or a sync connection; the record of its one row."""
     return q.one(_fetchone_sync(db, q.sql, params))
 
 
-def first_sync(db: SyncDatabase | psycopg.Connection[Any], q: Query[R],
+def first_sync(db: SyncTarget, q: Query[R],
                params: tuple[Any, ...] = ()) -> R | None:
     """Run ``q`` synchronously; the record of its row, None without one."""
     return q.first(_fetchone_sync(db, q.sql, params))
 
 
-def many_sync(db: SyncDatabase | psycopg.Connection[Any], q: Query[R],
+def many_sync(db: SyncTarget, q: Query[R],
               params: tuple[Any, ...] = ()) -> list[R]:
     """Run ``q`` synchronously; the records of all its rows."""
-    if isinstance(db, psycopg.Connection):
+    if isinstance(db, psycopg.Connection | psycopg.Cursor):
         return q.all(db.execute(q.sql, params).fetchall())
     return q.all(db._fetchall(q.sql, params))
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from .core import Query, Row, column
 from .start import Started, started
@@ -39,12 +39,13 @@ class Parked(NamedTuple):
     """What a fenced park answers: the resulting status, the wake time and the seconds
     until it on the database clock (both None without a timer).
 
-    A named tuple while the engine (issue 39, in flight) still unpacks it; read it by name.
+    A named tuple, ``wake_in`` typed loosely, while the engine (issue 39, in flight) still
+    reads it by position; read it by name (``wake_in`` is ``float | None``).
     """
 
     status: str
     wake_at: datetime | None
-    wake_in: float | None
+    wake_in: Any  # float seconds until wake_at; None without a timer
 
 
 def _parked(r: Row) -> Parked:

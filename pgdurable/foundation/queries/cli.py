@@ -9,10 +9,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from .. import run_queries as rq
+from .cancel import CANCEL
 from .children import RUN_TREE as _RUN_TREE
 from .core import Listing, Query, column, scalar
 from .retry import RETRY
+from .signals import SIGNAL
 
 __all__ = ["BUCKETS", "CANCEL", "CAN_READ", "CHECKPOINTS", "EFFECTS", "EFFECTS_VIEW", "EVENTS",
            "LEASES", "LIMITS", "RETRY", "REWINDS", "RUN", "RUN_LEASES", "RUN_TREE", "RUN_VIEW",
@@ -87,7 +88,5 @@ SELECT s.*, l.concurrency, l.active, l.per_key_concurrency, l.rate_per_second, l
 # -- flow control (docs/flow_control.md): limited queues and token buckets
 LIMITS = Listing("SELECT * FROM pgdurable.queue_limits ORDER BY queue")
 BUCKETS = Listing("SELECT * FROM pgdurable.bucket_levels ORDER BY name")
-# -- writes: one SQL function each, the same statements as the Python API's. Cancel
-# -- answers the resulting status; a signal the ids of the runs it woke, one per row
-CANCEL = scalar(rq.CANCEL, str)
-SIGNAL = scalar(rq.SIGNAL, str)
+# -- writes: one SQL function each, the same statements as the Python API's (CANCEL,
+# -- RETRY, SIGNAL: imported above from their nouns)

@@ -1,5 +1,8 @@
 """A named query: its SQL text and how one of its rows decodes into a typed record.
 
+``params`` None (the default) sends the SQL as it is, as ``cursor.execute(sql)`` does:
+a statement without parameters may then hold a literal ``%`` (``format('%s', ...)``).
+
 A :class:`Query` pairs a statement with its decoder; the decoder is the only
 code that reads the row by position, and it lives next to the SQL (a column
 that moves is one edit, in one file). Decoding is sans-IO, so the same query
@@ -142,61 +145,61 @@ def record(sql: str, cls: Callable[..., R]) -> Query[R]:
 
 
 async def _fetchone(db: AsyncTarget, sql: str,
-                    params: tuple[Any, ...], prepare: bool | None) -> Row | None:
+                    params: tuple[Any, ...] | None, prepare: bool | None) -> Row | None:
     if isinstance(db, psycopg.AsyncConnection | psycopg.AsyncCursor):
         return await (await db.execute(sql, params)).fetchone()
-    return await db.fetchone(sql, params, prepare=prepare)
+    return await db.fetchone(sql, params or (), prepare=prepare)
 
 
 async def one(db: AsyncTarget, q: Query[R],
-              params: tuple[Any, ...] = (), *, prepare: bool | None = True) -> R:
+              params: tuple[Any, ...] | None = None, *, prepare: bool | None = True) -> R:
     """Run ``q`` on ``db`` (``prepare``: a Database's); the record of its one row."""
     return q.one(await _fetchone(db, q.sql, params, prepare))
 
 
 async def first(db: AsyncTarget, q: Query[R],
-                params: tuple[Any, ...] = (), *, prepare: bool | None = True) -> R | None:
+                params: tuple[Any, ...] | None = None, *, prepare: bool | None = True) -> R | None:
     """Run ``q`` on ``db``; the record of its row, None without one."""
     return q.first(await _fetchone(db, q.sql, params, prepare))
 
 
 async def many(db: AsyncTarget, q: Query[R],
-               params: tuple[Any, ...] = (), *, prepare: bool | None = True) -> list[R]:
+               params: tuple[Any, ...] | None = None, *, prepare: bool | None = True) -> list[R]:
     """Run ``q`` on ``db``; the records of all its rows."""
     if isinstance(db, psycopg.AsyncConnection | psycopg.AsyncCursor):
         return q.all(await (await db.execute(q.sql, params)).fetchall())
-    return q.all(await db.fetchall(q.sql, params, prepare=prepare))
+    return q.all(await db.fetchall(q.sql, params or (), prepare=prepare))
 
 
 def _fetchone_sync(db: SyncTarget, sql: str,
-                   params: tuple[Any, ...]) -> Row | None:
+                   params: tuple[Any, ...] | None) -> Row | None:
     if isinstance(db, psycopg.Connection | psycopg.Cursor):
         return db.execute(sql, params).fetchone()
-    return db._fetchone(sql, params)
+    return db._fetchone(sql, params or ())
 
 
 def one_sync(db: SyncTarget, q: Query[R],
-             params: tuple[Any, ...] = ()) -> R:
+             params: tuple[Any, ...] | None = None) -> R:
     """Run ``q`` on the sync client or a sync connection; the record of its one row."""
     return q.one(_fetchone_sync(db, q.sql, params))
 
 
 def first_sync(db: SyncTarget, q: Query[R],
-               params: tuple[Any, ...] = ()) -> R | None:
+               params: tuple[Any, ...] | None = None) -> R | None:
     """Run ``q`` synchronously; the record of its row, None without one."""
     return q.first(_fetchone_sync(db, q.sql, params))
 
 
 def many_sync(db: SyncTarget, q: Query[R],
-              params: tuple[Any, ...] = ()) -> list[R]:
+              params: tuple[Any, ...] | None = None) -> list[R]:
     """Run ``q`` synchronously; the records of all its rows."""
     if isinstance(db, psycopg.Connection | psycopg.Cursor):
         return q.all(db.execute(q.sql, params).fetchall())
-    return q.all(db._fetchall(q.sql, params))
+    return q.all(db._fetchall(q.sql, params or ()))
 
 
 async def listing(conn: psycopg.AsyncConnection[Any], q: Listing,
-                  params: tuple[Any, ...] = ()) -> list[dict[str, Any]]:
+                  params: tuple[Any, ...] | None = None) -> list[dict[str, Any]]:
     """The rows of ``q`` on an open async connection, as dicts by column name."""
     cur = conn.cursor(row_factory=dict_row)
     await cur.execute(q.sql, params)
@@ -204,6 +207,6 @@ async def listing(conn: psycopg.AsyncConnection[Any], q: Listing,
 
 
 def listing_sync(conn: psycopg.Connection[Any], q: Listing,
-                 params: tuple[Any, ...] = ()) -> list[dict[str, Any]]:
+                 params: tuple[Any, ...] | None = None) -> list[dict[str, Any]]:
     """The rows of ``q`` on an open sync connection, as dicts by column name."""
     return conn.cursor(row_factory=dict_row).execute(q.sql, params).fetchall()

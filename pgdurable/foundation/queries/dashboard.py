@@ -6,11 +6,12 @@ actions answer one typed value each."""
 
 from __future__ import annotations
 
-from .. import run_queries as rq
-from .core import Listing, nullable, scalar
+from .cancel import CANCEL
+from .core import Listing, scalar
 from .fork import FORK, FORKED_AT
 from .retry import RETRY
 from .schedules import PAUSE, TRIGGER
+from .signals import SIGNAL_RUN
 
 __all__ = ["BUCKETS", "CANCEL", "CAN_READ_TABLES", "CHILDREN", "EFFECTS", "FORK", "FORKED_AT",
            "FORKS", "FULL_CHANGES", "FULL_EVENTS", "LEASED_RUNS", "LEASES", "LINEAGE", "PAUSE",
@@ -19,10 +20,8 @@ __all__ = ["BUCKETS", "CANCEL", "CAN_READ_TABLES", "CHILDREN", "EFFECTS", "FORK"
 
 # -- can this role read states, results and payloads (the tables)?
 CAN_READ_TABLES = scalar("SELECT has_table_privilege('pgdurable.checkpoints', 'SELECT')", bool)
-# -- the actions on a run: cancel answers the resulting status; a signal the id of the run
-# -- it woke (NULL: kept pending); retry, fork, pause and trigger as in their modules
-CANCEL = scalar(rq.CANCEL, str)
-SIGNAL_RUN = nullable(rq.SIGNAL_RUN, str)
+# -- the actions (CANCEL, RETRY, FORK, FORKED_AT, SIGNAL_RUN, PAUSE, TRIGGER): imported
+# -- above from their nouns
 # -- per-queue counts and the oldest due runnable age (seconds)
 QUEUES = Listing("""
 SELECT queue, runnable, due, leased, expired_leases, waiting, completed, failed, cancelled,

@@ -57,7 +57,7 @@ from ...foundation import run_queries as rq
 from ...foundation.db import translated, validate_dsn
 from ...foundation.errors import PgDurableError, RunNotFound, ScheduleNotFound
 from ...foundation.queries import dashboard as Q
-from ...foundation.queries.core import Listing, Query, listing, one
+from ...foundation.queries.core import Listing, Query, first, listing, one
 from ...foundation.signals import parse_payload, signal_run_params
 from ...runs.fork import fork_params
 from ...runs.schedules import check_schedule_name, resume_schedule_on
@@ -169,12 +169,19 @@ class _Dashboard:
             async with pool.connection() as conn:
                 return await listing(conn, query, params)
 
-    async def one(self, query: Query[T], params: tuple[Any, ...] = ()) -> T:
+    async def one(self, query: Query[T], params: tuple[Any, ...] | None = None) -> T:
         """The answer of ``query`` (one row), on a pooled connection."""
         pool = await self._pool()
         with translated():
             async with pool.connection() as conn:
                 return await one(conn, query, params)
+
+    async def first(self, query: Query[T], params: tuple[Any, ...]) -> T | None:
+        """The answer of ``query``, None when it returns no row, on a pooled connection."""
+        pool = await self._pool()
+        with translated():
+            async with pool.connection() as conn:
+                return await first(conn, query, params)
 
     async def can_read_tables(self) -> bool:
         if self.full is None:
@@ -458,7 +465,8 @@ class _Dashboard:
         except (TypeError, ValueError) as exc:
             return self.page(request, "error.html", status_code=400, message=str(exc))
         try:
-            answer = await self.one(query, params)
+            # (no row: signal_run kept the signal pending for the run)
+            answer = await self.first(query, params)
         except RunNotFound as exc:
             return self.page(request, "error.html", status_code=404, message=str(exc))
         except (PgDurableError, TypeError, ValueError) as exc:

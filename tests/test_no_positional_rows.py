@@ -205,3 +205,68 @@ def g(row):
 '''
     lines = [line for line, _ in positional_reads(source)]
     assert lines == [3, 4, 5, 7, 9, 11, 12, 14, 18], positional_reads(source)
+
+
+#: What makes a module-level name of foundation/queries/ a named statement.
+_MAKERS = {"Query", "Listing", "scalar", "nullable", "column", "statement", "record", "started"}
+_SQL_START = ("SELECT", "INSERT", "UPDATE", "DELETE", "WITH", "CREATE", "DROP", "SET", "RESET")
+
+
+def _is_statement(value: ast.expr) -> bool:
+    if isinstance(value, ast.Call):
+        f = value.func
+        return (f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute)
+                else "") in _MAKERS
+    text = value
+    while isinstance(text, ast.BinOp):  # "..." "..." spans, or "..." + "..."
+        text = text.left
+    return (isinstance(text, ast.Constant) and isinstance(text.value, str)
+            and text.value.strip().upper().startswith(_SQL_START))
+
+
+def uncommented_statements(source: str) -> list[tuple[int, str]]:
+    """Module-level named statements without a ``# --`` contract comment above them (a
+    run of statements may share one)."""
+    lines = source.splitlines()
+    missing = []
+    prev_end, prev_ok = 0, False
+    for node in ast.parse(source).body:
+        target = node.targets[0] if isinstance(node, ast.Assign) else (
+            node.target if isinstance(node, ast.AnnAssign) else None)
+        value = getattr(node, "value", None)
+        if isinstance(target, ast.Name) and value is not None and _is_statement(value):
+            between = lines[prev_end:node.lineno - 1]
+            ok = any(line.strip().startswith("# --") for line in between) or (
+                prev_ok and not between)
+            if not ok:
+                missing.append((node.lineno, target.id))
+            prev_ok = ok
+        else:
+            prev_ok = False
+        prev_end = node.end_lineno or node.lineno
+    return missing
+
+
+def test_every_named_query_has_a_contract_comment() -> None:
+    problems = []
+    for path in sorted((PACKAGE / QUERIES).glob("*.py")):
+        rel = path.relative_to(PACKAGE).as_posix()
+        problems += [f"pgdurable/{rel}:{line}: {name}"
+                     for line, name in uncommented_statements(path.read_text())]
+    assert not problems, ("named statements without a one-line contract comment "
+                          "(# -- what it does; what it answers):\n" + "\n".join(problems))
+
+
+def test_the_comment_check_sees_a_missing_comment() -> None:
+    source = '''
+# -- the run's id
+A = scalar("SELECT 1", int)
+B = scalar("SELECT 2", int)
+
+C = statement("SELECT 3")
+D = "SELECT 4"
+def f() -> None: ...
+# -- explained
+E = Listing("SELECT 5")
+'''
+    assert [name for _, name in uncommented_statements(source)] == ["C", "D"]

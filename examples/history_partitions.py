@@ -18,7 +18,6 @@ import pgdurable
 from pgdurable import Continue, Done, RunContext
 from pgdurable.ops.partitions import maintain
 from pgdurable.ops.retention import prune
-from pgdurable.ops.testing import run_until_idle
 
 app = pgdurable.Durable()  # DSN from PGDURABLE_DSN / DATABASE_URL
 
@@ -35,7 +34,11 @@ async def main() -> None:
     made = await maintain(app, days_ahead=5)
     print(f"created {made.created} partition(s) ahead")
     rid = await app.start("agent", {"n": 0})
-    await run_until_idle(app)
+    worker = app.worker(concurrency=2, poll_interval=0.5)
+    running = asyncio.create_task(worker.run())
+    print("result:", await app.result(rid, timeout=60))
+    await worker.stop(grace=5)
+    await running
     with psycopg.connect(dsn) as c:
         # checkpoints, run_events and signal_history (consumed signals, moved out of
         # pgdurable.signals an hour after they were consumed) share the daily ranges

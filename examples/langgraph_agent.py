@@ -25,7 +25,6 @@ from pgdurable.contrib.langgraph import (
     resume_graph,
     run_graph,
 )
-from pgdurable.foundation.db import resolve_dsn
 from pgdurable.ops.retention import prune
 
 
@@ -72,7 +71,7 @@ async def until_status(app: pgdurable.Durable, run_id: str, *statuses: str) -> p
 
 
 async def main() -> None:
-    dsn = resolve_dsn() or ""
+    dsn = pgdurable.resolve_dsn() or ""
     app = pgdurable.Durable(dsn)
     async with app, AsyncPgDurableSaver(dsn) as saver:
         graph = build_graph(saver)

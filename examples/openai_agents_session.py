@@ -25,7 +25,6 @@ from openai.types.responses import (
 
 import pgdurable
 from pgdurable.contrib.openai_agents import PgDurableSession, register_agent, run_agent
-from pgdurable.foundation.db import resolve_dsn
 
 os.environ.setdefault("OPENAI_AGENTS_DISABLE_TRACING", "1")
 
@@ -75,7 +74,7 @@ async def until_status(app: pgdurable.Durable, run_id: str, *statuses: str) -> p
 
 
 async def main() -> None:
-    dsn = resolve_dsn() or ""
+    dsn = pgdurable.resolve_dsn() or ""
     # 1. the session protocol: Runner.run(..., session=...) keeps the conversation
     session = PgDurableSession("customer-7", dsn)
     try:

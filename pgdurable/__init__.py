@@ -12,6 +12,7 @@ from .app.durable import Durable, DurableClient, RunInfo, Task
 # imported here: runpy would warn about a second, already-imported copy)
 from .engine.worker import Worker
 from .foundation.affinity import Affinity
+from .foundation.db import resolve_dsn
 from .foundation.effects import with_idempotency, with_idempotency_sync
 from .foundation.errors import (
     AttemptsExhausted,
@@ -126,6 +127,7 @@ __all__ = [
     "is_noop_lease_provider",
     "keep_lease",
     "resolve_async_lease_provider",
+    "resolve_dsn",
     "resolve_lease_provider",
     "AttemptsExhausted",
     "BudgetExceeded",

@@ -67,7 +67,7 @@ async def browse(ctx: RunContext, state: dict[str, Any]) -> Any:
     assert browser is not None
     async with app.pool.connection() as conn:
         await conn.execute(LOG, (ctx.run_id, ctx.step, os.getpid(),
-                                 os.environ.get("AFFINITY_WORKER", "?"), lost, built,
+                                 os.environ.get("FLEET_WORKER", "?"), lost, built,
                                  browser.url if built else None, browser.session, "step"))
     if state.get("hang_at") == ctx.step and not lost:
         await asyncio.sleep(3600)  # the holder is SIGKILLed here
@@ -90,4 +90,4 @@ async def gate(ctx: RunContext, state: dict[str, Any]) -> Any:
 @app.task("probe", revision="1")
 async def probe(ctx: RunContext, state: dict[str, Any]) -> Any:
     """Records which worker claimed it."""
-    return Done({"worker": os.environ.get("AFFINITY_WORKER", "?"), "pid": os.getpid()})
+    return Done({"worker": os.environ.get("FLEET_WORKER", "?"), "pid": os.getpid()})

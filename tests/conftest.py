@@ -14,6 +14,8 @@
   the run-to-run noise (benchmarks/RESULTS.md, "Cloning the test databases").
   What it does reliably is drop every database, through a server restart
   (tests/test_crash.py R9), and fail the session if one could not be dropped.
+* ``fleet`` (tests/fix_fleet.py, a plugin registered below) is a test's worker
+  processes: started, made ready, signalled by pid, logged, always killed.
 """
 
 from __future__ import annotations
@@ -36,6 +38,9 @@ from pytest_postgresql.janitor import DatabaseJanitor
 import pgdurable
 from pgdurable.foundation.retry import for_seconds, retry_while_sync
 from pgdurable.ops.testing import enable_test_clock, test_server
+
+#: Fixture plugins of this suite (psycopg's tests/fix_*.py): ``fleet``, worker processes.
+pytest_plugins = ["fix_fleet"]
 
 DEFAULT_TEST_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"
 _counter = itertools.count()

@@ -1,4 +1,4 @@
-"""Affinity with real worker processes (tests/_affinity_app.py, tests/_fleet.py).
+"""Affinity with real worker processes (tests/_affinity_app.py, tests/fix_fleet.py).
 
 The stateful service is a fake browser session held in one worker process's
 memory. Every step records (in ``test_affinity_log``) which worker ran it,
@@ -17,29 +17,19 @@ import json
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
-from _fleet import Fleet, WorkerProc
-from _waiting import WAIT_LIMIT, WORKERS_LISTENING
+from _waiting import WAIT_LIMIT
+from fix_fleet import Fleet, WorkerProc
 
-pytestmark = pytest.mark.crash
+pytestmark = [pytest.mark.crash, pytest.mark.fleet("_affinity_app:app")]
 
 START = ("SELECT run_id FROM pgdurable.start_run(%s, '1', %s::jsonb, %s, %s, 3, NULL, NULL, "
          "NULL, NULL)")
 SIGNAL = "SELECT pgdurable.send_signal('next', %s, '{}', NULL, NULL)"
 GATE_KEY = 373737
-
-
-@pytest.fixture
-def fleet(dsn: str, tmp_path: Path) -> Iterator[Fleet]:
-    f = Fleet(dsn, tmp_path, "_affinity_app:app")
-    try:
-        yield f
-    finally:
-        f.cleanup()
 
 
 @pytest.fixture
@@ -89,10 +79,6 @@ def parked(conn: psycopg.Connection[Any], rid: str) -> None:
     wait_for(lambda: status(conn, rid) == "waiting", f"run {rid} to park")
 
 
-def listening(conn: psycopg.Connection[Any], n: int) -> None:
-    wait_for(lambda: one(conn, WORKERS_LISTENING) >= n, f"{n} workers listening")
-
-
 def finished(conn: psycopg.Connection[Any], rid: str) -> tuple[str, Any]:
     wait_for(lambda: status(conn, rid) in ("completed", "failed", "cancelled"), f"run {rid} to end")
     return one(conn, "SELECT status, result FROM pgdurable.runs WHERE id = %s", rid)
@@ -121,7 +107,7 @@ def holder_busy(conn: psycopg.Connection[Any], fleet: Fleet, dsn: str) -> Iterat
     held by a gated run (in a queue only a serves) until the block ends."""
     fleet.start("b", concurrency=2)
     fleet.start("c", concurrency=2)
-    listening(conn, 3)
+    fleet.ready()
     with psycopg.connect(dsn, autocommit=True) as gatekeeper:
         gatekeeper.execute("SELECT pg_advisory_lock(%s)", (GATE_KEY,))
         start(conn, "gate", {"key": GATE_KEY}, queue="a-only")
@@ -140,7 +126,7 @@ def test_a_killed_holder_s_run_continues_elsewhere_and_rebuilds(
     a, rid, session = holder_pinned(db, fleet, "hard", 3600, 4)
     fleet.start("b", concurrency=2)
     fleet.start("c", concurrency=2)
-    listening(db, 3)
+    fleet.ready()
     db.execute(SIGNAL, (rid,))
     assert logged(db, rid, 1) == ("a", False, False, None, session)  # a is alive: a
     parked(db, rid)
@@ -171,7 +157,7 @@ def test_a_holder_killed_mid_step_is_recovered_with_its_service_lost(
     session = logged(db, rid, 0)[4]
     parked(db, rid)
     fleet.start("b", concurrency=2)
-    listening(db, 2)
+    fleet.ready()
     db.execute(SIGNAL, (rid,))
     assert logged(db, rid, 1) == ("a", False, False, None, session)  # a hangs in it
     a.kill()
@@ -205,7 +191,7 @@ def test_the_next_steps_go_to_the_live_holder(
     assert finished(db, rid) == ("completed", {"visited": ["page-0", "page-1", "page-2"],
                                                "session": session})
     assert logged(db, rid, 2) == ("a", False, False, None, session)
-    assert a.proc.poll() is None
+    assert a.poll() is None
 
 
 @pytest.mark.parametrize("mode", ["soft", "hard"])

@@ -8,82 +8,25 @@
   until another worker took the run over) creates no duplicate: the new attempt
   finds the same children, and the stale attempt's later start is refused.
 
-Workers are ``python -m pgdurable.worker _children_app:app`` (tests/_children_app.py).
+Workers are ``python -m pgdurable.worker _children_app:app`` (tests/_children_app.py),
+started by the ``fleet`` fixture (tests/fix_fleet.py).
 Every wait is on database state (bounded by WAIT_LIMIT only to not hang).
 """
 
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
-import time
-from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
-from _waiting import WAIT_LIMIT
+from _waiting import WAIT_LIMIT, until_sync
+from fix_fleet import Fleet
 
-ROOT = Path(__file__).resolve().parent.parent
-TESTS = ROOT / "tests"
 START = ("SELECT run_id::text FROM pgdurable.start_run(%s, '1', %s::jsonb, 'default', 0, 3, "
          "NULL, NULL, NULL, NULL)")
 
-pytestmark = pytest.mark.crash
-
-
-class Procs:
-    """Subprocesses of one test (workers and clients); all killed at the end."""
-
-    def __init__(self, dsn: str, log_dir: Path) -> None:
-        self.dsn, self.log_dir = dsn, log_dir
-        self.all: list[subprocess.Popen[bytes]] = []
-        self.env = {**os.environ, "PYTHONPATH": f"{TESTS}{os.pathsep}{ROOT}",
-                    "PGDURABLE_DSN": dsn, "PGDURABLE_LOG": "INFO"}
-
-    def _spawn(self, name: str, args: list[str]) -> subprocess.Popen[bytes]:
-        with open(self.log_dir / f"{name}.log", "wb") as out:
-            p = subprocess.Popen([sys.executable, *args], env=self.env, cwd=ROOT,
-                                 stdout=out, stderr=subprocess.PIPE if name == "client" else out)
-        self.all.append(p)
-        return p
-
-    def worker(self, name: str, ttl: float = 2.0, concurrency: int = 4) -> subprocess.Popen[bytes]:
-        return self._spawn(name, ["-m", "pgdurable.worker", "_children_app:app", "--lease-ttl",
-                                  str(ttl), "--poll", "0.5", "--concurrency", str(concurrency),
-                                  "--grace", "5", "--worker-id", name])
-
-    def result_client(self, run_id: str) -> subprocess.Popen[bytes]:
-        with open(self.log_dir / "client.out", "wb") as out:
-            p = subprocess.Popen([sys.executable, "-m", "_children_app", "result", run_id,
-                                  str(WAIT_LIMIT)], env=self.env, cwd=ROOT, stdout=out,
-                                 stderr=subprocess.STDOUT)
-        self.all.append(p)
-        return p
-
-    def logs(self) -> str:
-        return "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-3000:]}"
-                         for p in sorted(self.log_dir.glob("*.log")))
-
-    def cleanup(self) -> None:
-        for p in self.all:
-            if p.poll() is None:
-                p.send_signal(signal.SIGCONT)
-                p.send_signal(signal.SIGKILL)
-                p.wait(timeout=WAIT_LIMIT)
-
-
-@pytest.fixture
-def procs(dsn: str, tmp_path: Path) -> Iterator[Procs]:
-    p = Procs(dsn, tmp_path)
-    try:
-        yield p
-    finally:
-        p.cleanup()
+pytestmark = [pytest.mark.crash, pytest.mark.fleet("_children_app:app", poll=0.5, grace=5.0)]
 
 
 @pytest.fixture
@@ -93,17 +36,6 @@ def db(conn: psycopg.Connection[Any]) -> psycopg.Connection[Any]:
     return conn
 
 
-def wait_for(pred: Callable[[], Any], what: str, procs: Procs) -> Any:
-    end = time.monotonic() + WAIT_LIMIT
-    while True:
-        got = pred()
-        if got:
-            return got
-        if time.monotonic() > end:
-            raise AssertionError(f"timed out waiting for {what}\n{procs.logs()}")
-        time.sleep(0.02)
-
-
 def one(conn: psycopg.Connection[Any], sql: str, *params: Any) -> Any:
     row = conn.execute(sql, params).fetchone()
     assert row is not None
@@ -111,25 +43,24 @@ def one(conn: psycopg.Connection[Any], sql: str, *params: Any) -> Any:
 
 
 def test_fan_out_100_across_3_workers_with_one_sigkilled(
-    db: psycopg.Connection[Any], procs: Procs
+    db: psycopg.Connection[Any], fleet: Fleet
 ) -> None:
     pid = one(db, START, "fan", json.dumps({"n": 100, "sleep": 0.1}))
-    client = procs.result_client(pid)
-    workers = [procs.worker(f"w{i}") for i in range(3)]
+    client = fleet.spawn("client", "-m", "_children_app", "result", pid, str(WAIT_LIMIT))
+    workers = [fleet.start(f"w{i}") for i in range(3)]
     # midway: the parent has parked on its children, some but not all are done
-    wait_for(lambda: one(db, "SELECT status = 'waiting' AND (SELECT count(*) FROM "
-                         "pgdurable.runs c WHERE c.parent_run_id = p.id AND c.status = "
-                         "'completed') >= 10 FROM pgdurable.runs p WHERE p.id = %s", pid),
-             "parent parked with 10 children done", procs)
+    until_sync(lambda: one(db, "SELECT status = 'waiting' AND (SELECT count(*) FROM "
+                           "pgdurable.runs c WHERE c.parent_run_id = p.id AND c.status = "
+                           "'completed') >= 10 FROM pgdurable.runs p WHERE p.id = %s", pid),
+               "parent parked with 10 children done")
     done_at_kill = one(db, "SELECT count(*) FROM pgdurable.runs WHERE parent_run_id = %s "
                        "AND status = 'completed'", pid)
-    workers[0].send_signal(signal.SIGKILL)
-    workers[0].wait(timeout=WAIT_LIMIT)
-    wait_for(lambda: one(db, "SELECT status IN ('completed', 'failed', 'cancelled') "
-                         "FROM pgdurable.runs WHERE id = %s", pid), "parent done", procs)
+    workers[0].kill()
+    until_sync(lambda: one(db, "SELECT status IN ('completed', 'failed', 'cancelled') "
+                           "FROM pgdurable.runs WHERE id = %s", pid), "parent done")
     status, claims, result = db.execute(
         "SELECT status, claims, result FROM pgdurable.runs WHERE id = %s", (pid,)).fetchone() or ()
-    assert status == "completed", procs.logs()
+    assert status == "completed", fleet.logs()
     assert done_at_kill < 100
     assert claims == 2  # started once, woken once: not once per child
     kids = db.execute("SELECT id::text, status, result FROM pgdurable.runs "
@@ -148,26 +79,24 @@ def test_fan_out_100_across_3_workers_with_one_sigkilled(
                       "ORDER BY step", (pid,)).fetchall() == [(0, 1), (1, 1)]
     # the other process got the same result through DurableClient.result
     assert client.wait(timeout=WAIT_LIMIT) == 0
-    got = json.loads((procs.log_dir / "client.out").read_text().strip().splitlines()[-1])
+    got = json.loads(client.log().strip().splitlines()[-1])
     assert got == result
 
 
 def test_step_that_loses_its_lease_starts_no_duplicate_children(
-    db: psycopg.Connection[Any], procs: Procs
+    db: psycopg.Connection[Any], fleet: Fleet
 ) -> None:
     pid = one(db, START, "stall", "{}")
-    a = procs.worker("a", ttl=2.0)
-    wait_for(lambda: one(db, "SELECT count(*) FROM test_child_log WHERE run_id = %s AND "
-                         "event = 'started' AND token = 1", pid), "first attempt started", procs)
-    a.send_signal(signal.SIGSTOP)  # no heartbeat: its lease lapses
-    procs.worker("b", ttl=2.0)
-    wait_for(lambda: one(db, "SELECT status = 'completed' FROM pgdurable.runs WHERE id = %s",
-                         pid), "parent completed by the second worker", procs)
+    a = fleet.start("a", ttl=2.0)
+    until_sync(lambda: one(db, "SELECT count(*) FROM test_child_log WHERE run_id = %s AND "
+                           "event = 'started' AND token = 1", pid), "first attempt started")
+    a.stop()  # no heartbeat: its lease lapses
+    fleet.start("b", ttl=2.0)
+    until_sync(lambda: one(db, "SELECT status = 'completed' FROM pgdurable.runs WHERE id = %s",
+                           pid), "parent completed by the second worker")
     # the zombie attempt wakes up: it either tries one more child (refused by
     # the fence) or is stopped by its own heartbeat first; then it exits
-    a.send_signal(signal.SIGCONT)
-    a.send_signal(signal.SIGTERM)
-    assert a.wait(timeout=WAIT_LIMIT) == 0
+    assert a.terminate() == 0  # SIGCONT, SIGTERM
     kids = db.execute("SELECT child_key, status FROM pgdurable.runs WHERE parent_run_id = %s "
                       "ORDER BY child_key", (pid,)).fetchall()
     assert kids == [("k0", "completed"), ("k1", "completed"), ("k2", "completed")]

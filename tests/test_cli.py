@@ -32,7 +32,11 @@ def cli(*args: str, env: dict[str, str] | None = None) -> Any:
 def jcli(*args: str) -> Any:
     r = cli(*args, "--json")
     assert r.exit_code == 0, (r.stdout, r.stderr)
-    return json.loads(r.stdout)
+    doc = json.loads(r.stdout)
+    if args[0] == "runs":  # a page: its runs and the next page's cursor
+        assert set(doc) == {"runs", "next_cursor"}, doc
+        return doc["runs"]
+    return doc
 
 
 @pytest.fixture

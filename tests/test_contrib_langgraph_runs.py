@@ -1,7 +1,8 @@
 """LangGraph with real processes: one writer per thread, interrupt/resume, SIGKILL.
 
 Workers are ``python -m pgdurable.worker _langgraph_app:app``; the one-writer
-invocations are ``python tests/_langgraph_app.py invoke ...``. What ran is read
+invocations are ``python tests/_langgraph_app.py invoke ...`` (both processes of the
+``fleet`` fixture, tests/fix_fleet.py). What ran is read
 from the ledger table the graph's nodes write (tests/_langgraph_app.py).
 """
 
@@ -9,12 +10,10 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
 import signal
 import subprocess
 import sys
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -23,48 +22,17 @@ import pytest
 pytest.importorskip("langgraph")
 
 from _waiting import WAIT_LIMIT, until_sync
+from fix_fleet import ROOT, TESTS, Fleet, Proc, WorkerProc
 
-ROOT = Path(__file__).resolve().parent.parent
-TESTS = ROOT / "tests"
-
-pytestmark = pytest.mark.crash
+pytestmark = [pytest.mark.crash,
+              pytest.mark.fleet("_langgraph_app:app", poll=0.5, concurrency=2, grace=5.0)]
 
 
-class Procs:
-    """Subprocesses of one test; whatever is left is killed at the end."""
-
-    def __init__(self, dsn: str, log_dir: Path) -> None:
-        self.dsn, self.log_dir = dsn, log_dir
-        self.all: list[tuple[subprocess.Popen[bytes], Path]] = []
-        self.env = {**os.environ, "PYTHONPATH": f"{TESTS}{os.pathsep}{ROOT}",
-                    "PGDURABLE_DSN": dsn, "PGDURABLE_LOG": "INFO"}
-
-    def spawn(self, name: str, *args: str, **env: str) -> subprocess.Popen[bytes]:
-        log = self.log_dir / f"{name}.log"
-        with open(log, "wb") as out:
-            p = subprocess.Popen([sys.executable, *args], env={**self.env, **env}, cwd=ROOT,
-                                 stdout=out, stderr=subprocess.STDOUT)
-        self.all.append((p, log))
-        return p
-
-    def worker(self, name: str, **env: str) -> subprocess.Popen[bytes]:
-        return self.spawn(name, "-m", "pgdurable.worker", "_langgraph_app:app",
-                          "--lease-ttl", "2", "--poll", "0.5", "--concurrency", "2",
-                          "--grace", "5", "--worker-id", name, **env)
-
-    def invoke(self, name: str, thread: str, wait: bool) -> subprocess.Popen[bytes]:
-        return self.spawn(name, str(TESTS / "_langgraph_app.py"), "invoke", thread,
-                          "wait" if wait else "nowait", name)
-
-    def logs(self) -> str:
-        return "\n".join(f"--- {log.name}\n{log.read_text(errors='replace')}"
-                         for _, log in self.all)
-
-    def close(self) -> None:
-        for p, _ in self.all:
-            if p.poll() is None:
-                p.send_signal(signal.SIGKILL)
-                p.wait(timeout=WAIT_LIMIT)
+def invoke(fleet: Fleet, name: str, thread: str, wait: bool) -> Proc:
+    """``python tests/_langgraph_app.py invoke THREAD wait|nowait NAME``: one invocation
+    of the graph on ``thread`` by the process ``name`` (no worker)."""
+    return fleet.spawn(name, str(TESTS / "_langgraph_app.py"), "invoke", thread,
+                       "wait" if wait else "nowait", name)
 
 
 @pytest.fixture
@@ -75,22 +43,13 @@ def db(dsn: str) -> Iterator[psycopg.Connection[Any]]:
         yield conn
 
 
-@pytest.fixture
-def procs(dsn: str, tmp_path: Path) -> Iterator[Procs]:
-    p = Procs(dsn, tmp_path)
-    try:
-        yield p
-    finally:
-        p.close()
-
-
-def wait(procs: Procs, pred: Any, what: str) -> None:
+def wait(fleet: Fleet, pred: Any, what: str) -> None:
     try:
         until_sync(pred, what)
     except AssertionError as exc:
-        with psycopg.connect(procs.dsn, autocommit=True) as c:
+        with psycopg.connect(fleet.dsn, autocommit=True) as c:
             runs = c.execute("SELECT status, state, error, attempts FROM pgdurable.runs").fetchall()
-        raise AssertionError(f"{exc}\n{runs}\n{procs.logs()}") from None
+        raise AssertionError(f"{exc}\n{runs}") from None
 
 
 def ledger(db: psycopg.Connection[Any], event: str) -> list[int]:
@@ -121,26 +80,25 @@ def run_row(db: psycopg.Connection[Any], rid: str) -> tuple[Any, ...]:
 
 
 def test_interrupt_parks_the_run_and_a_signal_from_another_process_resumes_it(
-    db: psycopg.Connection[Any], dsn: str, procs: Procs
+    db: psycopg.Connection[Any], dsn: str, fleet: Fleet
 ) -> None:
-    a = procs.worker("a")
+    a = fleet.start("a")
     rid = start(db, dsn, {"ask": True}, "thread-ask")
-    wait(procs, lambda: run_row(db, rid)[0] == "waiting", "the run to park on interrupt()")
+    wait(fleet, lambda: run_row(db, rid)[0] == "waiting", "the run to park on interrupt()")
     _, state, _ = run_row(db, rid)
     assert state["interrupts"] == [{"q": "approve?"}]
     assert ledger(db, "tool") and not ledger(db, "finish")
     # wait = exit: the parked run holds no worker; stop the worker that ran it
-    a.send_signal(signal.SIGTERM)
-    assert a.wait(timeout=WAIT_LIMIT) == 0
-    procs.worker("b")
+    assert a.terminate() == 0
+    fleet.start("b")
     # the resume is a signal sent by another process (the CLI)
     out = subprocess.run(
         [sys.executable, "-m", "pgdurable", "signal", "langgraph.resume", "thread-ask",
          "--payload", json.dumps({"approved": True}), "--dsn", dsn],
-        env=procs.env, cwd=ROOT, capture_output=True, text=True, timeout=WAIT_LIMIT)
+        env=fleet.env, cwd=ROOT, capture_output=True, text=True, timeout=WAIT_LIMIT)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == rid
-    wait(procs, lambda: run_row(db, rid)[0] == "completed", "the resumed run to complete")
+    wait(fleet, lambda: run_row(db, rid)[0] == "completed", "the resumed run to complete")
     result = run_row(db, rid)[2]
     assert result["answer"] == {"approved": True}
     assert result["log"] == ["tool", "crash-survived", "asked", "finish"]
@@ -148,21 +106,21 @@ def test_interrupt_parks_the_run_and_a_signal_from_another_process_resumes_it(
 
 
 def test_sigkill_mid_graph_resumes_on_another_worker_without_repeating_a_recorded_tool(
-    db: psycopg.Connection[Any], dsn: str, procs: Procs
+    db: psycopg.Connection[Any], dsn: str, fleet: Fleet
 ) -> None:
-    a = procs.worker("a")
+    a = fleet.start("a")
     rid = start(db, dsn, {"kill": True}, "thread-kill")
-    assert a.wait(timeout=WAIT_LIMIT) == -signal.SIGKILL  # killed itself in node `crash`
-    _another_worker_runs_the_rest(db, procs, rid, a)
+    assert a.wait() == -signal.SIGKILL  # killed itself in node `crash`
+    _another_worker_runs_the_rest(db, fleet, rid, a)
 
 
-def _another_worker_runs_the_rest(db: psycopg.Connection[Any], procs: Procs, rid: str,
-                                  a: subprocess.Popen[bytes]) -> None:
+def _another_worker_runs_the_rest(db: psycopg.Connection[Any], fleet: Fleet, rid: str,
+                                  a: WorkerProc) -> None:
     """Worker b finishes the run that worker ``a`` left when it SIGKILLed itself in node
     ``crash``: the tool's writes were saved before the kill, so it ran once, in ``a``;
     the graph went on from the super-step after it, in b."""
-    b = procs.worker("b")
-    wait(procs, lambda: run_row(db, rid)[0] == "completed", "another worker to finish the run")
+    b = fleet.start("b")
+    wait(fleet, lambda: run_row(db, rid)[0] == "completed", "another worker to finish the run")
     assert ledger(db, "tool") == [a.pid]
     assert ledger(db, "killed") == [a.pid]
     assert ledger(db, "finish") == [b.pid]
@@ -170,16 +128,16 @@ def _another_worker_runs_the_rest(db: psycopg.Connection[Any], procs: Procs, rid
 
 
 def test_sigkill_after_a_super_steps_writes_but_before_its_checkpoint_runs_the_rest(
-    db: psycopg.Connection[Any], dsn: str, procs: Procs
+    db: psycopg.Connection[Any], dsn: str, fleet: Fleet
 ) -> None:
     # LangGraph saves a super-step's checkpoint in the background while the next one
     # runs: worker a dies with `tool`'s writes saved and the checkpoint after it not.
     # The newest checkpoint's only task then has its writes, so the snapshot's `next`
     # is empty although the graph has three nodes to go; b must run them, not
     # complete the run with the state after `tool`.
-    a = procs.worker("a", LG_HOLD_STEP="1")
+    a = fleet.start("a", env={"LG_HOLD_STEP": "1"})
     rid = start(db, dsn, {"kill": True}, "thread-held")
-    assert a.wait(timeout=WAIT_LIMIT) == -signal.SIGKILL, procs.logs()
+    assert a.wait() == -signal.SIGKILL, fleet.logs()
     newest = db.execute(
         "SELECT metadata->>'step', (SELECT count(*) FROM pgdurable.lg_writes w "
         "  WHERE w.thread_id = c.thread_id AND w.checkpoint_ns = c.checkpoint_ns "
@@ -187,7 +145,7 @@ def test_sigkill_after_a_super_steps_writes_but_before_its_checkpoint_runs_the_r
         "FROM pgdurable.lg_checkpoints c WHERE thread_id = 'thread-held' "
         "ORDER BY checkpoint_id DESC LIMIT 1").fetchone()
     assert newest is not None and newest[0] == "0" and newest[1] > 0, newest
-    _another_worker_runs_the_rest(db, procs, rid, a)
+    _another_worker_runs_the_rest(db, fleet, rid, a)
 
 
 def _writers_in_order(db: psycopg.Connection[Any], thread: str) -> list[str]:
@@ -209,39 +167,38 @@ def _blocks(writers: list[str]) -> list[str]:
 
 
 def test_two_processes_on_one_thread_never_interleave_and_fail_fast_is_typed(
-    db: psycopg.Connection[Any], procs: Procs
+    db: psycopg.Connection[Any], fleet: Fleet
 ) -> None:
-    gate = psycopg.connect(procs.dsn, autocommit=True)
+    gate = psycopg.connect(fleet.dsn, autocommit=True)
     gate.execute("SELECT pg_advisory_lock(918273)")
-    p1 = procs.invoke("p1", "thread-x", wait=True)
-    wait(procs, lambda: ledger(db, "gate"), "p1 to hold the thread, inside the graph")
+    p1 = invoke(fleet, "p1", "thread-x", wait=True)
+    wait(fleet, lambda: ledger(db, "gate"), "p1 to hold the thread, inside the graph")
     # fail fast: a clear typed error, nothing written
-    p2 = procs.invoke("p2", "thread-x", wait=False)
-    assert p2.wait(timeout=WAIT_LIMIT) == 3, procs.logs()
-    assert "busy: LangGraph thread 'thread-x' is being run by" in procs.logs()
+    p2 = invoke(fleet, "p2", "thread-x", wait=False)
+    assert p2.wait(timeout=WAIT_LIMIT) == 3, fleet.logs()
+    assert "busy: LangGraph thread 'thread-x' is being run by" in fleet.logs()
     # wait: p3 waits for p1's invocation to end, then runs its own
-    p3 = procs.invoke("p3", "thread-x", wait=True)
+    p3 = invoke(fleet, "p3", "thread-x", wait=True)
     gate.execute("SELECT pg_advisory_unlock(918273)")
     gate.close()
-    assert p1.wait(timeout=WAIT_LIMIT) == 0, procs.logs()
-    assert p3.wait(timeout=WAIT_LIMIT) == 0, procs.logs()
+    assert p1.wait(timeout=WAIT_LIMIT) == 0, fleet.logs()
+    assert p3.wait(timeout=WAIT_LIMIT) == 0, fleet.logs()
     writers = _writers_in_order(db, "thread-x")
     assert _blocks(writers) == ["p1", "p3"], writers
     assert len(ledger(db, "gate")) == 2
 
 
 def test_a_crashed_holders_thread_lease_lapses_and_the_next_invocation_proceeds(
-    db: psycopg.Connection[Any], procs: Procs
+    db: psycopg.Connection[Any], fleet: Fleet
 ) -> None:
-    gate = psycopg.connect(procs.dsn, autocommit=True)
+    gate = psycopg.connect(fleet.dsn, autocommit=True)
     gate.execute("SELECT pg_advisory_lock(918273)")
-    p1 = procs.invoke("p1", "thread-y", wait=True)
-    wait(procs, lambda: ledger(db, "gate"), "p1 to hold the thread")
-    p1.send_signal(signal.SIGKILL)
-    p1.wait(timeout=WAIT_LIMIT)
+    p1 = invoke(fleet, "p1", "thread-y", wait=True)
+    wait(fleet, lambda: ledger(db, "gate"), "p1 to hold the thread")
+    p1.kill()
     gate.execute("SELECT pg_advisory_unlock(918273)")
     gate.close()
-    p2 = procs.invoke("p2", "thread-y", wait=True)
-    assert p2.wait(timeout=WAIT_LIMIT) == 0, procs.logs()
+    p2 = invoke(fleet, "p2", "thread-y", wait=True)
+    assert p2.wait(timeout=WAIT_LIMIT) == 0, fleet.logs()
     writers = _writers_in_order(db, "thread-y")
     assert _blocks(writers) == ["p1", "p2"], writers

@@ -1,9 +1,9 @@
 """Crash recovery with real worker processes (CONTRACT R1, R2, R6, R7, R9).
 
 Workers are ``python -m pgdurable.worker _crash_app:app`` subprocesses
-(tests/_crash_app.py); every step execution is logged durably in
-``test_step_log`` before the step does anything, so every assertion is made
-from the database. Races are made deterministic by waiting on
+(tests/_crash_app.py, started by the ``fleet`` fixture of tests/fix_fleet.py);
+every step execution is logged durably in ``test_step_log`` before the step
+does anything, so every assertion is made from the database. Races are made deterministic by waiting on
 ``pg_stat_activity`` (a backend blocked on a lock) and on the step log, never
 on sleeps. Bounds like WAIT_LIMIT only keep a broken test from hanging; the
 elapsed recovery times are printed, not asserted.
@@ -11,19 +11,18 @@ elapsed recovery times are printed, not asserted.
 
 from __future__ import annotations
 
-import os
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
-from _fleet import Fleet, WorkerProc
 from _pg_cluster import LocalCluster, local_cluster
 from _waiting import WAIT_LIMIT
+from fix_fleet import Fleet, WorkerProc
 
 from pgdurable import LeaseLost
 from pgdurable.foundation.errors import translate
@@ -31,16 +30,7 @@ from pgdurable.foundation.errors import translate
 START = ("SELECT run_id FROM pgdurable.start_run(%s, %s, %s::jsonb, 'default', 0, 3, "
          "NULL, NULL, NULL, NULL)")
 
-pytestmark = pytest.mark.crash
-
-
-@pytest.fixture
-def procs(dsn: str, tmp_path: Path) -> Iterator[Fleet]:
-    p = Fleet(dsn, tmp_path, "_crash_app:app")
-    try:
-        yield p
-    finally:
-        p.cleanup()
+pytestmark = [pytest.mark.crash, pytest.mark.fleet("_crash_app:app")]
 
 
 @pytest.fixture
@@ -100,13 +90,13 @@ def blocked_on(conn: psycopg.Connection[Any], fragment: str) -> bool:
 
 
 def test_r1_sigkill_mid_step_resumes_from_last_checkpoint(
-    db: psycopg.Connection[Any], procs: Fleet
+    db: psycopg.Connection[Any], fleet: Fleet
 ) -> None:
-    a = procs.start("a")
+    a = fleet.start("a")
     rid = start(db, '{"n": 5, "hang_at": 3}')
     wait_for(lambda: (3, 1, a.pid, "start") in logged(db, rid), "a to be inside step 3")
     assert checkpoints(db, rid) == [(1, 1), (2, 1), (3, 1)]
-    b = procs.start("b")  # polls once a minute: only the lease expiry can wake it
+    b = fleet.start("b")  # polls once a minute: only the lease expiry can wake it
     a.kill()
     killed = time.monotonic()
     assert wait_terminal(db, rid) == "completed"
@@ -123,24 +113,24 @@ def test_r1_sigkill_mid_step_resumes_from_last_checkpoint(
 
 
 def test_r2_stopped_worker_is_fenced_after_takeover(
-    db: psycopg.Connection[Any], procs: Fleet, dsn: str
+    db: psycopg.Connection[Any], fleet: Fleet, dsn: str
 ) -> None:
     key = 424242
     with psycopg.connect(dsn, autocommit=True) as holder:
         holder.execute("SELECT pg_advisory_lock(%s)", (key,))
-        a = procs.start("a")
+        a = fleet.start("a")
         rid = start(db, f'{{"n": 4, "stall_at": 1, "stall_key": {key}}}')
         # a is inside step 1 with its whole event loop blocked (no heartbeat) ...
         wait_for(lambda: blocked_on(db, "pg_advisory_lock"), "a to stall inside step 1")
-        os.kill(a.pid, signal.SIGSTOP)  # ... and now the process is stopped too
-        b = procs.start("b")
+        a.stop()  # ... and now the process is stopped too
+        b = fleet.start("b")
         assert wait_terminal(db, rid) == "completed"
         holder.execute("SELECT pg_advisory_unlock(%s)", (key,))
     newer = db.execute("SELECT state, result, lease_token, step FROM pgdurable.runs "
                        "WHERE id = %s", (rid,)).fetchone()
     assert newer is not None and newer[1] == {"i": 4} and newer[2] == 2 and newer[3] == 4
     assert newer[0]["by"] == b.pid
-    os.kill(a.pid, signal.SIGCONT)
+    a.cont()
     # a's step returns and goes straight to its fenced checkpoint: refused
     wait_for(lambda: f"run {rid}: lease lost" in a.log(), "a to report its lease lost")
     assert a.terminate() == 0
@@ -154,11 +144,11 @@ def test_r2_stopped_worker_is_fenced_after_takeover(
 
 
 def test_r6_unknown_revision_stays_runnable_and_visible(
-    db: psycopg.Connection[Any], procs: Fleet
+    db: psycopg.Connection[Any], fleet: Fleet
 ) -> None:
     other_rev = start(db, '{"n": 1}', rev="2")
     ghost = start(db, '{"n": 1}', task="ghost")
-    a = procs.start("a")
+    a = fleet.start("a")
     # started last, so the claim that took it saw (and skipped) the older two
     mine = start(db, '{"n": 1}')
     assert wait_terminal(db, mine) == "completed"
@@ -181,14 +171,14 @@ def test_r6_unknown_revision_stays_runnable_and_visible(
     assert status(db, other_rev) == "incompatible" and err["type"] == "IncompatibleCheckpoint"
     assert "revision 2 retired" in err["message"]
     assert status(db, ghost) == "runnable"
-    assert a.proc.poll() is None and a.terminate() == 0
+    assert a.poll() is None and a.terminate() == 0
 
 
 def test_r7_cancel_stops_a_leased_run_promptly_via_notify(
-    db: psycopg.Connection[Any], procs: Fleet
+    db: psycopg.Connection[Any], fleet: Fleet
 ) -> None:
     # TTL 300 s: heartbeats every 100 s, so only the NOTIFY can deliver the cancel
-    a = procs.start("a", ttl=300.0)
+    a = fleet.start("a", ttl=300.0)
     rid = start(db, '{"n": 3, "hang_at": 1}')
     wait_for(lambda: (1, 1, a.pid, "start") in logged(db, rid), "a to be inside step 1")
     sent = time.monotonic()
@@ -199,17 +189,17 @@ def test_r7_cancel_stops_a_leased_run_promptly_via_notify(
     err = one(db, "SELECT error FROM pgdurable.runs WHERE id = %s", rid)
     assert err["type"] == "RunCancelled"
     assert checkpoints(db, rid) == [(1, 1)]
-    assert a.proc.poll() is None and a.terminate() == 0
+    assert a.poll() is None and a.terminate() == 0
 
 
 @pytest.mark.slow
 def test_r7_cancel_racing_completion_both_orders(
-    db: psycopg.Connection[Any], procs: Fleet, dsn: str
+    db: psycopg.Connection[Any], fleet: Fleet, dsn: str
 ) -> None:
     """The completion (write_steps) and cancel_run queue on the run's row lock (held by the
     test) in a chosen order; the first to get the lock wins, and the final
     status says which."""
-    a = procs.start("a", ttl=60.0)
+    a = fleet.start("a", ttl=60.0)
     for i, order in enumerate(["complete_first", "cancel_first"] * 3):
         key = 5000 + i
         with psycopg.connect(dsn, autocommit=True) as gate, \
@@ -249,21 +239,21 @@ def test_r7_cancel_racing_completion_both_orders(
 
 
 def test_sigterm_gives_the_lease_back_at_once(
-    db: psycopg.Connection[Any], procs: Fleet, dsn: str
+    db: psycopg.Connection[Any], fleet: Fleet, dsn: str
 ) -> None:
     # TTL 300 s: b can only get the run through the give-back, never by expiry
-    a = procs.start("a", ttl=300.0)
+    a = fleet.start("a", ttl=300.0)
     key = 6060
     with psycopg.connect(dsn, autocommit=True) as gate:
         gate.execute("SELECT pg_advisory_lock(%s)", (key,))
         rid = start(db, f'{{"n": 3, "gate_at": 1, "gate_key": {key}}}')
         wait_for(lambda: blocked_on(db, "pg_advisory_lock"), "a to be inside step 1")
-        b = procs.start("b", ttl=300.0)
-        a.proc.send_signal(signal.SIGTERM)
+        b = fleet.start("b", ttl=300.0)
+        a.send(signal.SIGTERM)
         wait_for(lambda: "stopping" in a.log(), "a to handle SIGTERM")
-        assert a.proc.poll() is None  # a waits for its running step (grace 30 s)
+        assert a.poll() is None  # a waits for its running step (grace 30 s)
         gate.execute("SELECT pg_advisory_unlock(%s)", (key,))
-        assert a.proc.wait(timeout=WAIT_LIMIT) == 0
+        assert a.wait() == 0
     assert wait_terminal(db, rid) == "completed"
     # step 1 finished and was checkpointed by a, then b continued at once
     assert checkpoints(db, rid) == [(1, 1), (2, 1), (3, 2)]
@@ -277,17 +267,17 @@ def test_sigterm_gives_the_lease_back_at_once(
 
 @pytest.mark.slow
 def test_poison_run_that_kills_its_workers_fails(
-    db: psycopg.Connection[Any], procs: Fleet
+    db: psycopg.Connection[Any], fleet: Fleet
 ) -> None:
     rid = start(db, '{"n": 3, "kill_at": 1}', task="poison")  # max_reclaims=1
     dead: list[WorkerProc] = []
     for n in range(5):
-        w = procs.start(f"w{n}")
-        wait_for(lambda: w.proc.poll() is not None or status(db, rid) == "failed",  # noqa: B023
+        w = fleet.start(f"w{n}")
+        wait_for(lambda: w.poll() is not None or status(db, rid) == "failed",  # noqa: B023
                  f"worker w{n} to die or the run to fail")
-        if w.proc.poll() is None:
+        if w.poll() is None:
             break
-        assert w.proc.returncode == -signal.SIGKILL
+        assert w.returncode == -signal.SIGKILL
         dead.append(w)
     assert status(db, rid) == "failed" and len(dead) == 2
     err, attempts, reclaims = db.execute(
@@ -300,8 +290,8 @@ def test_poison_run_that_kills_its_workers_fails(
 
 
 @pytest.mark.slow
-def test_four_workers_500_runs_each_step_once(db: psycopg.Connection[Any], procs: Fleet) -> None:
-    workers = [procs.start(f"w{i}", ttl=10.0, poll=1.0, concurrency=16) for i in range(4)]
+def test_four_workers_500_runs_each_step_once(db: psycopg.Connection[Any], fleet: Fleet) -> None:
+    workers = [fleet.start(f"w{i}", ttl=10.0, poll=1.0, concurrency=16) for i in range(4)]
     db.execute("SELECT pgdurable.start_run('steps', '1', '{\"n\": 3}', 'default', 0, 3, "
                "NULL, NULL, NULL, NULL) FROM generate_series(1, 500)")
     wait_for(lambda: one(db, "SELECT count(*) FROM pgdurable.runs WHERE status = 'completed'")
@@ -362,13 +352,13 @@ def test_restart_targets_the_server_under_test(dsn: str, own_cluster: LocalClust
 
 
 @pytest.mark.slow
-def test_r9_postgres_restart_mid_run(dsn: str, procs: Fleet, own_cluster: LocalCluster) -> None:
+def test_r9_postgres_restart_mid_run(dsn: str, fleet: Fleet, own_cluster: LocalCluster) -> None:
     with psycopg.connect(dsn, autocommit=True) as c:
         c.execute("CREATE TABLE test_step_log (run_id uuid, step int, token bigint, pid int, "
                   "event text, at timestamptz DEFAULT clock_timestamp())")
         c.execute("SELECT pgdurable.start_run('steps', '1', '{\"n\": 3, \"sleep\": 0.05}', "
                   "'default', 0, 3, NULL, NULL, NULL, NULL) FROM generate_series(1, 150)")
-        a = procs.start("a", ttl=2.0, poll=1.0, concurrency=8)
+        a = fleet.start("a", ttl=2.0, poll=1.0, concurrency=8)
         wait_for(lambda: one(c, "SELECT count(*) FROM pgdurable.runs WHERE status = "
                              "'completed'") >= 20, "some runs to complete")
         print("R9: restarting", own_cluster.describe(), "with",
@@ -378,7 +368,7 @@ def test_r9_postgres_restart_mid_run(dsn: str, procs: Fleet, own_cluster: LocalC
         own_cluster.restart()
     finally:
         _ensure_server(dsn, own_cluster)
-    assert a.proc.poll() is None  # the worker survived the restart
+    assert a.poll() is None  # the worker survived the restart
     with psycopg.connect(dsn, autocommit=True) as c:
         wait_for(lambda: one(c, "SELECT count(*) FROM pgdurable.runs WHERE status = "
                              "'completed'") == 150, "every run to complete", limit=120.0)

@@ -4,9 +4,11 @@ narrows the list, a finished step appears live (SSE, no reload), a dashboard
 with a token sends the browser to its login form first (a wrong token is
 refused there), cancel from the UI cancels the run and is refused with a wrong
 token or with actions off;
-queue limits, a schedule with its runs, and a fork made from the UI with its
-lineage on both runs. Screenshots go to the test's tmp dir. Skipped, with the
-reason, without a browser."""
+queue limits, a schedule with its runs, a fork made from the UI with its
+lineage on both runs, and, with a real worker process, a run's result and the
+workers page (no request of the browser answered 404). Screenshots go to the
+test's tmp dir (the last test prints where). Skipped, with the reason, without a
+browser."""
 
 from __future__ import annotations
 
@@ -197,3 +199,47 @@ def test_limits_schedules_and_fork_from_the_ui(dsn: str, page: Any, tmp_path: Pa
         page.wait_for_url(f"{base}/runs/{rid}")
         assert page.locator("#forks").get_by_role("link", name=forked[:8]).is_visible()
         _shot(page, tmp_path, "fork-source")
+
+
+def test_result_and_workers_pages_with_a_real_worker(dsn: str, page: Any, tmp_path: Path,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """A worker process runs a run to its end: the run page shows its result, the
+    workers page the worker (host, pid, queues, concurrency, revisions), and no
+    request of the browser gets a 404. Screenshots: run-result.png, workers.png
+    in the test's tmp dir (printed)."""
+    import socket
+    import subprocess
+    import sys
+
+    missing: list[str] = []
+    page.on("response", lambda r: missing.append(r.url) if r.status == 404 else None)
+    env = {**os.environ, "PGDURABLE_DSN": dsn}
+    root = Path(__file__).resolve().parent.parent
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "pgdurable.worker", "tests._ops_procs:app", "--concurrency", "3",
+         "--queues", "default,reports", "--worker-id", "ui-worker-1"],
+        cwd=root, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        with DurableClient(dsn) as c:
+            rid = c.start("ops.two_steps", {"topic": "pg"}, revision="1")
+            assert c.result(rid, timeout=60) == {"ok": True}
+        with serving(create_app(dsn)) as base:
+            page.goto(f"{base}/runs/{rid}")
+            result = page.locator("#result")
+            assert result.text_content() == '{"ok": true}'
+            assert page.locator(".errorbox").count() == 0
+            _shot(page, tmp_path, "run-result")
+            page.keyboard.press("w")  # keyboard navigation to Workers
+            page.wait_for_url(base + "/workers")
+            row = page.get_by_role("row").filter(has_text="ui-worker-1")
+            for cell in ("live", socket.gethostname(), str(worker.pid), "default, reports", "3",
+                         "ops.two_steps@1"):
+                assert row.get_by_role("cell", name=cell, exact=True).count() == 1, cell
+            _shot(page, tmp_path, "workers")
+    finally:
+        worker.terminate()
+        _, err = worker.communicate(timeout=60)
+    assert worker.returncode == 0, err
+    assert missing == [], f"404s: {missing}"
+    with capsys.disabled():
+        print(f"\nscreenshots: {tmp_path / 'run-result.png'} and {tmp_path / 'workers.png'}")

@@ -187,12 +187,19 @@ def attributes(cls: type) -> frozenset[str]:
 def conventional_names() -> dict[str, tuple[type, ...]]:
     from pgdurable.models.durable_runs import DurableRunContext
 
+    contexts: tuple[type, ...] = (pgdurable.RunContext, pgdurable.WorkflowContext,
+                                  DurableRunContext, pgdurable.DurableContext)
+    try:  # a durable MCP tool's body gets a TaskContext (pgdurable[mcp], docs/mcp.md)
+        from pgdurable.contrib.mcp import TaskContext
+
+        contexts += (TaskContext,)
+    except ImportError:
+        pass
     return {
         "app": (pgdurable.Durable,),
         "client": (pgdurable.DurableClient,),
         "worker": (pgdurable.Worker,),
-        "ctx": (pgdurable.RunContext, pgdurable.WorkflowContext, DurableRunContext,
-                pgdurable.DurableContext),
+        "ctx": contexts,
     }
 
 

@@ -2,7 +2,8 @@
 fair rotation between keys, start rates, shared token buckets, delayed start.
 
 The limits are enforced by the database inside claim_runs, so the process
-tests run several real ``python -m pgdurable.worker`` processes against one
+tests run several real ``python -m pgdurable.worker`` processes (the ``fleet``
+fixture, tests/fix_fleet.py) against one
 database and check the database's own record: a statement trigger on
 pgdurable.runs (created by the test; its function lives in schema pgdurable,
 as the workers' schema check requires) writes down, after every statement that
@@ -14,25 +15,21 @@ take of the bucket is due.
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
-import sys
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
 from _waiting import WAIT_LIMIT, until_sync
+from fix_fleet import Fleet
 
 import pgdurable
 from pgdurable import InvalidInput, RateLimited
 
-ROOT = Path(__file__).resolve().parent.parent
-TESTS = ROOT / "tests"
 START = ("SELECT run_id FROM pgdurable.start_run_flow(%s, '1', %s::jsonb, %s, 0, 3, NULL, NULL, "
          "NULL, NULL, %s, NULL, NULL)")
+
+pytestmark = pytest.mark.fleet("_flow_app:app", concurrency=16, ttl=10.0, poll=5.0)
 
 HW = """
 CREATE TABLE flow_hw (n bigint, per_key bigint);
@@ -50,42 +47,6 @@ END $$;
 CREATE TRIGGER flow_hw AFTER UPDATE ON pgdurable.runs
   FOR EACH STATEMENT EXECUTE FUNCTION pgdurable.test_flow_hw_trg('{queue}');
 """
-
-
-class Workers:
-    """``python -m pgdurable.worker _flow_app:app`` subprocesses; killed at the end."""
-
-    def __init__(self, dsn: str, log_dir: Path) -> None:
-        self.dsn, self.log_dir, self.procs = dsn, log_dir, list[subprocess.Popen[bytes]]()
-
-    def start(self, name: str, queue: str, *, concurrency: int = 16, ttl: float = 10.0,
-              poll: float = 5.0) -> subprocess.Popen[bytes]:
-        env = {**os.environ, "PYTHONPATH": f"{TESTS}{os.pathsep}{ROOT}",
-               "PGDURABLE_DSN": self.dsn, "PGDURABLE_LOG": "INFO",
-               "PGAPPNAME": f"flow-{name}"}
-        with open(self.log_dir / f"worker-{name}.log", "wb") as out:
-            p = subprocess.Popen(
-                [sys.executable, "-m", "pgdurable.worker", "_flow_app:app", "--queues", queue,
-                 "--concurrency", str(concurrency), "--lease-ttl", str(ttl), "--poll", str(poll),
-                 "--worker-id", name],
-                env=env, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
-        self.procs.append(p)
-        return p
-
-    def stop(self) -> None:
-        for p in self.procs:
-            if p.poll() is None:
-                p.send_signal(signal.SIGKILL)
-                p.wait(timeout=WAIT_LIMIT)
-
-
-@pytest.fixture
-def workers(dsn: str, tmp_path: Path) -> Iterator[Workers]:
-    w = Workers(dsn, tmp_path)
-    try:
-        yield w
-    finally:
-        w.stop()
 
 
 def one(conn: psycopg.Connection[Any], query: str, *params: Any) -> Any:
@@ -298,7 +259,7 @@ def test_fairness_small_keys_start_before_100_more_of_the_big_key(
 
 @pytest.mark.slow
 def test_queue_cap_holds_across_four_worker_processes(
-        dsn: str, conn: psycopg.Connection[Any], workers: Workers) -> None:
+        dsn: str, conn: psycopg.Connection[Any], fleet: Fleet) -> None:
     """4 processes x concurrency 16 on a queue capped at 5: never more than 5
     leased at once (trigger-kept high-water mark), and the cap is used."""
     n = int(os.environ.get("FLOW_CAP_RUNS", "2000"))
@@ -306,7 +267,7 @@ def test_queue_cap_holds_across_four_worker_processes(
     conn.execute("SELECT pgdurable.set_queue('capped', 5, NULL, NULL, NULL)")
     start_many(conn, n, "capped", state='{"sleep": 0.002}')
     for i in range(4):
-        workers.start(f"cap{i}", "capped", concurrency=16)
+        fleet.start(f"cap{i}", queues="capped", concurrency=16)
     until_done(conn, "capped")
     high = one(conn, "SELECT max(n) FROM flow_hw")
     assert high == 5, high
@@ -315,13 +276,13 @@ def test_queue_cap_holds_across_four_worker_processes(
 
 
 def test_per_key_limit_one_with_three_keys(dsn: str, conn: psycopg.Connection[Any],
-                                           workers: Workers) -> None:
+                                           fleet: Fleet) -> None:
     conn.execute(HW.format(queue="perkey"))
     conn.execute("SELECT pgdurable.set_queue('perkey', NULL, 1, NULL, NULL)")
     for key in ("a", "b", "c"):
         start_many(conn, 15, "perkey", key=key, state='{"sleep": 0.02}')
-    workers.start("pk0", "perkey", concurrency=8)
-    workers.start("pk1", "perkey", concurrency=8)
+    fleet.start("pk0", queues="perkey", concurrency=8)
+    fleet.start("pk1", queues="perkey", concurrency=8)
     until_done(conn, "perkey")
     per_key, total = conn.execute("SELECT max(per_key), max(n) FROM flow_hw").fetchone() or (0, 0)
     assert per_key == 1
@@ -329,25 +290,24 @@ def test_per_key_limit_one_with_three_keys(dsn: str, conn: psycopg.Connection[An
 
 
 def test_sigkilled_worker_slots_come_back_when_its_leases_lapse(
-        dsn: str, conn: psycopg.Connection[Any], workers: Workers) -> None:
+        dsn: str, conn: psycopg.Connection[Any], fleet: Fleet) -> None:
     ttl = 2.0
     conn.execute(HW.format(queue="capk"))
     conn.execute("SELECT pgdurable.set_queue('capk', 5, NULL, NULL, NULL)")
     start_many(conn, 10, "capk", state='{"sleep": 3600}')
-    a = workers.start("A", "capk", concurrency=5, ttl=ttl)
+    a = fleet.start("A", queues="capk", concurrency=5, ttl=ttl)
     held = ("SELECT count(*) FROM pgdurable.runs WHERE status = 'leased' AND lease_owner = %s "
             "AND lease_expires_at > now()")
     until_sync(lambda: one(conn, held, "A") == 5, "A holds the 5 slots")
-    workers.start("B", "capk", concurrency=5, ttl=ttl)
+    b = fleet.start("B", queues="capk", concurrency=5, ttl=ttl)
     # B's claim loop claims first, then asks next_wakeup: either as a connection's
     # latest statement means B has claimed (a claim alone is seen only while in flight)
     until_sync(lambda: one(conn, "SELECT count(*) FROM pg_stat_activity WHERE application_name "
-                                 "= 'flow-B' AND (query LIKE '%%claim_runs%%' "
-                                 "OR query LIKE '%%next_wakeup%%')") > 0,
+                                 "= %s AND (query LIKE '%%claim_runs%%' "
+                                 "OR query LIKE '%%next_wakeup%%')", b.app_name) > 0,
                "B tried to claim")
     assert one(conn, held, "B") == 0  # the cap holds: B gets nothing while A lives
-    a.send_signal(signal.SIGKILL)
-    a.wait(timeout=WAIT_LIMIT)
+    a.kill()
     lapse = one(conn, "SELECT max(lease_expires_at) FROM pgdurable.runs WHERE lease_owner = 'A'")
     until_sync(lambda: one(conn, held, "B") == 5, "B takes the 5 slots")
     latest = one(conn, "SELECT max(leased_at) FROM pgdurable.runs WHERE lease_owner = 'B'")
@@ -356,7 +316,7 @@ def test_sigkilled_worker_slots_come_back_when_its_leases_lapse(
 
 
 def test_shared_bucket_rate_across_four_processes(dsn: str, conn: psycopg.Connection[Any],
-                                                  workers: Workers) -> None:
+                                                  fleet: Fleet) -> None:
     """A 50 tokens/s bucket (burst 10) shared by 4 worker processes: over the
     run, takes stay within [rate*t - burst, rate*t + burst]."""
     rate, burst, n = 50.0, 10.0, 600
@@ -375,7 +335,7 @@ def test_shared_bucket_rate_across_four_processes(dsn: str, conn: psycopg.Connec
     conn.execute("SELECT pgdurable.set_bucket('shared', %s::numeric, %s::numeric)", (rate, burst))
     start_many(conn, n, "metered", task="metered", state='{"bucket": "shared"}')
     for i in range(4):
-        workers.start(f"tb{i}", "metered", concurrency=16)
+        fleet.start(f"tb{i}", queues="metered", concurrency=16)
     until_done(conn, "metered")
     assert one(conn, "SELECT count(*) FROM flow_acq") == n
     # every run reserved (or took) its token exactly once: no retry storm

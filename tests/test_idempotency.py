@@ -317,6 +317,115 @@ def test_twenty_processes_race_on_one_key(dsn: str, scratch: psycopg.Connection[
     assert results == [{"executed_by": pid}] * n
 
 
+# ------------------------------------------------------------------ lost answers
+# The server acted (a claim committed, an outcome written) but the caller never read
+# its answer: cancelled in between, or its connection died.
+def key_status(c: psycopg.Connection[Any], key: str) -> str | None:
+    row = key_row(c, key)
+    return None if row is None else str(row[0])
+
+
+@pytest.mark.parametrize("target", ["conninfo", "pool"])
+async def test_cancel_landing_after_the_claim_committed_releases_it(dsn: str, target: str
+                                                                    ) -> None:
+    """The claim statement commits, then the caller is cancelled before it reads the
+    answer: it is the owner of a running claim it never learned about. Like an owner
+    cancelled in ``fn`` it must release it at once, or every other caller of the key
+    waits a whole lease (30 s by default) for nothing."""
+    ran: list[int] = []
+    with psycopg.connect(dsn, autocommit=True) as c, psycopg.connect(dsn) as blocker:
+        # an expired result: the next claim takes the row over
+        c.execute("INSERT INTO pgdurable.idempotency_keys (key, status, owner, result, "
+                  "created_at, expires_at) VALUES ('k', 'succeeded', 'old', '1', "
+                  "now() - interval '2 hours', now() - interval '1 hour')")
+        blocker.execute("SELECT 1 FROM pgdurable.idempotency_keys WHERE key = 'k' FOR UPDATE")
+
+        async def call(pool: AsyncConnectionPool[Any] | None) -> Any:
+            return await with_idempotency(dsn if pool is None else pool, "k",
+                                          lambda: ran.append(1))
+
+        pool: AsyncConnectionPool[Any] | None = None
+        if target == "pool":
+            pool = AsyncConnectionPool(dsn, kwargs={"autocommit": True}, open=False)
+            await pool.open()
+        try:
+            caller = asyncio.create_task(call(pool))
+
+            def claim_blocked() -> bool:
+                row = c.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = "
+                                "current_database() AND wait_event_type = 'Lock' "
+                                "AND query LIKE '%%idempotency_claim%%'").fetchone()
+                return row == (1,)
+
+            await asyncio.to_thread(wait_until, claim_blocked, "the claim blocked on the row")
+            # Without yielding to the event loop: let the claim through, wait until it
+            # is committed, then cancel the caller before it reads the answer.
+            blocker.commit()
+            wait_until(lambda: key_status(c, "k") == "running", "the claim committed")
+            caller.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await caller
+            assert ran == []
+            assert key_status(c, "k") is None  # released: the next caller executes at once
+        finally:
+            if pool is not None:
+                await pool.close()
+
+
+KILL_LIBRARY_CONNECTIONS = (
+    "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+    "WHERE datname = current_database() AND application_name = 'pgdurable' "
+    "AND pid <> pg_backend_pid()")
+
+
+@pytest.mark.parametrize("target", ["conninfo", "pool"])
+async def test_a_connection_lost_before_the_outcome_is_written_is_retried(
+        dsn: str, conn: psycopg.Connection[Any], target: str) -> None:
+    """The effect ran; the connection that would record its result dies (a
+    server restart, a failover, a proxy). The owner reconnects and records it
+    (a few retries), instead of leaving the claim 'running' until its lease
+    lapses and a later caller executes the effect a second time."""
+    calls: list[int] = []
+
+    async def effect() -> Any:
+        calls.append(1)
+        with psycopg.connect(dsn, autocommit=True, application_name="killer") as k:
+            row = k.execute(KILL_LIBRARY_CONNECTIONS).fetchone()
+            assert row is not None and row[0] >= 1
+        return {"charged": 42}
+
+    pool: AsyncConnectionPool[Any] | None = None
+    if target == "pool":
+        pool = AsyncConnectionPool(dsn, min_size=1, max_size=1, open=False,
+                                   kwargs={"autocommit": True, "application_name": "pgdurable"})
+        await pool.open(wait=True)
+    where: Any = pool if pool is not None else dsn
+    try:
+        assert await with_idempotency(where, "charge-1", effect) == {"charged": 42}
+        assert await with_idempotency(where, "charge-1", effect) == {"charged": 42}
+    finally:
+        if pool is not None:
+            await pool.close()
+    assert calls == [1]
+    assert conn.execute("SELECT status, result FROM pgdurable.idempotency_keys "
+                        "WHERE key = 'charge-1'").fetchone() == ("succeeded", {"charged": 42})
+
+
+def test_a_settle_retried_after_a_lost_answer_is_still_true(conn: psycopg.Connection[Any]) -> None:
+    """The first finish committed but its answer was lost: the retry by the
+    same owner reports success (not a false "taken over"); another owner's or
+    another outcome's settle stays false."""
+    row = conn.execute("SELECT claimed FROM pgdurable.idempotency_claim('k', 'me', "
+                       "interval '30 s')").fetchone()
+    assert row == (True,)
+    finish = "SELECT pgdurable.idempotency_finish('k', %s, '1'::jsonb, interval '1 day')"
+    assert conn.execute(finish, ("me",)).fetchone() == (True,)
+    assert conn.execute(finish, ("me",)).fetchone() == (True,)
+    assert conn.execute(finish, ("someone else",)).fetchone() == (False,)
+    assert conn.execute("SELECT pgdurable.idempotency_fail('k', 'me', '{}'::jsonb, "
+                        "interval '1 day')").fetchone() == (False,)
+
+
 # ------------------------------------------------------------------ bad input
 @pytest.mark.parametrize("kwargs, exc", [
     ({"key": ""}, ValueError),

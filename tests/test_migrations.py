@@ -178,7 +178,7 @@ def test_bad_input_nonexistent_database(pg_server: Any) -> None:
 
 def test_bad_input_wrong_port(pg_server: Any) -> None:
     r = _run_cli("migrate", "--dsn", f"postgresql://postgres@127.0.0.1:1/{pg_server.user}")
-    _one_line_exit_2(r, "cannot connect")
+    _one_line_exit_2(r, "nothing answers at 127.0.0.1:1 (connection refused)")
 
 
 def test_bad_input_not_a_postgres_dsn() -> None:

@@ -102,7 +102,7 @@ def test_cli_json_output_escapes_c1_and_bidi_controls(dsn: str,
     assert "\x9b" not in p.stdout and "\u202e" not in p.stdout and "\x1b" not in p.stdout
     import json
 
-    assert json.loads(p.stdout)[0]["task"] == "t\x9b2J\u202eevil\x1b"  # still the same data
+    assert json.loads(p.stdout)["runs"][0]["task"] == "t\x9b2J\u202eevil\x1b"  # still the same data
 
 
 # -- a DSN that does not parse: no piece of the password is echoed ----------------------

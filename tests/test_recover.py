@@ -1,7 +1,7 @@
 """Retry and fork of failed runs run the failure again instead of replaying it (issue 37).
 
 Runs fail in real worker processes (``python -m pgdurable.worker
-_recover_app:app``, tests/_recover_app.py) while a backend is down; the test
+_recover_app:app``, tests/_recover_app.py, the ``fleet`` fixture) while a backend is down; the test
 "fixes the backend" and recovers each run through the CLI (real
 subprocesses), the Python API and the dashboard's actions (HTTP, with the
 action token). Every call of a tool, reconcile or effect is a row of the
@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -26,55 +25,23 @@ from typing import Any
 import psycopg
 import pytest
 from _dashboard_server import form_csrf, login, serving
-from _waiting import WAIT_LIMIT, until_sync
+from _waiting import until_sync
+from fix_fleet import Fleet
 
 import pgdurable
 from pgdurable import InvalidInput
 from pgdurable.ops.dashboard import create_app
 
 ROOT = Path(__file__).resolve().parent.parent
-TESTS = ROOT / "tests"
 TOKEN = "recover-token-" + "x" * 32  # the dashboard refuses tokens under 32 bytes
 SURFACES = ("cli", "api", "dashboard")
 TERMINAL = ("completed", "failed", "cancelled")
+pytestmark = pytest.mark.fleet("_recover_app:app", ttl=10.0, poll=0.2, concurrency=16)
 SCRATCH = """
 CREATE TABLE rc_ledger (id serial PRIMARY KEY, run_id text NOT NULL, name text NOT NULL);
 CREATE TABLE rc_down (backend text PRIMARY KEY);
 CREATE TABLE rc_remote (order_id text PRIMARY KEY, ref text NOT NULL);
 """
-
-
-class Workers:
-    """Worker processes of tests/_recover_app.py (each serves some queues)."""
-
-    def __init__(self, dsn: str, log_dir: Path) -> None:
-        self.dsn, self.log_dir = dsn, log_dir
-        self.procs: list[subprocess.Popen[bytes]] = []
-
-    def start(self, queues: str = "default") -> subprocess.Popen[bytes]:
-        env = {**os.environ, "PYTHONPATH": f"{TESTS}{os.pathsep}{ROOT}", "PGDURABLE_DSN": self.dsn}
-        log = open(self.log_dir / f"worker-{len(self.procs)}.log", "wb")
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "pgdurable.worker", "_recover_app:app", "--queues", queues,
-             "--lease-ttl", "10", "--poll", "0.2", "--concurrency", "16"],
-            env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
-        log.close()
-        self.procs.append(proc)
-        return proc
-
-    @staticmethod
-    def stop(proc: subprocess.Popen[bytes]) -> None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=WAIT_LIMIT)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-    def stop_all(self) -> None:
-        for p in self.procs:
-            if p.poll() is None:
-                self.stop(p)
 
 
 @pytest.fixture
@@ -84,18 +51,9 @@ def db(conn: psycopg.Connection[Any]) -> psycopg.Connection[Any]:
 
 
 @pytest.fixture
-def workers(dsn: str, db: psycopg.Connection[Any], tmp_path: Path) -> Iterator[Workers]:
-    w = Workers(dsn, tmp_path)
-    try:
-        yield w
-    finally:
-        w.stop_all()
-
-
-@pytest.fixture
-def worker(workers: Workers) -> None:
+def worker(db: psycopg.Connection[Any], fleet: Fleet) -> None:
     """One worker process (queue default) for the whole test."""
-    workers.start()
+    fleet.start("w")
 
 
 @pytest.fixture
@@ -508,13 +466,13 @@ async def test_a_parent_whose_step_after_the_gather_failed_retries_its_children(
 
 async def test_a_child_retried_while_its_parent_waits_is_waited_for(
         db: psycopg.Connection[Any], app: pgdurable.Durable, dsn: str, base: str,
-        workers: Workers) -> None:
+        fleet: Fleet) -> None:
     """(e) The parent waits on two children; one failed, the other still waits
     for a signal. Retrying the failed child (each surface) makes the parent
     wait for its new outcome too: when the other child finishes first, the
     parent keeps waiting instead of waking with a child that is still running."""
-    workers.start("default")
-    kids0 = workers.start("kids0")  # serves the children that fail
+    fleet.start("default")
+    kids0 = fleet.start("kids0", queues="kids0")  # serves the children that fail
     break_backend(db)
     spec = {"children": [{"queue": "kids0"}, {"hold": True, "ok": True}]}
     parents = [await app.start("parent", spec, revision="1") for _ in SURFACES]
@@ -524,7 +482,7 @@ async def test_a_child_retried_while_its_parent_waits_is_waited_for(
         kids[pid] = (await app.get_run(pid)).children
         wait_for(db, kids[pid][0], "failed")
         wait_for(db, kids[pid][1], "waiting")
-    workers.stop(kids0)  # nobody serves the failed children's queue for now
+    kids0.terminate()  # nobody serves the failed children's queue for now
     fix_backend(db)
     for surface, pid in zip(SURFACES, parents, strict=True):
         assert await retry_via(surface, app, dsn, base, kids[pid][0]) == "runnable"
@@ -536,7 +494,7 @@ async def test_a_child_retried_while_its_parent_waits_is_waited_for(
         assert run_row(db, pid)["status"] == "waiting"
         assert db.execute("SELECT remaining FROM pgdurable.child_wait_sets "
                           "WHERE parent_run_id = %s", (pid,)).fetchone() == (1,)
-    workers.start("kids0")
+    fleet.start("kids0-again", queues="kids0")
     for pid in parents:
         done = wait_for(db, pid, *TERMINAL)
         assert done["status"] == "completed", done["error"]

@@ -172,15 +172,21 @@ def test_cli_runs_filters_and_cursor(dsn: str, monkeypatch: pytest.MonkeyPatch) 
 
     r = run("--metadata", '{"tenant": "acme"}', "--json")
     assert r.exit_code == 0, r.output
-    assert {x["id"] for x in json.loads(r.stdout)} == set(ids[:2])
-    assert json.loads(run("--id-prefix", ids[2][:12], "--json").stdout)[0]["id"] == ids[2]
+    doc = json.loads(r.stdout)
+    assert {x["id"] for x in doc["runs"]} == set(ids[:2]) and doc["next_cursor"] is None
+    assert json.loads(run("--id-prefix", ids[2][:12], "--json").stdout)["runs"][0]["id"] == ids[2]
     r = run("--limit", "1", "--metadata", '{"tenant": "acme"}')
     assert r.exit_code == 0 and "more: --cursor" in r.stderr
     cursor = r.stderr.split("--cursor", 1)[1].split()[0]
+    # --json carries the cursor in the document (stderr says nothing then)
+    page1 = run("--limit", "1", "--metadata", '{"tenant": "acme"}', "--json")
+    assert json.loads(page1.stdout)["next_cursor"] == cursor and "more:" not in page1.stderr
     page2 = json.loads(run("--limit", "1", "--metadata", '{"tenant": "acme"}', "--cursor",
                            cursor, "--json").stdout)
-    assert len(page2) == 1 and page2[0]["id"] in ids[:2]
-    assert json.loads(run("--since", "2999-01-01", "--json").stdout) == []
+    assert len(page2["runs"]) == 1 and page2["runs"][0]["id"] in ids[:2]
+    assert page2["runs"][0]["id"] != json.loads(page1.stdout)["runs"][0]["id"]
+    assert json.loads(run("--since", "2999-01-01", "--json").stdout) == {
+        "runs": [], "next_cursor": None}
     for bad in (["--metadata", "[1]"], ["--metadata", "{"], ["--id-prefix", "zz"],
                 ["--cursor", "nope"]):
         assert run(*bad).exit_code == 2, bad

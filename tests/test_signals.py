@@ -17,7 +17,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from _waiting import WAIT_LIMIT, until
+from _waiting import WAIT_LIMIT, finished, running, until
 
 from pgdurable import (
     Done,
@@ -31,7 +31,7 @@ from pgdurable import (
     Wait,
 )
 from pgdurable.foundation.errors import translate
-from pgdurable.foundation.signals import parse_payload
+from pgdurable.foundation.signals import MAX_SIGNAL_TTL, parse_payload
 
 BASE = datetime(2030, 1, 1, tzinfo=UTC)
 
@@ -664,3 +664,139 @@ def test_expired_pending_signals_are_not_consumed(conn: psycopg.Connection[Any])
     (c,) = seed_leased(conn, 1)
     sql(conn, "SELECT pgdurable.send_signal('ci', 'new', '3', NULL, '1 hour')")
     assert park(conn, c, "ci", "new") == "runnable"
+
+# -- signal arguments a review found escaping as other errors than TypeError/ValueError
+# (deeply nested payloads, a TTL past what PostgreSQL can store), through the API,
+# the sync client and the CLI (the webhook app's: tests/test_webhooks.py)
+
+
+def parked_on(conn: psycopg.Connection[Any], kind: str, ref: str) -> uuid.UUID:
+    """One run of t/1 parked on a signal (kind, ref)."""
+    (rid,) = seed_leased(conn, 1)
+    park(conn, rid, kind, ref)
+    return rid
+
+
+def run_status(conn: psycopg.Connection[Any], rid: uuid.UUID) -> str:
+    return str(sql(conn, "SELECT status FROM pgdurable.runs WHERE id = %s", rid)[0][0])
+
+
+def nested(depth: int) -> list[Any]:
+    """[[[...]]] ``depth`` levels deep (built without recursion)."""
+    root: list[Any] = []
+    cur = root
+    for _ in range(depth - 1):
+        nxt: list[Any] = []
+        cur.append(nxt)
+        cur = nxt
+    return root
+
+
+# -- deeply nested payloads: ValueError (exit 2), never RecursionError -----------------
+
+
+def test_parse_payload_refuses_deep_nesting_with_value_error() -> None:
+    deep = "[" * 100_000 + "]" * 100_000  # 200 kB: well under the size limit
+    with pytest.raises(ValueError, match="nested too deeply"):
+        parse_payload(deep)
+    with pytest.raises(ValueError, match="nested too deeply"):
+        parse_payload(deep.encode())
+    assert parse_payload("[[[1]]]") == [[[1]]]
+
+
+async def test_signal_refuses_deeply_nested_payload(app: Durable, dsn: str,
+                                                     conn: psycopg.Connection[Any]) -> None:
+    rid = parked_on(conn, "ci", "deep")
+    payload = nested(5000)  # _json.validate is iterative; json.dumps recursed and blew up
+    with pytest.raises(ValueError, match="nested too deeply"):
+        await app.signal("ci", "deep", payload)
+    with pytest.raises(ValueError, match="nested too deeply"):
+        await app.signal_run(rid, "ci", payload)
+    with DurableClient(dsn) as client:
+        with pytest.raises(ValueError, match="nested too deeply"):
+            client.signal("ci", "deep", payload)
+        with pytest.raises(ValueError, match="nested too deeply"):
+            client.signal_run(rid, "ci", payload)
+    assert count(conn, "signals") == 0 and run_status(conn, rid) == "waiting"
+    assert await app.signal("ci", "deep", nested(50)) == [str(rid)]
+
+
+def test_cli_signal_refuses_deeply_nested_payload(dsn: str, conn: psycopg.Connection[Any]) -> None:
+    from typer.testing import CliRunner
+
+    from pgdurable.ops.cli import app as cli_app
+
+    rid = parked_on(conn, "ci", "deep")
+    r = CliRunner().invoke(cli_app, ["signal", "ci", "deep", "--payload", "[" * 50_000 + "]" * 50_000,
+                                     "--dsn", dsn], catch_exceptions=False)
+    assert r.exit_code == 2 and "nested too deeply" in r.stderr and r.stderr.count("\n") == 1
+    assert count(conn, "signals") == 0 and run_status(conn, rid) == "waiting"
+
+
+# -- TTL of kept signals: bounded, checked before any SQL ---------------------------
+
+
+async def test_far_future_ttl_is_a_value_error(app: Durable, dsn: str,
+                                              conn: psycopg.Connection[Any]) -> None:
+    rid = parked_on(conn, "other", "x")  # waiting on another kind: signal_run keeps it
+    for ttl in (timedelta.max, timedelta(days=999_999_999), MAX_SIGNAL_TTL + timedelta(days=1)):
+        # was psycopg.errors.DatetimeFieldOverflow from the INSERT (now() + ttl)
+        with pytest.raises(ValueError, match="ttl"):
+            await app.signal("ci", "far", {"x": 1}, ttl=ttl)
+        with pytest.raises(ValueError, match="ttl"):
+            await app.signal_run(rid, "ci", {"x": 1}, ttl=ttl)
+        with DurableClient(dsn) as client:
+            with pytest.raises(ValueError, match="ttl"):
+                client.signal("ci", "far", {"x": 1}, ttl=ttl)
+            with pytest.raises(ValueError, match="ttl"):
+                client.signal_run(rid, "ci", {"x": 1}, ttl=ttl)
+    assert count(conn, "signals") == 0
+    # the largest TTL and None (no expiry) are kept as asked
+    assert await app.signal("ci", "far", {"x": 1}, ttl=MAX_SIGNAL_TTL) == []
+    assert await app.signal_run(rid, "ci", {"x": 2}, ttl=None) == []
+    rows = conn.execute("SELECT run_id IS NULL, expires_at - created_at >= %s, expires_at IS NULL "
+                        "FROM pgdurable.signals ORDER BY id", (MAX_SIGNAL_TTL,)).fetchall()
+    assert rows == [(True, True, False), (False, None, True)]
+
+
+# -- Wait/Sleep arguments ------------------------------------------------------------
+
+
+def test_wait_refuses_a_signal_no_sender_can_address() -> None:
+    # app.signal / signal_run / the webhook refuse these kinds and refs (check_name):
+    # a run parked on one can never be woken by a signal
+    for sig in (("ci", "x" * 1001), ("ci", "é" * 501), ("k" * 1001, "r"), ("ci", "\ud800")):
+        with pytest.raises(ValueError):
+            Wait(signal=sig)
+    with pytest.raises(ValueError):
+        Wait.approval("x" * 1001)
+    Wait(signal=("ci", "x" * 1000))
+    Wait(signal=("inbox", "x" * 10_240))  # a thread's own wait: thread keys have no limit
+
+
+def test_wait_and_sleep_refuse_timeouts_past_what_the_database_stores() -> None:
+    # the worker turned these into timedelta(seconds=1e300) (OverflowError: the run
+    # stayed leased until its lease lapsed, again and again) or stored a wake_at
+    # after year 9999 that psycopg cannot load (get_run raised DataError)
+    for value in (1e300, 1e12, timedelta.max, timedelta(days=999_999_999)):
+        with pytest.raises(ValueError):
+            Wait(signal=("ci", "x"), timeout=value)
+        with pytest.raises(ValueError):
+            Sleep(seconds=value)
+    Wait(signal=("ci", "x"), timeout=timedelta(days=365_000))
+    Sleep(seconds=timedelta(days=365_000))
+
+
+async def test_far_future_sleep_fails_the_step_instead_of_breaking_get_run(
+        app: Durable) -> None:
+    @app.task("sleeps_forever", revision="1", max_attempts=1)
+    async def sleeps(ctx: RunContext, state: Any) -> Any:
+        if ctx.wake is None:
+            return Sleep(seconds=1e12)  # ~31,700 years
+        return Done(None)
+
+    rid = await app.start("sleeps_forever")
+    async with running(app.worker(poll_interval=0.1)):
+        info = await finished(app, rid)  # was: psycopg.DataError once it parked
+    assert info.status == "failed" and info.error is not None
+    assert info.error["type"] == "ValueError"

@@ -16,7 +16,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from _waiting import WAIT_LIMIT, until_sync
+from _waiting import WAIT_LIMIT, finished, until, until_sync
 from _waiting import app_running as running
 
 from pgdurable import Continue, Done, Durable, RunContext, RunNotFound
@@ -25,6 +25,9 @@ from tests._thread_procs import EVENTS_PER_STEP, STEPS, create_scratch
 from tests.test_threads import q1, stop, worker_proc
 
 ROOT = Path(__file__).resolve().parent.parent
+#: How many of this database's backends LISTEN for stream events.
+LISTENERS = ("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+             "AND query = 'LISTEN pgdurable_events'")
 
 
 async def collect(it: AsyncIterator[StreamEvent]) -> list[StreamEvent]:
@@ -267,8 +270,6 @@ async def test_streams_of_one_app_share_one_listen_connection(
         await gate.wait()
         return Done(None)
 
-    listeners = ("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-                 "AND query = 'LISTEN pgdurable_events'")
     async with app:
         ids = [await app.start("talk") for _ in range(3)]
         seen = [asyncio.Event() for _ in ids]
@@ -284,12 +285,85 @@ async def test_streams_of_one_app_share_one_listen_connection(
             followers = [asyncio.create_task(follow(i)) for i in range(3)]
             for ev in seen:
                 await asyncio.wait_for(ev.wait(), WAIT_LIMIT)
-            assert q1(conn, listeners) == 1
+            assert q1(conn, LISTENERS) == 1
             gate.set()
             results = await asyncio.wait_for(asyncio.gather(*followers), WAIT_LIMIT)
         assert all([e.event for e in r] == ["hi", r[-1].event] and r[-1].final for r in results)
         for _ in range(100):  # the last stream closed the shared connection
-            if q1(conn, listeners) == 0:
+            if q1(conn, LISTENERS) == 0:
                 break
             await asyncio.sleep(0.02)
-        assert q1(conn, listeners) == 0
+        assert q1(conn, LISTENERS) == 0
+
+
+# -- found by a review: a revived run's stream, a bad poll
+
+
+async def test_the_stream_of_a_retried_run_does_not_end_at_its_first_end(
+    dsn: str, conn: psycopg.Connection[Any]
+) -> None:
+    """app.stream() of a run revived by retry_run used to end at once, at the
+    end event of its failed life ("failed"), though the run went on."""
+    app = Durable(dsn)
+    gate = asyncio.Event()
+    calls = {"n": 0}
+
+    @app.task("t", max_attempts=1)
+    async def t(ctx: RunContext, state: Any) -> Any:
+        calls["n"] += 1
+        if ctx.step == 0:
+            await ctx.emit("s0")
+            return Continue(state)
+        if calls["n"] == 2:
+            await ctx.emit("s1-first")
+            raise RuntimeError("boom")
+        await gate.wait()
+        await ctx.emit("s1-again")  # same (step, idx): overwrites seq 2 in place
+        await ctx.emit("s1-more")
+        return Done("ok")
+
+    async with app:
+        rid = await app.start("t")
+        async with running(app):
+            assert (await finished(app, rid)).status == "failed"
+            first = await collect(app.stream(rid, poll=0.2))
+            assert [(e.seq, e.final) for e in first] == [(1, False), (2, False), (3, True)]
+            assert await app.retry(rid) == "runnable"
+            follower = asyncio.create_task(collect(app.stream(rid, poll=0.2)))
+            await until(lambda: asyncio.sleep(0, calls["n"] == 3), "the retry to run")
+            assert not follower.done()
+            gate.set()
+            got = await asyncio.wait_for(follower, WAIT_LIMIT)
+        assert [e.seq for e in got] == [1, 2, 3, 4, 5]
+        assert got[2].event["status"] == "failed" and not got[2].final  # the old end
+        assert got[3].event == "s1-more"
+        assert got[-1].final and got[-1].event["status"] == "completed"
+        assert [e.final for e in got] == [False, False, False, False, True]
+        # replay after the run ended: the same, and a cursor past the old end
+        assert [(e.seq, e.final) for e in await collect(app.stream(rid))] == [
+            (e.seq, e.final) for e in got]
+        assert [e.seq for e in await collect(app.stream(rid, after=3))] == [4, 5]
+
+
+async def test_bad_poll_is_a_typed_error_before_any_listen(
+    dsn: str, conn: psycopg.Connection[Any]
+) -> None:
+    """poll=0 used to busy-poll the database (no error); a non-number failed late."""
+    app = Durable(dsn)
+    app.task("quiet")(lambda ctx, s: Done(None))
+    async with app:
+        rid = await app.start("quiet")
+        async with running(app):
+            await finished(app, rid)  # so that a stream that accepts a bad poll ends
+        for bad in (0, -1, 0.0, float("nan"), float("inf")):
+            with pytest.raises(ValueError):
+                await collect(app.stream(rid, poll=bad))
+            with pytest.raises(ValueError):
+                await collect(app.stream_thread("t", follow=False, poll=bad))
+        for wrong in ("1", None, True):
+            with pytest.raises(TypeError):
+                await collect(app.stream(rid, poll=wrong))  # type: ignore[arg-type]
+            with pytest.raises(TypeError):
+                await collect(app.stream_thread("t", follow=False, poll=wrong))  # type: ignore[arg-type]
+        assert q1(conn, LISTENERS) == 0
+        assert await collect(app.stream_thread("t", follow=False, poll=1)) == []

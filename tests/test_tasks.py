@@ -23,6 +23,7 @@ from typing import Any
 import psycopg
 import pytest
 from _waiting import until_sync as wait_until
+from psycopg_pool import AsyncConnectionPool
 
 import pgdurable
 from pgdurable import (
@@ -869,11 +870,16 @@ async def test_store_default_and_definition_exposed(dsn: str) -> None:
     assert store.get("t") is not None
 
 
-async def test_cancelled_while_waiting_for_the_lock_leaves_no_lock(dsn: str) -> None:
-    """A caller cancelled while blocked in pg_advisory_lock must not hold it later."""
-    task = define_durable_task(id="count", revision="1", is_state=is_count,
+def count_to_one() -> Any:
+    """Task count/1 (the lock tests'): one step that sets the count to 1."""
+    return define_durable_task(id="count", revision="1", is_state=is_count,
                                initial_state={"count": 0},
                                steps=[DurableStep(id="s", run=lambda s, _c: {"count": 1})])
+
+
+async def test_cancelled_while_waiting_for_the_lock_leaves_no_lock(dsn: str) -> None:
+    """A caller cancelled while blocked in pg_advisory_lock must not hold it later."""
+    task = count_to_one()
     with psycopg.connect(dsn, autocommit=True) as c:
         c.execute("SELECT pg_advisory_lock(pgdurable.task_lock_key('t'))")
         async with PostgresDurableStore(dsn) as store:
@@ -899,6 +905,65 @@ async def test_cancelled_while_waiting_for_the_lock_leaves_no_lock(dsn: str) -> 
             assert row == (0,)
             assert await task.run(task_id="t", store=store) == {"count": 1}
             assert await stored(store, "t") is not None
+
+
+def advisory_locks(c: psycopg.Connection[Any], *, granted: bool) -> int:
+    """Advisory locks of this database held (``granted``) or waited for by other sessions."""
+    row = c.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted = %s "
+                    f"AND pid <> pg_backend_pid() AND {_THIS_DB}", (granted,)).fetchone()
+    return int(row[0]) if row else 0
+
+
+async def test_cancel_landing_after_the_task_lock_was_granted_leaks_no_lock(dsn: str) -> None:
+    """The task lock is granted by the server, then the caller is cancelled before it
+    reads the answer: psycopg waits for the statement and raises CancelledError, so the
+    pooled session would keep the advisory lock and every later run of that task id
+    (from any other session) would block forever."""
+    task = count_to_one()
+    with psycopg.connect(dsn, autocommit=True) as c:
+        c.execute("SELECT pg_advisory_lock(pgdurable.task_lock_key('t'))")
+        async with PostgresDurableStore(dsn) as store:
+            waiter = asyncio.create_task(task.run(task_id="t", store=store))
+            await asyncio.to_thread(wait_until, lambda: advisory_locks(c, granted=False) == 1,
+                                    "the waiter blocked at the task lock")
+            # Without yielding to the event loop: hand the lock over, wait until the
+            # server granted it to the waiter, then cancel the waiter.
+            c.execute("SELECT pg_advisory_unlock(pgdurable.task_lock_key('t'))")
+            wait_until(lambda: advisory_locks(c, granted=True) == 1, "the lock granted")
+            waiter.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await waiter
+            # nobody may hold the task lock now (the closing session lets go of it)
+            for _ in range(500):
+                if advisory_locks(c, granted=True) == 0:
+                    break
+                await asyncio.sleep(0.02)
+            assert advisory_locks(c, granted=True) == 0
+        # a store with its own pool (other sessions) can run the task
+        async with PostgresDurableStore(dsn) as other:
+            assert await task.run(task_id="t", store=other) == {"count": 1}
+
+
+async def test_store_on_a_callers_pool_leaves_its_connections_transactional(dsn: str
+                                                                            ) -> None:
+    """PostgresDurableStore switches the lock connection to autocommit; on a pool the
+    application shares, it must hand the connection back as it found it, or the
+    application's later `async with pool.connection()` blocks silently autocommit
+    (an exception no longer rolls its writes back)."""
+    task = count_to_one()
+    async with AsyncConnectionPool(dsn, min_size=1, max_size=1, open=False) as pool:
+        async with pool.connection() as c:
+            await c.execute("CREATE TABLE app_rows (n int)")
+        async with PostgresDurableStore(pool) as store:
+            assert await task.run(task_id="t", store=store) == {"count": 1}
+        with pytest.raises(ZeroDivisionError):
+            async with pool.connection() as c:
+                await c.execute("INSERT INTO app_rows VALUES (1)")
+                1 / 0  # noqa: B018 - the application's failure: its insert must roll back
+        async with pool.connection() as c:
+            cur = await c.execute("SELECT count(*) FROM app_rows")
+            assert await cur.fetchone() == (0,)
+            assert not c.autocommit
 
 
 async def test_save_needs_the_lock_connection(dsn: str) -> None:

@@ -3,6 +3,7 @@ ASGI protocol details (lifespan, mounting under a root path) in process."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import socket
@@ -16,6 +17,8 @@ from typing import Any
 import httpx
 import psycopg
 import pytest
+from _waiting import WAIT_LIMIT
+from psycopg import sql
 
 from pgdurable import Durable, ProviderClosed
 from pgdurable.ops.webhooks import app, request_path, sign_request
@@ -215,3 +218,56 @@ async def test_streamed_body_over_limit_is_refused(dsn: str, conn: psycopg.Conne
     assert sent[0]["status"] == 413
     assert conn.execute("SELECT count(*) FROM pgdurable.signals").fetchone() == (0,)
     await hooks.durable.close()
+
+# -- a review: a deeply nested body and a server-side timeout were plain-text 500s
+
+
+def run_status(conn: psycopg.Connection[Any], rid: uuid.UUID) -> str:
+    return str(conn.execute("SELECT status FROM pgdurable.runs WHERE id = %s",
+                            (rid,)).fetchone()[0])  # type: ignore[index]
+
+
+async def asgi_call(hooks: Any, path: str, body: bytes) -> tuple[int, Any]:
+    """POST a signed ``body`` to ``path`` (``/signals/KIND/REF``) through the ASGI interface."""
+    kind, ref = path.split("/")[2:4]
+    return await call(hooks, http_scope(path, headers=signed_headers(kind, ref, body)), body)
+
+
+async def test_webhook_deeply_nested_body_is_a_400(dsn: str, conn: psycopg.Connection[Any]) -> None:
+    rid = park_one(conn, "ci", "deep")
+    hooks = app(Durable(dsn), secret=SECRET, kinds=["ci"])
+    try:
+        # a signed, well-formed JSON body of 10 kB: the app raised RecursionError
+        # (the server's plain-text 500) instead of answering 400 in JSON
+        status_code, answer = await asgi_call(hooks, "/signals/ci/deep",
+                                              b"[" * 5000 + b"]" * 5000)
+        assert status_code == 400 and "nested too deeply" in answer["error"]
+        assert signals(conn) == 0 and run_status(conn, rid) == "waiting"
+        status_code, answer = await asgi_call(hooks, "/signals/ci/deep", b"[[[]]]")
+        assert (status_code, answer) == (200, {"woken": [str(rid)], "pending": False})
+    finally:
+        await hooks.durable.close()
+
+
+async def test_webhook_lock_timeout_is_a_503_json(dsn: str, conn: psycopg.Connection[Any]) -> None:
+    # a server-side timeout the operator configured (lock_timeout here; also
+    # statement_timeout, a deadlock or serialization failure) is not translated
+    # by pgdurable: the app let the raw psycopg error escape (the server's
+    # plain-text 500) instead of its documented JSON 503 "retry later"
+    rid = park_one(conn, "ci", "busy")
+    db = conn.info.dbname
+    conn.execute(sql.SQL("ALTER DATABASE {} SET lock_timeout = 50").format(sql.Identifier(db)))
+    hooks = app(Durable(dsn), secret=SECRET, kinds=["ci"])
+    try:
+        with psycopg.connect(dsn) as holder:  # another sender of (ci, busy), mid-transaction
+            holder.execute("SELECT pg_advisory_xact_lock(pgdurable.wait_lock_key('ci', 'busy'))")
+            async with asyncio.timeout(WAIT_LIMIT):  # a bound against a hang, not a measure
+                status_code, answer = await asgi_call(hooks, "/signals/ci/busy", b'{"n": 1}')
+            holder.rollback()
+        # a generic body that tells the sender what to do (the details are logged)
+        assert status_code == 503 and "retry with the same Idempotency-Key" in answer["error"]
+        assert signals(conn) == 0 and run_status(conn, rid) == "waiting"
+        status_code, answer = await asgi_call(hooks, "/signals/ci/busy", b'{"n": 1}')
+        assert (status_code, answer) == (200, {"woken": [str(rid)], "pending": False})
+    finally:
+        await hooks.durable.close()

@@ -1,69 +1,31 @@
 """Workflows under real crashes: worker processes (``python -m pgdurable.worker
-_workflow_app:app``, tests/_workflow_app.py) SIGKILLed at every step boundary
-and inside every step, and a SIGSTOPped zombie. Every step execution is in the
+_workflow_app:app``, tests/_workflow_app.py; the ``fleet`` fixture) SIGKILLed at
+every step boundary and inside every step, and a SIGSTOPped zombie. Every step execution is in the
 ledger table, so the counts are read from the database."""
 
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
 import time
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
 from _waiting import WAIT_LIMIT
+from fix_fleet import Fleet, WorkerProc
 
-ROOT = Path(__file__).resolve().parent.parent
-TESTS = ROOT / "tests"
 START = ("SELECT run_id FROM pgdurable.start_run('agent', '1', %s::jsonb, %s, 0, 3, "
          "NULL, NULL, NULL, NULL)")
 STEPS = ["search", "read", "slow", "push", "summarize", "report"]
 BOUNDARIES = ["search", "read", "sleep", "slow", "push", "ci", "summarize", "approval"]
 
-pytestmark = pytest.mark.crash
+pytestmark = [pytest.mark.crash,
+              pytest.mark.fleet("_workflow_app:app", ttl=4.0, poll=0.2, concurrency=2)]
 
 
-class Workers:
-    """Worker subprocesses of tests/_workflow_app.py; all killed at the end."""
-
-    def __init__(self, dsn: str, log_dir: Path) -> None:
-        self.dsn, self.log_dir = dsn, log_dir
-        self.all: list[subprocess.Popen[bytes]] = []
-
-    def start(self, queue: str, *, ttl: float = 4.0) -> subprocess.Popen[bytes]:
-        env = {**os.environ, "PYTHONPATH": f"{TESTS}{os.pathsep}{ROOT}",
-               "PGDURABLE_DSN": self.dsn, "PGDURABLE_LOG": "INFO"}
-        log = open(self.log_dir / f"{queue}-{len(self.all)}.log", "wb")
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "pgdurable.worker", "_workflow_app:app", "--queues", queue,
-             "--lease-ttl", str(ttl), "--poll", "0.2", "--concurrency", "2",
-             "--worker-id", f"{queue}-{len(self.all)}"],
-            env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
-        log.close()
-        self.all.append(proc)
-        return proc
-
-    def cleanup(self) -> None:
-        for p in self.all:
-            if p.poll() is None:
-                p.send_signal(signal.SIGCONT)
-                p.kill()
-                p.wait(timeout=WAIT_LIMIT)
-
-
-@pytest.fixture
-def workers(dsn: str, tmp_path: Path) -> Iterator[Workers]:
-    w = Workers(dsn, tmp_path)
-    try:
-        yield w
-    finally:
-        w.cleanup()
+def start_worker(fleet: Fleet, queue: str, **options: Any) -> WorkerProc:
+    """A worker of ``queue``, named ``QUEUE-N`` (the fleet's Nth process)."""
+    return fleet.start(f"{queue}-{len(fleet.all)}", queues=queue, **options)
 
 
 @pytest.fixture
@@ -87,7 +49,7 @@ def _ledger(conn: psycopg.Connection[Any], rid: Any) -> dict[str, int]:
     return {r[0]: int(r[1]) for r in rows}
 
 
-def test_sigkill_at_every_step_boundary(db: psycopg.Connection[Any], workers: Workers) -> None:
+def test_sigkill_at_every_step_boundary(db: psycopg.Connection[Any], fleet: Fleet) -> None:
     """One run per kill point (its own queue and workers, all at once): each fn
     runs exactly once, except a safe one in flight at the kill (twice); the
     reconcile step in flight is reconciled, never re-run; every result equals
@@ -97,7 +59,7 @@ def test_sigkill_at_every_step_boundary(db: psycopg.Connection[Any], workers: Wo
     scenarios |= {f"after:{b}": {"kill_after": b} for b in BOUNDARIES}
     scenarios["finish, in:report"] = {"finish": True, "kill_in": "report"}  # ctx.finish
     runs: dict[str, Any] = {}
-    procs: dict[str, subprocess.Popen[bytes]] = {}
+    procs: dict[str, WorkerProc] = {}
     started: dict[str, int] = {}
     for i, (point, spec) in enumerate(scenarios.items()):
         queue = f"q{i}"
@@ -106,7 +68,7 @@ def test_sigkill_at_every_step_boundary(db: psycopg.Connection[Any], workers: Wo
         # the approval is sent before the run waits for it: kept, then consumed
         db.execute("SELECT pgdurable.signal_run(%s, 'approval', '{\"by\": \"alice\"}', NULL, "
                    "NULL)", (rid,))
-        procs[point] = workers.start(queue)
+        procs[point] = start_worker(fleet, queue)
         started[point] = 1
     ci_sent: set[str] = set()
     end = time.monotonic() + 4 * WAIT_LIMIT
@@ -123,7 +85,7 @@ def test_sigkill_at_every_step_boundary(db: psycopg.Connection[Any], workers: Wo
                            "NULL)", (rid,))
                 ci_sent.add(point)
             if procs[point].poll() is not None:  # killed itself: a fresh worker takes over
-                procs[point] = workers.start(f"q{list(runs).index(point)}")
+                procs[point] = start_worker(fleet, f"q{list(runs).index(point)}")
                 started[point] += 1
         if not live:
             break
@@ -145,8 +107,8 @@ def test_sigkill_at_every_step_boundary(db: psycopg.Connection[Any], workers: Wo
         # a lease that lapses WITHOUT a kill (a CPU-starved worker missing its
         # heartbeats for a whole TTL) legitimately re-runs a safe step: the TTL
         # is generous for a loaded machine, and the logs say when it happened
-        logs = "".join(p.read_text(errors="replace")
-                       for p in workers.log_dir.glob(f"q{list(runs).index(point)}-*.log"))
+        logs = "".join(w.log() for w in fleet.workers
+                       if w.name.startswith(f"q{list(runs).index(point)}-"))
         assert counts == expected, (point, [line for line in logs.splitlines()
                                             if "trusted" in line or "attempt" in line])
         if point != "none":
@@ -169,30 +131,29 @@ def _until(pred: Any, what: str) -> None:
         time.sleep(0.02)
 
 
-def test_zombie_cannot_record_a_step(db: psycopg.Connection[Any], workers: Workers) -> None:
+def test_zombie_cannot_record_a_step(db: psycopg.Connection[Any], fleet: Fleet) -> None:
     """A worker SIGSTOPped inside step 'slow' past its lease TTL, then SIGCONTed
     after another worker finished the run: its checkpoint is refused."""
     rid = _one(db, START, json.dumps({"topic": "z", "stall": 3}), "zq")
     db.execute("SELECT pgdurable.signal_run(%s, 'ci', 'true', NULL, NULL)", (rid,))
     db.execute("SELECT pgdurable.signal_run(%s, 'approval', 'true', NULL, NULL)", (rid,))
-    zombie = workers.start("zq", ttl=2.0)
+    zombie = start_worker(fleet, "zq", ttl=2.0)
     _until(lambda: _ledger(db, rid).get("slow"), "the zombie to enter step slow")
-    zombie.send_signal(signal.SIGSTOP)
+    zombie.stop()
     token = _one(db, "SELECT lease_token FROM pgdurable.runs WHERE id = %s", rid)
     _until(lambda: not _one(db, "SELECT lease_expires_at > now() FROM pgdurable.runs "
                                 "WHERE id = %s", rid), "the zombie's lease to expire")
-    workers.start("zq", ttl=5.0)
+    start_worker(fleet, "zq", ttl=5.0)
     _until(lambda: _one(db, "SELECT status FROM pgdurable.runs WHERE id = %s", rid)
            == "completed", "the second worker to complete the run")
     rows_before = db.execute("SELECT step, token, state FROM pgdurable.checkpoints "
                              "WHERE run_id = %s ORDER BY step", (rid,)).fetchall()
-    zombie.send_signal(signal.SIGCONT)
+    zombie.cont()
     # the zombie's stalled fn returns straight into its fenced checkpoint
     # (the loop was blocked: no heartbeat ran first); then a graceful stop
     # makes it settle every write it has started before it exits
     _until(lambda: _ledger(db, rid).get("slow:returned"), "the zombie's step to return")
-    zombie.send_signal(signal.SIGTERM)
-    assert zombie.wait(timeout=WAIT_LIMIT) == 0
+    assert zombie.terminate() == 0
     rows_after = db.execute("SELECT step, token, state FROM pgdurable.checkpoints "
                             "WHERE run_id = %s ORDER BY step", (rid,)).fetchall()
     assert rows_after == rows_before

@@ -154,9 +154,9 @@ class WorkerBase:
         self.cancel_check_count = 0  # cancel checks sent to the database (tests)
         self._writer = StepWriter(app, self.worker_id, self._write_lock)
         self._ticker = Ticker(app, self.queues)  # fires due schedule ticks (schedules.py)
-        # announced at the first pin, renewed each heartbeat interval (engine/presence.py)
+        # announced at start, renewed each heartbeat interval (engine/presence.py)
         self._presence = WorkerPresence(app, self.worker_id, self.instance, self.ttl,
-                                        self.heartbeat_interval, self.queues)
+                                        self.heartbeat_interval, self.queues, concurrency)
 
     @property
     def _cancel_checks(self) -> bool:

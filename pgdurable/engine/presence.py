@@ -2,10 +2,12 @@
 
 A run pinned to a worker (:mod:`pgdurable.foundation.affinity`) is reserved for it only
 while its presence row (``pgdurable.worker_presence``: worker id, process
-instance, until) is current. :class:`WorkerPresence` writes nothing until the
-worker's first pin: a worker that never pins a run costs no statement more.
-From then on it renews the row every heartbeat interval for one lease TTL
-(ONE ``pgdurable.worker_present`` statement, from its own task: a slow renewal
+instance, until) is current; operators see the rows as the live workers
+(``pgdurable.worker_list``, the dashboard's workers page). The worker
+announces itself when it starts (:meth:`WorkerPresence.start`: ONE
+``pgdurable.worker_started``, with its host, pid, queues and concurrency),
+renews the row every heartbeat interval for one lease TTL (ONE
+``pgdurable.worker_present`` statement, from its own task: a slow renewal
 never delays the lease heartbeat), and removes it on a clean stop
 (``pgdurable.worker_absent``, which wakes its queues: the runs reserved for
 it, which it claimed there, are anybody's now). A killed worker's row lapses a lease TTL after its last renewal at most.
@@ -17,12 +19,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import socket
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
 import psycopg
 
-from ..foundation.affinity import ABSENT, PRESENT
+from ..foundation.affinity import ABSENT, PRESENT, STARTED
 from ..foundation.errors import PgDurableError
 
 if TYPE_CHECKING:
@@ -36,33 +40,46 @@ _DB_ERRORS = (PgDurableError, psycopg.Error, OSError)
 
 
 class WorkerPresence:
-    """A worker's presence row (see the module docstring): :meth:`ensure`
-    before the first pin, renewed every ``every`` seconds for ``ttl`` seconds,
-    :meth:`withdraw` on a clean stop."""
+    """A worker's presence row (see the module docstring): :meth:`start` when
+    the worker starts (:meth:`ensure` again before a pin, in case that failed),
+    renewed every ``every`` seconds for ``ttl`` seconds, :meth:`withdraw` on a
+    clean stop."""
 
     def __init__(self, app: App, worker_id: str, instance: str, ttl: float,
-                 every: float, queues: list[str]) -> None:
+                 every: float, queues: list[str], concurrency: int = 1) -> None:
         self.app, self.worker_id, self.instance = app, worker_id, instance
-        self.queues = queues
+        self.queues, self.concurrency = queues, concurrency
         self.ttl, self.every = timedelta(seconds=ttl), every
-        self.count = 0  # worker_present statements issued
+        self.count = 0  # worker_started / worker_present statements issued
         self._lock = asyncio.Lock()
         self._task: asyncio.Task[None] | None = None
         self._withdrawn = False  # a stopped worker announces nothing more
+        self._introduced = False  # its row has its host, pid, queues and concurrency
 
     async def _announce(self) -> bool:
         try:
             self.count += 1
             async with asyncio.timeout(max(self.every, 1.0)):
-                await self.app.fetchone(PRESENT, (self.worker_id, self.instance, self.ttl))
+                if self._introduced:
+                    await self.app.fetchone(PRESENT, (self.worker_id, self.instance, self.ttl))
+                else:
+                    await self.app.fetchone(STARTED, (
+                        self.worker_id, self.instance, self.ttl, socket.gethostname(),
+                        os.getpid(), self.queues, self.concurrency))
+                    self._introduced = True
             return True
         except (TimeoutError, *_DB_ERRORS) as exc:
             log.warning("worker %s: presence not renewed (%s); its pinned runs are not "
                         "reserved for it until it is", self.worker_id, exc)
             return False
 
+    async def start(self) -> None:
+        """The worker starts: announce it (with its details) and keep renewing."""
+        await self.ensure()
+
     async def ensure(self) -> None:
-        """Announce the worker (once) and start renewing; before a pin is written."""
+        """Announce the worker (once) and start renewing: at start, and before a
+        pin is written (a no-op when it is announced already)."""
         if self._task is not None or self._withdrawn:
             return
         async with self._lock:
@@ -71,8 +88,9 @@ class WorkerPresence:
                 self._task = asyncio.create_task(self.keep(), name="pgdurable-presence")
 
     def reopen(self) -> None:
-        """The worker runs (again): its next pin announces it."""
+        """The worker runs (again): :meth:`start` announces it afresh."""
         self._withdrawn = False
+        self._introduced = False
 
     async def keep(self) -> None:
         """Renew every ``every`` seconds until cancelled."""

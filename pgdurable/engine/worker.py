@@ -24,11 +24,12 @@ run):
   run missing from the answer has lost its lease and is stopped locally; a
   run whose lease could not be renewed is no longer trusted after
   ``attempt start + ttl - safety_margin`` (monotonic) and is stopped too.
-* **presence** (:mod:`~pgdurable.engine.presence`): from the first run a step
-  pins to this worker (``ctx.pin``, :mod:`pgdurable.foundation.affinity`) until it stops,
-  ONE ``pgdurable.worker_present`` per heartbeat interval says that this process
-  is alive (for one lease TTL); the runs pinned here are reserved for it only
-  while it is. A worker that never pins a run writes none.
+* **presence** (:mod:`~pgdurable.engine.presence`): from its start until it
+  stops, ONE ``pgdurable.worker_present`` per heartbeat interval says that this
+  process is alive (for one lease TTL; ``worker_started`` at start also records
+  its host, pid, queues and concurrency, for ``pgdurable.worker_list``); the
+  runs pinned here (``ctx.pin``, :mod:`pgdurable.foundation.affinity`) are
+  reserved for it only while it is.
 * **run tasks** (:mod:`~pgdurable.engine.execute`): one per claimed run; step after
   step within the lease window, then give the run back.
   A ``Continue``/``Done`` goes to the batched, fenced writer
@@ -126,6 +127,7 @@ class Worker(ClaimLoop, Listener, Heartbeat):
         await retry_while(self._ticker.declare, for_seconds(self.app.open_timeout))
         await register_worker(self.app, self.worker_id, self.app.tasks)
         self._presence.reopen()
+        await self._presence.start()  # a failure is logged: only a pin needs the row
         self._running = True
         self._done.clear()
         # Not the loop's default executor (min(32, cpus + 4) threads, shared):
@@ -190,7 +192,7 @@ class Worker(ClaimLoop, Listener, Heartbeat):
                 self._claims_deadline = None
             self._claims = None
             await unregister_worker(self.app, self.worker_id)  # bounded (5 s) itself
-            await self._presence.withdraw()  # if it pinned runs; bounded (5 s) itself
+            await self._presence.withdraw()  # bounded (5 s) itself
             STEP_EXECUTOR.reset(executor_token)
             executor.shutdown(wait=False, cancel_futures=True)
             self._running = False

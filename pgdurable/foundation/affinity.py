@@ -84,6 +84,7 @@ MAX_INFO_BYTES = 8192
 #: lands): :mod:`pgdurable.foundation.queries.affinity`.
 PIN = _q.PIN.sql
 PRESENT = _q.PRESENT.sql
+STARTED = _q.STARTED.sql
 ABSENT = _q.ABSENT.sql
 
 

@@ -25,7 +25,10 @@ _URL_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 
 
 def resolve_dsn(dsn: str | None = None) -> str | None:
-    """The DSN to use: explicit, else ``PGDURABLE_DSN``, else ``DATABASE_URL``."""
+    """The DSN to use: explicit, else ``PGDURABLE_DSN``, else ``DATABASE_URL`` (None:
+    none given). Public as ``pgdurable.resolve_dsn``: what ``Durable()`` and the
+    command line use, for code that needs the same DSN (a LangGraph saver, a
+    ``psycopg.connect``)."""
     for candidate in (dsn, os.environ.get("PGDURABLE_DSN"), os.environ.get("DATABASE_URL")):
         if candidate:
             return candidate

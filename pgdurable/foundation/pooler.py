@@ -18,9 +18,11 @@ Every library connection works through a pooler, and a refusal is an error at on
   try one connection (:func:`aprobe` / :func:`probe`) before they open their
   pool: a refusal (the server or pooler answered ``FATAL``: a startup
   parameter it does not support, a failed authentication, no such database)
-  is raised at once, instead of a pool timeout 30 s later that names no
-  cause. When nothing answers (a restart in progress), the pool still waits
-  for the server as before.
+  and nothing answering at all (connection refused, an unknown host, no
+  socket, the connect timeout: :func:`describe_unreachable` names the host
+  and port, the password masked) are raised at once, instead of a pool
+  timeout 30 s later that names no cause. A server that accepts and drops
+  the connection (a pooler restarting) lets the pool wait for it as before.
 
 ``pooler`` says what the DSN goes through:
 
@@ -71,7 +73,9 @@ __all__ = [
     "connect",
     "connect_kwargs",
     "connect_timeout",
+    "describe_unreachable",
     "listen_conninfo",
+    "masked_conninfo",
     "probe",
     "resolve_pooler",
 ]
@@ -159,13 +163,58 @@ def aconfigure(
     return setup
 
 
+# libpq's words for "nothing answered there": no server listens, no such host, no
+# socket file, no route, or the connect timeout passed
+_UNREACHABLE = re.compile(
+    r"Connection refused|could not translate host name|Name or service not known|"
+    r"nodename nor servname|No such file or directory|Network is unreachable|"
+    r"No route to host|timeout expired|Connection timed out", re.IGNORECASE)
+
+
+def masked_conninfo(conninfo: str) -> str:
+    """``conninfo`` as ``key=value`` pairs with the password shown as ``***``
+    (for messages: never the secret)."""
+    try:
+        params = _conninfo.conninfo_to_dict(conninfo)
+    except psycopg.ProgrammingError:
+        return "(a DSN that does not parse)"
+    return _conninfo.make_conninfo(
+        "", **{k: ("***" if k == "password" else v) for k, v in params.items()})
+
+
+def describe_unreachable(conninfo: str, libpq_message: str) -> str | None:
+    """What to say when nothing answered at ``conninfo`` (None: something did).
+
+    Names the host and port tried (the DSN's, else libpq's defaults:
+    ``PGHOST``/``PGPORT``, the local socket, 5432) and libpq's reason, with
+    the DSN's password masked."""
+    found = _UNREACHABLE.search(libpq_message)
+    if found is None:
+        return None
+    try:
+        params = _conninfo.conninfo_to_dict(conninfo)
+    except psycopg.ProgrammingError:
+        params = {}
+    host = params.get("host") or params.get("hostaddr") or os.environ.get("PGHOST") or (
+        "the local socket")
+    port = params.get("port") or os.environ.get("PGPORT") or "5432"
+    return (f"nothing answers at {host}:{port} ({found.group(0).lower()}): is PostgreSQL "
+            f"running there, and is the DSN right? (DSN: {masked_conninfo(conninfo)})")
+
+
+def _connect_error(conninfo: str, exc: psycopg.OperationalError) -> DatabaseUnavailable:
+    text = str(exc)
+    return DatabaseUnavailable(describe_unreachable(conninfo, text)
+                               or f"cannot connect: {first_line(text)}")
+
+
 def connect(conninfo: str, pooler: Pooler | None = None, **kwargs: Any) -> psycopg.Connection[Any]:
     """A library connection, set up; a refusal is :class:`DatabaseUnavailable` with its cause."""
     params = {**connect_kwargs(pooler), **connect_timeout(conninfo), **kwargs}
     try:
         conn = psycopg.connect(conninfo, **params)
     except psycopg.OperationalError as exc:
-        raise DatabaseUnavailable(f"cannot connect: {first_line(str(exc))}") from None
+        raise _connect_error(conninfo, exc) from None
     try:
         configure(pooler)(conn)
     except psycopg.OperationalError as exc:  # lost during setup (a pooler restarting)
@@ -185,7 +234,7 @@ async def aconnect(
     try:
         conn = await psycopg.AsyncConnection.connect(conninfo, **params)
     except psycopg.OperationalError as exc:
-        raise DatabaseUnavailable(f"cannot connect: {first_line(str(exc))}") from None
+        raise _connect_error(conninfo, exc) from None
     try:
         await aconfigure(pooler)(conn)
     except psycopg.OperationalError as exc:  # lost during setup (a pooler restarting)
@@ -201,13 +250,21 @@ async def aconnect(
 _REFUSAL = re.compile(r"\b(?:FATAL|ERROR|PANIC):")
 
 
+def _at_once(exc: DatabaseUnavailable) -> bool:
+    """Whether a failed first connection is said at once: a refusal, or nothing
+    answering (not a connection the other end accepted and dropped)."""
+    text = str(exc)
+    return bool(_REFUSAL.search(text)) or text.startswith("nothing answers at ")
+
+
 def probe(conninfo: str, pooler: Pooler | None = None) -> None:
-    """Connect once and close: raise a refusal at once; return if it worked or if
-    nothing answered (a pool may then wait for the server)."""
+    """Connect once and close: raise a refusal or an address where nothing answers
+    at once; return if it worked or if the connection was dropped after it was
+    accepted (a pooler restarting: a pool may then wait for the server)."""
     try:
         connect(conninfo, pooler).close()
     except DatabaseUnavailable as exc:
-        if _REFUSAL.search(str(exc)):
+        if _at_once(exc):
             raise
 
 
@@ -216,7 +273,7 @@ async def aprobe(conninfo: str, pooler: Pooler | None = None) -> None:
     try:
         await (await aconnect(conninfo, pooler)).close()
     except DatabaseUnavailable as exc:
-        if _REFUSAL.search(str(exc)):
+        if _at_once(exc):
             raise
 
 

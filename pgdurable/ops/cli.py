@@ -1,6 +1,7 @@
 """The ``pgdurable`` command line.
 
-Commands: ``migrate``, ``grant``, ``runs``, ``run ID``, ``leases``, ``cancel ID``,
+Commands: ``migrate``, ``grant``, ``start TASK`` (:mod:`pgdurable.ops.cli_start`),
+``runs``, ``run ID``, ``leases``, ``cancel ID``,
 ``retry ID``, ``signal KIND REF``, ``prune``, ``maintain``, ``worker``, ``stats``, ``demo``, and
 ``fork``, ``fork-failed``, ``rewind`` (:mod:`pgdurable.ops.cli_fork`). Every listing takes
 ``--json`` (one JSON document on stdout). The database comes from ``--dsn``,
@@ -20,6 +21,9 @@ Exit codes:
 from __future__ import annotations
 
 import json
+import os
+import re
+import subprocess
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -34,7 +38,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ..foundation import migrations
-from ..foundation.db import resolve_dsn, translated
+from ..foundation.db import connect, resolve_dsn, translated
 from ..foundation.errors import PgDurableError
 from ..foundation.queries import cli as Q
 from ..foundation.queries.clock import NOW
@@ -55,15 +59,19 @@ from .cli_common import (
     fail,
     human_age,
     need_dsn,
+    one_line,
     out,
     owner_dsn,
     print_json,
     schema_owner_switch,
+    show,
     with_role,
 )
 from .cli_fork import register as _register_fork
 from .cli_schedules import schedule_app
+from .cli_start import register as _register_start
 from .demo import run_demo
+from .embedded import start_embedded
 from .roles import grant_roles
 from .worker_process import _load_app
 from .worker_process import main as worker_main
@@ -155,12 +163,12 @@ def migrate(
                     s.status,
                     s.applied_at.isoformat(timespec="seconds") if s.applied_at else "",
                 )
-            out.print(table)
+            show(table)
             defined = Table("definitions", "status", "applied at")
             for d in definitions:
                 _row(defined, d.definition.path, d.status,
                      d.applied_at.isoformat(timespec="seconds") if d.applied_at else "")
-            out.print(defined)
+            show(defined)
             if any(s.drifted for s in states):
                 raise typer.Exit(EXIT_PROBLEM)
             return
@@ -220,11 +228,11 @@ def runs(
         page = make_page(conn.execute(query, params).fetchall(), limit)
         now = first_sync(conn, NOW)
     rows = [{**asdict(r), "age": now - r.created_at if now else None} for r in page.items]
-    if page.next_cursor is not None:  # stderr: --json output stays a list
-        err.print(f"more: --cursor {page.next_cursor}", highlight=False, soft_wrap=True)
-    if as_json:
-        print_json(rows)
+    if as_json:  # the whole page: its runs and where the next one starts
+        print_json({"runs": rows, "next_cursor": page.next_cursor})
         return
+    if page.next_cursor is not None:  # beside the table, not in it
+        err.print(f"more: --cursor {page.next_cursor}", highlight=False, soft_wrap=True)
     table = Table(title=f"{len(rows)} run(s)", box=box.SIMPLE_HEAD, pad_edge=False)
     table.add_column("id", no_wrap=True, min_width=36)
     for name in ("task", "queue", "status", "step", "attempts", "where", "age", "error"):
@@ -241,11 +249,11 @@ def runs(
         error = ""
         if r["error_type"] and r["status"] in _ERROR_SHOWN:  # a completed run may keep one
             error = f"{r['error_type']}: {r['error_message']}"
-        _row(table, str(r["id"]), _short(r["task"], 24), _short(r["queue"], 16), r["status"],
+        _row(table, str(r["id"]), one_line(r["task"]), one_line(r["queue"]), r["status"],
              str(r["step"]), f"{r['attempts']}/{r['max_attempts']}",
-             Text.assemble(plain(_short(where, 30)), expired if r["status"] == "leased" else ""),
-             human_age(r["age"]), _short(error, 50))
-    out.print(table)
+             Text.assemble(plain(one_line(where)), expired if r["status"] == "leased" else ""),
+             human_age(r["age"]), one_line(error))
+    show(table)
 
 
 def _show_tree(nodes: list[dict[str, Any]], as_json: bool) -> None:
@@ -259,7 +267,19 @@ def _show_tree(nodes: list[dict[str, Any]], as_json: bool) -> None:
         _row(table, "  " * n["depth"] + str(n["id"]), _short(n["child_key"], 20),
              _short(n["task"], 24), n["status"], n["parent_policy"] or "",
              n["error_type"] or "")
-    out.print(table)
+    show(table)
+
+
+def _woken_by(wake: dict[str, Any] | None) -> str:
+    """What woke a run before a step: ``signal ci:b-1``, ``timeout``, ``children (3)``."""
+    if not wake:
+        return ""
+    words = [str(wake.get("type") or "?")]
+    if wake.get("kind"):
+        words.append(f"{wake['kind']}:{wake.get('ref') or ''}")
+    if isinstance(wake.get("children"), list | dict):
+        words.append(f"({len(wake['children'])} finished)")
+    return " ".join(words)
 
 
 @app.command()
@@ -312,8 +332,11 @@ def run(
                                   if info.get("affinity_info") else ""))
     if info.get("error"):
         e = info["error"]
-        label = "error" if info.get("status") in _ERROR_SHOWN else "last error"
-        _row(head, label, f"{e.get('type')}: {_short(e.get('message'), 100)}")
+        text = f"{e.get('type')}: {_short(e.get('message'), 100)}"
+        if info.get("status") == "completed":  # the error of an attempt it got past
+            _row(head, "recovered from", f"{text} (an earlier attempt; the run completed)")
+        else:
+            _row(head, "error" if info.get("status") in _ERROR_SHOWN else "last error", text)
     if info.get("forked_from"):
         _row(head, "forked from", f"{info['forked_from']} at step {info['forked_from_step']}")
     for w in rewinds:
@@ -327,12 +350,11 @@ def run(
         _row(head, "result", _short(json.dumps(info["result"]), 100))
     if "state" in info:
         _row(head, "state", _short(json.dumps(info["state"]), 100))
-    out.print(head)
+    show(head)
     steps_t = Table("step", "token", "at", "woken by", "state", title="steps",
                     box=box.SIMPLE_HEAD, pad_edge=False)
     for s in steps:
-        wake = s["wake"] or {}
-        woke = f"{wake.get('type')} {wake.get('kind') or ''}:{wake.get('ref') or ''}" if wake else ""
+        woke = _woken_by(s["wake"])
         state = s.get("state")
         entry = state.get("workflow") if isinstance(state, dict) else None
         shown = (  # a workflow's entry by name (pgdurable.workflows)
@@ -342,19 +364,19 @@ def run(
             else s.get("step_name") or "")
         _row(steps_t, str(s["step"]), str(s["token"]), f"{s['created_at']:%H:%M:%S.%f}"[:-3],
              woke, shown)
-    out.print(steps_t)
+    show(steps_t)
     if effects:
         eff_t = Table("effect", "status", "token", "result / error", title="effects", box=box.SIMPLE_HEAD, pad_edge=False)
         for e in effects:
             _row(eff_t, e["key"], e["status"], str(e["token"]),
                  _short(json.dumps(e["result"] if e["error"] is None else e["error"]), 60))
-        out.print(eff_t)
+        show(eff_t)
     if evs:
         ev_t = Table("seq", "at", "event", title="events", box=box.SIMPLE_HEAD, pad_edge=False)
         for ev in evs:
             _row(ev_t, str(ev["seq"]), f"{ev['created_at']:%H:%M:%S}",
                  _short(json.dumps(ev["event"]), 80))
-        out.print(ev_t)
+        show(ev_t)
 
 
 @app.command()
@@ -368,14 +390,14 @@ def leases(dsn: DsnOption = None, as_json: JsonOption = False) -> None:
         return
     t = Table("key", "owner", "token", "expires in", title=f"{len(keys)} lease(s)", box=box.SIMPLE_HEAD, pad_edge=False)
     for k in keys:
-        _row(t, _short(k["key"], 50), _short(k["owner"], 40), str(k["token"]),
+        _row(t, one_line(k["key"]), one_line(k["owner"]), str(k["token"]),
              human_age(k["ttl_remaining"]))
-    out.print(t)
+    show(t)
     r = Table("run", "task", "queue", "worker", "expires in", title=f"{len(held)} leased run(s)", box=box.SIMPLE_HEAD, pad_edge=False)
     for h in held:
         _row(r, str(h["id"]), h["task"], h["queue"], str(h["worker"]),
              Text("expired", "red") if h["lease_expired"] else human_age(h["ttl_remaining"]))
-    out.print(r)
+    show(r)
 
 
 @app.command()
@@ -505,7 +527,7 @@ def stats(dsn: DsnOption = None, as_json: JsonOption = False) -> None:
         _row(t, r["queue"], str(r["runnable"]), str(r["due"]), str(r["leased"]),
              str(r["expired_leases"]), str(r["waiting"]), str(r["completed"]),
              str(r["failed"]), str(r["cancelled"]), human_age(r["oldest_runnable_age"]))
-    out.print(t)
+    show(t)
     _flow_tables(dsn)
 
 
@@ -521,13 +543,13 @@ def _flow_tables(dsn: str | None) -> None:
                                    else str(r[k]))
                                   for k in ("concurrency", "active", "per_key_concurrency",
                                             "rate_per_second", "tokens", "keys_queued")))
-        out.print(t)
+        show(t)
     if buckets:
         t = Table("bucket", "rate/s", "burst", "tokens", title="token buckets",
                   box=box.SIMPLE_HEAD, pad_edge=False)
         for r in buckets:
             _row(t, r["name"], str(r["rate_per_second"]), str(r["burst"]), f"{r['tokens']:g}")
-        out.print(t)
+        show(t)
 
 
 @app.command()
@@ -581,18 +603,40 @@ def dashboard(
         from .dashboard import exposure_warnings, serve
     except ImportError as exc:
         fail(f"the dashboard needs its extra: pip install 'pgdurable[dashboard]' ({exc})")
+    if actions and token is None:  # said in the command's words, not create_app's
+        fail("--actions needs --token (or $PGDURABLE_DASHBOARD_TOKEN): a token of at least "
+             "32 bytes that every action must give (who may act?)")
     try:
         warnings = exposure_warnings(host, token=token, trusted_hosts=trusted_host or None)
     except (TypeError, ValueError) as exc:
-        fail(str(exc))
+        fail(_as_flags(str(exc)))
     for message in warnings:
         err.print(Text.assemble(("WARNING:", "bold red"), f" {message}"), highlight=False,
                   soft_wrap=True)
+    target = owner_dsn(dsn)
+    try:  # nothing answers, no schema: one line now, not a 503 page later
+        with connect(target) as conn, translated():
+            migrations.check_schema(conn)
+    except PgDurableError as exc:
+        fail(str(exc))
     try:
-        serve(owner_dsn(dsn), host=host, port=port, actions=actions, token=token,
+        serve(target, host=host, port=port, actions=actions, token=token,
               trusted_hosts=trusted_host or None, warn=False)
     except ValueError as exc:
-        fail(str(exc))
+        fail(_as_flags(str(exc)))
+
+
+# create_app's parameters in its messages, as `pgdurable dashboard` names them
+_FLAGS = ((re.compile(r"\btrusted_hosts\b"), "--trusted-host"),
+          (re.compile(r"^token must\b"), "--token must"))
+
+
+def _as_flags(message: str) -> str:
+    """A message of the dashboard's Python API with its parameter names as the
+    command's options (``trusted_hosts`` -> ``--trusted-host``)."""
+    for name, flag in _FLAGS:
+        message = name.sub(flag, message)
+    return message
 
 
 @contextmanager
@@ -612,7 +656,6 @@ def _start_pruner(app_spec: str, older_than: str | None, every: float) -> None:
     ``older_than=None``: the history partition maintenance instead
     (run_maintenance_sync, leader-elected).
     """
-    import os
     import threading
 
     try:
@@ -640,11 +683,35 @@ def demo(
 ) -> None:
     """Run a durable research agent end to end: effects, CI webhook, approval, a killed worker."""
     try:
-        ok = run_demo(dsn=resolve_dsn(dsn), data_dir=data_dir, console=out)
+        ok = run_demo(dsn=resolve_dsn(dsn), data_dir=data_dir, console=out,
+                      dsn_from_env=dsn is None)
     except PgDurableError as exc:
         fail(str(exc))
     if not ok:
         raise typer.Exit(EXIT_PROBLEM)
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def embedded(
+    ctx: typer.Context,
+    data_dir: Annotated[str | None, typer.Option("--data-dir", help="Embedded server data directory (default .pgdurable/pgdata, the demo's).")] = None,
+) -> None:
+    """Run a pgdurable COMMAND on the embedded PostgreSQL (pgdurable[embedded]), e.g. `pgdurable embedded run RUN_ID` after `pgdurable demo`: the server starts for the command and stops after it."""
+    command = list(ctx.args)
+    if not command or command[0].startswith("-"):
+        fail("name the command to run, e.g. pgdurable embedded run RUN_ID")
+    if command[0] in ("embedded", "demo"):
+        fail(f"{command[0]} starts the embedded server itself: run pgdurable {command[0]}")
+    try:
+        server, target = start_embedded(data_dir)
+    except PgDurableError as exc:
+        fail(str(exc))
+    try:  # a process of its own: the command's exit code is this one's
+        code = subprocess.call([sys.executable, "-m", "pgdurable", *command],
+                               env={**os.environ, "PGDURABLE_DSN": target})
+    finally:
+        server.cleanup()
+    raise typer.Exit(code)
 
 
 # typer vendors click (typer._click): find its ClickException through a public class.
@@ -673,6 +740,7 @@ def main(argv: list[str] | None = None) -> None:
 
 
 _register_fork(app)  # fork, fork-failed, rewind (pgdurable/ops/cli_fork.py)
+_register_start(app)  # start TASK (pgdurable/ops/cli_start.py)
 
 if __name__ == "__main__":  # pragma: no cover
     main()

@@ -21,6 +21,7 @@ import psycopg
 import typer
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from rich.console import Console
+from rich.table import Table
 from rich.text import Text
 
 from ..foundation import migrations
@@ -174,7 +175,57 @@ def human_age(value: timedelta | None) -> str:
     return f"{sign}{int(secs // 86400)}d{int(secs % 86400 // 3600)}h"
 
 
+def one_line(text: Any) -> str:
+    """``text`` on one line (whitespace collapsed), whole: the cells of listings."""
+    return " ".join(("" if text is None else str(text)).split())
+
+
 def _short(text: Any, width: int = 60) -> str:
+    """``text`` on one line, cut to ``width`` on a terminal; whole when the output
+    is not a terminal (a pipe, a file, CI, ``docker logs``): nothing is lost there."""
     s = "" if text is None else str(text)
     s = " ".join(s.split())
+    if not out.is_terminal:
+        return s
     return s if len(s) <= width else s[: width - 1] + "…"
+
+
+#: The widest a table is printed when the output is not a terminal (a safety bound).
+MAX_PIPE_WIDTH = 100_000
+
+
+def show(table: Table) -> None:
+    """Print a table so that no value is cut.
+
+    Anywhere but a terminal (a pipe, a file, CI) it is printed at its natural
+    width: every value whole, one row a line, whatever ``COLUMNS`` says. On a
+    terminal it is printed as a table when it fits; a table with a header that
+    does not fit is printed one record per row instead (``column: value``
+    lines, as ``psql``'s ``\\x auto``), and a cell too long for the window
+    wraps instead of ending in "…".
+    """
+    wide = out.options.update(width=MAX_PIPE_WIDTH)
+    natural = min(max(out.measure(table, options=wide).maximum, 1), MAX_PIPE_WIDTH)
+    if not out.is_terminal:
+        # a console as wide as the table (print(width=) cannot exceed the console's)
+        Console(file=out.file, width=natural, highlight=False, force_terminal=False,
+                no_color=out.no_color).print(table)
+        return
+    for column in table.columns:
+        column.overflow = "fold"
+    if natural <= out.width or not table.show_header or not table.row_count:
+        out.print(table)
+        return
+    if table.title:
+        out.print(Text(str(table.title), style="bold"))
+    names = [str(column.header) for column in table.columns]
+    label = max(len(n) for n in names)
+    for i in range(table.row_count):
+        out.print(Text(f"-[ {i + 1} ]" + "-" * max(0, min(out.width, 40) - 6 - len(str(i + 1))),
+                       style="dim"))
+        record = Table.grid(padding=(0, 1))
+        record.add_column(style="bold", min_width=label, no_wrap=True)
+        record.add_column(overflow="fold")
+        for name, column in zip(names, table.columns, strict=True):
+            record.add_row(name, column._cells[i])
+        out.print(record)

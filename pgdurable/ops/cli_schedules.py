@@ -100,7 +100,7 @@ def list_(dsn: DsnOption = None, as_json: JsonOption = False) -> None:
         t.add_row(i.name, cli._short(_cadence(i), 30), i.task,
                   f"{i.next_fire_at.astimezone(UTC):%m-%d %H:%M:%S}", last,
                   f"{i.fired}" + (f" ({i.skipped} skipped)" if i.skipped else ""), state, source)
-    cli.out.print(t)
+    cli.show(t)
 
 
 @schedule_app.command()
@@ -203,4 +203,4 @@ def runs(
     for r in rows:
         t.add_row(f"{r['tick']:%Y-%m-%d %H:%M:%S %Z}", str(r["run_id"]), r["status"],
                   "trigger" if r["triggered"] else "tick")
-    cli.out.print(t)
+    cli.show(t)

@@ -30,6 +30,7 @@ import importlib
 import json
 import os
 import queue
+import shlex
 import shutil
 import signal
 import subprocess
@@ -43,10 +44,12 @@ from typing import Any
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from ..app.durable import Durable, DurableClient
 from ..foundation import migrations
 from ..foundation.db import connect, validate_dsn
+from ..foundation.pooler import masked_conninfo
 from ..foundation.queries import demo as dq
 from ..foundation.queries.core import first_sync, many_sync, one_sync
 from ..models.durable_runs import NOT_PERFORMED
@@ -204,9 +207,9 @@ class _Timeline:
         colour = {"driver": "cyan", "postgres": "magenta", "worker-1": "green",
                   "worker-2": "yellow", "webhook": "blue", "human": "bright_blue"}.get(who, "white")
         t = time.monotonic() - self.t0
-        self.console.print(
+        self.console.print(  # one line per event, however narrow (the terminal wraps it)
             f"[dim]{t:6.2f}s[/] [{colour}]{who:>9}[/] │ " + (f"[{style}]{message}[/]" if style else message),
-            highlight=False,
+            highlight=False, soft_wrap=True,
         )
 
 
@@ -307,11 +310,16 @@ async def _asgi_post(webhooks: Any, dsn: str, kind: str, ref: str,
 
 
 def run_demo(*, dsn: str | None = None, data_dir: str | None = None,
-             console: Console | None = None, timeout: float = 60.0) -> bool:
+             console: Console | None = None, timeout: float = 60.0,
+             dsn_from_env: bool = False) -> bool:
     """Run the demo; print the timeline; return True when every check passed.
 
     With no ``dsn`` an embedded PostgreSQL is started in ``data_dir``
-    (default ``.pgdurable/pgdata``) and stopped at the end.
+    (default ``.pgdurable/pgdata``) and stopped at the end. The closing line
+    says how to inspect the run afterwards: ``pgdurable embedded run ID`` (it
+    starts that server again for the command), else ``pgdurable run ID`` with
+    ``--dsn`` (password masked) unless ``dsn_from_env`` (the CLI found the
+    DSN in ``PGDURABLE_DSN`` / ``DATABASE_URL``, where the command finds it too).
     """
     console = console or Console()
     tl = _Timeline(console)
@@ -340,7 +348,9 @@ def run_demo(*, dsn: str | None = None, data_dir: str | None = None,
             workers.append(_WorkerProc("worker-1", dsn, queue_name, folder, lines))
             tl.log("driver", f"spawned worker-1 (pid {workers[0].proc.pid}, lease TTL {LEASE_TTL:g} s)")
             ok = _drive(tl, conn, client, run_id, workers, dsn, queue_name, folder, lines, timeout)
-            ok = _summary(console, conn, run_id, folder, ok)
+            ok = _summary(console, conn, run_id, folder, ok,
+                          inspect_command(run_id, dsn, embedded=server is not None,
+                                          data_dir=data_dir, dsn_from_env=dsn_from_env))
     finally:
         for w in workers:
             w.stop()
@@ -417,7 +427,20 @@ def _drive(tl: _Timeline, conn: Any, client: DurableClient, run_id: str,
     return False
 
 
-def _summary(console: Console, conn: Any, run_id: str, folder: str, ok: bool) -> bool:
+def inspect_command(run_id: str, dsn: str, *, embedded: bool, data_dir: str | None = None,
+                    dsn_from_env: bool = False) -> str:
+    """The command that shows the demo's run after the demo has ended (when its
+    embedded server is stopped: ``pgdurable embedded`` starts it for the command)."""
+    if embedded:
+        where = "" if data_dir is None else f" --data-dir {shlex.quote(data_dir)}"
+        return f"pgdurable embedded{where} run {run_id}"
+    if dsn_from_env:
+        return f"pgdurable run {run_id}"
+    return f"pgdurable run {run_id} --dsn {shlex.quote(masked_conninfo(dsn))}"
+
+
+def _summary(console: Console, conn: Any, run_id: str, folder: str, ok: bool,
+             inspect: str) -> bool:
     calls_file = Path(folder) / "tool_calls.log"
     calls = calls_file.read_text(encoding="utf-8").split() if calls_file.exists() else []
     table = Table("step", "fencing token", "recorded entry", "woken by",
@@ -429,8 +452,9 @@ def _summary(console: Console, conn: Any, run_id: str, folder: str, ok: bool) ->
     console.print(table)
     console.print(f"tool web_search executed [bold]{len(calls)}[/] time(s) "
                   f"({', '.join(calls) or 'never'}); steps checkpointed under {len(tokens)} "
-                  "lease token(s)", highlight=False)
-    console.print(f"inspect it: [bold]pgdurable run {run_id}[/]", highlight=False)
+                  "lease token(s)", highlight=False, soft_wrap=True)
+    console.print("inspect it: ", Text(inspect, style="bold"), sep="", highlight=False,
+                  soft_wrap=True)
     good = ok and len(calls) == 1
     console.rule("[bold green]demo passed[/]" if good else "[bold red]demo failed[/]")
     return good

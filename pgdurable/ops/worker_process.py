@@ -39,6 +39,7 @@ from datetime import timedelta
 from ..app.durable import Durable
 from ..engine.worker import Worker
 from ..foundation import metrics
+from ..foundation.errors import PgDurableError
 
 __all__ = ["Worker", "main"]
 
@@ -94,14 +95,24 @@ def main(argv: Sequence[str] | None = None) -> None:
         )
         worker._grace = args.grace
         try:
-            await app.open()
+            try:
+                await app.open()
+            except PgDurableError as exc:  # nothing answers, a refusal, no schema
+                raise _CannotStart(str(exc)) from None
             gc.collect()
             gc.freeze()  # long-lived from here on: full collections skip them
             await worker.run()
         finally:
             await app.close()
 
-    asyncio.run(_main())
+    try:
+        asyncio.run(_main())
+    except _CannotStart as exc:  # one line, no traceback (`pgdurable worker`: exit 2)
+        raise SystemExit(f"the worker cannot start: {exc}") from None
+
+
+class _CannotStart(Exception):
+    """The app could not open its database: said in one line by :func:`main`."""
 
 
 if __name__ == "__main__":

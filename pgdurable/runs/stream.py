@@ -324,7 +324,9 @@ async def stream_run(
                 continue
             if status in q.TERMINAL:
                 if cursor == 0:  # a run that never emitted (no final row written)
-                    err = None if error is None else {k: v for k, v in error.items() if k != "traceback"}
+                    # as run_end.sql's end event: a completed run ended without error
+                    err = None if error is None or status == "completed" else {
+                        k: v for k, v in error.items() if k != "traceback"}
                     yield StreamEvent(
                         str(rid), 0, {"type": "end", "status": status, "result": result,
                                       "error": err}, True, None)

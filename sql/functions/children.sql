@@ -249,9 +249,10 @@ COMMENT ON TRIGGER runs_child_guard ON pgdurable.runs IS
 -- The run and all its descendants, depth-first:
 -- id, parent_run_id, depth (0 = the given run), child_key, task, status,
 -- parent_policy, created_at, finished_at, error_type, path (the ids from the
--- given run down to this one; rows are ordered by it, so every run comes
--- right after its parent's subtree starts). At most 100 levels. Unknown id:
--- no rows.
+-- given run down to this one). Rows come in tree order: every run right after
+-- its parent, the children of a run oldest first (by created_at, then id, as
+-- fixed-width text: sort_path), each followed by its own subtree. At most 100
+-- levels. Unknown id: no rows.
 -- From psql: SELECT * FROM pgdurable.run_tree('...');
 ------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION pgdurable.run_tree(p_id uuid)
@@ -262,14 +263,20 @@ LANGUAGE sql STABLE
 SET search_path = pg_catalog, pgdurable, pg_temp AS $$
   WITH RECURSIVE t AS (
     SELECT r.id, r.parent_run_id, 0 AS depth, r.child_key, r.task, r.status, r.parent_policy,
-           r.created_at, r.finished_at, r.error ->> 'type' AS error_type, ARRAY[r.id] AS path
+           r.created_at, r.finished_at, r.error ->> 'type' AS error_type, ARRAY[r.id] AS path,
+           ARRAY[to_char(r.created_at AT TIME ZONE 'UTC', 'YYYYMMDDHH24MISSUS') || r.id::text]
+             AS sort_path
       FROM pgdurable.runs r WHERE r.id = p_id
     UNION ALL
     SELECT c.id, c.parent_run_id, t.depth + 1, c.child_key, c.task, c.status, c.parent_policy,
-           c.created_at, c.finished_at, c.error ->> 'type', t.path || c.id
+           c.created_at, c.finished_at, c.error ->> 'type', t.path || c.id,
+           t.sort_path
+             || (to_char(c.created_at AT TIME ZONE 'UTC', 'YYYYMMDDHH24MISSUS') || c.id::text)
       FROM t JOIN pgdurable.runs c ON c.parent_run_id = t.id
      WHERE t.depth < 100)
-  SELECT * FROM t ORDER BY path
+  SELECT t.id, t.parent_run_id, t.depth, t.child_key, t.task, t.status, t.parent_policy,
+         t.created_at, t.finished_at, t.error_type, t.path
+    FROM t ORDER BY t.sort_path
 $$;
 COMMENT ON FUNCTION pgdurable.run_tree(uuid) IS
   'A run and its descendants (children, grandchildren, ...) with depth and status, in tree order.';

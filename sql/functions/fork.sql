@@ -79,6 +79,8 @@ COMMENT ON FUNCTION pgdurable._fork_point(pgdurable.runs, integer, jsonb, text, 
 --   * at the resume point, the effects the source recorded after it are
 --     copied too, as a retry sees them: succeeded ones kept, failed ones
 --     'started' (their replay policy decides), started ones started.
+--   * the source's metadata (its labels: tenant, user, ...) is the fork's too,
+--     so that the fork is found by the searches that find its source.
 ------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION pgdurable.fork_run(p_source uuid, p_step integer, p_state jsonb,
                                               p_mode text, p_revision text,
@@ -101,9 +103,9 @@ BEGIN
   v_all := v_step = pgdurable._resume_step(r);
   SELECT * INTO p FROM pgdurable._fork_point(r, v_step, p_state, p_mode, p_revision, p_force);
   INSERT INTO pgdurable.runs (task, revision, queue, priority, state, step, wake, max_attempts,
-                              budget, forked_from, forked_from_step)
+                              budget, metadata, forked_from, forked_from_step)
   VALUES (r.task, p.revision, r.queue, r.priority, p.state, v_step, p.wake, r.max_attempts,
-          r.budget, r.id, v_step)
+          r.budget, r.metadata, r.id, v_step)
   RETURNING id INTO v_id;
   INSERT INTO pgdurable.checkpoints (run_id, step, token, state, wake, created_at)
   SELECT v_id, c.step, 0, c.state, c.wake, c.created_at

@@ -27,6 +27,8 @@ COMMENT ON FUNCTION pgdurable.prune_lock_key() IS
 -- newer partition (with 30 days kept, about 30 of them). A row newer than the
 -- bound (a run edited by hand) is left behind, and dropped with its partition
 -- by drop_history_partitions (its run is gone).
+-- MCP tasks (mcp_tasks) are kept until their TTL has passed too
+-- (_mcp_task_kept), and their rows go with the run.
 ------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION pgdurable.prune_runs(p_older_than interval, p_batch integer DEFAULT 1000,
                                                 p_exclusive boolean DEFAULT false)
@@ -59,6 +61,7 @@ BEGIN
     SELECT r.id, greatest(r.finished_at, r.updated_at) AS last FROM pgdurable.runs r
      WHERE r.status IN ('completed', 'failed', 'cancelled', 'incompatible')
        AND r.finished_at <= pgdurable.now() - p_older_than
+       AND NOT pgdurable._mcp_task_kept(r.id)
      ORDER BY r.finished_at
      LIMIT p_batch
        FOR UPDATE SKIP LOCKED) d;
@@ -74,6 +77,9 @@ BEGIN
     DELETE FROM pgdurable.signal_history h
      WHERE h.consumed_by = ANY (v_ids) AND h.consumed_at <= v_until;
     GET DIAGNOSTICS v_sig1 = ROW_COUNT;
+    DELETE FROM pgdurable.mcp_task_inputs i WHERE i.run_id = ANY (v_ids);
+    DELETE FROM pgdurable.mcp_tasks m WHERE m.run_id = ANY (v_ids);
+    DELETE FROM pgdurable.mcp_remote_tasks m WHERE m.run_id = ANY (v_ids);
     UPDATE pgdurable.runs f SET forked_from = NULL
      WHERE f.forked_from = ANY (v_ids) AND NOT f.id = ANY (v_ids);
     DELETE FROM pgdurable.runs r WHERE r.id = ANY (v_ids);
@@ -108,7 +114,8 @@ BEGIN
   WITH d AS MATERIALIZED (
     SELECT r.id FROM pgdurable.runs r
      WHERE r.status IN ('completed', 'failed', 'cancelled', 'incompatible')
-       AND r.finished_at <= pgdurable.now() - p_older_than)
+       AND r.finished_at <= pgdurable.now() - p_older_than
+       AND NOT pgdurable._mcp_task_kept(r.id))
   SELECT (SELECT count(*) FROM d),
          (SELECT count(*) FROM pgdurable.checkpoints c WHERE c.run_id IN (SELECT id FROM d)),
          (SELECT count(*) FROM pgdurable.effects e WHERE e.run_id IN (SELECT id FROM d)),

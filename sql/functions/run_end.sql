@@ -160,7 +160,9 @@ COMMENT ON FUNCTION pgdurable.mark_incompatible(text, text, text) IS
 --  4. (left leased) a run of a limited queue frees a slot: NOTIFY
 --     pgdurable_wake(queue), so an idle worker claims the next run now;
 --  5. (terminal) a run with a thread or events gets its final stream event
---     {type: 'end', status, result, error} (final = true) and NOTIFY
+--     {type: 'end', status, result, error} (final = true; error is null for a
+--     completed run: runs.error may still hold the error of an attempt it got
+--     past, e.g. LeaseExpired after a crash, which is not how it ended) and NOTIFY
 --     pgdurable_events(run id) (S16: completion after the last event); the
 --     lookup reads only the partitions of the run's lifetime.
 ------------------------------------------------------------------------------
@@ -232,7 +234,8 @@ BEGIN
       INSERT INTO pgdurable.run_events (run_id, seq, event, final)
       VALUES (NEW.id, coalesce(v_seq, 0) + 1,
               jsonb_build_object('type', 'end', 'status', NEW.status, 'result', NEW.result,
-                                 'error', NEW.error - 'traceback'),
+                                 'error', CASE WHEN NEW.status <> 'completed'
+                                               THEN NEW.error - 'traceback' END),
               true);
       PERFORM pg_notify('pgdurable_events', NEW.id::text);
     END IF;

@@ -96,10 +96,11 @@ COMMENT ON FUNCTION pgdurable.listen_presence(text, integer) IS
 ------------------------------------------------------------------------------
 -- pgdurable.worker_present(worker, instance, ttl) -> timestamptz
 -- "Worker `worker` runs as process `instance` and is alive for `ttl`": its
--- presence row says so until now + ttl (returned). Another instance under the
--- same id replaces the old one (a restart): the runs pinned to the old one
--- are no longer reserved (the restarted worker itself claims them first: they
--- still name its id), and rows lapsed more than an hour ago are pruned then.
+-- presence row says so until now + ttl (returned; renewed_at = now).
+-- Another instance under the same id replaces the old one (a restart): the
+-- runs pinned to the old one are no longer reserved (the restarted worker
+-- itself claims them first: they still name its id), its details (host, pid,
+-- ...) go, and rows lapsed more than an hour ago are pruned then.
 -- An empty worker or instance, or a ttl outside (0, 1 day], raises PD000 and
 -- changes nothing.
 ------------------------------------------------------------------------------
@@ -123,15 +124,18 @@ BEGIN
   SELECT w.instance INTO v_old FROM pgdurable.worker_presence w
    WHERE w.worker_id = p_worker FOR UPDATE;
   IF FOUND AND v_old = p_instance THEN
-    UPDATE pgdurable.worker_presence w SET until = v_now + p_ttl
+    UPDATE pgdurable.worker_presence w SET until = v_now + p_ttl, renewed_at = v_now
      WHERE w.worker_id = p_worker
     RETURNING w.until INTO v_until;
     RETURN v_until;
   END IF;
-  INSERT INTO pgdurable.worker_presence AS w (worker_id, instance, since, until)
-  VALUES (p_worker, p_instance, v_now, v_now + p_ttl)
+  -- a new instance: what the old one said about itself (host, pid, ...) is not its
+  INSERT INTO pgdurable.worker_presence AS w (worker_id, instance, since, until, renewed_at)
+  VALUES (p_worker, p_instance, v_now, v_now + p_ttl, v_now)
   ON CONFLICT (worker_id) DO UPDATE
-     SET instance = excluded.instance, since = excluded.since, until = excluded.until
+     SET instance = excluded.instance, since = excluded.since, until = excluded.until,
+         renewed_at = excluded.renewed_at, host = NULL, pid = NULL, queues = NULL,
+         concurrency = NULL
   RETURNING w.until INTO v_until;
   DELETE FROM pgdurable.worker_presence w WHERE w.until < v_now - interval '1 hour';
   RETURN v_until;
@@ -139,6 +143,39 @@ END
 $$;
 COMMENT ON FUNCTION pgdurable.worker_present(text, text, interval) IS
   'Announce or renew a worker''s presence (this process instance, alive for ttl); returns until.';
+
+------------------------------------------------------------------------------
+-- pgdurable.worker_started(worker, instance, ttl, host, pid, queues, concurrency)
+--   -> timestamptz
+-- A starting worker announces itself: worker_present (same rules, same
+-- errors), and its row says where and how it runs (host, pid, queues,
+-- concurrency; 0035), for operators (the view worker_list, the dashboard's
+-- workers page). Returns until. A pid below 0 or a concurrency below 1 raises
+-- PD000 and changes nothing.
+------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION pgdurable.worker_started(p_worker text, p_instance text,
+                                                    p_ttl interval, p_host text,
+                                                    p_pid integer, p_queues text[],
+                                                    p_concurrency integer)
+RETURNS timestamptz
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pgdurable, pg_temp AS $$
+DECLARE
+  v_until timestamptz;
+BEGIN
+  IF p_pid < 0 OR p_concurrency < 1 THEN
+    RAISE EXCEPTION 'worker_started: pid must be >= 0 and concurrency >= 1, got % and %',
+      p_pid, p_concurrency USING ERRCODE = 'PD000';
+  END IF;
+  v_until := pgdurable.worker_present(p_worker, p_instance, p_ttl);
+  UPDATE pgdurable.worker_presence w
+     SET host = left(p_host, 255), pid = p_pid, queues = p_queues, concurrency = p_concurrency
+   WHERE w.worker_id = p_worker AND w.instance = p_instance;
+  RETURN v_until;
+END
+$$;
+COMMENT ON FUNCTION pgdurable.worker_started(text, text, interval, text, integer, text[], integer) IS
+  'A starting worker announces its presence with its host, pid, queues and concurrency; returns until.';
 
 ------------------------------------------------------------------------------
 -- pgdurable.worker_absent(worker, instance, queues) -> boolean

@@ -12,7 +12,7 @@ import { Mastra } from '@mastra/core';
 import { Agent } from '@mastra/core/agent';
 import { createMockModel } from '@mastra/core/test-utils/llm-mock';
 
-import { PgDurablePubSub } from '../dist/esm/index.js';
+import { PgDurablePubSub } from '@pgdurable/mastra'; // the package itself (its build)
 
 const connectionString = process.env.DATABASE_URL ?? process.env.PGDURABLE_DSN;
 

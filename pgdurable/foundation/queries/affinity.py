@@ -7,7 +7,7 @@ from typing import Any
 
 from .core import Query, column, scalar
 
-__all__ = ["ABSENT", "AFFINE_STARTED", "PIN", "PRESENT"]
+__all__ = ["ABSENT", "AFFINE_STARTED", "PIN", "PRESENT", "STARTED"]
 
 # -- fenced: pin the run to its lease holder (mode, wait, info) or unpin (mode NULL);
 # -- returns the affinity record (a JSON object: parse_affinity) or NULL
@@ -16,6 +16,11 @@ PIN: Query[Any] = column(
     "%s::interval, %s::jsonb)")
 # -- worker presence: this instance is alive for ttl (returns until)
 PRESENT: Query[Any] = column("SELECT pgdurable.worker_present(%s::text, %s::text, %s::interval)")
+# -- a starting worker's presence, with where and how it runs: host, pid, queues,
+# -- concurrency (returns until)
+STARTED: Query[Any] = column(
+    "SELECT pgdurable.worker_started(%s::text, %s::text, %s::interval, %s::text, "
+    "%s::integer, %s::text[], %s::integer)")
 # -- a clean stop: remove this instance's presence and wake its queues (its reserved runs
 # -- are anybody's now); returns whether it was there
 ABSENT = scalar("SELECT pgdurable.worker_absent(%s::text, %s::text, %s::text[])", bool)

@@ -14,9 +14,9 @@ from .schedules import PAUSE, TRIGGER
 from .signals import SIGNAL_RUN
 
 __all__ = ["BUCKETS", "CANCEL", "CAN_READ_TABLES", "CHILDREN", "EFFECTS", "FORK", "FORKED_AT",
-           "FORKS", "FULL_CHANGES", "FULL_EVENTS", "LEASED_RUNS", "LEASES", "LINEAGE", "PAUSE",
+           "FORKS", "FULL_CHANGES", "FULL_EVENTS", "FULL_RESULT", "LEASED_RUNS", "LEASES", "LINEAGE", "PAUSE",
            "QUEUES", "QUEUE_KEYS", "QUEUE_LIMITS", "RETRY", "RUN", "SCHEDULES", "SCHEDULE_RUNS",
-           "SIGNAL_RUN", "STEPS", "THREADS", "TRIGGER"]
+           "SIGNAL_RUN", "STEPS", "THREADS", "TRIGGER", "WORKERS"]
 
 # -- can this role read states, results and payloads (the tables)?
 CAN_READ_TABLES = scalar("SELECT has_table_privilege('pgdurable.checkpoints', 'SELECT')", bool)
@@ -92,10 +92,12 @@ CHILDREN = Listing("""
 SELECT id, task, status, created_at FROM pgdurable.run_list
  WHERE parent_run_id = %s::uuid ORDER BY created_at, id LIMIT 200
 """)
-# -- where it was forked from (run and step), how often it was forked and rewound
+# -- where it was forked from (run, step, and when that run started: the base of the
+# -- copied steps' durations), how often it was forked and rewound
 LINEAGE = Listing("""
-SELECT forked_from, forked_from_step, forks, rewinds
-  FROM pgdurable.run_lineage WHERE id = %s::uuid
+SELECT l.forked_from, l.forked_from_step, l.forks, l.rewinds, s.created_at AS source_created_at
+  FROM pgdurable.run_lineage l LEFT JOIN pgdurable.run_list s ON s.id = l.forked_from
+ WHERE l.id = %s::uuid
 """)
 # -- the runs forked from it, oldest first (runs_forked_from_idx)
 FORKS = Listing("""
@@ -124,6 +126,11 @@ SELECT c.step, left((CASE
         WINDOW w AS (ORDER BY step)) AS c
  WHERE c.step >= %s
 """)
+# -- FULL: its result as JSON text, cut to 4000 characters (NULL: none yet), and its length
+FULL_RESULT = Listing("""
+SELECT left(result::text, 4000) AS result, length(result::text) AS length
+  FROM pgdurable.runs WHERE id = %s::uuid
+""")
 # -- FULL: the last 200 events of its output stream, each cut to 400 characters
 FULL_EVENTS = Listing("""
 SELECT seq, created_at, left(event::text, 400) AS event FROM (
@@ -145,4 +152,11 @@ SELECT id, task, queue, worker, lease_expires_at, lease_expired
 THREADS = Listing("""
 SELECT thread_key, run_id, lease_owner, lease_token, lease_expires_at, owned, inbox_depth
   FROM pgdurable.thread_owners ORDER BY thread_key LIMIT 500
+""")
+# -- the workers that announced themselves (alive first, then the lapsed of the last
+# -- hour): where and how each runs, runs held, last heartbeat, revisions
+WORKERS = Listing("""
+SELECT worker_id, host, pid, queues, concurrency, since, renewed_at, until, alive, runs_held,
+       revisions, extract(epoch FROM pgdurable.now() - renewed_at)::float8 AS heartbeat_age
+  FROM pgdurable.worker_list ORDER BY alive DESC, worker_id LIMIT 500
 """)

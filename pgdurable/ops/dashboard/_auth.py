@@ -301,8 +301,8 @@ def same_token(given: str, token: str) -> bool:
                                token.encode("utf-8", "surrogatepass"))
 
 
-#: Paths served without authentication: the login form and its stylesheet.
-PUBLIC = ("/login", "/static/style.css")
+#: Paths served without authentication: the login form, its stylesheet and the icon.
+PUBLIC = ("/login", "/static/style.css", "/static/favicon.svg", "/favicon.ico")
 
 
 class Authenticate:

@@ -42,6 +42,7 @@ from typing import Any, TypeVar
 from urllib.parse import quote
 
 import jinja2
+import psycopg
 from markupsafe import Markup
 from psycopg_pool import AsyncConnectionPool
 from starlette.applications import Starlette
@@ -55,7 +56,17 @@ from starlette.staticfiles import StaticFiles
 from ...foundation import metrics
 from ...foundation import run_queries as rq
 from ...foundation.db import translated, validate_dsn
-from ...foundation.errors import PgDurableError, RunNotFound, ScheduleNotFound
+from ...foundation.errors import (
+    DatabaseUnavailable,
+    MigrationError,
+    PgDurableError,
+    RunNotFound,
+    ScheduleNotFound,
+    SchemaVersionMismatch,
+    first_line,
+)
+from ...foundation.migrations import acheck_pool_schema
+from ...foundation.pooler import aprobe
 from ...foundation.queries import dashboard as Q
 from ...foundation.queries.core import Listing, Query, first, listing, one
 from ...foundation.signals import parse_payload, signal_run_params
@@ -72,6 +83,8 @@ log = logging.getLogger("pgdurable.dashboard")
 
 T = TypeVar("T")
 
+#: Seconds the dashboard waits for its first connection and schema check.
+OPEN_TIMEOUT = 30.0
 #: Checkpoints a run page shows (the latest; ``?steps_to=N`` pages back).
 STEP_PAGE = 50
 #: How long a login lasts (seconds), unless ``session_ttl`` says otherwise.
@@ -129,10 +142,7 @@ class _Dashboard:
         self.secret = secrets.token_bytes(32)
         self.sessions = Sessions(token, session_ttl) if token is not None else None
         self.attempts = Attempts()
-        self.pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
-            self.dsn, min_size=1, max_size=4, open=False, name="pgdurable-dashboard",
-            kwargs={"autocommit": True},
-        )
+        self.pool: AsyncConnectionPool[Any] = self._new_pool()
         self._opened = False
         self._opening: asyncio.Lock | None = None
         self.live = Broadcaster(self.dsn)
@@ -140,16 +150,35 @@ class _Dashboard:
         self.full: bool | None = None
 
     # -- plumbing -------------------------------------------------------------
+    def _new_pool(self) -> AsyncConnectionPool[Any]:
+        return AsyncConnectionPool(
+            self.dsn, min_size=1, max_size=4, open=False, name="pgdurable-dashboard",
+            kwargs={"autocommit": True},
+        )
+
     async def open(self) -> None:
-        """Open the pool (at startup, or on first use: a mounted app gets no lifespan)."""
+        """Open the pool and check the schema (at startup, or on first use: a
+        mounted app gets no lifespan). Nothing answering at the DSN, a refusal
+        and a missing or older schema raise at once (DatabaseUnavailable,
+        SchemaVersionMismatch: "run `pgdurable migrate`"); the next request
+        tries again with a fresh pool."""
         if self._opened:
             return
         if self._opening is None:
             self._opening = asyncio.Lock()
         async with self._opening:
-            if not self._opened:
-                await self.pool.open(wait=True, timeout=30)
-                self._opened = True
+            if self._opened:
+                return
+            try:
+                with translated():
+                    await aprobe(self.dsn)  # what does not answer, said at once
+                    await self.pool.open(wait=True, timeout=OPEN_TIMEOUT)
+                    await acheck_pool_schema(self.pool, OPEN_TIMEOUT)
+            except BaseException:
+                failed, self.pool = self.pool, self._new_pool()  # a failed pool stays closed
+                await failed.close()
+                raise
+            self._opened = True
 
     async def aclose(self) -> None:
         """Stop the listener and close the pool (a mounted app: call it at shutdown)."""
@@ -283,12 +312,19 @@ class _Dashboard:
         hi = min(int(asked), last) if asked else last
         lo = max(1, hi - STEP_PAGE + 1)
         steps = await self.rows(Q.STEPS, (rid, lo - 1, hi))
-        prev = run["created_at"]
+        lineage = await self.rows(Q.LINEAGE, (rid,))
+        source = lineage[0] if lineage and lineage[0]["forked_from"] else None
+        prev: datetime | None = run["created_at"]
+        if source is not None and lo <= 1:  # its first steps were the source's
+            prev = source["source_created_at"]  # None: the source was pruned
         if steps and steps[0]["step"] == lo - 1:  # only for the first shown step's duration
             prev = steps.pop(0)["created_at"]
         since = prev if lo > 1 else None
+        copied = int(source["forked_from_step"]) if source is not None else 0
         for s in steps:
-            s["duration"] = (s["created_at"] - prev).total_seconds()
+            if s["step"] > copied and prev is not None:  # this run's own: not before it began
+                prev = max(prev, run["created_at"])
+            s["duration"] = None if prev is None else (s["created_at"] - prev).total_seconds()
             prev = s["created_at"]
         latest = hi >= last  # the running step's effects are shown with the last page
         until = None if latest or not steps else steps[-1]["created_at"]
@@ -296,21 +332,26 @@ class _Dashboard:
             rid, lo - 1, _INT4_MAX if latest else hi - 1, since, until))
         running = _effects_by_step(steps, effects)
         events: list[dict[str, Any]] | None = None
+        result: dict[str, Any] | None = None  # None: this role may not read it
         if await self.can_read_tables():
             changes = {r["step"]: r["change"] for r in await self.rows(Q.FULL_CHANGES,
                                                                         (rid, lo, hi, lo))}
             for s in steps:
                 s["change"] = changes.get(s["step"], "{}")
             events = await self.rows(Q.FULL_EVENTS, (rid,))
-        lineage = await self.rows(Q.LINEAGE, (rid,))
+            result = (await self.rows(Q.FULL_RESULT, (rid,)) or [{"result": None}])[0]
         pages = {"lo": lo, "hi": hi, "earlier": lo - 1 if lo > 1 else None,
                  "later": min(hi + STEP_PAGE, last) if hi < last else None}
         return self.page(
             request, "run.html", run=run, steps=steps, events=events, effects=effects,
+            result=result,
             running=running, lineage=lineage[0] if lineage else None, pages=pages,
             forks=await self.rows(Q.FORKS, (rid,)) if lineage and lineage[0]["forks"] else [],
             children=await self.rows(Q.CHILDREN, (rid,)), live=rid,
             message=request.query_params.get("done"))
+
+    async def workers(self, request: Request) -> Response:
+        return self.page(request, "workers.html", workers=await self.rows(Q.WORKERS), live="all")
 
     async def leases(self, request: Request) -> Response:
         return self.page(request, "leases.html", leases=await self.rows(Q.LEASES),
@@ -525,6 +566,14 @@ _HEADERS = {"Cache-Control": "no-store",
             "X-Content-Type-Options": "nosniff", "Referrer-Policy": "same-origin"}
 
 
+async def _favicon(request: Request) -> Response:
+    """``/favicon.ico``, which browsers ask for by themselves: the dashboard's icon
+    (pages link it as ``/static/favicon.svg``; this answers the ones that guess)."""
+    icon = resources.files("pgdurable.ops.dashboard") / "static" / "favicon.svg"
+    return Response(icon.read_bytes(), media_type="image/svg+xml",
+                    headers={"Cache-Control": "max-age=86400"})
+
+
 def _quote(value: str) -> str:
     return quote(value, safe="")
 
@@ -616,11 +665,26 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(_app: Starlette) -> AsyncIterator[None]:
-        await d.open()
+        try:
+            await d.open()
+        except (DatabaseUnavailable, SchemaVersionMismatch, MigrationError) as exc:
+            # served anyway: every page says what is wrong, and tries again
+            log.warning("pgdurable dashboard: %s", exc)
         try:
             yield
         finally:
             await d.aclose()
+
+    async def unusable(request: Request, exc: Exception) -> Response:
+        """A page asked of a database the dashboard cannot use: say why (503)."""
+        if isinstance(exc, psycopg.errors.UndefinedTable | psycopg.errors.UndefinedFunction
+                      | psycopg.errors.InvalidSchemaName):
+            d._opened = False  # the schema went away under it: check it again next time
+            message = (f"the pgdurable schema is missing or incomplete ({first_line(str(exc))}); "
+                       "run `pgdurable migrate`")
+        else:
+            message = str(exc)
+        return d.refuse(request, 503, message)
 
     static = str(resources.files("pgdurable.ops.dashboard") / "static")
     login = [Route("/login", d.login_form), Route("/login", d.login, methods=["POST"]),
@@ -632,7 +696,8 @@ def create_app(
             Route("/runs/{run_id}/{action}", d.act, methods=["POST"]),
             Route("/schedules", d.schedules),
             Route("/schedules/{action}", d.act_schedule, methods=["POST"]),
-            Route("/leases", d.leases), Route("/events", d.events),
+            Route("/workers", d.workers), Route("/leases", d.leases), Route("/events", d.events),
+            Route("/favicon.ico", _favicon),
             Route("/metrics", d.metrics), Mount("/static", StaticFiles(directory=static)),
         ],
         middleware=[  # outermost first: Host, size, then who is asking
@@ -642,6 +707,11 @@ def create_app(
                        authorize=authorize, attempts=d.attempts, refuse=d.refuse),
         ],
         lifespan=lifespan,
+        exception_handlers={
+            DatabaseUnavailable: unusable, SchemaVersionMismatch: unusable,
+            MigrationError: unusable, psycopg.errors.UndefinedTable: unusable,
+            psycopg.errors.UndefinedFunction: unusable, psycopg.errors.InvalidSchemaName: unusable,
+        },
     )
     app.state.dashboard = d
     return app

@@ -1,0 +1,258 @@
+"""Durable MCP tasks, server side (pgdurable.contrib.mcp.DurableTasks), with real processes.
+
+Real MCP server processes (tests/_mcp_server.py: the SDK's MCPServer over
+Streamable HTTP, stateless) and real worker processes (tests/_mcp_app.py), driven
+by the SDK's own client (mcp.Client, 2026-07-28, declaring the Tasks extension).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psycopg
+import pytest
+
+pytest.importorskip("mcp")
+
+from _mcp_procs import ROOT, TESTS, ServerProc
+from _waiting import WAIT_LIMIT, app_running, until
+from fix_fleet import Fleet
+from mcp.shared.exceptions import MCPError
+
+from pgdurable import Durable
+from pgdurable.contrib.mcp import DurableTasks, TaskContext
+from pgdurable.contrib.mcp.client import (
+    cancel_task,
+    connect,
+    get_task,
+    update_task,
+)
+
+pytestmark = [pytest.mark.crash, pytest.mark.fleet("_mcp_app:app")]
+
+
+@pytest.fixture
+def procs(fleet: Fleet) -> Iterator[tuple[Fleet, list[ServerProc]]]:
+    servers: list[ServerProc] = []
+    try:
+        yield fleet, servers
+    finally:
+        for s in servers:
+            s.stop()
+
+
+async def create(url: str, tool: str, arguments: dict[str, Any]) -> str:
+    async with connect(url) as client:
+        created = await client.session.call_tool(tool, arguments, allow_claimed=True)
+    data = created.model_dump(by_alias=True)
+    assert data["resultType"] == "task", data
+    return str(data["taskId"])
+
+
+async def until_status(url: str, task_id: str, *statuses: str) -> dict[str, Any]:
+    task: dict[str, Any] = {}
+
+    async def reached() -> bool:
+        nonlocal task
+        task = await get_task(url, task_id)
+        return task["status"] in statuses
+
+    await until(reached, f"task {task_id} in {statuses}")
+    return task
+
+
+async def test_server_sigkill_another_process_answers_and_the_task_completes(
+        dsn: str, tmp_path: Path, procs: tuple[Fleet, list[ServerProc]]) -> None:
+    fleet, servers = procs
+    fleet.start("w1", poll=1.0)
+    a = ServerProc(dsn, tmp_path, "a")
+    servers.append(a)
+    task_id = await create(a.url, "gated", {"ref": "sigkill"})
+    first = await get_task(a.url, task_id)
+    assert first["status"] == "working"
+    a.kill()  # the server that created the task is gone
+    b = ServerProc(dsn, tmp_path, "b")
+    servers.append(b)
+    again = await get_task(b.url, task_id)
+    assert again["taskId"] == task_id and again["createdAt"] == first["createdAt"]
+    assert again["status"] == "working"
+    async with Durable(dsn) as app:
+        await app.signal("gate", "sigkill", {"by": "test"})
+    done = await until_status(b.url, task_id, "completed", "failed")
+    assert done["status"] == "completed"
+    assert done["result"]["content"][0]["text"] == "opened sigkill: {'by': 'test'}"
+    # and the restarted first server answers the same
+    a2 = ServerProc(dsn, tmp_path, "a2")
+    servers.append(a2)
+    assert (await get_task(a2.url, task_id))["result"] == done["result"]
+
+
+UPDATE_SCRIPT = """
+import asyncio, sys
+from pgdurable.contrib.mcp.client import update_task
+asyncio.run(update_task(sys.argv[1], sys.argv[2],
+                        {"confirm": {"action": "accept", "content": {"confirm": True}}}))
+print("updated")
+"""
+
+
+async def test_input_required_answered_from_a_separate_process(
+        dsn: str, tmp_path: Path, procs: tuple[Fleet, list[ServerProc]]) -> None:
+    fleet, servers = procs
+    fleet.start("w1", poll=1.0)
+    a, b = ServerProc(dsn, tmp_path, "a"), ServerProc(dsn, tmp_path, "b")
+    servers += [a, b]
+    task_id = await create(a.url, "confirm_delete", {"filename": "x.txt"})
+    asked = await until_status(a.url, task_id, "input_required")
+    assert list(asked["inputRequests"]) == ["confirm"]
+    assert asked["inputRequests"]["confirm"]["method"] == "elicitation/create"
+    with psycopg.connect(dsn, autocommit=True) as conn:  # parked: no worker holds it
+        row = conn.execute("SELECT status, lease_owner FROM pgdurable.runs WHERE id = %s",
+                           (task_id,)).fetchone()
+        assert row == ("waiting", None)
+    out = await asyncio.to_thread(
+        subprocess.run, [sys.executable, "-c", UPDATE_SCRIPT, b.url, task_id],
+        capture_output=True, text=True, timeout=WAIT_LIMIT, cwd=ROOT,
+        env={"PYTHONPATH": f"{TESTS}:{ROOT}", "PATH": "/usr/bin:/bin"})
+    assert out.returncode == 0, out.stderr
+    done = await until_status(a.url, task_id, "completed", "failed")
+    assert done["result"]["content"][0]["text"] == "deleted x.txt"
+    # an answer to a key already answered (or never asked) is ignored, acked
+    await update_task(b.url, task_id, {"confirm": {"action": "decline"}, "nope": {}})
+    assert (await get_task(b.url, task_id))["result"] == done["result"]
+
+
+async def test_cancel_racing_completion_ends_in_exactly_one_terminal_state(
+        dsn: str, tmp_path: Path, procs: tuple[Fleet, list[ServerProc]]) -> None:
+    fleet, servers = procs
+    fleet.start("w1", poll=1.0, concurrency=8)
+    a = ServerProc(dsn, tmp_path, "a")
+    servers.append(a)
+    ids = [await create(a.url, "gated", {"ref": f"race-{i}"}) for i in range(8)]
+    async with Durable(dsn) as app:
+        async def parked() -> bool:
+            rows = await app.fetchall(
+                "SELECT count(*) FROM pgdurable.runs WHERE id = ANY(%s::uuid[]) "
+                "AND status = 'waiting'", (ids,))
+            return bool(rows[0][0] == len(ids))
+
+        await until(parked, "every gated task parked")
+        # the release and the cancel race: the signal wakes the run, the cancel ends it
+        await asyncio.gather(*(x for i, tid in enumerate(ids) for x in (
+            app.signal("gate", f"race-{i}", i), cancel_task(a.url, tid))))
+    finals = [await until_status(a.url, tid, "completed", "cancelled", "failed") for tid in ids]
+    for tid, final in zip(ids, finals, strict=True):
+        assert final["status"] in ("completed", "cancelled"), final
+        assert ("result" in final) == (final["status"] == "completed")
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            ends = conn.execute(
+                "SELECT status, finished_at IS NOT NULL FROM pgdurable.runs WHERE id = %s",
+                (tid,)).fetchone()
+        assert ends == ({"completed": "completed", "cancelled": "cancelled"}[final["status"]],
+                        True)
+        # terminal means terminal: later reads agree, a late cancel changes nothing
+        await cancel_task(a.url, tid)
+        assert (await get_task(a.url, tid))["status"] == final["status"]
+
+
+async def test_non_declaring_client_and_unknown_tasks(
+        dsn: str, tmp_path: Path, procs: tuple[Fleet, list[ServerProc]]) -> None:
+    fleet, servers = procs
+    fleet.start("w1", poll=1.0)
+    a = ServerProc(dsn, tmp_path, "a")
+    servers.append(a)
+    from mcp import Client
+
+    async with Client(a.url, mode="2026-07-28", cache=None) as plain:
+        sync = await plain.call_tool("slow_compute", {"seconds": 0, "label": "s"})
+        assert sync.content[0].text == "computed s after 0s"  # type: ignore[union-attr]
+        with pytest.raises(MCPError) as required:
+            await plain.call_tool("failing_job", {})
+        assert required.value.error.code == -32021
+    with pytest.raises(MCPError) as unknown:
+        await get_task(a.url, "00000000-0000-0000-0000-000000000000")
+    assert unknown.value.error.code == -32602
+    with pytest.raises(MCPError) as not_a_run:
+        await get_task(a.url, "not-a-task")
+    assert not_a_run.value.error.code == -32602
+    async with Durable(dsn) as app:  # another run of the app is no task
+        other = await app.start("mcp.tool:gated", {"arguments": {"ref": "x"}}, revision="1")
+    with pytest.raises(MCPError) as other_run:
+        await cancel_task(a.url, other)
+    assert other_run.value.error.code == -32602
+
+
+async def test_legacy_2025_11_25_form(dsn: str, tmp_path: Path,
+                                      procs: tuple[Fleet, list[ServerProc]]) -> None:
+    fleet, servers = procs
+    fleet.start("w1", poll=1.0)
+    a = ServerProc(dsn, tmp_path, "a")
+    servers.append(a)
+    headers = {"Accept": "application/json, text/event-stream",
+               "MCP-Protocol-Version": "2025-11-25"}
+    async with httpx.AsyncClient(headers=headers, timeout=WAIT_LIMIT) as http:
+        async def rpc(method: str, params: dict[str, Any], rid: int = 1) -> dict[str, Any]:
+            resp = await http.post(a.url, json={"jsonrpc": "2.0", "id": rid, "method": method,
+                                                "params": params})
+            body: dict[str, Any] = resp.json()
+            return body
+
+        init = await rpc("initialize", {"protocolVersion": "2025-11-25", "capabilities": {},
+                                        "clientInfo": {"name": "legacy", "version": "1"}})
+        assert init["result"]["capabilities"]["tasks"]["requests"]["tools"]["call"] == {}
+        tools = (await rpc("tools/list", {}))["result"]["tools"]
+        assert {t["name"]: t.get("execution") for t in tools}["gated"] == {
+            "taskSupport": "optional"}
+        created = await rpc("tools/call", {"name": "slow_compute", "task": {"ttl": 60000},
+                                           "arguments": {"seconds": 0.2, "label": "l"}})
+        task = created["result"]["task"]
+        assert task["status"] == "working" and task["ttl"] == 3_600_000
+        got = (await rpc("tasks/get", {"taskId": task["taskId"]}))["result"]
+        assert got["taskId"] == task["taskId"]
+        result = (await rpc("tasks/result", {"taskId": task["taskId"]}))["result"]
+        assert result["content"][0]["text"] == "computed l after 0.2s"
+        assert result["_meta"]["io.modelcontextprotocol/related-task"]["taskId"] == task["taskId"]
+
+
+async def test_ttl_keeps_the_task_then_retention_prunes_it(dsn: str) -> None:
+    async with Durable(dsn) as app:
+        tasks = DurableTasks(app, ttl=timedelta(minutes=5))
+
+        @tasks.tool()
+        async def quick(ctx: TaskContext, n: int) -> dict[str, int]:
+            return {"n": n * 2}
+
+        row = await tasks.create("quick", {"n": 21})
+        assert row.ttl_ms == 300_000
+        async with app_running(app):
+            await until(lambda: _terminal(tasks, row.task_id), "the task's end")
+        done = await tasks.get(row.task_id)
+        assert done["result"]["structuredContent"] == {"n": 42}
+        from pgdurable.ops.retention import prune
+
+        await prune(app, older_than="0s")
+        assert (await tasks.get(row.task_id))["status"] == "completed"  # within its TTL
+        # the TTL passes (the row is seeded older: the database clock is not faked)
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute("UPDATE pgdurable.mcp_tasks SET created_at = created_at - "
+                         "interval '6 minutes' WHERE run_id = %s", (row.task_id,))
+        with pytest.raises(MCPError) as expired:
+            await tasks.get(row.task_id)
+        assert expired.value.error.message.endswith("Task has expired")
+        await prune(app, older_than="0s")
+        left = await app.fetchone(
+            "SELECT (SELECT count(*) FROM pgdurable.runs WHERE id = %s), "
+            "(SELECT count(*) FROM pgdurable.mcp_tasks WHERE run_id = %s)",
+            (row.task_id, row.task_id))
+        assert left == (0, 0)
+
+
+async def _terminal(tasks: DurableTasks, task_id: str) -> bool:
+    return (await tasks.get(task_id))["status"] in ("completed", "failed", "cancelled")

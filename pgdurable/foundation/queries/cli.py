@@ -17,7 +17,7 @@ from .signals import SIGNAL
 
 __all__ = ["BUCKETS", "CANCEL", "CAN_READ", "CHECKPOINTS", "EFFECTS", "EFFECTS_VIEW", "EVENTS",
            "LEASES", "LIMITS", "RETRY", "REWINDS", "RUN", "RUN_LEASES", "RUN_TREE", "RUN_VIEW",
-           "SIGNAL", "STATS", "STEPS_VIEW"]
+           "SERVED", "SIGNAL", "STATS", "STEPS_VIEW"]
 
 # -- one run, every column (a JSON object; no row: no such run)
 RUN: Query[Any] = column("SELECT to_jsonb(r) FROM pgdurable.runs r WHERE r.id = %s::uuid")
@@ -85,6 +85,12 @@ SELECT s.*, l.concurrency, l.active, l.per_key_concurrency, l.rate_per_second, l
   FROM pgdurable.queue_stats s LEFT JOIN pgdurable.queue_limits l ON l.queue = s.queue
  ORDER BY s.queue
 """)
+# -- the revisions the registered workers serve of a task (newest registration first);
+# -- one revision per row (pgdurable start)
+SERVED = scalar("""
+SELECT revision FROM pgdurable.worker_revisions WHERE task = %s
+ GROUP BY revision ORDER BY max(started_at) DESC
+""", str)
 # -- flow control (docs/flow_control.md): limited queues and token buckets
 LIMITS = Listing("SELECT * FROM pgdurable.queue_limits ORDER BY queue")
 BUCKETS = Listing("SELECT * FROM pgdurable.bucket_levels ORDER BY name")

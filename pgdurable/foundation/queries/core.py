@@ -1,8 +1,5 @@
 """A named query: its SQL text and how one of its rows decodes into a typed record.
 
-``params`` None (the default) sends the SQL as it is, as ``cursor.execute(sql)`` does:
-a statement without parameters may then hold a literal ``%`` (``format('%s', ...)``).
-
 A :class:`Query` pairs a statement with its decoder; the decoder is the only
 code that reads the row by position, and it lives next to the SQL (a column
 that moves is one edit, in one file). Decoding is sans-IO, so the same query
@@ -11,7 +8,9 @@ serves a pool, a sync client, a raw psycopg connection or a SQLAlchemy session:
 and :func:`many` also run it on a :class:`~pgdurable.foundation.ports.Database`
 (the app's pool; errors translated) or an open async connection (the caller
 translates), :func:`one_sync`, :func:`first_sync` and :func:`many_sync` on the
-sync client or a sync connection (the command line's).
+sync client or a sync connection (the command line's). ``params`` None (their
+default) sends the SQL as it is, as ``cursor.execute(sql)`` does: a statement
+without parameters may then hold a literal ``%`` (``format('%s', ...)``).
 """
 
 from __future__ import annotations

@@ -126,7 +126,7 @@ async def resume_cost(dsn: str, long_n: int, resumes: int) -> None:
         return rows
 
     async def counted(sql: str, params: tuple[Any, ...], **kw: Any) -> Any:
-        if sql == LOAD_HISTORY:
+        if sql == LOAD_HISTORY.sql:
             loads[str(params[0])] = loads.get(str(params[0]), 0) + 1
         return await fetchone(sql, params, **kw)
 

@@ -129,7 +129,8 @@ def test_actions_need_token_csrf_and_the_hook(dsn: str) -> None:
                          (ids["b"],)).fetchone() == ("runnable",)
 
 
-def test_signal_approves_a_waiting_run(dsn: str) -> None:
+def _waiting_for_approval(dsn: str) -> str:
+    """A run parked on ('approval', 'deploy-1'), as a worker would leave it."""
     with DurableClient(dsn) as c:
         rid = c.start("approve", {}, revision="1")
     with psycopg.connect(dsn, autocommit=True) as conn:
@@ -137,6 +138,11 @@ def test_signal_approves_a_waiting_run(dsn: str) -> None:
                      "ARRAY['approve'], ARRAY['1'], 1, '60 s')")
         conn.execute("SELECT * FROM pgdurable.park_run(%s, 1, 'w1', '{}', 0, 'approval', "
                      "'deploy-1', NULL, NULL)", (rid,))
+    return rid
+
+
+def test_signal_approves_a_waiting_run(dsn: str) -> None:
+    rid = _waiting_for_approval(dsn)
     with serving(create_app(dsn, actions=True, token=TOKEN)) as base, \
             login(base, TOKEN) as client:
         page = client.get(f"/runs/{rid}").text
@@ -147,6 +153,24 @@ def test_signal_approves_a_waiting_run(dsn: str) -> None:
     with psycopg.connect(dsn) as conn:
         assert conn.execute("SELECT status, wake->'payload' FROM pgdurable.runs WHERE id = %s",
                             (rid,)).fetchone() == ("runnable", {"approved": True})
+
+
+def test_a_signal_of_another_kind_is_kept_pending(dsn: str) -> None:
+    # signal_run answers no row then: the page says so (it was a 500 when the answer
+    # was read as rows[0][0])
+    rid = _waiting_for_approval(dsn)
+    with serving(create_app(dsn, actions=True, token=TOKEN)) as base, \
+            login(base, TOKEN) as client:
+        page = client.get(f"/runs/{rid}").text
+        r = client.post(f"/runs/{rid}/signal", data={
+            "csrf": _csrf(page, "signal"), "token": TOKEN, "kind": "review",
+            "payload": "{}"}, follow_redirects=True)
+        assert r.status_code == 200 and "signalled (kept pending)" in r.text
+    with psycopg.connect(dsn) as conn:
+        assert conn.execute("SELECT status FROM pgdurable.runs WHERE id = %s",
+                            (rid,)).fetchone() == ("waiting",)
+        assert conn.execute("SELECT kind FROM pgdurable.signals WHERE run_id = %s "
+                            "AND consumed_at IS NULL", (rid,)).fetchall() == [("review",)]
 
 
 def test_sse_fans_one_listen_connection_out_to_every_tab(dsn: str) -> None:

@@ -35,8 +35,8 @@ from pgdurable import (
     RunContext,
     with_idempotency,
 )
-from pgdurable.foundation.schema_trust import SCHEMA_STATE
-from pgdurable.runs.schedules import DECLARE_LOCK
+from pgdurable.foundation.queries.migrations import SCHEMA_STATE
+from pgdurable.foundation.queries.schedules import DECLARE_LOCK
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tests"))
@@ -461,7 +461,7 @@ def test_client_open_recovers_after_an_outage(proxy: tuple[Proxy, str]) -> None:
 
 # The schema check's first statement: a proxy cut there is a server (or PgBouncer)
 # that restarts just after the pool opened, under the check.
-SCHEMA_CHECK = SCHEMA_STATE.strip().splitlines()[0].encode()
+SCHEMA_CHECK = SCHEMA_STATE.sql.strip().splitlines()[0].encode()
 
 
 @pytest.fixture
@@ -527,7 +527,7 @@ async def test_a_worker_starts_when_its_schedule_declaration_loses_the_connectio
         cut_once: tuple[Proxy, str]) -> None:
     """A worker's other start-up write (its schedules, idempotent) is asked again too."""
     p, via_proxy = cut_once
-    p.cut_on = DECLARE_LOCK.replace("%s", "$1").encode()  # as psycopg sends it
+    p.cut_on = DECLARE_LOCK.sql.replace("%s", "$1").encode()  # as psycopg sends it
     app = Durable(via_proxy)
 
     @app.task("t")

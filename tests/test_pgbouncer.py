@@ -44,8 +44,8 @@ from pgdurable import (
     RunContext,
 )
 from pgdurable.foundation.pooler import connect as pooler_connect
+from pgdurable.foundation.queries.schedules import DECLARE_LOCK, DECLARE_LOCK_KEY
 from pgdurable.ops.retention import prune_sync
-from pgdurable.runs.schedules import DECLARE_LOCK, DECLARE_LOCK_KEY
 
 pytestmark = [
     pytest.mark.skipif(PGBOUNCER is None, reason="pgbouncer is not installed "
@@ -376,7 +376,7 @@ def test_a_worker_starting_through_a_pgbouncer_restart_declares_again(
     asked again on a new connection, and the worker goes on to run runs."""
     b = bouncer("session")
     with psycopg.connect(dsn) as holder, psycopg.connect(dsn, autocommit=True) as c:
-        holder.execute(DECLARE_LOCK, (DECLARE_LOCK_KEY,))  # held until holder's commit
+        holder.execute(DECLARE_LOCK.sql, (DECLARE_LOCK_KEY,))  # held until holder's commit
         w = workers("w", {"PGDURABLE_DSN": b.dsn(dbname(dsn))})
         until_sync(lambda: count(c, "SELECT count(*) FROM pg_stat_activity WHERE datname = "
                                 "current_database() AND wait_event_type = 'Lock' "

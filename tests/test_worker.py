@@ -29,8 +29,8 @@ from pgdurable import (
 )
 from pgdurable.foundation import run_queries as q
 from pgdurable.foundation.affinity import ABSENT, PRESENT, STARTED
+from pgdurable.foundation.queries.fork import REGISTER_WORKER, UNREGISTER_WORKER
 from pgdurable.models.durable_runs import DurableRunContext
-from pgdurable.runs.fork import REGISTER_WORKER, UNREGISTER_WORKER
 
 
 async def status_is(app: Durable, rid: str, status: str) -> None:
@@ -531,8 +531,8 @@ async def test_idle_worker_issues_one_query_per_poll(app: Durable) -> None:
     # and removes both at stop (pgdurable/runs/fork.py, engine/presence.py: one
     # statement each, not per poll; the presence is renewed per heartbeat interval,
     # TTL/3 = 20 s here)
-    assert seen[:2] == [REGISTER_WORKER, STARTED], seen[:2]
-    assert seen[-2:] == [UNREGISTER_WORKER, ABSENT], seen[-2:]
+    assert seen[:2] == [REGISTER_WORKER.sql, STARTED], seen[:2]
+    assert seen[-2:] == [UNREGISTER_WORKER.sql, ABSENT], seen[-2:]
     assert PRESENT not in seen
     seen = seen[2:-2]
     # startup claims once (and asks next_wakeup); afterwards each poll is ONE

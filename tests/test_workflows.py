@@ -89,7 +89,7 @@ async def test_steps_waits_and_replay(dsn: str) -> None:
 
 
 def _kind_of(sql: str) -> str:
-    if sql == LOAD_HISTORY:
+    if sql == LOAD_HISTORY.sql:
         return "history"
     for name in ("claim_runs", "write_steps", "get_run", "next_wakeup", "renew_runs"):
         if name in sql:

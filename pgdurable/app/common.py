@@ -9,12 +9,14 @@ from typing import Any
 from ..foundation import run_queries as q
 from ..foundation.db import validate_dsn
 from ..foundation.pooler import Pooler, connect_kwargs, connect_timeout
+from ..foundation.queries import retry as _retry
+from ..foundation.queries.core import lead
 
 __all__ = ["RETRY", "conn_kwargs", "env_listen_dsn", "ids", "mark_incompatible_params", "one"]
 
-# -- retry a failed or cancelled run (0007); returns the new status ('runnable').
-# -- PD002 (RunNotFound) for an unknown id, PD000 (InvalidInput) for any other status
-RETRY = "SELECT pgdurable.retry_run(%s::uuid)"
+#: :data:`pgdurable.foundation.queries.retry.RETRY`'s SQL (the app and the sync client
+#: read its answer with :func:`one`).
+RETRY = _retry.RETRY.sql
 
 
 def mark_incompatible_params(task: object, revision: object, reason: object) -> tuple[Any, ...]:
@@ -27,13 +29,12 @@ def mark_incompatible_params(task: object, revision: object, reason: object) -> 
 
 def ids(rows: list[tuple[Any, ...]]) -> list[str]:
     """Run ids (first column) of a signal call's rows, as strings."""
-    return [str(r[0]) for r in rows]
+    return [str(lead(r)) for r in rows]
 
 
 def one(row: tuple[Any, ...] | None) -> Any:
-    """The single value of a one-row, one-column function call."""
-    assert row is not None
-    return row[0]
+    """The first value of a one-row answer (a function call's value, a start's run id)."""
+    return lead(row)
 
 
 def conn_kwargs(conninfo: str, pooler: Pooler | None) -> dict[str, Any]:

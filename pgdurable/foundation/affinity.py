@@ -39,7 +39,8 @@ finished run stays as the record of its last holder.
 
 ``app.start(..., affinity_of=run_id)`` (and ``ctx.start_child(...,
 affinity_of=...)``) starts a run with the affinity another run has now: a
-follow-up on the same sandbox. The SQL is ``sql/0032_run_affinity.sql``.
+follow-up on the same sandbox. The SQL is ``sql/functions/affinity.sql`` (its
+statements: :mod:`pgdurable.foundation.queries.affinity`).
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ from datetime import datetime, timedelta
 from typing import Any, Literal
 
 from . import jsonb as _json
+from .queries import affinity as _q
 
 __all__ = [
     "HARD_WAIT",
@@ -78,26 +80,12 @@ MAX_WAIT = 86_400.0
 #: The largest ``info`` object (bytes of JSON).
 MAX_INFO_BYTES = 8192
 
-# -- fenced: pin the run to its lease holder (mode, wait, info) or unpin (mode NULL);
-# -- returns the affinity record or NULL
-PIN = ("SELECT pgdurable.pin_run(%s::uuid, %s::bigint, %s::text, %s::text, %s::text, "
-       "%s::interval, %s::jsonb)")
-# -- worker presence: this instance is alive for ttl (returns until)
-PRESENT = "SELECT pgdurable.worker_present(%s::text, %s::text, %s::interval)"
-# -- a starting worker's presence, with where and how it runs: host, pid, queues,
-# -- concurrency (returns until)
-STARTED = ("SELECT pgdurable.worker_started(%s::text, %s::text, %s::interval, %s::text, "
-           "%s::integer, %s::text[], %s::integer)")
-# -- a clean stop: remove this instance's presence and wake its queues (its reserved runs
-# -- are anybody's now); returns whether it was there
-ABSENT = "SELECT pgdurable.worker_absent(%s::text, %s::text, %s::text[])"
-# -- wraps a start statement (its first two columns: run id, created): the run
-# -- started gets the affinity of run %s (same statement: no worker can claim it
-# -- first); returns (run_id, created). Composed by metadata.start_statement
-AFFINE_STARTED = (
-    "SELECT a.id, s.created FROM ({start}) AS s(run_id, created), "
-    "LATERAL (SELECT pgdurable.affine_started_run(s.run_id, %s::uuid) AS id) a"
-)
+#: The SQL the engine sends (it reads the answers itself until its branch of issue 39
+#: lands): :mod:`pgdurable.foundation.queries.affinity`.
+PIN = _q.PIN.sql
+PRESENT = _q.PRESENT.sql
+STARTED = _q.STARTED.sql
+ABSENT = _q.ABSENT.sql
 
 
 @dataclass(frozen=True)

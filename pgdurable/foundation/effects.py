@@ -101,6 +101,8 @@ from .db import connect, translated, validate_dsn
 from .errors import DatabaseUnavailable, DeadlineExceeded, EffectFailed, LeaseLost, ReconcileFailed
 from .migrations import acheck_schema, check_schema
 from .pooler import aconnect
+from .queries import idempotency as iq
+from .queries.core import Query
 from .retry import retry_while, retry_while_sync
 from .run_queries import MAX_NAME_BYTES, check_size
 
@@ -131,17 +133,8 @@ class NotPerformed(enum.Enum):
 #: as usual.
 NOT_PERFORMED = NotPerformed.NOT_PERFORMED
 
-# -- claim the key or read it as it stands:
-# -- (claimed, status, owner, result, error, expires_at, unknown)
-_CLAIM = "SELECT * FROM pgdurable.idempotency_claim_v2(%s, %s, %s, %s)"
-# -- extend the running claim; false when this owner lost it
-_RENEW = "SELECT pgdurable.idempotency_renew(%s, %s, %s)"
-# -- store the result (owner only); false when this owner lost the claim
-_FINISH = "SELECT pgdurable.idempotency_finish(%s, %s, %s::jsonb, %s)"
-# -- store the failure (owner only); false when this owner lost the claim
-_FAIL = "SELECT pgdurable.idempotency_fail(%s, %s, %s, %s)"
-# -- give up the running claim without an outcome (owner only)
-_RELEASE = "SELECT pgdurable.idempotency_release(%s, %s)"
+# The statements (claim, renew, finish, fail, release) and their typed answers:
+# pgdurable.foundation.queries.idempotency (imported as ``iq``).
 
 _FIRST_DELAY = 0.05
 _MAX_DELAY = 1.0
@@ -231,20 +224,19 @@ def _unreconciled(exc: BaseException) -> Jsonb:
     })
 
 
-def _outcome(key: str, row: tuple[Any, ...] | None) -> tuple[str, bool, Any]:
-    """Judge a claim row: ('execute', unknown, None) | ('done', _, result) | ('wait', _, None).
+def _outcome(key: str, claim: iq.Claim | None) -> tuple[str, bool, Any]:
+    """Judge a claim: ('execute', unknown, None) | ('done', _, result) | ('wait', _, None).
 
     Raises :class:`EffectFailed` for a failed key.
     """
-    if row is None:  # pragma: no cover - the SQL function always returns a row
+    if claim is None:  # pragma: no cover - the SQL function always returns a row
         raise DatabaseUnavailable("idempotency_claim_v2 returned no row")
-    claimed, status, _owner, result, error, _expires, unknown = row
-    if claimed:
-        return "execute", bool(unknown), None
-    if status == "succeeded":
-        return "done", False, result
-    if status == "failed":
-        err = error if isinstance(error, dict) else {}
+    if claim.claimed:
+        return "execute", bool(claim.unknown), None
+    if claim.status == "succeeded":
+        return "done", False, claim.result
+    if claim.status == "failed":
+        err = claim.error if isinstance(claim.error, dict) else {}
         exc = EffectFailed(
             f"effect {key!r} failed: {err.get('type', 'Error')}: {err.get('message', '')}"
         )
@@ -299,9 +291,9 @@ class _Trust:
 # --------------------------------------------------------------------------
 @dataclass(frozen=True)
 class _Query:
-    """Run one statement; send back its first row."""
+    """Run one statement; send back the record of its row (None: no row)."""
 
-    sql: str
+    query: Query[Any]
     args: tuple[Any, ...]
 
 
@@ -310,9 +302,9 @@ class _Settle:
     """Record the outcome: run one fenced, owner-idempotent statement to its
     end even if the caller is interrupted meanwhile (the interruption is raised
     after it), sent again after a lost connection while the claim is trusted;
-    send back its first row."""
+    send back its answer (False: this owner lost the claim; None: no row)."""
 
-    sql: str
+    query: Query[bool]
     args: tuple[Any, ...]
 
 
@@ -340,8 +332,8 @@ def _protocol(p: _Params, owner: str) -> Generator[_Op, Any, Any]:
     started = time.monotonic()
     delays = _delays(p.lease)
     while True:
-        row = yield _Query(_CLAIM, (p.key, owner, p.lease, p.reconciles))
-        verdict, unknown, result = _outcome(p.key, row)
+        claim = yield _Query(iq.CLAIM, (p.key, owner, p.lease, p.reconciles))
+        verdict, unknown, result = _outcome(p.key, claim)
         if verdict == "done":
             return result
         if verdict == "execute":
@@ -357,10 +349,10 @@ def _protocol(p: _Params, owner: str) -> Generator[_Op, Any, Any]:
         # fn has started (it is called at once), so it may have acted: even an
         # interrupted fn is settled as failed, never released for a re-run
         error = _encode_error(ran) if isinstance(ran, Exception) else _interrupted(ran)
-        row = yield _Settle(_FAIL, (p.key, owner, error, p.ttl))
+        held = yield _Settle(iq.FAIL, (p.key, owner, error, p.ttl))
         if not isinstance(ran, Exception):
             raise ran
-        if row is not None and not row[0]:
+        if held is False:
             raise _lost(p.key) from ran
         raise ran
     value = ran[0]
@@ -368,12 +360,12 @@ def _protocol(p: _Params, owner: str) -> Generator[_Op, Any, Any]:
         payload = _json.dumps(value, "result")
     except (TypeError, ValueError) as exc:
         # the effect did happen: recorded failed, never left running
-        row = yield _Settle(_FAIL, (p.key, owner, _encode_error(exc), p.ttl))
-        if row is not None and not row[0]:
+        held = yield _Settle(iq.FAIL, (p.key, owner, _encode_error(exc), p.ttl))
+        if held is False:
             raise _lost(p.key) from exc
         raise exc
-    row = yield _Settle(_FINISH, (p.key, owner, payload, p.ttl))
-    if row is not None and not row[0]:
+    held = yield _Settle(iq.FINISH, (p.key, owner, payload, p.ttl))
+    if held is False:
         raise _lost(p.key)
     return value
 
@@ -384,7 +376,7 @@ def _reconcile(p: _Params, owner: str) -> Generator[_Op, Any, Any]:
     A failing ``reconcile`` keeps the key Interrupted and raises ReconcileFailed."""
     ran: _Ran = yield _Call("reconcile")
     if isinstance(ran, BaseException) and not isinstance(ran, Exception):
-        yield _Settle(_FAIL, (p.key, owner, _interrupted(ran), p.ttl))
+        yield _Settle(iq.FAIL, (p.key, owner, _interrupted(ran), p.ttl))
         raise ran
     try:
         if isinstance(ran, BaseException):
@@ -394,15 +386,15 @@ def _reconcile(p: _Params, owner: str) -> Generator[_Op, Any, Any]:
             return NOT_PERFORMED
         payload = _json.dumps(value, "reconciled result")
     except Exception as exc:
-        row = yield _Settle(_FAIL, (p.key, owner, _unreconciled(exc), p.ttl))
-        if row is not None and not row[0]:
+        held = yield _Settle(iq.FAIL, (p.key, owner, _unreconciled(exc), p.ttl))
+        if held is False:
             raise _lost(p.key) from exc
         raise ReconcileFailed(
             f"reconcile of idempotency key {p.key!r} failed: {type(exc).__name__}: {exc}; the "
             "outcome of fn stays unknown (the key is kept Interrupted), so fn is not executed"
         ) from exc
-    row = yield _Settle(_FINISH, (p.key, owner, payload, p.ttl))
-    if row is not None and not row[0]:
+    held = yield _Settle(iq.FINISH, (p.key, owner, payload, p.ttl))
+    if held is False:
         raise _lost(p.key)
     return value
 
@@ -487,11 +479,11 @@ async def _aconnection(
         await conn.close()
 
 
-async def _aone(conns: Callable[[], Any], sql: str, args: tuple[Any, ...]) -> Any:
+async def _aone(conns: Callable[[], Any], query: Query[T], args: tuple[Any, ...]) -> T | None:
     async with conns() as c:
         with translated():
-            cur = await c.execute(sql, args)
-            return await cur.fetchone()
+            cur = await c.execute(query.sql, args)
+            return query.first(await cur.fetchone())
 
 
 @overload
@@ -568,17 +560,17 @@ async def _adrive(proto: Generator[_Op, Any, Any], conns: Callable[[], Any], p: 
             if isinstance(op, _Query):
                 sent = time.monotonic()
                 try:
-                    reply = await _aone(conns, op.sql, op.args)
+                    reply = await _aone(conns, op.query, op.args)
                 except BaseException as exc:
                     # interrupted, the claim may have committed unseen: give it up
-                    if op.sql is _CLAIM and not isinstance(exc, Exception):
+                    if op.query is iq.CLAIM and not isinstance(exc, Exception):
                         with contextlib.suppress(Exception):
-                            await _aone(conns, _RELEASE, (p.key, owner))
+                            await _aone(conns, iq.RELEASE, (p.key, owner))
                     raise
-                if op.sql is _CLAIM and reply is not None and reply[0]:
+                if isinstance(reply, iq.Claim) and reply.claimed:
                     trust.held(sent)
             elif isinstance(op, _Settle):
-                call = functools.partial(_aone, conns, op.sql, op.args)
+                call = functools.partial(_aone, conns, op.query, op.args)
                 reply = await through_cancel(retry_while(call, trust), interrupts.deferred)
             elif isinstance(op, _Sleep):
                 await asyncio.sleep(op.seconds)
@@ -611,10 +603,10 @@ async def _aheartbeat(conns: Callable[[], Any], p: _Params, owner: str, trust: _
     while not await wait_set(stop, p.lease.total_seconds() / 3):
         sent = time.monotonic()
         try:
-            row = await _aone(conns, _RENEW, (p.key, owner, p.lease))
+            renewed = await _aone(conns, iq.RENEW, (p.key, owner, p.lease))
         except Exception:
             continue  # a transient failure; the next beat retries
-        if row is None or not row[0]:
+        if not renewed:
             return  # lost (or settled): the final write says which
         trust.held(sent)
 
@@ -654,9 +646,9 @@ def _connection(target: ConnectionPool[Any] | str) -> Iterator[Callable[[], Any]
         conn.close()
 
 
-def _one(conns: Callable[[], Any], sql: str, args: tuple[Any, ...]) -> Any:
+def _one(conns: Callable[[], Any], query: Query[T], args: tuple[Any, ...]) -> T | None:
     with conns() as c, translated():
-        return c.execute(sql, args).fetchone()
+        return query.first(c.execute(query.sql, args).fetchone())
 
 
 def with_idempotency_sync(
@@ -705,17 +697,17 @@ def _drive(proto: Generator[_Op, Any, Any], conns: Callable[[], Any], p: _Params
             if isinstance(op, _Query):
                 sent = time.monotonic()
                 try:
-                    reply = _one(conns, op.sql, op.args)
+                    reply = _one(conns, op.query, op.args)
                 except BaseException as exc:
                     # interrupted, the claim may have committed unseen: give it up
-                    if op.sql is _CLAIM and not isinstance(exc, Exception):
+                    if op.query is iq.CLAIM and not isinstance(exc, Exception):
                         with contextlib.suppress(Exception):
-                            _one(conns, _RELEASE, (p.key, owner))
+                            _one(conns, iq.RELEASE, (p.key, owner))
                     raise
-                if op.sql is _CLAIM and reply is not None and reply[0]:
+                if isinstance(reply, iq.Claim) and reply.claimed:
                     trust.held(sent)
             elif isinstance(op, _Settle):
-                call = functools.partial(_one, conns, op.sql, op.args)
+                call = functools.partial(_one, conns, op.query, op.args)
                 reply = _through_interrupt(functools.partial(retry_while_sync, call, trust),
                                            interrupts.deferred)
             elif isinstance(op, _Sleep):
@@ -787,9 +779,9 @@ def _heartbeat(conns: Callable[[], Any], p: _Params, owner: str, trust: _Trust,
     while not stop.wait(p.lease.total_seconds() / 3):
         sent = time.monotonic()
         try:
-            row = _one(conns, _RENEW, (p.key, owner, p.lease))
+            renewed = _one(conns, iq.RENEW, (p.key, owner, p.lease))
         except Exception:
             continue  # a transient failure; the next beat retries
-        if row is None or not row[0]:
+        if not renewed:
             return
         trust.held(sent)

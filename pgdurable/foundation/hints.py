@@ -27,15 +27,9 @@ import uuid
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-__all__ = ["WakeLimiter", "cancels_requested"]
+from .queries.hints import CANCELS_REQUESTED
 
-# -- of these (run, lease token) pairs, the runs with a cancel requested under that
-# -- token (a run that is not ours any more, under another token, is not returned)
-CANCELS_REQUESTED = (
-    "SELECT r.id FROM unnest(%s::uuid[], %s::bigint[]) AS a(id, token) "
-    "JOIN pgdurable.runs r ON r.id = a.id AND r.lease_token = a.token "
-    "WHERE r.cancel_requested_at IS NOT NULL"
-)
+__all__ = ["WakeLimiter", "cancels_requested"]
 
 
 class _Fetch(Protocol):
@@ -46,9 +40,9 @@ async def cancels_requested(app: _Fetch,
                             attempts: Sequence[tuple[uuid.UUID, int]]) -> set[uuid.UUID]:
     """Of these ``(run id, lease token)`` attempts, the runs the database holds a
     cancel request for (one statement, however many)."""
-    rows = await app.fetchall(CANCELS_REQUESTED, ([r for r, _ in attempts],
-                                                  [t for _, t in attempts]))
-    return {row[0] for row in rows}
+    q = CANCELS_REQUESTED
+    rows = await app.fetchall(q.sql, ([r for r, _ in attempts], [t for _, t in attempts]))
+    return set(q.all(rows))
 
 
 class WakeLimiter:

@@ -1,23 +1,29 @@
 """Private core shared by the sync and async lease providers.
 
-Everything that is not I/O lives here once: the SQL text, argument validation,
-and row -> result parsing. A provider method builds a :class:`Call` (validated
-before any SQL) and hands it to its shell, which executes ``call.sql`` with
-``call.params`` and returns ``call.parse(row)``.
+Everything that is not I/O lives here once: argument validation, and which
+named query (``pgdurable.foundation.queries.leases``: the SQL text and its typed
+answer) each operation sends. A provider method builds a :class:`Call`
+(validated before any SQL) and hands it to its shell, which executes
+``call.sql`` with ``call.params`` and returns ``call.parse(row)``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime
-from typing import Any, Generic, LiteralString, TypeVar
+from typing import Any, Generic, TypeVar
 
 import psycopg
 from psycopg.types.numeric import Int8
 from psycopg_pool import PoolClosed, PoolTimeout
 
 from .errors import DatabaseUnavailable, PgDurableError, ProviderClosed, translate
+from .queries import leases as lq
+from .queries.leases import LeaseGrant, decode_name
+
+__all__ = ["MAX_TTL_MS", "Call", "LeaseGrant", "acquire", "check_token", "check_ttl",
+           "connection_broke", "decode_name", "encode_name", "failure", "get_lease",
+           "get_owner", "release", "renew", "transfer"]
 
 T = TypeVar("T")
 
@@ -26,45 +32,13 @@ MAX_TTL_MS = 24 * 60 * 60 * 1000
 
 
 @dataclass(frozen=True, slots=True)
-class LeaseGrant:
-    """The answer of ``acquire_lease``.
-
-    ``acquired`` says whether the caller holds the lease now. ``owner`` is the
-    holder: the caller when acquired, else the live holder to route work to.
-    ``token`` is the holder's fencing token and ``expires_at`` its expiry on
-    the database clock (both ``None`` from the no-op provider).
-    """
-
-    acquired: bool
-    owner: str | None
-    token: int | None = None
-    expires_at: datetime | None = None
-
-
-@dataclass(frozen=True, slots=True)
 class Call(Generic[T]):
     """One validated SQL function call: text, binary parameters, row parser."""
 
-    sql: LiteralString
+    sql: str
     params: tuple[Any, ...]
     parse: Callable[[tuple[Any, ...] | None], T]
     retry_safe: bool = True  # repeating it after a lost connection gives the same answer
-
-
-# -- one line each: the five operations, one SQL function call (one round trip) each.
-# -- Server-side placeholders ($n): executed with a raw cursor, prepared, binary.
-# -- acquire: grant or the live holder -> (acquired, owner, token, expires_at)
-ACQUIRE: LiteralString = "SELECT * FROM pgdurable.acquire_lease($1, $2, $3)"
-# -- owner: the live holder or NULL
-GET_OWNER: LiteralString = "SELECT pgdurable.get_lease_owner($1)"
-# -- the live grant (owner, token, expires_at), no row when free
-GET_LEASE: LiteralString = "SELECT * FROM pgdurable.get_lease($1)"
-# -- release if held (by token when given) -> released?
-RELEASE: LiteralString = "SELECT pgdurable.release_lease($1, $2, $3)"
-# -- renew if held (by token when given) -> renewed?
-RENEW: LiteralString = "SELECT pgdurable.renew_lease($1, $2, $3, $4)"
-# -- transfer if held (by token when given) -> new token or NULL
-TRANSFER: LiteralString = "SELECT pgdurable.transfer_lease($1, $2, $3, $4, $5)"
 
 
 def encode_name(value: object, what: str) -> bytes:
@@ -79,11 +53,6 @@ def encode_name(value: object, what: str) -> bytes:
         raise ValueError(
             f"lease {what} is not valid Unicode (it contains a lone surrogate)"
         ) from None
-
-
-def decode_name(value: bytes | None) -> str | None:
-    """Bytes stored by :func:`encode_name` back to the exact string."""
-    return None if value is None else bytes(value).decode("utf-8")
 
 
 def check_ttl(ttl_ms: object) -> Int8:
@@ -111,60 +80,48 @@ def check_token(token: object) -> Int8 | None:
 def _grant(row: tuple[Any, ...] | None) -> LeaseGrant:
     if row is None:  # pragma: no cover - the function always returns one row
         raise PgDurableError("acquire_lease returned no row")
-    acquired, owner, token, expires_at = row
-    return LeaseGrant(bool(acquired), decode_name(owner), token, expires_at)
-
-
-def _owner(row: tuple[Any, ...] | None) -> str | None:
-    return decode_name(row[0]) if row else None
-
-
-def _lease(row: tuple[Any, ...] | None) -> LeaseGrant | None:
-    if row is None:
-        return None
-    owner, token, expires_at = row
-    return LeaseGrant(True, decode_name(owner), token, expires_at)
+    return lq.ACQUIRE.one(row)
 
 
 def _none(row: tuple[Any, ...] | None) -> None:
     return None
 
 
-def _flag(row: tuple[Any, ...] | None) -> bool:
-    return bool(row and row[0])
+def _renewed(row: tuple[Any, ...] | None) -> bool:
+    return bool(lq.RENEW.first(row))
 
 
-def _not_null(row: tuple[Any, ...] | None) -> bool:
-    return bool(row and row[0] is not None)
+def _transferred(row: tuple[Any, ...] | None) -> bool:
+    return lq.TRANSFER.first(row) is not None  # a new token; NULL: not held
 
 
 def acquire(key: str, owner: str, ttl_ms: int) -> Call[LeaseGrant]:
     """The validated ``acquire_lease`` call."""
     k, o, t = encode_name(key, "key"), encode_name(owner, "owner"), check_ttl(ttl_ms)
-    return Call(ACQUIRE, (k, o, t), _grant)
+    return Call(lq.ACQUIRE.sql, (k, o, t), _grant)
 
 
 def get_owner(key: str) -> Call[str | None]:
     """The validated ``get_lease_owner`` call."""
-    return Call(GET_OWNER, (encode_name(key, "key"),), _owner)
+    return Call(lq.GET_OWNER.sql, (encode_name(key, "key"),), lq.GET_OWNER.first)
 
 
 def get_lease(key: str) -> Call[LeaseGrant | None]:
     """The validated ``get_lease`` call."""
-    return Call(GET_LEASE, (encode_name(key, "key"),), _lease)
+    return Call(lq.GET_LEASE.sql, (encode_name(key, "key"),), lq.GET_LEASE.first)
 
 
 def release(key: str, owner: str, token: int | None) -> Call[None]:
     """The validated ``release_lease`` call."""
     params = (encode_name(key, "key"), encode_name(owner, "owner"), check_token(token))
-    return Call(RELEASE, params, _none)
+    return Call(lq.RELEASE.sql, params, _none)
 
 
 def renew(key: str, owner: str, ttl_ms: int, token: int | None) -> Call[bool]:
     """The validated ``renew_lease`` call."""
     params = (encode_name(key, "key"), encode_name(owner, "owner"), check_ttl(ttl_ms),
               check_token(token))
-    return Call(RENEW, params, _flag)
+    return Call(lq.RENEW.sql, params, _renewed)
 
 
 def transfer(key: str, from_owner: str, to_owner: str, ttl_ms: int,
@@ -172,7 +129,7 @@ def transfer(key: str, from_owner: str, to_owner: str, ttl_ms: int,
     """The validated ``transfer_lease`` call (not retried: a repeat would report False)."""
     params = (encode_name(key, "key"), encode_name(from_owner, "from_owner"),
               encode_name(to_owner, "to_owner"), check_ttl(ttl_ms), check_token(token))
-    return Call(TRANSFER, params, _not_null, retry_safe=False)
+    return Call(lq.TRANSFER.sql, params, _transferred, retry_safe=False)
 
 
 def connection_broke(exc: BaseException) -> bool:

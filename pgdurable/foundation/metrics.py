@@ -22,16 +22,14 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
+from .queries.core import many_sync
+from .queries.metrics import QUEUE_STATS
+
 __all__ = [
     "claim_done", "enable", "enabled", "lease_lost", "registry", "run_finished",
     "run_started", "serve", "step_done",
 ]
 
-# -- per-queue counts for the queue gauges (read-only view)
-_QUEUE_STATS = (
-    "SELECT queue, runnable, leased, waiting, completed, failed, cancelled, "
-    "extract(epoch FROM oldest_runnable_age)::float8 FROM pgdurable.queue_stats"
-)
 _STATUSES = ("runnable", "leased", "waiting", "completed", "failed", "cancelled")
 
 
@@ -70,10 +68,10 @@ class _QueueCollector:
         oldest = GaugeMetricFamily("pgdurable_queue_oldest_runnable_age_seconds",
                                    "Age of the oldest due runnable run.", labels=["queue"])
         with psycopg.connect(self._dsn, autocommit=True, connect_timeout=5) as conn:
-            for row in conn.execute(_QUEUE_STATS).fetchall():
-                for status, value in zip(_STATUSES, row[1:7], strict=True):
-                    depth.add_metric([row[0], status], float(value))
-                oldest.add_metric([row[0]], float(row[7] or 0.0))
+            for q in many_sync(conn, QUEUE_STATS):
+                for status in _STATUSES:
+                    depth.add_metric([q.queue, status], float(getattr(q, status)))
+                oldest.add_metric([q.queue], float(q.oldest_runnable_age or 0.0))
         yield depth
         yield oldest
 

@@ -63,6 +63,15 @@ import psycopg
 from . import schema_trust as _schema_trust
 from .db import connect, validate_dsn
 from .errors import DatabaseUnavailable, MigrationError, SchemaVersionMismatch, first_line
+from .queries import migrations as mq
+from .queries.core import first, first_sync, many, many_sync, one_sync
+from .queries.migrations import (
+    AppliedDefinition,
+    AppliedMigration,
+    RecordedDefinition,
+    RecordedName,
+    SchemaState,
+)
 from .retry import for_seconds, retry_while, retry_while_sync
 
 if TYPE_CHECKING:
@@ -128,62 +137,7 @@ RELEASED_SHA256: dict[int, str] = {
     28: "0f507a219536e9f42f187fcd5f901668c52a1253145e34ab314de48d80fd6ce9",
 }
 
-# -- first install only (an existing schema is judged by _schema_trust first)
-_CREATE_SCHEMA = "CREATE SCHEMA pgdurable"
-_HAS_SCHEMA = "SELECT to_regnamespace('pgdurable') IS NOT NULL"
-_BOOTSTRAP = """
-CREATE TABLE IF NOT EXISTS pgdurable.schema_migrations (
-  version    integer     PRIMARY KEY,
-  name       text        NOT NULL,
-  sha256     text        NOT NULL,
-  applied_at timestamptz NOT NULL DEFAULT now()
-);
-COMMENT ON TABLE pgdurable.schema_migrations IS
-  'Applied pgdurable migrations (pgdurable migrate): one row per sql/NNNN_name.sql file.';
-COMMENT ON COLUMN pgdurable.schema_migrations.version IS 'Migration number (NNNN).';
-COMMENT ON COLUMN pgdurable.schema_migrations.name IS 'File name of the migration.';
-COMMENT ON COLUMN pgdurable.schema_migrations.sha256 IS 'sha256 of the file as applied; an edit is detected.';
-COMMENT ON COLUMN pgdurable.schema_migrations.applied_at IS 'When it was applied.';
-"""
-# -- the definitions' record (also added to schemas migrated before it existed)
-_BOOTSTRAP_DEFINITIONS = """
-CREATE TABLE IF NOT EXISTS pgdurable.schema_definitions (
-  path       text        PRIMARY KEY,
-  sha256     text        NOT NULL,
-  applied_at timestamptz NOT NULL DEFAULT now()
-);
-COMMENT ON TABLE pgdurable.schema_definitions IS
-  'Applied pgdurable definitions (pgdurable migrate): one row per sql/functions/ or sql/views/ '
-  'file, re-applied whenever its sha256 changes.';
-COMMENT ON COLUMN pgdurable.schema_definitions.path IS 'functions/<noun>.sql or views/<noun>.sql.';
-COMMENT ON COLUMN pgdurable.schema_definitions.sha256 IS 'sha256 of the file as last applied.';
-COMMENT ON COLUMN pgdurable.schema_definitions.applied_at IS 'When it was last applied.';
-"""
-
-# -- applied migrations, or none if the table does not exist yet
-_APPLIED = """
-SELECT version, name, sha256, applied_at FROM pgdurable.schema_migrations ORDER BY version
-"""
-# -- does the migrations table exist?
-_HAS_TABLE = "SELECT to_regclass('pgdurable.schema_migrations') IS NOT NULL"
-# -- does the definitions table exist?
-_HAS_DEFINITIONS = "SELECT to_regclass('pgdurable.schema_definitions') IS NOT NULL"
-# -- applied definitions
-_DEFINITIONS_APPLIED = "SELECT path, sha256, applied_at FROM pgdurable.schema_definitions"
-# -- record a numbered migration / a definition
-_RECORD = ("INSERT INTO pgdurable.schema_migrations (version, name, sha256) VALUES (%s, %s, %s)"
-           " ON CONFLICT (version) DO UPDATE SET sha256 = excluded.sha256")
-_RECORD_DEFINITION = (
-    "INSERT INTO pgdurable.schema_definitions (path, sha256) VALUES (%s, %s)"
-    " ON CONFLICT (path) DO UPDATE SET sha256 = excluded.sha256, applied_at = now()")
-# -- the views of the definitions that exist now (dropped before the numbered migrations)
-_EXISTING_VIEWS = """
-SELECT c.oid::regclass::text FROM pg_catalog.pg_class c
- WHERE c.relnamespace = 'pgdurable'::regnamespace AND c.relkind = 'v'
-   AND c.relname = ANY (%s)
-"""
-# -- the last step (0009's secure_schema exists from the first migrate on)
-_SECURE = "SELECT pgdurable.secure_schema()"
+# The statements of migrate and check_schema: pgdurable.foundation.queries.migrations.
 
 
 @dataclass(frozen=True)
@@ -337,12 +291,12 @@ def _known(version: int, sha256: str, current: str) -> bool:
     return sha256 in (current, RELEASED_SHA256.get(version))
 
 
-def _drift(applied: dict[int, tuple[str, str]], migrations: Sequence[Migration]) -> None:
+def _drift(applied: dict[int, AppliedMigration], migrations: Sequence[Migration]) -> None:
     for m in migrations:
-        row = applied.get(m.version)
-        if row is not None and not _known(m.version, row[1], m.sha256):
+        done = applied.get(m.version)
+        if done is not None and not _known(m.version, done.sha256, m.sha256):
             raise MigrationError(
-                f"migration {row[0]} was edited after it was applied (sha256 differs); "
+                f"migration {done.name} was edited after it was applied (sha256 differs); "
                 "applied migrations are never edited: add a new one. Nothing was applied."
             )
 
@@ -351,24 +305,18 @@ def _shipped_names() -> dict[int, str]:
     return {m.version: m.name for m in load_migrations()}
 
 
-def _read_applied(cur: psycopg.Cursor[Any], adopt: bool = False) -> dict[int, tuple[str, str]]:
+def _read_applied(cur: psycopg.Cursor[Any], adopt: bool = False) -> dict[int, AppliedMigration]:
     if not adopt and not _schema_trust.check_adoptable(cur, _shipped_names()):
         return {}
-    cur.execute(_HAS_TABLE)
-    row = cur.fetchone()
-    if not row or not row[0]:
+    if not first_sync(cur, mq.HAS_TABLE):
         return {}
-    cur.execute(_APPLIED)
-    return {v: (n, s) for v, n, s, _ in cur.fetchall()}
+    return {a.version: a for a in many_sync(cur, mq.APPLIED)}
 
 
-def _read_definitions(cur: psycopg.Cursor[Any]) -> dict[str, tuple[str, datetime]]:
-    cur.execute(_HAS_DEFINITIONS)
-    row = cur.fetchone()
-    if not row or not row[0]:
+def _read_definitions(cur: psycopg.Cursor[Any]) -> dict[str, AppliedDefinition]:
+    if not first_sync(cur, mq.HAS_DEFINITIONS):
         return {}
-    cur.execute(_DEFINITIONS_APPLIED)
-    return {p: (s, at) for p, s, at in cur.fetchall()}
+    return {d.path: d for d in many_sync(cur, mq.DEFINITIONS_APPLIED)}
 
 
 @dataclass(frozen=True)
@@ -394,43 +342,43 @@ def _plan(cur: psycopg.Cursor[Any], adopt: bool) -> _Plan:
     done = _read_definitions(cur)
     return _Plan(
         pending=[m for m in migrations if m.version not in applied],
-        changed=[d for d in load_definitions() if done.get(d.path, ("",))[0] != d.sha256],
+        changed=[d for d in load_definitions()
+                 if (done[d.path].sha256 if d.path in done else "") != d.sha256],
         rerecord=[m for m in migrations
-                  if m.version in applied and applied[m.version][1] != m.sha256],
+                  if m.version in applied and applied[m.version].sha256 != m.sha256],
     )
 
 
 def _apply(cur: psycopg.Cursor[Any], plan: _Plan) -> None:
     """Apply ``plan`` in the current transaction (the order of the module docstring)."""
     definitions = load_definitions()
-    cur.execute(_BOOTSTRAP_DEFINITIONS)
+    cur.execute(mq.BOOTSTRAP_DEFINITIONS)
     for d in plan.changed:
         if d.before:
             cur.execute(d.sql.encode())
     views = [v for d in definitions if d.kind == "views" for v in d.views]
     if plan.views_stale:
-        cur.execute(_EXISTING_VIEWS, (views,))
-        existing = [name for (name,) in cur.fetchall()]
+        existing = many_sync(cur, mq.EXISTING_VIEWS, (views,))
         if existing:
-            cur.execute(f"DROP VIEW {', '.join(existing)}".encode())
+            cur.execute(mq.DROP_VIEWS.format(", ".join(existing)).encode())
     for m in plan.pending:
         cur.execute(m.sql.encode())
-        cur.execute(_RECORD, (m.version, m.name, m.sha256))
+        cur.execute(mq.RECORD, (m.version, m.name, m.sha256))
     for m in plan.rerecord:
-        cur.execute(_RECORD, (m.version, m.name, m.sha256))
-    cur.execute("SET LOCAL check_function_bodies = off")
+        cur.execute(mq.RECORD, (m.version, m.name, m.sha256))
+    cur.execute(mq.CHECK_BODIES_OFF)
     for d in plan.changed:
         if d.kind == "functions" and not d.before:
             cur.execute(d.sql.encode())
-    cur.execute("RESET check_function_bodies")
+    cur.execute(mq.CHECK_BODIES_ON)
     for d in definitions:
         if d.kind == "views" and (plan.views_stale or d in plan.changed):
             cur.execute(d.sql.encode())
-            cur.execute(_RECORD_DEFINITION, (d.path, d.sha256))
+            cur.execute(mq.RECORD_DEFINITION, (d.path, d.sha256))
     for d in plan.changed:
         if d.kind == "functions":
-            cur.execute(_RECORD_DEFINITION, (d.path, d.sha256))
-    cur.execute(_SECURE)
+            cur.execute(mq.RECORD_DEFINITION, (d.path, d.sha256))
+    one_sync(cur, mq.SECURE)
 
 
 def migrate(
@@ -469,18 +417,16 @@ def migrate(
             with conn.cursor() as cur:
                 return _plan(cur, adopt).pending
         with conn.transaction(), conn.cursor() as cur:
-            cur.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK_KEY,))
+            one_sync(cur, mq.LOCK, (MIGRATION_LOCK_KEY,))
             if adopt:
-                cur.execute(_HAS_SCHEMA)
-                exists = bool((cur.fetchone() or (False,))[0])
+                exists = bool(first_sync(cur, mq.HAS_SCHEMA))
             else:
                 # judged from the catalogs before anything of the schema runs
                 exists = _schema_trust.check_adoptable(cur, _shipped_names(), _has_work)
             if not exists:
-                cur.execute(_CREATE_SCHEMA)
-            cur.execute(_HAS_TABLE)
-            if not (cur.fetchone() or (False,))[0]:
-                cur.execute(_BOOTSTRAP)
+                cur.execute(mq.CREATE_SCHEMA)
+            if not first_sync(cur, mq.HAS_TABLE):
+                cur.execute(mq.BOOTSTRAP)
             plan = _plan(cur, adopt=True)
             if plan:
                 _apply(cur, plan)
@@ -527,7 +473,7 @@ def _enter_caller_transaction(conn: psycopg.Connection[Any]) -> None:
     try:
         # Opens the caller's transaction if it was idle; the lock lasts until it ends,
         # so the transaction() block of migrate becomes a savepoint.
-        conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK_KEY,))
+        one_sync(conn, mq.LOCK, (MIGRATION_LOCK_KEY,))
     except psycopg.Error as exc:
         raise MigrationError(f"cannot take the migration lock: {first_line(str(exc))}") from exc
 
@@ -537,15 +483,10 @@ def migration_status(target: ConnOrDsn) -> list[MigrationState]:
     conn, owned = _open(target)
     try:
         with conn.cursor() as cur:
-            rows: dict[int, tuple[str, datetime]] = {}
-            if _schema_trust.check_adoptable(cur, _shipped_names()):
-                cur.execute(_HAS_TABLE)
-                row = cur.fetchone()
-            else:
-                row = None
-            if row and row[0]:
-                cur.execute(_APPLIED)
-                rows = {v: (s, at) for v, _n, s, at in cur.fetchall()}
+            applied: dict[int, AppliedMigration] = {}
+            if (_schema_trust.check_adoptable(cur, _shipped_names())
+                    and first_sync(cur, mq.HAS_TABLE)):
+                applied = {a.version: a for a in many_sync(cur, mq.APPLIED)}
     except psycopg.OperationalError as exc:
         raise DatabaseUnavailable(f"database went away: {first_line(str(exc))}") from None
     except psycopg.Error as exc:
@@ -555,11 +496,12 @@ def migration_status(target: ConnOrDsn) -> list[MigrationState]:
             conn.close()
     out = []
     for m in load_migrations():
-        hit = rows.get(m.version)
+        hit = applied.get(m.version)
         if hit is None:
             out.append(MigrationState(m, None, False))
         else:
-            out.append(MigrationState(m, hit[1], not _known(m.version, hit[0], m.sha256)))
+            out.append(MigrationState(m, hit.applied_at,
+                                      not _known(m.version, hit.sha256, m.sha256)))
     return out
 
 
@@ -574,8 +516,8 @@ def definition_status(target: ConnOrDsn, *, adopt: bool = False) -> list[Definit
     finally:
         if owned:
             conn.close()
-    return [DefinitionState(d, done[d.path][1] if d.path in done else None,
-                            d.path in done and done[d.path][0] != d.sha256)
+    return [DefinitionState(d, done[d.path].applied_at if d.path in done else None,
+                            d.path in done and done[d.path].sha256 != d.sha256)
             for d in load_definitions()]
 
 
@@ -592,49 +534,38 @@ def _judge(version: int | None, dbname: str) -> None:
         )
 
 
-# -- every recorded (version, name) of a trusted schema_migrations
-_NAMES = "SELECT version, name FROM pgdurable.schema_migrations"
-
-
 def _trusted_version(
-    state: Sequence[Any] | None, names: Sequence[tuple[int, str]] | None, dbname: str
+    state: SchemaState | None, names: Sequence[RecordedName] | None, dbname: str
 ) -> int | None:
     """The schema version, None when there is no schema, or SchemaVersionMismatch
     when ``schema_migrations`` is not pgdurable's (never trust a foreign one)."""
-    if state is None or not state[0] or state[3] == _schema_trust.NO_TABLE:
+    if state is None or not state.exists or state.table == _schema_trust.NO_TABLE:
         return None
     problem = _schema_trust.table_problem(state)
     if problem is None and names is not None:
-        problem = _schema_trust.names_problem(dict(names), _shipped_names())
+        problem = _schema_trust.names_problem({n.version: n.name for n in names},
+                                              _shipped_names())
     if problem is not None:
         raise SchemaVersionMismatch(
             f"database {dbname!r}: the pgdurable schema's version cannot be trusted: {problem}"
         )
-    return max((v for v, _ in names or ()), default=0)
+    return max((n.version for n in names or ()), default=0)
 
 
-def _needs_names(state: Sequence[Any] | None) -> bool:
-    return bool(state and state[0] and state[3] is None)
+def _needs_names(state: SchemaState | None) -> bool:
+    return bool(state and state.exists and state.table is None)
 
 
-# -- can this role read the recorded definitions? (absent | readable | unreadable)
-_DEFINITIONS_ACCESS = """
-SELECT CASE WHEN to_regclass('pgdurable.schema_definitions') IS NULL THEN 'absent'
-            WHEN has_table_privilege(to_regclass('pgdurable.schema_definitions'), 'SELECT')
-            THEN 'readable' ELSE 'unreadable' END
-"""
-# -- the recorded definitions (asked where _DEFINITIONS_ACCESS says readable)
-_DEFINED = "SELECT path, sha256 FROM pgdurable.schema_definitions"
 _warned: set[str] = set()
 
 
-def _judge_definitions(rows: Sequence[tuple[str, str]] | None, dbname: str) -> None:
+def _judge_definitions(recorded: Sequence[RecordedDefinition] | None, dbname: str) -> None:
     """A shipped definitions file never applied means an older schema (raise); one
     applied with another sha256 is an older or a newer library's (say so, once).
     ``None``: this role may not read them (a role granted only the version table)."""
-    if rows is None:
+    if recorded is None:
         return
-    done = dict(rows)
+    done = {r.path: r.sha256 for r in recorded}
     missing = [d.path for d in load_definitions() if d.path not in done]
     if missing:
         raise SchemaVersionMismatch(
@@ -650,24 +581,24 @@ def _judge_definitions(rows: Sequence[tuple[str, str]] | None, dbname: str) -> N
 
 def check_schema(conn: psycopg.Connection[Any]) -> None:
     """Raise :class:`SchemaVersionMismatch` unless the schema is new enough (and ours)."""
-    state = conn.execute(_schema_trust.SCHEMA_STATE).fetchone()
-    names = conn.execute(_NAMES).fetchall() if _needs_names(state) else None
+    state = first_sync(conn, mq.SCHEMA_STATE)
+    names = many_sync(conn, mq.NAMES) if _needs_names(state) else None
     _judge(_trusted_version(state, names, conn.info.dbname), conn.info.dbname)
-    access = (conn.execute(_DEFINITIONS_ACCESS).fetchone() or ("absent",))[0]
-    rows = (conn.execute(_DEFINED).fetchall() if access == "readable"
-            else [] if access == "absent" else None)
-    _judge_definitions(rows, conn.info.dbname)
+    access = first_sync(conn, mq.DEFINITIONS_ACCESS) or "absent"
+    recorded = (many_sync(conn, mq.DEFINED) if access == "readable"
+                else [] if access == "absent" else None)
+    _judge_definitions(recorded, conn.info.dbname)
 
 
 async def acheck_schema(conn: psycopg.AsyncConnection[Any]) -> None:
     """Async twin of :func:`check_schema` (same queries, same judgement)."""
-    state = await (await conn.execute(_schema_trust.SCHEMA_STATE)).fetchone()
-    names = await (await conn.execute(_NAMES)).fetchall() if _needs_names(state) else None
+    state = await first(conn, mq.SCHEMA_STATE)
+    names = await many(conn, mq.NAMES) if _needs_names(state) else None
     _judge(_trusted_version(state, names, conn.info.dbname), conn.info.dbname)
-    access = (await (await conn.execute(_DEFINITIONS_ACCESS)).fetchone() or ("absent",))[0]
-    rows = (await (await conn.execute(_DEFINED)).fetchall() if access == "readable"
-            else [] if access == "absent" else None)
-    _judge_definitions(rows, conn.info.dbname)
+    access = await first(conn, mq.DEFINITIONS_ACCESS) or "absent"
+    recorded = (await many(conn, mq.DEFINED) if access == "readable"
+                else [] if access == "absent" else None)
+    _judge_definitions(recorded, conn.info.dbname)
 
 
 def check_pool_schema(pool: ConnectionPool[Any], within: float) -> None:

@@ -57,6 +57,7 @@ import psycopg
 from psycopg import conninfo as _conninfo
 
 from .errors import DatabaseUnavailable, InvalidInput, first_line
+from .queries.connections import SESSION_SETUP
 
 __all__ = [
     "APPLICATION_NAME",
@@ -85,11 +86,6 @@ POOLERS: tuple[Pooler, ...] = ("session", "transaction")
 #: ``application_name`` of library connections unless the DSN or ``PGAPPNAME`` names one.
 APPLICATION_NAME = "pgdurable"
 
-# -- after connect: a 60 s idle-in-transaction timeout unless one is set already
-SESSION_SETUP = (
-    "SELECT pg_catalog.set_config('idle_in_transaction_session_timeout', '60000', false)"
-    " WHERE pg_catalog.current_setting('idle_in_transaction_session_timeout') = '0'"
-)
 
 
 CONNECT_TIMEOUT = 10  # seconds, unless the DSN (or PGCONNECT_TIMEOUT) sets one

@@ -76,6 +76,8 @@ from typing import TYPE_CHECKING, Any
 
 from ..engine.step_effects import NOT_PERFORMED, NotPerformed, call_effect, reconcile_effect
 from ..foundation.errors import CorruptCheckpoint, ReconcileFailed, is_terminal, mark_terminal
+from ..foundation.queries import durable_runs as dq
+from ..foundation.queries.core import one
 from ..foundation.registry import Task
 from ..runs.steps import Continue, Done, EffectFn, RunContext, in_thread
 from .durable_tasks import (
@@ -102,13 +104,6 @@ __all__ = [
     "reconcile_effect",
 ]
 
-# -- enter step n of a durable run (fenced by token): (first step of this claim?, in-flight step id)
-_ENTER = (
-    "SELECT first_in_claim, in_flight "
-    "FROM pgdurable.durable_step_enter(%s::uuid, %s::bigint, %s::integer)"
-)
-# -- mark reconcile step n in flight before it runs (fenced by token)
-_MARK = "SELECT pgdurable.durable_step_mark(%s::uuid, %s::bigint, %s::integer, %s::text)"
 
 
 @dataclass(frozen=True)
@@ -202,9 +197,8 @@ def durable_task_spec(
         if task.authorize is not None or step.replay == "reconcile":
             # one round trip, only when its answer is needed (safe steps of a
             # definition without authorize cost what a plain task step costs)
-            row = await app.fetchone(_ENTER, (ctx.run_id, ctx.token, index))
-            assert row is not None
-            first_in_claim, in_flight = bool(row[0]), row[1]
+            entered = await one(app, dq.ENTER, (ctx.run_id, ctx.token, index))
+            first_in_claim, in_flight = entered.first_in_claim, entered.in_flight
         deadline_ms = None if ctx.deadline is None else int(ctx.deadline.timestamp() * 1000)
         record = DurableCheckpoint(
             version=CHECKPOINT_VERSION, definition_id=task.id, revision=task.revision,
@@ -229,7 +223,7 @@ def durable_task_spec(
                 ))
         resuming = in_flight == step.id
         if step.replay == "reconcile" and not resuming:
-            await app.fetchone(_MARK, (ctx.run_id, ctx.token, index, step.id))
+            await one(app, dq.MARK, (ctx.run_id, ctx.token, index, step.id))
         try:
             new_state = await call_step(runner, record, context, reconcile=resuming)
         except ReconcileFailed as exc:

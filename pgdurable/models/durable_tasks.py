@@ -98,6 +98,8 @@ from ..foundation.errors import (
 )
 from ..foundation.migrations import acheck_schema
 from ..foundation.pooler import Pooler, aconfigure, check_pooler, connect_kwargs
+from ..foundation.queries import tasks as tq
+from ..foundation.queries.core import Query, one
 from ..foundation.run_queries import check_size
 
 __all__ = [
@@ -123,6 +125,7 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+R = TypeVar("R")
 App = TypeVar("App")
 
 #: Format version of :class:`DurableCheckpoint` records written by this library.
@@ -799,16 +802,8 @@ _HELD: contextvars.ContextVar[tuple[object, str, psycopg.AsyncConnection[Any]] |
     contextvars.ContextVar("pgdurable_task_lock", default=None)
 )
 
-# -- block until this session holds the task id's advisory lock
-_LOCK = "SELECT pg_advisory_lock(pgdurable.task_lock_key(%s))"
-# -- release it (true if it was held)
-_UNLOCK = "SELECT pg_advisory_unlock(pgdurable.task_lock_key(%s))"
-# -- the stored record or NULL
-_LOAD = "SELECT pgdurable.task_checkpoint_load(%s)"
-# -- upsert the record
-_SAVE = "SELECT pgdurable.task_checkpoint_save(%s, %s::jsonb)"
-# -- the database clock in epoch milliseconds
-_NOW_MS = "SELECT (extract(epoch FROM pgdurable.now()) * 1000)::bigint"
+# The store's statements (lock, unlock, load, save, the clock):
+# pgdurable.foundation.queries.tasks (imported as ``tq``).
 
 
 async def _unlock(conn: psycopg.AsyncConnection[Any], task_id: str) -> None:
@@ -818,7 +813,7 @@ async def _unlock(conn: psycopg.AsyncConnection[Any], task_id: str) -> None:
     either way, and the pool discards a closed connection.
     """
     try:
-        await conn.execute(_UNLOCK, (task_id,))
+        await conn.execute(tq.UNLOCK.sql, (task_id,))
     except Exception:
         await conn.close()
     except BaseException:
@@ -918,7 +913,7 @@ class PostgresDurableStore:
                 await conn.set_autocommit(True)
             try:
                 with translated():
-                    await conn.execute(_LOCK, (task_id,))
+                    await conn.execute(tq.LOCK.sql, (task_id,))
             except BaseException:
                 # Interrupted (e.g. cancelled) after the server granted the lock,
                 # psycopg still waits for the statement and then raises: the pooled
@@ -943,31 +938,30 @@ class PostgresDurableStore:
             return held[2]
         return None
 
-    async def _one(self, task_id: str | None, sql: str, args: tuple[Any, ...]) -> Any:
+    async def _one(self, task_id: str | None, query: Query[R], args: tuple[Any, ...]) -> R:
+        """``query``'s answer on the connection holding ``task_id``'s lock (if this
+        task holds it), else on a pooled one."""
         await self.open()
         conn = self._held(task_id) if task_id is not None else None
         with translated():
             if conn is not None:
-                cur = await conn.execute(sql, args)
-                return await cur.fetchone()
+                return await one(conn, query, args)
             async with self._pool.connection() as c:
-                cur = await c.execute(sql, args)
-                return await cur.fetchone()
+                return await one(c, query, args)
 
     async def load(self, task_id: str) -> dict[str, Any] | None:
         """The stored record of ``task_id`` or ``None`` (``task_checkpoint_load``)."""
         _check_name(task_id, "task_id")
-        row = await self._one(task_id, _LOAD, (task_id,))
-        return None if row is None else row[0]
+        record: dict[str, Any] | None = await self._one(task_id, tq.LOAD, (task_id,))
+        return record
 
     async def save(self, task_id: str, record: Mapping[str, Any]) -> None:
         """Upsert the record of ``task_id`` (``task_checkpoint_save``)."""
         _check_name(task_id, "task_id")
         text = _json.dumps(dict(record), "record")
-        await self._one(task_id, _SAVE, (task_id, text))
+        await self._one(task_id, tq.SAVE, (task_id, text))
 
     async def now_ms(self) -> int:
         """The database clock (``pgdurable.now()``) in epoch milliseconds."""
         held = _HELD.get()
-        row = await self._one(held[1] if held and held[0] is self else None, _NOW_MS, ())
-        return int(row[0])
+        return await self._one(held[1] if held and held[0] is self else None, tq.NOW_MS, ())

@@ -76,7 +76,6 @@ import asyncio
 import dataclasses
 import functools
 import inspect
-import json
 import logging
 import random
 from collections.abc import Awaitable, Callable
@@ -97,6 +96,8 @@ from ..foundation.jsonb import dumps
 from ..foundation.jsonb import exc_message as _exc_message
 from ..foundation.jsonb import jsonb_str as _jsonb_str
 from ..foundation.ports import App
+from ..foundation.queries.core import first
+from ..foundation.queries.workflows import LOAD_HISTORY, Checkpoint
 from ..foundation.registry import Task, TaskRegistry
 from ..runs.steps import (
     Done,
@@ -126,14 +127,6 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 log = logging.getLogger("pgdurable.workflows")
 
-# -- a workflow run's whole history (the memo), ONE query per claim: a JSON
-# -- array of [state, wake] per checkpoint, in order, as ONE text value (one
-# -- json.loads in Python instead of a jsonb loader call per row: 4x faster
-# -- for 1,000 rows); NULL when the run has no checkpoint
-LOAD_HISTORY = (
-    "SELECT '[' || string_agg('[' || state::text || ',' || coalesce(wake::text, 'null') || ']',"
-    " ',' ORDER BY step) || ']' FROM pgdurable.checkpoints WHERE run_id = %s::uuid"
-)
 
 
 class NonDeterministicWorkflow(PgDurableError):
@@ -218,16 +211,17 @@ class _Entry:
     row: int = 0  # its checkpoint's number (runs.step when it was recorded)
 
 
-def _history(rows: list[tuple[Any, Any]], wake: dict[str, Any] | None,
+def _history(history: list[Checkpoint], wake: dict[str, Any] | None,
              run_id: str) -> tuple[Any, list[_Entry]]:
-    """(input, entries) from the checkpoint rows; a wait's outcome is the wake
-    recorded with the row after it (or the run's current wake for the last)."""
-    first = rows[0][0]
+    """(input, entries) from the checkpoints; a wait's outcome is the wake
+    recorded with the checkpoint after it (or the run's current wake for the last)."""
+    first = history[0].state
     if not isinstance(first, dict) or "input" not in first:
         raise CorruptCheckpoint(f"run {run_id}: checkpoint 1 is not a workflow checkpoint")
     entries: list[_Entry] = []
     at_row: list[int] = []
-    for i, (state, _w) in enumerate(rows):
+    for i, checkpoint in enumerate(history):
+        state = checkpoint.state
         body = state.get("workflow") if isinstance(state, dict) else None
         if not isinstance(body, dict) or not isinstance(body.get("kind"), str):
             raise CorruptCheckpoint(f"run {run_id}: checkpoint {i + 1} is not a workflow entry")
@@ -242,7 +236,7 @@ def _history(rows: list[tuple[Any, Any]], wake: dict[str, Any] | None,
             at_row.append(i)
     for entry, i in zip(entries, at_row, strict=True):
         if entry.kind in ("wait", "sleep"):
-            entry.outcome = rows[i + 1][1] if i + 1 < len(rows) else wake
+            entry.outcome = history[i + 1].wake if i + 1 < len(history) else wake
     return first["input"], entries
 
 
@@ -734,21 +728,19 @@ class Workflow:
 
     async def drive(self, run: RunContext, state: Any) -> StepResult:
         """The task step function: run the coroutine until it returns or parks."""
-        rows: list[tuple[Any, Any]] = []
+        history: list[Checkpoint] = []
         if run.step > 0:  # a fresh run has no history: no query
             self.history_loads += 1
             app: App = run._app
-            row = await app.fetchone(LOAD_HISTORY, (q.check_run_id(run.run_id),))
-            if row is not None and row[0] is not None:
-                rows = [(s, w) for s, w in json.loads(row[0])]
+            history = await first(app, LOAD_HISTORY, (q.check_run_id(run.run_id),)) or []
         try:
-            input_, entries = _history(rows, run.wake, run.run_id) if rows else (state, [])
+            input_, entries = _history(history, run.wake, run.run_id) if history else (state, [])
         except CorruptCheckpoint as exc:
             raise mark_terminal(exc) from None
-        if len(rows) != run.step:
+        if len(history) != run.step:
             raise mark_terminal(CorruptCheckpoint(
-                f"run {run.run_id}: {len(rows)} checkpoints for step {run.step}"))
-        ctx = WorkflowContext(run, self, input_, entries, len(rows))
+                f"run {run.run_id}: {len(history)} checkpoints for step {run.step}"))
+        ctx = WorkflowContext(run, self, input_, entries, len(history))
         try:
             result = await self.fn(ctx, input_)
         except _Park as park:

@@ -37,14 +37,14 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from rich.text import Text
 
-from ..app.durable import RETRY
 from ..foundation import migrations
-from ..foundation import run_queries as _runs_sql
 from ..foundation.db import connect, resolve_dsn, translated
 from ..foundation.errors import PgDurableError
+from ..foundation.queries import cli as Q
+from ..foundation.queries.clock import NOW
+from ..foundation.queries.core import first_sync, listing_sync, many_sync
 from ..foundation.signals import DEFAULT_SIGNAL_TTL, parse_payload, signal_params
 from ..foundation.text import escape_controls, plain
-from ..runs.children import RUN_TREE
 from ..runs.search import list_runs_query, make_page
 from . import partitions, retention
 from .cli_common import (
@@ -52,7 +52,6 @@ from .cli_common import (
     EXIT_NOT_FOUND,
     EXIT_PROBLEM,
     _error_line,
-    _rows,
     _run_id,
     _short,
     database,
@@ -99,75 +98,6 @@ DsnOption = Annotated[
     ),
 ]
 JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
-
-# -- Queries the CLI issues (read-only unless noted). ----------------------------------
-# -- one run, every column
-Q_RUN = "SELECT to_jsonb(r) FROM pgdurable.runs r WHERE r.id = %s::uuid"
-# -- a run's checkpoint history
-Q_CHECKPOINTS = """
-SELECT step, token, created_at, wake, state FROM pgdurable.checkpoints
- WHERE run_id = %s::uuid ORDER BY step
-"""
-# -- a run's output events (the last %s)
-Q_EVENTS = """
-SELECT seq, created_at, event FROM (
-  SELECT seq, created_at, event FROM pgdurable.run_events
-   WHERE run_id = %s::uuid ORDER BY seq DESC LIMIT %s) e
- ORDER BY seq
-"""
-# -- a run's recorded effects
-Q_EFFECTS = """
-SELECT key, status, token, result, error, created_at, updated_at FROM pgdurable.effects
- WHERE run_id = %s::uuid ORDER BY created_at, key
-"""
-# -- a run's rewinds in place and the retries that dropped or reset history (0017, 0030)
-Q_REWINDS = """
-SELECT from_step, to_step, status, error, created_at, kind FROM pgdurable.run_rewinds
- WHERE run_id = %s::uuid ORDER BY id
-"""
-# -- may this role read the tables (states, results, payloads)? The read-only role may
-# -- not: `run` then shows what the views hold (the queries below, same columns)
-Q_CAN_READ = "SELECT has_table_privilege('pgdurable.runs', 'SELECT')"
-Q_RUN_VIEW = """
-SELECT to_jsonb(d) || jsonb_build_object('error', CASE WHEN d.error_type IS NOT NULL THEN
-         jsonb_build_object('type', d.error_type, 'message', d.error_message) END)
-  FROM pgdurable.run_detail d WHERE d.id = %s::uuid
-"""
-Q_STEPS_VIEW = """
-SELECT step, token, created_at, step_name, CASE WHEN wake_type IS NOT NULL THEN
-         jsonb_build_object('type', wake_type, 'kind', wake_kind, 'ref', wake_ref) END AS wake
-  FROM pgdurable.run_steps WHERE run_id = %s::uuid ORDER BY step
-"""
-Q_EFFECTS_VIEW = """
-SELECT key, status, token, NULL::jsonb AS result, CASE WHEN error_type IS NOT NULL THEN
-         jsonb_build_object('type', error_type, 'message', error_message) END AS error,
-       created_at, updated_at
-  FROM pgdurable.run_effects WHERE run_id = %s::uuid ORDER BY created_at, key
-"""
-# -- live leases (lease providers) and leased runs
-Q_LEASES = """
-SELECT key, owner, token, acquired_at, expires_at, ttl_remaining
-  FROM pgdurable.active_leases ORDER BY expires_at
-"""
-Q_RUN_LEASES = """
-SELECT id, task, queue, worker, lease_expires_at, lease_expired,
-       lease_expires_at - pgdurable.now() AS ttl_remaining
-  FROM pgdurable.run_overview WHERE status = 'leased' ORDER BY lease_expires_at
-"""
-# -- per-queue counts
-Q_STATS = """
-SELECT s.*, l.concurrency, l.active, l.per_key_concurrency, l.rate_per_second, l.tokens,
-       l.keys_queued
-  FROM pgdurable.queue_stats s LEFT JOIN pgdurable.queue_limits l ON l.queue = s.queue
- ORDER BY s.queue
-"""
-# -- flow control (docs/flow_control.md): limited queues and token buckets
-Q_LIMITS = "SELECT * FROM pgdurable.queue_limits ORDER BY queue"
-Q_BUCKETS = "SELECT * FROM pgdurable.bucket_levels ORDER BY name"
-# -- writes: one SQL function each, the same statements as the Python API's
-Q_CANCEL = _runs_sql.CANCEL
-Q_RETRY = RETRY
-
 
 def _row(table: Table, *cells: object) -> None:
     """Add a row of data: each cell plain text (not markup), controls escaped."""
@@ -296,8 +226,8 @@ def runs(
         fail(str(exc))
     with database(dsn) as conn:
         page = make_page(conn.execute(query, params).fetchall(), limit)
-        now = conn.execute("SELECT pgdurable.now()").fetchone()
-    rows = [{**asdict(r), "age": now[0] - r.created_at if now else None} for r in page.items]
+        now = first_sync(conn, NOW)
+    rows = [{**asdict(r), "age": now - r.created_at if now else None} for r in page.items]
     if as_json:  # the whole page: its runs and where the next one starts
         print_json({"runs": rows, "next_cursor": page.next_cursor})
         return
@@ -363,18 +293,18 @@ def run(
     """Show one run: state, steps, events, effects, lease, wait, error (or --tree)."""
     rid = _run_id(run_id)
     with database(dsn) as conn:
-        full = bool((conn.execute(Q_CAN_READ).fetchone() or (False,))[0])
-        row = conn.execute(Q_RUN if full else Q_RUN_VIEW, (rid,)).fetchone()
-        if row is None:
+        full = bool(first_sync(conn, Q.CAN_READ))
+        found = many_sync(conn, Q.RUN if full else Q.RUN_VIEW, (rid,))
+        if not found:
             fail(f"no run {rid}", EXIT_NOT_FOUND)
         if tree:
-            _show_tree(_rows(conn.execute(RUN_TREE, (rid,))), as_json)
+            _show_tree(listing_sync(conn, Q.RUN_TREE, (rid,)), as_json)
             return
-        info: dict[str, Any] = row[0]
-        steps = _rows(conn.execute(Q_CHECKPOINTS if full else Q_STEPS_VIEW, (rid,)))
-        evs = _rows(conn.execute(Q_EVENTS, (rid, events))) if full else []
-        effects = _rows(conn.execute(Q_EFFECTS if full else Q_EFFECTS_VIEW, (rid,)))
-        rewinds = _rows(conn.execute(Q_REWINDS, (rid,))) if full else []
+        info: dict[str, Any] = found[0]
+        steps = listing_sync(conn, Q.CHECKPOINTS if full else Q.STEPS_VIEW, (rid,))
+        evs = listing_sync(conn, Q.EVENTS, (rid, events)) if full else []
+        effects = listing_sync(conn, Q.EFFECTS if full else Q.EFFECTS_VIEW, (rid,))
+        rewinds = listing_sync(conn, Q.REWINDS, (rid,)) if full else []
     if not full:
         err.print("this role reads the views only: no state, result, payload or event is shown",
                   highlight=False)
@@ -453,8 +383,8 @@ def run(
 def leases(dsn: DsnOption = None, as_json: JsonOption = False) -> None:
     """Show live leases: lease-provider keys and leased runs."""
     with database(dsn) as conn:
-        keys = _rows(conn.execute(Q_LEASES))
-        held = _rows(conn.execute(Q_RUN_LEASES))
+        keys = listing_sync(conn, Q.LEASES)
+        held = listing_sync(conn, Q.RUN_LEASES)
     if as_json:
         print_json({"leases": keys, "runs": held})
         return
@@ -475,8 +405,7 @@ def cancel(run_id: Annotated[str, typer.Argument(help="The run's id.")], dsn: Ds
     """Cancel a run (at once if runnable/waiting; its worker stops it if leased)."""
     rid = _run_id(run_id)
     with database(dsn) as conn:
-        row = conn.execute(Q_CANCEL, (rid,)).fetchone()
-    status = row[0] if row else "?"
+        status = first_sync(conn, Q.CANCEL, (rid,)) or "?"
     if status == "cancelled":
         out.print(f"run {rid} cancelled")
     elif status == "leased":
@@ -490,8 +419,8 @@ def retry(run_id: Annotated[str, typer.Argument(help="The run's id.")], dsn: Dsn
     """Make a failed or cancelled run live again: what failed runs again (a failed step, failed effects, failed children)."""
     rid = _run_id(run_id)
     with database(dsn) as conn:
-        row = conn.execute(Q_RETRY, (rid,)).fetchone()
-    if row is not None and row[0] == "waiting":
+        status = first_sync(conn, Q.RETRY, (rid,))
+    if status == "waiting":
         out.print(f"run {rid} waits again for the failed children it retried (attempts reset)")
     else:
         out.print(f"run {rid} is runnable again (attempts reset)")
@@ -512,7 +441,7 @@ def signal(
     except (TypeError, ValueError) as exc:
         fail(str(exc))
     with database(dsn) as conn:
-        woken = [str(r[0]) for r in conn.execute(_runs_sql.SIGNAL, params).fetchall()]
+        woken = many_sync(conn, Q.SIGNAL, params)
     for rid in woken:
         sys.stdout.write(rid + "\n")
     if not woken:
@@ -588,7 +517,7 @@ def maintain(
 def stats(dsn: DsnOption = None, as_json: JsonOption = False) -> None:
     """Per queue: runnable, leased, waiting, failed, and the age of the oldest runnable run."""
     with database(dsn) as conn:
-        rows = _rows(conn.execute(Q_STATS))
+        rows = listing_sync(conn, Q.STATS)
     if as_json:
         print_json(rows)
         return
@@ -605,7 +534,7 @@ def stats(dsn: DsnOption = None, as_json: JsonOption = False) -> None:
 def _flow_tables(dsn: str | None) -> None:
     """``stats``: the limited queues and the token buckets, when there are any."""
     with database(dsn) as conn:
-        limits, buckets = _rows(conn.execute(Q_LIMITS)), _rows(conn.execute(Q_BUCKETS))
+        limits, buckets = listing_sync(conn, Q.LIMITS), listing_sync(conn, Q.BUCKETS)
     if limits:
         t = Table("queue", "concurrency", "active", "per key", "rate/s", "tokens", "keys queued",
                   title="queue limits (docs/flow_control.md)", box=box.SIMPLE_HEAD, pad_edge=False)
@@ -627,7 +556,7 @@ def _flow_tables(dsn: str | None) -> None:
 def buckets(dsn: DsnOption = None, as_json: JsonOption = False) -> None:
     """Token buckets shared by every worker (ctx.acquire): rate, burst, level now."""
     with database(dsn) as conn:
-        rows = _rows(conn.execute(Q_BUCKETS))
+        rows = listing_sync(conn, Q.BUCKETS)
     if as_json:
         print_json(rows)
         return

@@ -157,11 +157,6 @@ def print_json(value: Any) -> None:
     sys.stdout.write(escape_json_controls(text) + "\n")
 
 
-def _rows(cur: psycopg.Cursor[Any]) -> list[dict[str, Any]]:
-    names = [d.name for d in cur.description or ()]
-    return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
-
-
 def human_age(value: timedelta | None) -> str:
     """``3d4h``, ``12m05s``, ``850ms`` -- short durations for tables."""
     if value is None:

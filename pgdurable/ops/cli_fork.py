@@ -14,6 +14,8 @@ from typing import Annotated, Any
 import typer
 
 from ..foundation.errors import PgDurableError
+from ..foundation.queries import fork as fq
+from ..foundation.queries.core import many_sync, one_sync
 from ..runs import fork as f
 from . import cli_common as c
 
@@ -77,11 +79,9 @@ def register(app: typer.Typer) -> None:
         """Fork a run from one of its checkpoints into a new run (the source is untouched)."""
         p = params(run_id, step, state, replace_state, revision, force)
         with c.database(dsn) as conn:
-            row = conn.execute(f.FORK, p).fetchone()
-            assert row is not None
-            at = conn.execute(f.FORKED_AT, (row[0],)).fetchone()
-        assert at is not None
-        c.out.print(f"run {row[0]} forked from {p[0]} at step {at[0]}")
+            new = one_sync(conn, fq.FORK, p)
+            at = one_sync(conn, fq.FORKED_AT, (new,))
+        c.out.print(f"run {new} forked from {p[0]} at step {at}")
 
     @app.command("fork-failed")
     def fork_failed(
@@ -102,13 +102,13 @@ def register(app: typer.Typer) -> None:
         except (PgDurableError, TypeError, ValueError) as exc:
             c.fail(str(exc))
         with c.database(dsn) as conn:
-            rows = conn.execute(f.FORK_FAILED, p).fetchall()
+            forks = many_sync(conn, fq.FORK_FAILED, p)
         if as_json:
-            c.print_json([{"source": str(s), "fork": str(k)} for s, k in rows])
+            c.print_json([{"source": r.source, "fork": r.fork} for r in forks])
             return
-        for s, k in rows:
-            c.out.print(f"{s} -> {k}")
-        c.out.print(f"{len(rows)} run(s) forked")
+        for r in forks:
+            c.out.print(f"{r.source} -> {r.fork}")
+        c.out.print(f"{len(forks)} run(s) forked")
 
     @app.command()
     def rewind(
@@ -123,5 +123,5 @@ def register(app: typer.Typer) -> None:
         """Rewind a failed or cancelled run in place to one of its checkpoints (history kept)."""
         p = params(run_id, step, state, replace_state, revision, force)
         with c.database(dsn) as conn:
-            conn.execute(f.REWIND, p)
+            one_sync(conn, fq.REWIND, p)
         c.out.print(f"run {p[0]} rewound to step {step}: runnable again")

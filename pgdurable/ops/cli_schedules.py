@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from datetime import UTC
-from typing import Annotated, Any, NoReturn
+from typing import Annotated, Any, NoReturn, TypeVar
 
 import typer
 from rich import box
@@ -18,12 +18,11 @@ from rich.table import Table
 
 from ..foundation.db import translated
 from ..foundation.errors import PgDurableError, ScheduleNotFound
+from ..foundation.queries import schedules as sq
+from ..foundation.queries.core import Query, first_sync, listing_sync
 from ..runs.schedules import (
     CATCHUPS,
-    DELETE,
     OVERLAPS,
-    PAUSE,
-    TRIGGER,
     ScheduleInfo,
     list_schedules_sync,
     make_schedule,
@@ -47,14 +46,7 @@ DsnOption = Annotated[
 JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
 NameArg = Annotated[str, typer.Argument(help="The schedule's name.")]
 
-# -- a schedule's runs, newest tick first
-Q_SCHEDULE_RUNS = """
-SELECT sr.run_id, sr.tick, sr.triggered, r.status, r.created_at, r.finished_at
-  FROM pgdurable.schedule_runs sr JOIN pgdurable.runs r ON r.id = sr.run_id
- WHERE sr.schedule = %s::text
- ORDER BY sr.tick DESC
- LIMIT %s
-"""
+T = TypeVar("T")
 
 
 def _fail(message: str, code: int | None = None) -> NoReturn:
@@ -144,20 +136,19 @@ def add(
                   highlight=False)
 
 
-def _one(sql: str, name: str, dsn: str | None) -> Any:
+def _one(query: Query[T], name: str, dsn: str | None) -> T | None:
     with cli.database(dsn) as conn:
         try:
             with translated():
-                row = conn.execute(sql, (name,)).fetchone()
+                return first_sync(conn, query, (name,))
         except ScheduleNotFound:
             _not_found(name)
-    return None if row is None else row[0]
 
 
 @schedule_app.command()
 def pause(name: NameArg, dsn: DsnOption = None) -> None:
     """Pause a schedule: no tick fires until it is resumed."""
-    changed = _one(PAUSE, name, dsn)
+    changed = _one(sq.PAUSE, name, dsn)
     cli.out.print(f"schedule {name} paused" if changed else f"schedule {name} was already paused",
                      highlight=False)
 
@@ -179,7 +170,7 @@ def resume(name: NameArg, dsn: DsnOption = None) -> None:
 @schedule_app.command()
 def delete(name: NameArg, dsn: DsnOption = None) -> None:
     """Delete a schedule (its runs stay; one still declared in code comes back at worker start)."""
-    if not _one(DELETE, name, dsn):
+    if not _one(sq.DELETE, name, dsn):
         _not_found(name)
     cli.out.print(f"schedule {name} deleted", highlight=False)
 
@@ -187,7 +178,7 @@ def delete(name: NameArg, dsn: DsnOption = None) -> None:
 @schedule_app.command()
 def trigger(name: NameArg, dsn: DsnOption = None) -> None:
     """Start a run of the schedule now, outside its cadence; prints the run id."""
-    run_id = _one(TRIGGER, name, dsn)
+    run_id = _one(sq.TRIGGER, name, dsn)
     typer.echo(str(run_id))
 
 
@@ -200,7 +191,7 @@ def runs(
 ) -> None:
     """The runs a schedule started: tick (or trigger time), run id, status."""
     with cli.database(dsn) as conn:
-        rows = cli._rows(conn.execute(Q_SCHEDULE_RUNS, (name, limit)))
+        rows = listing_sync(conn, sq.RUNS, (name, limit))
     if as_json:
         cli.print_json(rows)
         return

@@ -21,6 +21,9 @@ from typing import Annotated, Any
 import typer
 
 from ..foundation.errors import PgDurableError, UnknownTask
+from ..foundation.queries import cli as Q
+from ..foundation.queries.core import many_sync, one_sync
+from ..foundation.queries.start import started
 from ..foundation.registry import TaskRegistry, start_params
 from ..runs import flow
 from ..runs.metadata import start_statement
@@ -29,11 +32,6 @@ from .retention import parse_age
 
 __all__ = ["register"]
 
-# -- the revisions the registered workers serve of a task (newest registration first)
-Q_SERVED = """
-SELECT revision FROM pgdurable.worker_revisions WHERE task = %s
- GROUP BY revision ORDER BY max(started_at) DESC
-"""
 
 DsnOpt = Annotated[str | None, typer.Option(
     "--dsn", help="PostgreSQL conninfo or URL (default: $PGDURABLE_DSN, then $DATABASE_URL).",
@@ -51,7 +49,7 @@ def _json_option(text: str | None, option: str) -> Any:
 
 def served_revision(conn: Any, task: str) -> str:
     """The one revision of ``task`` that registered workers serve, else UnknownTask."""
-    revisions = [r for (r,) in conn.execute(Q_SERVED, (task,)).fetchall()]
+    revisions = many_sync(conn, Q.SERVED, (task,))
     if len(revisions) == 1:
         return str(revisions[0])
     if not revisions:
@@ -95,9 +93,9 @@ def register(app: typer.Typer) -> None:
                                            idempotency_key)
             except (PgDurableError, TypeError, ValueError) as exc:
                 c.fail(str(exc))
-            row = conn.execute(*statement).fetchone()
-        assert row is not None
-        rid, created = str(row[0]), bool(row[1])
+            sql, params = statement
+            run = one_sync(conn, started(sql), params)
+        rid, created = run.run_id, run.created
         if as_json:
             c.print_json({"id": rid, "created": created, "task": task, "revision": revision,
                           "queue": queue})

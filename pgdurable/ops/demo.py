@@ -50,6 +50,8 @@ from ..app.durable import Durable, DurableClient
 from ..foundation import migrations
 from ..foundation.db import connect, validate_dsn
 from ..foundation.pooler import masked_conninfo
+from ..foundation.queries import demo as dq
+from ..foundation.queries.core import first_sync, many_sync, one_sync
 from ..models.durable_runs import NOT_PERFORMED
 from ..models.workflows import StepPolicy, WaitTimeout, WorkflowContext
 
@@ -193,20 +195,7 @@ def __getattr__(name: str) -> Any:
 
 
 # -- the driver ---------------------------------------------------------------------------
-# -- the run as the timeline polls it
-_Q_RUN = """
-SELECT status, step, lease_owner, lease_token, wait_kind, wait_ref, claims, result, error
-  FROM pgdurable.runs WHERE id = %s::uuid
-"""
-# -- whether the tool step is recorded (its checkpoint), under which token
-_Q_TOOL = ("SELECT token FROM pgdurable.checkpoints WHERE run_id = %s::uuid "
-           "AND state->'workflow'->>'name' = 'web_search'")
-# -- checkpoint history for the closing table (the workflow's entries)
-_Q_STEPS = """
-SELECT step, token, (state->'workflow'->>'kind') || ' ' || (state->'workflow'->>'name'),
-       coalesce(wake->>'type', '') || coalesce(' ' || (wake->>'kind'), '')
-  FROM pgdurable.checkpoints WHERE run_id = %s::uuid ORDER BY step
-"""
+# (its statements: pgdurable.foundation.queries.demo, imported as ``dq``)
 
 
 class _Timeline:
@@ -380,27 +369,28 @@ def _drive(tl: _Timeline, conn: Any, client: DurableClient, run_id: str,
            lines: queue.Queue[tuple[str, str]], timeout: float) -> bool:
     deadline = time.monotonic() + timeout
     killed = False
-    last: tuple[Any, ...] | None = None
+    last: tuple[Any, ...] | None = None  # what the timeline showed last
     acted: set[str] = set()
     while time.monotonic() < deadline:
         while not lines.empty():
             who, line = lines.get()
             tl.log(who, line)
-        row = conn.execute(_Q_RUN, (run_id,)).fetchone()
-        status, step, owner, token, wait_kind, wait_ref, _claims, result, error = row
+        run = one_sync(conn, dq.RUN, (run_id,))
+        status, step, token, wait_kind = run.status, run.step, run.lease_token, run.wait_kind
         view = (status, step, token, wait_kind)
         if view != last:
             if status == "leased":
-                who = (owner or "").split(":")[0]
+                who = (run.lease_owner or "").split(":")[0]
                 tl.log("postgres", f"run {status} by {who} (fencing token {token}), step {step}")
             elif status == "waiting":
                 tl.log("postgres", f"run parked at step {step}, waiting on "
-                                   f"({wait_kind}, {wait_ref}); no worker holds it", "bold")
+                                   f"({wait_kind}, {run.wait_ref}); no worker holds it", "bold")
             else:
                 tl.log("postgres", f"run {status} at step {step}")
             last = view
         if not killed:
-            if conn.execute(_Q_TOOL, (run_id,)).fetchone() and workers[0].proc.poll() is None:
+            if (first_sync(conn, dq.TOOL, (run_id,)) is not None
+                    and workers[0].proc.poll() is None):
                 time.sleep(0.1)  # summarize (2 s) is in flight
                 workers[0].kill()
                 killed = True
@@ -413,21 +403,21 @@ def _drive(tl: _Timeline, conn: Any, client: DurableClient, run_id: str,
         if status == "waiting" and wait_kind == "ci" and "ci" not in acted:
             acted.add("ci")
             time.sleep(0.3)
-            how, woke = _deliver_webhook(client, dsn, "ci", wait_ref,
+            how, woke = _deliver_webhook(client, dsn, "ci", str(run.wait_ref),
                                          {"conclusion": "success", "checks": 12})
-            tl.log("webhook", f"POST /signals/ci/{wait_ref} {{conclusion: success}} ({how}) "
+            tl.log("webhook", f"POST /signals/ci/{run.wait_ref} {{conclusion: success}} ({how}) "
                               f"-> woke {len(woke)} run(s)")
         if status == "waiting" and wait_kind == "approval" and "approval" not in acted:
             acted.add("approval")
             time.sleep(0.3)
-            woke = client.signal("approval", wait_ref, {"approved": True, "by": "alice"})
-            tl.log("human", f"alice approves {wait_ref} -> woke {len(woke)} run(s)")
+            woke = client.signal("approval", str(run.wait_ref), {"approved": True, "by": "alice"})
+            tl.log("human", f"alice approves {run.wait_ref} -> woke {len(woke)} run(s)")
         if status in ("completed", "failed", "cancelled", "incompatible"):
             if status == "completed":
-                tl.log("postgres", f"result: {json.dumps(result)[:110]}", "bold green")
+                tl.log("postgres", f"result: {json.dumps(run.result)[:110]}", "bold green")
             else:
-                tl.log("postgres", f"error: {json.dumps(error)[:200]}", "bold red")
-            return status == "completed" and killed and bool((result or {}).get("ok"))
+                tl.log("postgres", f"error: {json.dumps(run.error)[:200]}", "bold red")
+            return status == "completed" and killed and bool((run.result or {}).get("ok"))
         for w in workers:
             if w.proc.poll() is not None and not (killed and w is workers[0]):
                 tl.log("driver", f"{w.name} exited with {w.proc.returncode}: {w.stderr_tail()}", "red")
@@ -456,9 +446,9 @@ def _summary(console: Console, conn: Any, run_id: str, folder: str, ok: bool,
     table = Table("step", "fencing token", "recorded entry", "woken by",
                   title="checkpoints (SQL: pgdurable.checkpoints)")
     tokens = set()
-    for step, token, entry, woke in conn.execute(_Q_STEPS, (run_id,)).fetchall():
-        tokens.add(token)
-        table.add_row(str(step), str(token), entry or "", woke.strip())
+    for s in many_sync(conn, dq.STEPS, (run_id,)):
+        tokens.add(s.token)
+        table.add_row(str(s.step), str(s.token), s.entry or "", s.woken_by.strip())
     console.print(table)
     console.print(f"tool web_search executed [bold]{len(calls)}[/] time(s) "
                   f"({', '.join(calls) or 'never'}); steps checkpointed under {len(tokens)} "

@@ -62,6 +62,9 @@ from ..foundation.errors import InvalidInput, PgDurableError
 from ..foundation.migrations import acheck_schema, check_schema
 from ..foundation.pooler import aconnect
 from ..foundation.pooler import connect as pooler_connect
+from ..foundation.queries import partitions as pq
+from ..foundation.queries.core import first, first_sync, many, many_sync
+from ..foundation.queries.partitions import DroppedPartition
 from .retention import parse_age
 
 __all__ = [
@@ -88,31 +91,8 @@ SIGNAL_BATCH = 10_000
 #: The lease key whose holder is the maintenance leader.
 MAINTENANCE_LEASE = "pgdurable:history-maintenance"
 
-# -- create the missing daily partitions from today to today + n days; how many
-# -- params: (days_ahead)
-CREATE = "SELECT pgdurable.create_history_partitions(%s::integer, 0)"
-# -- drop daily partitions older than the cut-off (keeping rows of runs retention keeps)
-# -- params: (older_than)
-DROP = (
-    "SELECT history_table, partition_name, rows_dropped, rows_kept "
-    "FROM pgdurable.drop_history_partitions(%s::interval)"
-)
-# -- move one batch of signals consumed over an hour ago into signal_history; how many
-# -- params: (min_age, batch)
-MOVE_SIGNALS = "SELECT pgdurable.move_consumed_signals(%s::interval, %s::integer)"
-# -- take (or keep) the maintenance lease: true when this owner is the leader
-# -- params: (key, owner, ttl_ms)
-LEAD = "SELECT acquired FROM pgdurable.acquire_lease(%s::text, %s::text, %s::bigint)"
-
-
-@dataclass(frozen=True)
-class DroppedPartition:
-    """One dropped partition: its table, its name and what happened to its rows."""
-
-    history_table: str
-    partition_name: str
-    rows_dropped: int
-    rows_kept: int
+# The statements (CREATE, DROP, MOVE_SIGNALS, LEAD) and their typed rows:
+# pgdurable.foundation.queries.partitions (imported as ``pq``).
 
 
 @dataclass(frozen=True)
@@ -154,10 +134,6 @@ def _check(days_ahead: object, older_than: object) -> tuple[int, timedelta | Non
     return days_ahead, older_than
 
 
-def _dropped(rows: list[tuple[Any, ...]]) -> tuple[DroppedPartition, ...]:
-    return tuple(DroppedPartition(str(r[0]), str(r[1]), int(r[2]), int(r[3])) for r in rows)
-
-
 def _owner() -> str:
     return f"maintenance:{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
@@ -178,22 +154,17 @@ async def _aturn(
     lead: tuple[str, int] | None,
 ) -> MaintainResult:
     with translated():
-        if lead is not None:
-            row = await (await conn.execute(LEAD, (MAINTENANCE_LEASE, *lead))).fetchone()
-            if not (row and row[0]):
-                return MaintainResult(skipped=True)
-        created = await (await conn.execute(CREATE, (days,))).fetchone()
+        if lead is not None and not await first(conn, pq.LEAD, (MAINTENANCE_LEASE, *lead)):
+            return MaintainResult(skipped=True)
+        created = await first(conn, pq.CREATE, (days,))
         moved = 0
         while True:
-            row = await (await conn.execute(MOVE_SIGNALS, (SIGNAL_MIN_AGE, SIGNAL_BATCH))).fetchone()
-            moved += int(row[0]) if row else 0
-            if not row or row[0] < SIGNAL_BATCH:
+            batch = await first(conn, pq.MOVE_SIGNALS, (SIGNAL_MIN_AGE, SIGNAL_BATCH))
+            moved += batch or 0
+            if batch is None or batch < SIGNAL_BATCH:
                 break
-        dropped: list[tuple[Any, ...]] = []
-        if age is not None:
-            dropped = await (await conn.execute(DROP, (age,))).fetchall()
-    return MaintainResult(int(created[0]) if created else 0, _dropped(dropped),
-                          signals_moved=moved)
+        dropped = await many(conn, pq.DROP, (age,)) if age is not None else []
+    return MaintainResult(created or 0, tuple(dropped), signals_moved=moved)
 
 
 def _turn(
@@ -201,20 +172,17 @@ def _turn(
     lead: tuple[str, int] | None,
 ) -> MaintainResult:
     with translated():
-        if lead is not None:
-            row = conn.execute(LEAD, (MAINTENANCE_LEASE, *lead)).fetchone()
-            if not (row and row[0]):
-                return MaintainResult(skipped=True)
-        created = conn.execute(CREATE, (days,)).fetchone()
+        if lead is not None and not first_sync(conn, pq.LEAD, (MAINTENANCE_LEASE, *lead)):
+            return MaintainResult(skipped=True)
+        created = first_sync(conn, pq.CREATE, (days,))
         moved = 0
         while True:
-            row = conn.execute(MOVE_SIGNALS, (SIGNAL_MIN_AGE, SIGNAL_BATCH)).fetchone()
-            moved += int(row[0]) if row else 0
-            if not row or row[0] < SIGNAL_BATCH:
+            batch = first_sync(conn, pq.MOVE_SIGNALS, (SIGNAL_MIN_AGE, SIGNAL_BATCH))
+            moved += batch or 0
+            if batch is None or batch < SIGNAL_BATCH:
                 break
-        dropped = conn.execute(DROP, (age,)).fetchall() if age is not None else []
-    return MaintainResult(int(created[0]) if created else 0, _dropped(dropped),
-                          signals_moved=moved)
+        dropped = many_sync(conn, pq.DROP, (age,)) if age is not None else []
+    return MaintainResult(created or 0, tuple(dropped), signals_moved=moved)
 
 
 async def maintain(

@@ -64,6 +64,8 @@ from ..foundation.errors import InvalidInput, PgDurableError
 from ..foundation.migrations import acheck_schema, check_schema
 from ..foundation.pooler import aconnect
 from ..foundation.pooler import connect as pooler_connect
+from ..foundation.queries import retention as rq
+from ..foundation.queries.core import Query, one, one_sync
 
 __all__ = ["PruneResult", "parse_age", "prune", "prune_sync", "run_pruner", "run_pruner_sync"]
 
@@ -72,42 +74,8 @@ log = logging.getLogger("pgdurable.retention")
 DEFAULT_BATCH = 1000
 MAX_BATCH = 100_000
 
-# -- one batch, one transaction: delete up to n old terminal runs and their
-# -- history, then (unless an exclusive batch found the pruner lock taken) up to n
-# -- consumed thread messages older than the cut-off and up to n rows of pubsub
-# -- topics idle that long; the counts
-# -- params: (older_than, batch, older_than, batch, older_than, batch, exclusive)
-PRUNE = (
-    "SELECT p.runs, p.checkpoints, p.effects, p.events, p.signals, p.locked, "
-    "CASE WHEN p.locked THEN pgdurable.prune_thread_messages(%s::interval, %s::integer) "
-    "ELSE 0 END, "
-    "CASE WHEN p.locked THEN pgdurable.prune_pubsub(%s::interval, %s::integer) ELSE 0 END, "
-    "CASE WHEN p.locked THEN pgdurable.prune_graph_checkpoints(%s::integer) ELSE 0 END "
-    "FROM pgdurable.prune_runs(%s::interval, %s::integer, %s::boolean) p"
-)
-# -- dry run: how many rows prune_runs, prune_thread_messages and prune_pubsub would
-# -- delete in total
-# -- params: (older_than, older_than, older_than)
-# -- retention by partition first: drop whole daily history partitions older than
-# -- the cut-off; how many, and the checkpoint, event and signal rows they held
-# -- params: (older_than)
-DROP_PARTITIONS = (
-    "SELECT count(*), "
-    "coalesce(sum(d.rows_dropped) FILTER (WHERE d.history_table = 'checkpoints'), 0), "
-    "coalesce(sum(d.rows_dropped) FILTER (WHERE d.history_table = 'run_events'), 0), "
-    "coalesce(sum(d.rows_dropped) FILTER (WHERE d.history_table = 'signal_history'), 0) "
-    "FROM pgdurable.drop_history_partitions(%s::interval) d"
-)
-PREVIEW = (
-    "SELECT p.runs, p.checkpoints, p.effects, p.events, p.signals, "
-    "(SELECT count(*) FROM pgdurable.thread_messages m WHERE m.consumed_at IS NOT NULL "
-    "   AND m.consumed_at <= pgdurable.now() - %s::interval), "
-    "(SELECT count(*) + coalesce(sum((SELECT count(*) FROM pgdurable.pubsub_events e "
-    "                                  WHERE e.topic = t.topic)), 0) "
-    "   FROM pgdurable.pubsub_topics t WHERE t.updated_at < pgdurable.now() - %s::interval), "
-    "pgdurable.prune_graph_checkpoints_preview() "
-    "FROM pgdurable.prune_preview(%s::interval) p"
-)
+# The statements (PRUNE, DROP_PARTITIONS, PREVIEW) and their typed rows:
+# pgdurable.foundation.queries.retention (imported as ``rq``).
 
 
 def _prune_params(age: timedelta, size: int, exclusive: bool) -> tuple[Any, ...]:
@@ -198,11 +166,11 @@ def _check(older_than: object, batch: object) -> tuple[timedelta, int]:
     return older_than, batch
 
 
-def _add(total: PruneResult, row: tuple[Any, ...]) -> tuple[PruneResult, PruneResult]:
-    """Fold one prune_runs row into the running total; return (total, this batch)."""
-    this = PruneResult(int(row[0]), int(row[1]), int(row[2]), int(row[3]), int(row[4]), 1,
-                       skipped=not row[5], messages=int(row[6]), pubsub=int(row[7]),
-                       graph_checkpoints=int(row[8]))
+def _add(total: PruneResult, b: rq.PrunedBatch) -> tuple[PruneResult, PruneResult]:
+    """Fold one batch into the running total; return (total, this batch)."""
+    this = PruneResult(b.runs, b.checkpoints, b.effects, b.events, b.signals, 1,
+                       skipped=not b.locked, messages=b.messages, pubsub=b.pubsub,
+                       graph_checkpoints=b.graph_checkpoints)
     total = PruneResult(
         total.runs + this.runs, total.checkpoints + this.checkpoints,
         total.effects + this.effects, total.events + this.events,
@@ -220,45 +188,43 @@ def _finished(this: PruneResult, batch: int) -> bool:
                             and this.pubsub < batch and this.graph_checkpoints < batch)
 
 
-def _preview(row: tuple[Any, ...] | None) -> PruneResult:
-    assert row is not None
-    return PruneResult(int(row[0]), int(row[1]), int(row[2]), int(row[3]), int(row[4]),
-                       dry_run=True, messages=int(row[5]), pubsub=int(row[6]),
-                       graph_checkpoints=int(row[7]))
+def _preview(c: rq.PruneCounts) -> PruneResult:
+    return PruneResult(c.runs, c.checkpoints, c.effects, c.events, c.signals, dry_run=True,
+                       messages=c.messages, pubsub=c.pubsub,
+                       graph_checkpoints=c.graph_checkpoints)
 
 
 @dataclass(frozen=True)
 class _Statement:
-    """The next statement of a prune (``pause_first``: sleep ``pause`` before it)."""
+    """The next statement of a prune (``pause_first``: sleep ``pause`` before it); the
+    shell sends back its row decoded (``query.one``)."""
 
-    sql: str
+    query: Query[Any]
     params: tuple[Any, ...]
     pause_first: bool = False
 
 
 def _plan(
     age: timedelta, size: int, dry_run: bool, exclusive: bool, on_batch: OnBatch | None
-) -> Generator[_Statement, tuple[Any, ...] | None, PruneResult]:
+) -> Generator[_Statement, Any, PruneResult]:
     """The prune loop without I/O, shared by :func:`prune` and :func:`prune_sync`.
 
-    Yields each statement to run, receives its row, returns the total.
+    Yields each statement to run, receives its decoded row, returns the total.
     """
     if dry_run:
-        return _preview((yield _Statement(PREVIEW, (age, age, age))))
-    dropped = yield _Statement(DROP_PARTITIONS, (age,))
-    assert dropped is not None
-    total = PruneResult(checkpoints=int(dropped[1]), events=int(dropped[2]),
-                        signals=int(dropped[3]), partitions=int(dropped[0]))
+        return _preview((yield _Statement(rq.PREVIEW, (age, age, age))))
+    dropped = yield _Statement(rq.DROP_PARTITIONS, (age,))
+    total = PruneResult(checkpoints=dropped.checkpoints, events=dropped.events,
+                        signals=dropped.signals, partitions=dropped.partitions)
     params = _prune_params(age, size, exclusive)
-    row = yield _Statement(PRUNE, params)
+    batch = yield _Statement(rq.PRUNE, params)
     while True:
-        assert row is not None
-        total, this = _add(total, row)
+        total, this = _add(total, batch)
         if on_batch is not None:
             on_batch(this)
         if _finished(this, size):
             return total
-        row = yield _Statement(PRUNE, params, pause_first=True)
+        batch = yield _Statement(rq.PRUNE, params, pause_first=True)
 
 
 async def prune(
@@ -306,19 +272,14 @@ async def prune(
 async def _aexec(
     conn: psycopg.AsyncConnection[Any] | None,
     pool: AsyncConnectionPool[Any] | None,
-    sql: str,
-    params: tuple[Any, ...],
-) -> tuple[Any, ...] | None:
+    step: _Statement,
+) -> Any:
     with translated():
         if conn is not None:
-            cur = await conn.execute(sql, params)
-            row: tuple[Any, ...] | None = await cur.fetchone()
-            return row
+            return await one(conn, step.query, step.params)
         assert pool is not None
         async with pool.connection() as c:
-            cur = await c.execute(sql, params)
-            prow: tuple[Any, ...] | None = await cur.fetchone()
-            return prow
+            return await one(c, step.query, step.params)
 
 
 async def _aloop(
@@ -337,7 +298,7 @@ async def _aloop(
         if step.pause_first and pause > 0:
             await asyncio.sleep(pause)
         try:
-            step = plan.send(await _aexec(conn, pool, step.sql, step.params))
+            step = plan.send(await _aexec(conn, pool, step))
         except StopIteration as done:
             result: PruneResult = done.value
             return result
@@ -376,15 +337,13 @@ def prune_sync(
             f"not {type(target).__name__}"
         )
 
-    def execute(sql: str, params: tuple[Any, ...]) -> tuple[Any, ...] | None:
+    def execute(step: _Statement) -> Any:
         with translated():
             if conn is not None:
-                row: tuple[Any, ...] | None = conn.execute(sql, params).fetchone()
-                return row
+                return one_sync(conn, step.query, step.params)
             assert pool is not None
             with pool.connection() as c:
-                prow: tuple[Any, ...] | None = c.execute(sql, params).fetchone()
-                return prow
+                return one_sync(c, step.query, step.params)
 
     try:
         plan = _plan(age, size, dry_run, exclusive, on_batch)
@@ -393,7 +352,7 @@ def prune_sync(
             if step.pause_first and pause > 0:
                 time.sleep(pause)
             try:
-                step = plan.send(execute(step.sql, step.params))
+                step = plan.send(execute(step))
             except StopIteration as done:
                 result: PruneResult = done.value
                 return result

@@ -27,13 +27,11 @@ from typing import Any
 import psycopg
 
 from ..foundation.db import connect, translated, validate_dsn
+from ..foundation.queries import roles as Q
+from ..foundation.queries.core import many_sync, one_sync
 
 __all__ = ["grant_roles"]
 
-# -- set up the role model on existing roles (any may be NULL); see sql/0009
-_GRANT = "SELECT pgdurable.grant_roles(%s::regrole, %s::regrole, %s::regrole)"
-# -- roles that do not exist (regrole would fail with a less clear message)
-_MISSING = "SELECT r FROM unnest(%s::text[]) AS r WHERE r IS NOT NULL AND to_regrole(quote_ident(r)) IS NULL"
 
 
 def _check(name: str | None, what: str) -> str | None:
@@ -65,18 +63,12 @@ def grant_roles(
     conn = connect(validate_dsn(target)) if isinstance(target, str) else target
     try:
         with translated(), conn.transaction():
-            missing = [r for (r,) in conn.execute(_MISSING, (names,)).fetchall()]
+            missing = many_sync(conn, Q.MISSING, (names,))
             if missing:
                 raise ValueError(f"no such role: {', '.join(missing)} (create it first: "
                                  "roles are cluster-wide, pgdurable creates none)")
-            conn.execute(_GRANT, [None if n is None else _ident(conn, n) for n in names])
+            one_sync(conn, Q.GRANT,
+                     tuple(None if n is None else one_sync(conn, Q.IDENT, (n,)) for n in names))
     finally:
         if isinstance(target, str):
             conn.close()
-
-
-def _ident(conn: psycopg.Connection[Any], name: str) -> str:
-    row = conn.execute("SELECT quote_ident(%s)", (name,)).fetchone()
-    assert row is not None
-    return str(row[0])
-

@@ -52,6 +52,8 @@ from ..app.durable import Durable, DurableClient
 from ..foundation import run_queries as q
 from ..foundation.db import connect, translated, validate_dsn
 from ..foundation.migrations import migrate
+from ..foundation.queries import testing as tq
+from ..foundation.queries.core import one_sync
 
 __all__ = [
     "DEFAULT_TEST_DSN",
@@ -69,39 +71,8 @@ __all__ = [
 DEFAULT_TEST_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"
 _counter = itertools.count()
 
-# -- names of the app's task pairs' queues with work a worker would take now:
-#    runnable and available, leased (held or expired), or parked with a due timer
-_BUSY = """
-SELECT DISTINCT r.queue FROM pgdurable.runs r
- WHERE (r.task, r.revision) IN (SELECT u.t, u.v FROM unnest(%(tasks)s::text[], %(revs)s::text[]) AS u(t, v))
-   AND (%(queues)s::text[] IS NULL OR r.queue = ANY (%(queues)s::text[]))
-   AND ((r.status = 'runnable' AND r.available_at <= pgdurable.now())
-        OR r.status = 'leased'
-        OR (r.status = 'waiting' AND r.wake_at <= pgdurable.now()))
-"""
-
-# -- TEST-ONLY: shift future timers (wake_at of parked runs, available_at of
-#    retry backoffs) back by %(advance)s, or to now when it is NULL; NOTIFY
-#    pgdurable_wake once per queue with a run now due; returns how many are due
-_FIRE = """
-WITH moved AS (
-  UPDATE pgdurable.runs r
-     SET wake_at = CASE WHEN r.status = 'waiting'
-                        THEN coalesce(r.wake_at - %(advance)s::interval, pgdurable.now())
-                        ELSE r.wake_at END,
-         available_at = CASE WHEN r.status = 'runnable'
-                             THEN coalesce(r.available_at - %(advance)s::interval, pgdurable.now())
-                             ELSE r.available_at END
-   WHERE (r.status = 'waiting' AND r.wake_at > pgdurable.now())
-      OR (r.status = 'runnable' AND r.available_at > pgdurable.now())
-  RETURNING r.queue,
-            (CASE WHEN r.status = 'waiting' THEN r.wake_at ELSE r.available_at END)
-              <= pgdurable.now() AS due
-), woken AS (
-  SELECT pg_notify('pgdurable_wake', m.queue) FROM (SELECT DISTINCT queue FROM moved WHERE due) m
-)
-SELECT (SELECT count(*) FROM moved WHERE due), (SELECT count(*) FROM woken)
-"""
+# The statements of the plugin and its helpers (busy queues, firing timers, the test
+# clock, test databases): pgdurable.foundation.queries.testing (imported as ``tq``).
 
 
 # -- the server, the template, the per-test database -----------------------------
@@ -128,16 +99,16 @@ class TestServer:
 
     def create_database(self, name: str, *, template: str | None = None) -> str:
         """Create database ``name`` (optionally from ``template``); return its conninfo."""
-        stmt = sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name))
+        stmt = tq.CREATE_DATABASE.format(sql.Identifier(name))
         if template is not None:
-            stmt = sql.SQL("{} TEMPLATE {}").format(stmt, sql.Identifier(template))
+            stmt = tq.TEMPLATE.format(stmt, sql.Identifier(template))
         with psycopg.connect(self.dsn, autocommit=True, connect_timeout=10) as c:
             c.execute(stmt)
         return self.dsn_for(name)
 
     def drop_database(self, name: str) -> None:
         """Drop database ``name`` (closing its connections) if it exists."""
-        stmt = sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+        stmt = tq.DROP_DATABASE.format(sql.Identifier(name))
         with psycopg.connect(self.dsn, autocommit=True, connect_timeout=10) as c:
             c.execute(stmt)
 
@@ -145,7 +116,7 @@ class TestServer:
 def _reachable(dsn: str) -> bool:
     try:
         with psycopg.connect(dsn, connect_timeout=3) as c:
-            c.execute("SELECT 1")
+            one_sync(c, tq.PING)
         return True
     except psycopg.OperationalError:
         return False
@@ -205,10 +176,6 @@ def pgdurable_template(pgdurable_server: TestServer) -> Iterator[str]:
         pgdurable_server.drop_database(name)
 
 
-# -- make pgdurable.now() honour SET [LOCAL] pgdurable.now (owner or superuser only; 0009)
-_TEST_CLOCK = "SELECT pgdurable.set_test_clock(%s)"
-
-
 def enable_test_clock(target: str | psycopg.Connection[Any], enabled: bool = True) -> None:
     """Let ``SET LOCAL pgdurable.now = '...'`` move this database's clock (tests only).
 
@@ -220,7 +187,7 @@ def enable_test_clock(target: str | psycopg.Connection[Any], enabled: bool = Tru
     conn = connect(target) if isinstance(target, str) else target
     try:
         with translated():
-            conn.execute(_TEST_CLOCK, (enabled,))
+            one_sync(conn, tq.TEST_CLOCK, (enabled,))
     finally:
         if isinstance(target, str):
             conn.close()
@@ -251,10 +218,10 @@ async def _busy_queues(
     app: Durable, names: list[str], revs: list[str], queues: list[str] | None
 ) -> set[str]:
     rows = await app.fetchall(
-        _BUSY, {"tasks": names, "revs": revs, "queues": queues},  # type: ignore[arg-type]
+        tq.BUSY.sql, {"tasks": names, "revs": revs, "queues": queues},  # type: ignore[arg-type]
         prepare=False,
     )
-    return {str(r[0]) for r in rows}
+    return set(tq.BUSY.all(rows))
 
 
 async def run_until_idle(
@@ -342,11 +309,13 @@ def fire_due_timers(
     """
     params = _fire_params(advance)
     with connect(_conninfo(target)) as conn, translated():
-        row = conn.execute(_FIRE, params).fetchone()
-    return int(row[0]) if row else 0
+        fired = tq.FIRE.first(conn.execute(tq.FIRE.sql, params).fetchone())
+    return fired.due if fired else 0
 
 
 async def afire_due_timers(app: Durable, *, advance: timedelta | None = None) -> int:
     """Async twin of :func:`fire_due_timers` on the app's pool (test-only)."""
-    rows = await app.fetchall(_FIRE, _fire_params(advance), prepare=False)  # type: ignore[arg-type]
-    return int(rows[0][0]) if rows else 0
+    rows = await app.fetchall(tq.FIRE.sql, _fire_params(advance),  # type: ignore[arg-type]
+                              prepare=False)
+    fired = tq.FIRE.all(rows)
+    return fired[0].due if fired else 0

@@ -38,6 +38,8 @@ from ..foundation import jsonb as _json
 from ..foundation import metrics
 from ..foundation.db import translated
 from ..foundation.ports import Database, SyncDatabase
+from ..foundation.queries.batch_start import START_MANY
+from ..foundation.queries.core import many, many_sync
 from ..foundation.registry import TaskRegistry, start_params
 from . import flow
 from .metadata import check_metadata
@@ -45,14 +47,6 @@ from .tracing import current_trace_context
 
 __all__ = ["START_MANY", "Start", "start_many", "start_many_params", "start_many_sync"]
 
-# -- start N runs: one array per argument (see sql/0021_start_many.sql); returns
-# -- the run ids in input order
-START_MANY = (
-    "SELECT run_id FROM pgdurable.start_runs(%s::text[], %s::text[], %s::text[]::jsonb[], "
-    "%s::text[], %s::integer[], %s::integer[], %s::text[], %s::interval[], "
-    "%s::timestamptz[], %s::text[]::numeric[], %s::text[], %s::timestamptz[], "
-    "%s::interval[], %s::text[]::jsonb[], %s::jsonb) ORDER BY ord"
-)
 
 
 @dataclass(frozen=True)
@@ -93,8 +87,8 @@ def _as_start(item: object) -> Start:
 
 
 def start_many_params(registry: TaskRegistry, starts: Iterable[object]) -> tuple[Any, ...] | None:
-    """Validate every start (before any SQL) and return the ``START_MANY``
-    parameters, or ``None`` for no starts. The first bad start raises its
+    """Validate every start (before any SQL) and return the parameters of
+    :data:`~pgdurable.foundation.queries.batch_start.START_MANY`, or ``None`` for no starts. The first bad start raises its
     error (with a note ``start_many: start #i``)."""
     if isinstance(starts, str | bytes | Mapping) or not isinstance(starts, Iterable):
         raise TypeError("start_many takes a list of pgdurable.Start (or dicts)")
@@ -122,10 +116,10 @@ def start_many_params(registry: TaskRegistry, starts: Iterable[object]) -> tuple
     return (*columns, None if trace is None else _json.dumps(trace, "trace"))
 
 
-def _counted(params: tuple[Any, ...], rows: list[tuple[Any, ...]]) -> list[str]:
+def _counted(params: tuple[Any, ...], run_ids: list[str]) -> list[str]:
     for task in params[0]:
         metrics.run_started(task)
-    return [str(r[0]) for r in rows]
+    return run_ids
 
 
 async def start_many(
@@ -137,10 +131,9 @@ async def start_many(
     if params is None:
         return []
     if conn is None:
-        return _counted(params, await db.fetchall(START_MANY, params))
+        return _counted(params, await many(db, START_MANY, params))
     with translated():
-        cur = await conn.execute(START_MANY, params)
-        return _counted(params, await cur.fetchall())
+        return _counted(params, await many(conn, START_MANY, params))
 
 
 def start_many_sync(
@@ -152,6 +145,6 @@ def start_many_sync(
     if params is None:
         return []
     if conn is None:
-        return _counted(params, db._fetchall(START_MANY, params))
+        return _counted(params, many_sync(db, START_MANY, params))
     with translated():
-        return _counted(params, conn.execute(START_MANY, params).fetchall())
+        return _counted(params, many_sync(conn, START_MANY, params))

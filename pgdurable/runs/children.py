@@ -34,14 +34,15 @@ connection), :func:`check_children` (are these ids children of the run?),
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass
-from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal
 
 from ..foundation import run_queries as q
-from ..foundation.affinity import AFFINE_STARTED
 from ..foundation.db import translated
 from ..foundation.errors import InvalidInput, RunNotFound
+from ..foundation.queries import children as cq
+from ..foundation.queries.affinity import AFFINE_STARTED
+from ..foundation.queries.children import Parked, TreeNode
+from ..foundation.queries.core import many, one
 from ..foundation.registry import start_params
 
 if TYPE_CHECKING:
@@ -55,6 +56,7 @@ if TYPE_CHECKING:
 __all__ = [
     "POLICIES",
     "ChildPolicy",
+    "Parked",
     "TreeNode",
     "check_children",
     "child_params",
@@ -68,43 +70,8 @@ ChildPolicy = Literal["cancel", "abandon"]
 #: What happens to a live child when its parent ends first.
 POLICIES: tuple[str, ...] = ("cancel", "abandon")
 
-# -- fenced by the parent's token: start child (parent, key) once; returns (run_id, created)
-START_CHILD = (
-    "SELECT run_id, created FROM pgdurable.start_child(%s::uuid, %s::bigint, %s::text, %s::text, "
-    "%s::text, %s::jsonb, %s::text, %s::integer, %s::integer, %s::interval, %s::timestamptz, "
-    "%s::numeric, %s::text)"
-)
-# -- fenced park on children; returns (status, wake_at, seconds until wake_at)
-PARK_CHILDREN = (
-    "SELECT status, wake_at, extract(epoch FROM wake_at - pgdurable.now())::float8 "
-    "FROM pgdurable.park_children(%s::uuid, %s::bigint, %s::text, %s::jsonb, %s::numeric, "
-    "%s::uuid[], %s::integer, %s::interval)"
-)
-# -- which of these ids are children of the run
-CHILDREN_OF = (
-    "SELECT id FROM pgdurable.runs WHERE parent_run_id = %s::uuid AND id = ANY (%s::uuid[])"
-)
-# -- the run and its descendants in tree order
-RUN_TREE = (
-    "SELECT id, parent_run_id, depth, child_key, task, status, parent_policy, created_at, "
-    "finished_at, error_type FROM pgdurable.run_tree(%s::uuid)"
-)
-
-
-@dataclass(frozen=True)
-class TreeNode:
-    """One run of a tree (:func:`run_tree`); ``depth`` 0 is the run asked for."""
-
-    id: str
-    parent_run_id: str | None
-    depth: int
-    child_key: str | None
-    task: str
-    status: str
-    policy: str | None
-    created_at: datetime
-    finished_at: datetime | None
-    error_type: str | None
+#: The SQL of the run tree, for the sync client until its twin is generated (issue 39).
+RUN_TREE = cq.RUN_TREE.sql
 
 
 def child_params(
@@ -123,7 +90,8 @@ def child_params(
     max_attempts: int | None = None,
     policy: object = "cancel",
 ) -> tuple[Any, ...]:
-    """Validate a child start (before any SQL) and return the ``START_CHILD`` parameters.
+    """Validate a child start (before any SQL) and return the parameters of
+    :data:`~pgdurable.foundation.queries.children.START_CHILD`.
 
     The task must be registered (:class:`~pgdurable.UnknownTask`) unless
     ``revision=`` is given; ``key`` is a non-empty name; ``policy`` is
@@ -177,8 +145,8 @@ async def start_child(
         priority=priority, deadline=deadline, budget=budget, revision=revision,
         max_attempts=max_attempts, policy=policy,
     )
-    sql = START_CHILD
-    if affinity_of is not None:
+    sql = cq.START_CHILD.sql
+    if affinity_of is not None:  # same answer (run id, created): decoded as START_CHILD
         sql, params = AFFINE_STARTED.format(start=sql), (*params, q.check_run_id(affinity_of))
     if conn is not None:
         with translated():
@@ -186,8 +154,7 @@ async def start_child(
             row = await cur.fetchone()
     else:
         row = await app.fetchone(sql, params)
-    assert row is not None
-    return str(row[0])
+    return cq.START_CHILD.one(row).run_id
 
 
 def _ids(ids: object) -> list[uuid.UUID]:
@@ -222,8 +189,7 @@ async def check_children(app: App, run_id: object, ids: Sequence[object]) -> lis
     wanted = _ids(ids)
     if rid in wanted:
         raise InvalidInput(f"run {rid} cannot wait on itself")
-    rows = await app.fetchall(CHILDREN_OF, (rid, wanted))
-    found = {r[0] for r in rows}
+    found = set(await many(app, cq.CHILDREN_OF, (rid, wanted)))
     for i in wanted:
         if i not in found:
             raise InvalidInput(f"run {i} is not a child of run {rid}")
@@ -238,29 +204,23 @@ async def park_children(
     ids: Sequence[str],
     need: int,
     wake_in: Any,
-) -> tuple[Any, ...]:
+) -> Parked:
     """The fenced park on children (``ident`` = (run id, token, owner)):
-    ``(status, wake_at, seconds until wake_at)``. Bad ids: InvalidInput, nothing changed."""
-    row = await app.fetchone(
-        PARK_CHILDREN, (*ident, state_json, spend, [uuid.UUID(i) for i in ids], need, wake_in)
-    )
-    assert row is not None
-    return row
+    :class:`Parked` (status, wake time, seconds until it). Bad ids: InvalidInput, nothing
+    changed."""
+    return await one(app, cq.PARK_CHILDREN,
+                     (*ident, state_json, spend, [uuid.UUID(i) for i in ids], need, wake_in))
 
 
 def parse_tree(rows: list[tuple[Any, ...]]) -> list[TreeNode]:
-    """RUN_TREE rows as :class:`TreeNode` objects."""
-    return [
-        TreeNode(str(r[0]), None if r[1] is None else str(r[1]), int(r[2]), r[3], r[4], r[5],
-                 r[6], r[7], r[8], r[9])
-        for r in rows
-    ]
+    """Rows of :data:`RUN_TREE` as :class:`TreeNode` objects (for the sync client)."""
+    return cq.RUN_TREE.all(rows)
 
 
 async def run_tree(app: App, run_id: object) -> list[TreeNode]:
     """The run and all its descendants, in tree order (:class:`~pgdurable.RunNotFound` if none)."""
     rid = q.check_run_id(run_id)
-    rows = await app.fetchall(RUN_TREE, (rid,))
-    if not rows:
+    nodes = await many(app, cq.RUN_TREE, (rid,))
+    if not nodes:
         raise RunNotFound(f"no run {rid}")
-    return parse_tree(rows)
+    return nodes

@@ -22,6 +22,8 @@ from decimal import Decimal
 from typing import Any
 
 from ..foundation.errors import PgDurableError
+from ..foundation.queries import flow as fq
+from ..foundation.queries.core import first
 from ..foundation.run_queries import START, check_name
 
 __all__ = ["Rate", "RateLimited", "bucket_params", "queue_params"]
@@ -30,16 +32,10 @@ __all__ = ["Rate", "RateLimited", "bucket_params", "queue_params"]
 #: number of tokens per second.
 Rate = tuple[float, timedelta] | float | int
 
-SET_QUEUE = (
-    "SELECT pgdurable.set_queue(%s::text, %s::integer, %s::integer, %s::numeric, %s::numeric)"
-)
-SET_BUCKET = "SELECT pgdurable.set_bucket(%s::text, %s::numeric, %s::numeric)"
-ACQUIRE = "SELECT pgdurable.acquire_tokens(%s::text, %s::numeric)"
-START_FLOW = (
-    "SELECT run_id, created FROM pgdurable.start_run_flow(%s::text, %s::text, %s::jsonb, "
-    "%s::text, %s::integer, %s::integer, %s::text, %s::interval, %s::timestamptz, "
-    "%s::numeric, %s::text, %s::timestamptz, %s::interval)"
-)
+#: The SQL the app and the sync client send (their answers are not read), until their
+#: twin is generated (issue 39): :mod:`pgdurable.foundation.queries.flow`.
+SET_QUEUE = fq.SET_QUEUE.sql
+SET_BUCKET = fq.SET_BUCKET.sql
 #: The wait kind of a run parked by ``ctx.acquire`` (ref: the bucket name).
 ACQUIRE_KIND = "pgdurable.acquire"
 #: The longest delayed start (like the longest Sleep).
@@ -199,8 +195,9 @@ def acquire_params(name: object, cost: object) -> tuple[Any, ...]:
 def start_flow_params(
     params: tuple[Any, ...], key: object, at: object, delay: object
 ) -> tuple[Any, ...] | None:
-    """``START`` parameters plus key / at / delay -> ``START_FLOW`` parameters,
-    or ``None`` when none of them is given (the plain ``START``)."""
+    """``START`` parameters plus key / at / delay -> ``START_FLOW`` parameters
+    (:mod:`pgdurable.foundation.queries.flow`), or ``None`` when none of them is given
+    (the plain ``START``)."""
     if key is None and at is None and delay is None:
         return None
     if key is not None:
@@ -226,7 +223,7 @@ def start_sql(
     """The start statement and its parameters: ``START_FLOW`` with a key or a
     delayed start, else the plain ``START``."""
     flow_params = start_flow_params(params, key, at, delay)
-    return (START, params) if flow_params is None else (START_FLOW, flow_params)
+    return (START, params) if flow_params is None else (fq.START_FLOW.sql, flow_params)
 
 
 def reserved(wake: Mapping[str, Any] | None, name: str) -> bool:
@@ -240,8 +237,7 @@ async def acquire(app: Any, name: str, cost: float) -> None:
     """Take ``cost`` tokens from bucket ``name``, or reserve them and raise
     :class:`RateLimited` (the worker parks the run until they are due)."""
     params = acquire_params(name, cost)
-    row = await app.fetchone(ACQUIRE, params)
-    wait = 0.0 if row is None or row[0] is None else float(row[0])
+    wait = await first(app, fq.ACQUIRE, params) or 0.0
     if wait > 0:
         raise RateLimited(wait, f"bucket {name!r} is short of {float(cost):g} tokens: "
                                 f"reserved, resuming in {wait:.3f} s", bucket=name)

@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -52,6 +51,9 @@ import psycopg
 from ..foundation import run_queries as q
 from ..foundation.errors import InvalidInput, PgDurableError
 from ..foundation.jsonb import dumps
+from ..foundation.queries import fork as fq
+from ..foundation.queries.core import many, one
+from ..foundation.queries.fork import ForkedRun
 
 if TYPE_CHECKING:
     from ..foundation.ports import App, SyncDatabase
@@ -64,30 +66,6 @@ __all__ = ["ForkedRun", "StateMode", "fork", "fork_failed", "fork_failed_params"
            "rewind_params", "rewind_sync", "unregister_worker"]
 
 StateMode = Literal["merge", "replace"]
-
-# -- fork one run (0017, 0030; step NULL: its resume point); returns the new run's id.
-# -- PD002 / PDF01 / PDF02 / PD000
-FORK = "SELECT pgdurable.fork_run(%s::uuid, %s::integer, %s::jsonb, %s, %s, %s)"
-# -- the checkpoint a fork continues from (its forked_from_step)
-FORKED_AT = "SELECT forked_from_step FROM pgdurable.runs WHERE id = %s::uuid"
-# -- bulk fork of failed runs (0012); rows (source, fork)
-FORK_FAILED = "SELECT source, fork FROM pgdurable.fork_failed(%s, %s, %s, %s, %s, %s)"
-# -- rewind a failed/cancelled run in place (0012); returns 'runnable'
-REWIND = "SELECT pgdurable.rewind_run(%s::uuid, %s, %s::jsonb, %s, %s, %s)"
-# -- record a step heartbeat (0012), fenced
-HEARTBEAT = "SELECT pgdurable.record_heartbeat(%s::uuid, %s, %s, %s::jsonb)"
-# -- a worker registers / unregisters the task revisions it serves (0012)
-REGISTER_WORKER = "SELECT pgdurable.register_worker(%s, %s::text[], %s::text[])"
-UNREGISTER_WORKER = "SELECT pgdurable.unregister_worker(%s)"
-
-
-@dataclass(frozen=True)
-class ForkedRun:
-    """One fork made by :func:`fork_failed`: the failed ``source`` run and its ``fork``."""
-
-    source: str
-    fork: str
-
 
 #: The SQL functions take a step and a limit as ``integer``: a larger int
 #: would match no function (``UndefinedFunction``), so it is refused here.
@@ -132,7 +110,8 @@ def _force(force: object) -> bool:
 
 def fork_params(run_id: Any, from_step: Any, state: Any, state_mode: Any, revision: Any,
                 force: Any) -> tuple[Any, ...]:
-    """Validated parameters of :data:`FORK` (nothing is sent on bad input)."""
+    """Validated parameters of :data:`~pgdurable.foundation.queries.fork.FORK` (nothing is
+    sent on bad input)."""
     rid = q.check_run_id(run_id)
     text, mode = _state(state, state_mode)
     return rid, _step(from_step), text, mode, _revision(revision), _force(force)
@@ -140,7 +119,8 @@ def fork_params(run_id: Any, from_step: Any, state: Any, state_mode: Any, revisi
 
 def rewind_params(run_id: Any, to_step: Any, state: Any, state_mode: Any, revision: Any,
                   force: Any) -> tuple[Any, ...]:
-    """Validated parameters of :data:`REWIND` (a step is required)."""
+    """Validated parameters of :data:`~pgdurable.foundation.queries.fork.REWIND` (a step is
+    required)."""
     if to_step is None:
         raise TypeError("to_step must be an int, not None")
     _step(to_step, "to_step")
@@ -149,7 +129,7 @@ def rewind_params(run_id: Any, to_step: Any, state: Any, state_mode: Any, revisi
 
 def fork_failed_params(task: Any, error: Any, since: Any, revision: Any, force: Any,
                        limit: Any) -> tuple[Any, ...]:
-    """Validated parameters of :data:`FORK_FAILED`."""
+    """Validated parameters of :data:`~pgdurable.foundation.queries.fork.FORK_FAILED`."""
     q.check_name(task, "task")
     if error is not None and (not isinstance(error, str) or not error):
         raise InvalidInput("error must be a non-empty error type name (e.g. 'TimeoutError') or None")
@@ -160,18 +140,12 @@ def fork_failed_params(task: Any, error: Any, since: Any, revision: Any, force: 
     return task, error, since, _revision(revision), _force(force), limit
 
 
-def _forked(rows: list[tuple[Any, ...]]) -> list[ForkedRun]:
-    return [ForkedRun(str(s), str(f)) for s, f in rows]
-
-
 async def fork(app: App, run_id: Any, from_step: int | None = None, state: Any = None, *,
                state_mode: StateMode = "merge", revision: str | None = None,
                force: bool = False) -> str:
     """Fork ``run_id`` from its checkpoint ``from_step`` (None: its resume point); the new run's id."""
-    row = await app.fetchone(FORK, fork_params(run_id, from_step, state, state_mode,
-                                                revision, force))
-    assert row is not None
-    return str(row[0])
+    return await one(app, fq.FORK, fork_params(run_id, from_step, state, state_mode,
+                                               revision, force))
 
 
 async def fork_failed(app: App, task: str, *, error: str | None, since: datetime,
@@ -179,19 +153,16 @@ async def fork_failed(app: App, task: str, *, error: str | None, since: datetime
                       limit: int = 1000) -> list[ForkedRun]:
     """Fork every failed run of ``task`` (error type ``error``, since ``since``) not forked
     yet, each from its resume point."""
-    rows = await app.fetchall(FORK_FAILED, fork_failed_params(task, error, since, revision,
+    return await many(app, fq.FORK_FAILED, fork_failed_params(task, error, since, revision,
                                                               force, limit))
-    return _forked(rows)
 
 
 async def rewind(app: App, run_id: Any, to_step: int, state: Any = None, *,
                  state_mode: StateMode = "merge", revision: str | None = None,
                  force: bool = False) -> str:
     """Rewind a failed or cancelled run in place to checkpoint ``to_step``; ``"runnable"``."""
-    row = await app.fetchone(REWIND, rewind_params(run_id, to_step, state, state_mode,
+    return await one(app, fq.REWIND, rewind_params(run_id, to_step, state, state_mode,
                                                    revision, force))
-    assert row is not None
-    return str(row[0])
 
 
 def fork_sync(client: SyncDatabase, run_id: Any, from_step: int | None = None,
@@ -199,28 +170,24 @@ def fork_sync(client: SyncDatabase, run_id: Any, from_step: int | None = None,
               state_mode: StateMode = "merge", revision: str | None = None,
               force: bool = False) -> str:
     """Sync twin of :func:`fork` on a :class:`~pgdurable.DurableClient`."""
-    row = client._fetchone(FORK, fork_params(run_id, from_step, state, state_mode,
-                                              revision, force))
-    assert row is not None
-    return str(row[0])
+    return fq.FORK.one(client._fetchone(fq.FORK.sql, fork_params(
+        run_id, from_step, state, state_mode, revision, force)))
 
 
 def fork_failed_sync(client: SyncDatabase, task: str, *, error: str | None, since: datetime,
                      revision: str | None = None, force: bool = False,
                      limit: int = 1000) -> list[ForkedRun]:
     """Sync twin of :func:`fork_failed`."""
-    return _forked(client._fetchall(FORK_FAILED, fork_failed_params(task, error, since,
-                                                                    revision, force, limit)))
+    return fq.FORK_FAILED.all(client._fetchall(fq.FORK_FAILED.sql, fork_failed_params(
+        task, error, since, revision, force, limit)))
 
 
 def rewind_sync(client: SyncDatabase, run_id: Any, to_step: int, state: Any = None, *,
                 state_mode: StateMode = "merge", revision: str | None = None,
                 force: bool = False) -> str:
     """Sync twin of :func:`rewind`."""
-    row = client._fetchone(REWIND, rewind_params(run_id, to_step, state, state_mode,
-                                                 revision, force))
-    assert row is not None
-    return str(row[0])
+    return fq.REWIND.one(client._fetchone(fq.REWIND.sql, rewind_params(
+        run_id, to_step, state, state_mode, revision, force)))
 
 
 async def register_worker(app: App, worker_id: str, tasks: dict[str, Task]) -> None:
@@ -231,7 +198,8 @@ async def register_worker(app: App, worker_id: str, tasks: dict[str, Task]) -> N
     """
     names = sorted(tasks)
     try:
-        await app.fetchone(REGISTER_WORKER, (worker_id, names, [tasks[n].revision for n in names]))
+        await one(app, fq.REGISTER_WORKER,
+                  (worker_id, names, [tasks[n].revision for n in names]))
     except (PgDurableError, psycopg.Error, OSError) as exc:
         log.warning("worker %s: task revisions not registered (%s)", worker_id, exc)
 
@@ -240,7 +208,7 @@ async def unregister_worker(app: App, worker_id: str) -> None:
     """Remove a stopping worker's ``worker_revisions`` rows (failure only logged)."""
     try:
         async with asyncio.timeout(5.0):
-            await app.fetchone(UNREGISTER_WORKER, (worker_id,))
+            await one(app, fq.UNREGISTER_WORKER, (worker_id,))
     except (TimeoutError, PgDurableError, psycopg.Error, OSError) as exc:
         log.warning("worker %s: task revisions not unregistered (%s)", worker_id, exc)
 

@@ -43,7 +43,8 @@ from typing import TYPE_CHECKING, Any
 
 from ..foundation.errors import InvalidInput, StepHung, StepTimeout
 from ..foundation.jsonb import dumps
-from .fork import HEARTBEAT
+from ..foundation.queries.core import one
+from ..foundation.queries.liveness import HEARTBEAT
 
 if TYPE_CHECKING:
     from types import TracebackType
@@ -151,8 +152,7 @@ class StepGuard:
                 (progress,) = self._pending
                 self._pending = None
                 try:
-                    await ctx._app.fetchone(
-                        HEARTBEAT, (ctx.run_id, ctx.token, ctx._owner, progress))
+                    await one(ctx._app, HEARTBEAT, (ctx.run_id, ctx.token, ctx._owner, progress))
                 except Exception as exc:  # lease lost, database down: progress only
                     log.info("run %s: heartbeat not recorded (%s)", ctx.run_id, exc)
                     return

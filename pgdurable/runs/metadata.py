@@ -16,7 +16,8 @@ from typing import Any
 
 from ..foundation import jsonb as _json
 from ..foundation import run_queries as q
-from ..foundation.affinity import AFFINE_STARTED
+from ..foundation.queries.affinity import AFFINE_STARTED
+from ..foundation.queries.metadata import TAG_STARTED
 from .tracing import current_trace_context
 
 __all__ = ["MAX_METADATA_BYTES", "START_TAGGED", "check_metadata", "start_statement"]
@@ -24,15 +25,8 @@ __all__ = ["MAX_METADATA_BYTES", "START_TAGGED", "check_metadata", "start_statem
 #: Largest metadata object (bytes of JSON) accepted at start.
 MAX_METADATA_BYTES = 8192
 
-# -- wraps a start statement (SELECT run_id, created FROM pgdurable.start_run(...) or
-# -- start_run_flow(...)): starts the run and labels it in the same statement;
-# -- returns (run_id, created); extra params: (metadata, trace_context)
-TAG_STARTED = (
-    "SELECT t.id, s.created FROM ({start}) s, "
-    "LATERAL (SELECT pgdurable.tag_started_run(s.run_id, s.created, %s::jsonb, %s::jsonb)"
-    " AS id) t"
-)
-#: The plain start, labelled (``START`` wrapped by :data:`TAG_STARTED`).
+#: The plain start, labelled (``START`` wrapped by
+#: :data:`~pgdurable.foundation.queries.metadata.TAG_STARTED`).
 START_TAGGED = TAG_STARTED.format(start=q.START)
 
 
@@ -55,8 +49,9 @@ def start_statement(
     sql: str, params: tuple[Any, ...], metadata: object, affinity_of: object = None
 ) -> tuple[str, tuple[Any, ...]]:
     """A start statement (``sql``, ``params``) as is when there is nothing to
-    store, else wrapped by :data:`TAG_STARTED` with metadata and trace context,
-    and by :data:`~pgdurable.foundation.affinity.AFFINE_STARTED` for ``affinity_of`` (the
+    store, else wrapped by :data:`~pgdurable.foundation.queries.metadata.TAG_STARTED` with
+    metadata and trace context, and by
+    :data:`~pgdurable.foundation.queries.affinity.AFFINE_STARTED` for ``affinity_of`` (the
     run starts with the affinity that run has now; :mod:`pgdurable.foundation.affinity`).
     Bad input: TypeError/ValueError before any SQL."""
     meta = check_metadata(metadata)

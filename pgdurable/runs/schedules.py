@@ -61,6 +61,10 @@ from ..foundation import jsonb as _json
 from ..foundation import run_queries as q
 from ..foundation.db import translated
 from ..foundation.errors import PgDurableError, ScheduleNotFound
+from ..foundation.queries import schedules as sq
+from ..foundation.queries.clock import NOW
+from ..foundation.queries.core import first, first_sync, many, many_sync, one, one_sync
+from ..foundation.queries.schedules import DueSchedule, ScheduleInfo, StoredCadence
 
 if TYPE_CHECKING:
     from ..foundation.ports import App
@@ -98,61 +102,6 @@ _DST_MARGIN = timedelta(hours=3)
 _DUE_BATCH = 100
 #: After a failed attempt to fire, a worker waits this long (seconds) before the next one.
 ERROR_BACKOFF = 5.0
-
-# -- Queries (one line of contract each). ---------------------------------------------
-# -- create or update; returns 'created' | 'updated' | 'unchanged' (PD000 bad input)
-UPSERT = (
-    "SELECT pgdurable.upsert_schedule(%s::text, %s::text, %s::interval, %s::text, %s::text, "
-    "%s::text, %s::jsonb, %s::text, %s::integer, %s::text, %s::text, %s::integer, "
-    "%s::timestamptz, %s::text)"
-)
-# -- after declaring: mark this declarer's schedules of these tasks not in names
-MARK_UNDECLARED = "SELECT pgdurable.mark_undeclared(%s::text, %s::text[], %s::text[])"
-# -- the database clock
-NOW = "SELECT pgdurable.now()"
-# -- one declaring worker at a time (two deploys declaring different sets would otherwise
-# -- lock each other's rows in opposite orders: upserts vs mark_undeclared)
-DECLARE_LOCK = "SELECT pg_advisory_xact_lock(%s::bigint)"
-DECLARE_LOCK_KEY = 0x7067647363686564  # "pgdsched"
-# -- one schedule's cadence, locked (resume plans from it); PD160 unknown. Locked
-# -- by pgdurable._schedule (SECURITY DEFINER): the app role may not lock rows itself
-CADENCE_FOR_UPDATE = (
-    "SELECT s.cron, s.every, s.timezone, pgdurable.now() FROM pgdurable._schedule(%s::text) s"
-)
-# -- pause: true if it was running (PD160 unknown)
-PAUSE = "SELECT pgdurable.pause_schedule(%s::text)"
-# -- resume from a next tick: true if it was paused (PD160 unknown)
-RESUME = "SELECT pgdurable.resume_schedule(%s::text, %s::timestamptz)"
-# -- delete: false if there was none
-DELETE = "SELECT pgdurable.delete_schedule(%s::text)"
-# -- start a run now, outside the cadence; the run id (PD160 unknown)
-TRIGGER = "SELECT pgdurable.trigger_schedule(%s::text)"
-# -- due schedules of these queues (no locks)
-DUE = (
-    "SELECT name, cron, every, timezone, catchup, catchup_limit, next_fire_at, db_now "
-    "FROM pgdurable.due_schedules(%s::text[], %s::integer)"
-)
-# -- fire ticks of one schedule under the next_fire_at fence; (tick, run_id, outcome) rows
-FIRE = (
-    "SELECT tick, run_id, outcome FROM pgdurable.fire_schedule(%s::text, %s::timestamptz, "
-    "%s::timestamptz[], %s::timestamptz)"
-)
-# -- pause a schedule that cannot be planned (fenced like FIRE)
-DISABLE = "SELECT pgdurable.disable_schedule(%s::text, %s::timestamptz, %s::text)"
-# -- seconds until the next tick in these queues (NULL: none)
-WAKEUP = "SELECT pgdurable.schedule_wakeup(%s::text[])"
-# -- every schedule, for listings (ScheduleInfo columns)
-LIST = """
-SELECT s.name, s.cron, s.every, s.timezone, s.task, s.revision, s.queue, s.overlap, s.catchup,
-       s.catchup_limit, s.paused, s.next_fire_at, s.last_tick, s.last_run_id,
-       (SELECT r.status FROM pgdurable.runs r WHERE r.id = s.last_run_id) AS last_run_status,
-       s.fired, s.skipped, s.last_error, s.declared_by, s.last_declared_at, s.undeclared_at,
-       s.state
-  FROM pgdurable.schedules s
- WHERE %s::text IS NULL OR s.name = %s::text
- ORDER BY s.name
-"""
-
 
 # -- validation ------------------------------------------------------------------------
 def _check_choice(value: object, choices: Sequence[str], what: str) -> str:
@@ -289,7 +238,8 @@ class Schedule:
     max_attempts: int = 3
 
     def upsert_params(self, now: datetime, declared_by: str | None) -> tuple[Any, ...]:
-        """Parameters of :data:`UPSERT`; the first tick is the first one after ``now``."""
+        """Parameters of :data:`~pgdurable.foundation.queries.schedules.UPSERT`; the first
+        tick is the first one after ``now``."""
         c = self.cadence
         return (self.name, c.cron, c.every, c.timezone, self.task, self.revision,
                 _json.dumps({} if self.state is None else self.state, "state"), self.queue,
@@ -373,14 +323,13 @@ async def declare_all(app: App, queues: Sequence[str] = ()) -> float | None:
     mine = sorted(declared(app).values(), key=lambda s: s.name)  # one lock order
     with translated():
         async with (await _pool(app)).connection() as conn, conn.transaction():
-            await conn.execute(DECLARE_LOCK, (DECLARE_LOCK_KEY,))
-            now = await _now(conn)
+            await one(conn, sq.DECLARE_LOCK, (sq.DECLARE_LOCK_KEY,))
+            now = await one(conn, NOW)
             for s in mine:
-                await conn.execute(UPSERT, s.upsert_params(now, DECLARED_BY_CODE))
-            await conn.execute(MARK_UNDECLARED, (DECLARED_BY_CODE, sorted(app.tasks),
+                await one(conn, sq.UPSERT, s.upsert_params(now, DECLARED_BY_CODE))
+            await one(conn, sq.MARK_UNDECLARED, (DECLARED_BY_CODE, sorted(app.tasks),
                                                  [s.name for s in mine]))
-            row = await (await conn.execute(WAKEUP, (list(queues),))).fetchone()
-    return None if row is None or row[0] is None else float(row[0])
+            return await one(conn, sq.WAKEUP, (list(queues),))
 
 
 async def _pool(app: App) -> Any:
@@ -389,88 +338,34 @@ async def _pool(app: App) -> Any:
     return app.pool
 
 
-async def _now(conn: psycopg.AsyncConnection[Any]) -> datetime:
-    row = await (await conn.execute(NOW)).fetchone()
-    assert row is not None
-    value: datetime = row[0]
-    return value
-
-
 # -- operations (async on an app; sync twins on a connection for the CLI) -------------
-@dataclass(frozen=True)
-class ScheduleInfo:
-    """One schedule as stored (``list_schedules``)."""
-
-    name: str
-    cron: str | None
-    every: timedelta | None
-    timezone: str
-    task: str
-    revision: str
-    queue: str
-    overlap: str
-    catchup: str
-    catchup_limit: int
-    paused: bool
-    next_fire_at: datetime
-    last_tick: datetime | None
-    last_run_id: str | None
-    last_run_status: str | None
-    fired: int
-    skipped: int
-    last_error: str | None
-    declared_by: str | None
-    last_declared_at: datetime | None
-    undeclared_at: datetime | None
-    state: Any
-
-    @property
-    def undeclared(self) -> bool:
-        """Declared in code once, but the code no longer declares it."""
-        return self.undeclared_at is not None
-
-
-def _info(row: tuple[Any, ...]) -> ScheduleInfo:
-    v = list(row)
-    v[13] = None if v[13] is None else str(v[13])
-    return ScheduleInfo(*v)
-
-
-def _found(row: tuple[Any, ...] | None) -> Any:
-    assert row is not None
-    return row[0]
-
-
 async def upsert_schedule(app: App, schedule: Schedule, *,
                           declared_by: str | None = None) -> str:
     """Create or update ``schedule`` (``'created'``, ``'updated'`` or ``'unchanged'``)."""
     with translated():
         async with (await _pool(app)).connection() as conn, conn.transaction():
-            now = await _now(conn)
-            row = await (await conn.execute(UPSERT, schedule.upsert_params(now, declared_by))
-                         ).fetchone()
-    return str(_found(row))
+            now = await one(conn, NOW)
+            return await one(conn, sq.UPSERT, schedule.upsert_params(now, declared_by))
 
 
 def upsert_schedule_sync(conn: psycopg.Connection[Any], schedule: Schedule, *,
                          declared_by: str | None = None) -> str:
     """Sync twin of :func:`upsert_schedule` on an autocommit connection."""
     with translated(), conn.transaction():
-        now = _found(conn.execute(NOW).fetchone())
-        return str(_found(conn.execute(UPSERT, schedule.upsert_params(now, declared_by))
-                          .fetchone()))
+        now = one_sync(conn, NOW)
+        return one_sync(conn, sq.UPSERT, schedule.upsert_params(now, declared_by))
 
 
 async def pause_schedule(app: App, name: str) -> bool:
     """Pause; False if it was paused already (:class:`ScheduleNotFound` if unknown)."""
-    return bool(_found(await app.fetchone(PAUSE, (check_schedule_name(name),))))
+    return await one(app, sq.PAUSE, (check_schedule_name(name),))
 
 
-def _resume_plan(row: tuple[Any, ...] | None, name: str) -> datetime:
-    if row is None:
+def _resume_plan(stored: StoredCadence | None, name: str) -> datetime:
+    if stored is None:
         raise ScheduleNotFound(f"no schedule {name}")
-    cron, every, tz, now = row
-    return Cadence.of(cron, every, tz).after(now)  # ValueError for a bad cron written by SQL
+    # ValueError for a bad cron written by SQL
+    return Cadence.of(stored.cron, stored.every, stored.timezone).after(stored.now)
 
 
 async def resume_schedule(app: App, name: str) -> bool:
@@ -487,39 +382,38 @@ async def resume_schedule_on(conn: psycopg.AsyncConnection[Any], name: str) -> b
     check_schedule_name(name)
     with translated():
         async with conn.transaction():
-            nxt = _resume_plan(await (await conn.execute(CADENCE_FOR_UPDATE, (name,))
-                                      ).fetchone(), name)
-            return bool(_found(await (await conn.execute(RESUME, (name, nxt))).fetchone()))
+            nxt = _resume_plan(await first(conn, sq.CADENCE_FOR_UPDATE, (name,)), name)
+            return await one(conn, sq.RESUME, (name, nxt))
 
 
 def resume_schedule_sync(conn: psycopg.Connection[Any], name: str) -> bool:
     """Sync twin of :func:`resume_schedule`."""
     check_schedule_name(name)
     with translated(), conn.transaction():
-        nxt = _resume_plan(conn.execute(CADENCE_FOR_UPDATE, (name,)).fetchone(), name)
-        return bool(_found(conn.execute(RESUME, (name, nxt)).fetchone()))
+        nxt = _resume_plan(first_sync(conn, sq.CADENCE_FOR_UPDATE, (name,)), name)
+        return one_sync(conn, sq.RESUME, (name, nxt))
 
 
 async def delete_schedule(app: App, name: str) -> bool:
     """Delete (its runs stay); False if there was none."""
-    return bool(_found(await app.fetchone(DELETE, (check_schedule_name(name),))))
+    return await one(app, sq.DELETE, (check_schedule_name(name),))
 
 
 async def trigger_schedule(app: App, name: str) -> str:
     """Start a run now, outside the cadence; its id (:class:`ScheduleNotFound` if unknown)."""
-    return str(_found(await app.fetchone(TRIGGER, (check_schedule_name(name),))))
+    return await one(app, sq.TRIGGER, (check_schedule_name(name),))
 
 
 async def list_schedules(app: App, name: str | None = None) -> list[ScheduleInfo]:
     """Every schedule (or the one named), by name."""
-    return [_info(r) for r in await app.fetchall(LIST, (name, name))]
+    return await many(app, sq.LIST, (name, name))
 
 
 def list_schedules_sync(conn: psycopg.Connection[Any],
                         name: str | None = None) -> list[ScheduleInfo]:
     """Sync twin of :func:`list_schedules`."""
     with translated():
-        return [_info(r) for r in conn.execute(LIST, (name, name)).fetchall()]
+        return many_sync(conn, sq.LIST, (name, name))
 
 
 # -- the worker's hook -----------------------------------------------------------------
@@ -569,28 +463,27 @@ class Ticker:
     async def fire_due(self) -> None:
         """Fire every due schedule of these queues once, then learn the next tick."""
         try:
-            rows = await self.app.fetchall(DUE, (self.queues, _DUE_BATCH))
-            for row in rows:
-                await self._fire(*row)
-            more = await self.app.fetchone(WAKEUP, (self.queues,))
+            for due in await many(self.app, sq.DUE, (self.queues, _DUE_BATCH)):
+                await self._fire(due)
+            more = await one(self.app, sq.WAKEUP, (self.queues,))
         except (PgDurableError, psycopg.Error, OSError) as exc:
             # back off: a persistent error must not turn the claim loop into a busy loop
             log.warning("firing schedules failed (retrying in %.0f s): %s", ERROR_BACKOFF, exc)
             self._quiet_until = time.monotonic() + ERROR_BACKOFF
             return
         # still due: another worker holds it (SKIP LOCKED) or more are due; look again soon
-        self.note(None if more is None or more[0] is None else float(more[0]), min_delay=0.05)
+        self.note(more, min_delay=0.05)
 
-    async def _fire(self, name: str, cron: str | None, every: timedelta | None, tz: str,
-                    catchup: str, limit: int, first: datetime, now: datetime) -> None:
+    async def _fire(self, due: DueSchedule) -> None:
+        name, at = due.name, due.next_fire_at
         try:
-            ticks, nxt = Cadence.of(cron, every, tz).plan(first, now, catchup, limit)
+            ticks, nxt = Cadence.of(due.cron, due.every, due.timezone).plan(
+                at, due.db_now, due.catchup, due.catchup_limit)
         except (ValueError, TypeError, CronSimError) as exc:
             log.error("schedule %r cannot be planned, pausing it: %s", name, exc)
-            await self.app.fetchone(DISABLE, (name, first, str(exc)))
+            await one(self.app, sq.DISABLE, (name, at, str(exc)))
             return
         self.fire_count += 1
-        fired = await self.app.fetchall(FIRE, (name, first, ticks, nxt))
-        for tick, run_id, outcome in fired:
-            log.info("schedule %r tick %s: %s %s", name, tick.isoformat(), outcome,
-                     run_id or "")
+        for fired in await many(self.app, sq.FIRE, (name, at, ticks, nxt)):
+            log.info("schedule %r tick %s: %s %s", name, fired.tick.isoformat(), fired.outcome,
+                     fired.run_id or "")

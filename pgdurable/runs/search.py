@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from psycopg import sql
-
+from ..foundation.queries import search as sq
+from ..foundation.queries.search import RunSummary
 from ..foundation.run_queries import check_name
 from .metadata import check_metadata
 
@@ -34,38 +34,6 @@ __all__ = ["MAX_LIMIT", "STATUSES", "Page", "RunSummary", "list_runs_query", "ma
 STATUSES = ("runnable", "leased", "waiting", "completed", "failed", "cancelled", "incompatible")
 #: Largest page.
 MAX_LIMIT = 1000
-
-_COLUMNS = (
-    "id, task, queue, status, step, attempts, max_attempts, worker, lease_expired, "
-    "wait_kind, wait_ref, wake_at, error_type, error_message, metadata, parent_run_id, "
-    "created_at, updated_at, finished_at"
-)
-
-
-@dataclass(frozen=True)
-class RunSummary:
-    """One row of :meth:`~pgdurable.Durable.list_runs` (the ``run_list`` view)."""
-
-    id: str
-    task: str
-    queue: str
-    status: str
-    step: int
-    attempts: int
-    max_attempts: int
-    worker: str | None
-    lease_expired: bool
-    wait_kind: str | None
-    wait_ref: str | None
-    wake_at: datetime | None
-    error_type: str | None
-    error_message: str | None
-    metadata: dict[str, Any] | None
-    parent_run_id: str | None
-    created_at: datetime
-    updated_at: datetime
-    finished_at: datetime | None
-
 
 @dataclass(frozen=True)
 class Page:
@@ -128,7 +96,7 @@ def list_runs_query(
     """Validate the filters (TypeError/ValueError, before any SQL) and build the
     query: only the filters given, every value a parameter; the last
     parameter is ``limit + 1`` (one extra row tells whether a next page exists)."""
-    where: list[sql.Composable] = []
+    where: list[str] = []  # the names of sq.FILTERS, in the order of their params
     params: list[Any] = []
     if status is not None:
         statuses = [status] if isinstance(status, str) else status
@@ -137,52 +105,42 @@ def list_runs_query(
         for st in statuses:
             if st not in STATUSES:
                 raise ValueError(f"unknown status {st!r}: use one of {', '.join(STATUSES)}")
-        where.append(sql.SQL("status = ANY(%s::text[])"))
+        where.append("status")
         params.append(list(statuses))
     if task is not None:
-        where.append(sql.SQL("task = %s::text"))
+        where.append("task")
         params.append(check_name(task, "task"))
     if queue is not None:
-        where.append(sql.SQL("queue = %s::text"))
+        where.append("queue")
         params.append(check_name(queue, "queue"))
     if metadata is not None:
         meta = check_metadata(metadata)
-        where.append(sql.SQL("metadata @> %s::jsonb"))
+        where.append("metadata")
         params.append(meta)
     if since is not None:
-        where.append(sql.SQL("created_at >= %s::timestamptz"))
+        where.append("since")
         params.append(_when(since, "since"))
     if until is not None:
-        where.append(sql.SQL("created_at < %s::timestamptz"))
+        where.append("until")
         params.append(_when(until, "until"))
     if id_prefix is not None:
         lo, hi = _id_range(id_prefix)
-        where.append(sql.SQL("id BETWEEN %s::uuid AND %s::uuid"))
+        where.append("id_prefix")
         params += [lo, hi]
     if cursor is not None:
         when, rid = decode_cursor(cursor)
-        where.append(sql.SQL("(created_at, id) < (%s::timestamptz, %s::uuid)"))
+        where.append("cursor")
         params += [when, rid]
     if isinstance(limit, bool) or not isinstance(limit, int):
         raise TypeError("limit must be an int")
     if not 1 <= limit <= MAX_LIMIT:
         raise ValueError(f"limit must be between 1 and {MAX_LIMIT}")
     params.append(limit + 1)
-    query = sql.SQL("SELECT {} FROM pgdurable.run_list{} ORDER BY created_at DESC, id DESC "
-                    "LIMIT %s").format(
-        sql.SQL(_COLUMNS),
-        sql.SQL(" WHERE ") + sql.SQL(" AND ").join(where) if where else sql.SQL(""),
-    )
-    return query.as_string(None), tuple(params)
+    return sq.list_runs(where).sql, tuple(params)
 
 
 def make_page(rows: list[tuple[Any, ...]], limit: int) -> Page:
-    """A :class:`Page` from ``limit + 1`` rows at most."""
-    items = []
-    for r in rows[:limit]:
-        v = list(r)
-        v[0] = str(v[0])
-        v[15] = None if v[15] is None else str(v[15])
-        items.append(RunSummary(*v))
+    """A :class:`Page` from ``limit + 1`` rows at most (of :func:`list_runs_query`)."""
+    items = [sq.summary(r) for r in rows[:limit]]
     more = len(rows) > limit
     return Page(items, encode_cursor(items[-1].created_at, items[-1].id) if more else None)

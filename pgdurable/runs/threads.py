@@ -57,16 +57,19 @@ at every boundary (send, inbox, ``ctx.thread_key``, ``ctx.wait_inbox()``,
 
 from __future__ import annotations
 
-import re
 import reprlib
 import uuid
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Literal
 
 from ..foundation import run_queries as q
 from ..foundation.errors import UnknownTask
 from ..foundation.jsonb import dumps
+from ..foundation.queries import threads as tq
+from ..foundation.queries.core import first, many
+from ..foundation.queries.threads import Message
+from ..foundation.thread_keys import decode_thread_key, encode_thread_key
 
 if TYPE_CHECKING:
     from ..foundation.ports import StepContext
@@ -76,66 +79,11 @@ __all__ = [
     "thread_lease_key",
 ]
 
-# -- the ownership decision; returns (action, run_id, seq, duplicate)
-SEND = (
-    "SELECT action, run_id, seq, duplicate FROM pgdurable.send_message("
-    "%s::text, %s::text, %s::jsonb, %s::text, %s::text, %s::text, %s::text, %s::integer, "
-    "%s::integer, %s::jsonb, %s::interval)"
-)
-# -- fenced drain of the thread inbox for the current step
-TAKE = (
-    "SELECT seq, message_id, payload, sender, created_at, thread_key "
-    "FROM pgdurable.take_messages(%s::uuid, %s::bigint, %s::text)"
-)
-# -- the thread key of a run (NULL: not a thread run)
-RUN_THREAD = "SELECT thread_key FROM pgdurable.runs WHERE id = %s::uuid"
-# -- one row of the thread_owners view (parameter: the stored key, encode_thread_key)
-OWNER = (
-    "SELECT thread_key, run_id, lease_owner, lease_token, lease_expires_at, owned, run_status, "
-    "inbox_depth, last_message_seq, stream_position, runs_started "
-    "FROM pgdurable.thread_owners WHERE thread_key = %s::text"
-)
+#: The SQL of a send, for the app and the sync client until their twin is generated
+#: (issue 39); they decode its row with :func:`parse_delivery`.
+SEND = tq.SEND.sql
 
 _PREFIX = "pgdurable.thread:"
-_ESCAPE = re.compile(r"\\(.?)", re.DOTALL)  # a backslash and the char after it (if any)
-
-
-def encode_thread_key(thread_key: object) -> str:
-    """A thread key as stored in the ``thread_key`` columns: ``\\`` -> ``\\\\``, NUL -> ``\\0``.
-
-    Any non-empty ``str`` is a key; ``TypeError`` for a non-str, ``ValueError``
-    for ``""`` or a lone surrogate (not encodable as UTF-8). The result has no
-    NUL, and a prefix of a key that does not end inside an escape encodes to
-    a prefix of the key's encoding. :func:`decode_thread_key` reverses it.
-
-    Thread keys have no length limit of their own (a 10 kB key works): the
-    database indexes them compressed, and a key too large even so (several kB
-    of incompressible text) is refused by the database as
-    :class:`~pgdurable.InvalidInput`, with nothing written.
-    """
-    if not isinstance(thread_key, str):
-        raise TypeError(f"thread_key must be a str, not {type(thread_key).__name__}")
-    if not thread_key:
-        raise ValueError("thread_key must be a non-empty string")
-    try:
-        thread_key.encode("utf-8")
-    except UnicodeEncodeError:
-        raise ValueError("thread_key is not valid Unicode (it contains a lone surrogate)") from None
-    return thread_key.replace("\\", "\\\\").replace("\x00", "\\0")
-
-
-def _unescape(m: re.Match[str]) -> str:
-    if m[1] == "\\":
-        return "\\"
-    if m[1] == "0":
-        return "\x00"
-    escape = "\\" + m[1]
-    raise ValueError(f"not an escaped thread key: {escape!r} (the escapes are \\\\ and \\0)")
-
-
-def decode_thread_key(stored: str) -> str:
-    """The original key of a stored (escaped) thread key; ``ValueError`` if malformed."""
-    return _ESCAPE.sub(_unescape, stored) if "\\" in stored else stored
 
 
 def thread_lease_key(thread_key: str) -> str:
@@ -162,18 +110,6 @@ class Delivery:
     seq: int
     message_id: str
     duplicate: bool = False
-
-
-@dataclass(frozen=True)
-class Message:
-    """One inbox message, as ``ctx.inbox()`` returns it."""
-
-    seq: int
-    message_id: str
-    payload: Any
-    sender: str | None
-    created_at: datetime
-    thread_key: str  # the original key (decoded)
 
 
 @dataclass(frozen=True)
@@ -251,7 +187,8 @@ def send_params(
     sender: object,
     state: object,
 ) -> tuple[tuple[Any, ...], str]:
-    """Validate a send (before any SQL); return the SEND parameters and the message id."""
+    """Validate a send (before any SQL); return the parameters of
+    :data:`~pgdurable.foundation.queries.threads.SEND` and the message id."""
     stored_key = encode_thread_key(thread_key)
     assert isinstance(thread_key, str)
     if message_id is None:
@@ -273,17 +210,10 @@ def send_params(
 
 
 def parse_delivery(row: tuple[Any, ...] | None, message_id: str) -> Delivery:
-    """A SEND row as :class:`Delivery`."""
-    assert row is not None
-    return Delivery(
-        action=row[0], run_id=str(row[1]), seq=int(row[2]), message_id=message_id,
-        duplicate=bool(row[3]),
-    )
-
-
-def parse_message(row: tuple[Any, ...]) -> Message:
-    """A TAKE row as :class:`Message`."""
-    return Message(int(row[0]), row[1], row[2], row[3], row[4], decode_thread_key(row[5]))
+    """A :data:`SEND` row as :class:`Delivery`."""
+    sent = tq.SEND.one(row)
+    return Delivery(action=sent.action, run_id=sent.run_id, seq=sent.seq,
+                    message_id=message_id, duplicate=sent.duplicate)
 
 
 async def take(ctx: StepContext) -> list[Message]:
@@ -294,11 +224,9 @@ async def take(ctx: StepContext) -> list[Message]:
     """
     app, owner = ctx._attached()
     rid = q.check_run_id(ctx.run_id)
-    rows = await app.fetchall(TAKE, (rid, ctx.token, owner))
-    messages = [parse_message(r) for r in rows]
+    messages = await many(app, tq.TAKE, (rid, ctx.token, owner))
     if messages:
         ctx.thread_key = messages[0].thread_key
     elif ctx.thread_key is None:
-        row = await app.fetchone(RUN_THREAD, (rid,))
-        ctx.thread_key = None if row is None or row[0] is None else decode_thread_key(row[0])
+        ctx.thread_key = await first(app, tq.RUN_THREAD, (rid,))
     return messages

@@ -26,6 +26,9 @@ import sys
 from collections.abc import AsyncIterator, Iterator
 from typing import TYPE_CHECKING, Any
 
+from ..foundation.queries.core import first
+from ..foundation.queries.tracing import TRACE_CONTEXT
+
 if TYPE_CHECKING:
     from ..foundation.ports import Database
 
@@ -33,8 +36,6 @@ __all__ = ["StepSpan", "current_trace_context", "effect_span", "enabled", "step_
 
 log = logging.getLogger("pgdurable.tracing")
 
-# -- the stored trace context of a run (read once per step, only while tracing)
-_TRACE_CONTEXT = "SELECT trace_context FROM pgdurable.runs WHERE id = %s::uuid"
 
 
 def enabled() -> bool:
@@ -61,8 +62,9 @@ _MAX_CONTEXTS = 10_000
 async def _run_context(app: Database, run_id: str) -> dict[str, str]:
     got = _contexts.get(run_id)
     if got is None:
-        row = await app.fetchone(_TRACE_CONTEXT, (run_id,))
-        got = row[0] if row is not None and isinstance(row[0], dict) else {}
+        # read once per run, only while tracing
+        stored = await first(app, TRACE_CONTEXT, (run_id,))
+        got = stored if isinstance(stored, dict) else {}
         if len(_contexts) >= _MAX_CONTEXTS:
             del _contexts[next(iter(_contexts))]
         _contexts[run_id] = got

@@ -1,4 +1,6 @@
-"""The SQL the LangGraph saver issues (one statement per operation) and row decoding."""
+"""The LangGraph saver's parameters and the conversion of its stored checkpoints into
+LangGraph's ``CheckpointTuple`` (the statements and their rows:
+:mod:`pgdurable.foundation.queries.langgraph`)."""
 
 from __future__ import annotations
 
@@ -17,24 +19,7 @@ from langgraph.checkpoint.base import (
 from langgraph.checkpoint.serde.base import SerializerProtocol
 from psycopg.types.json import Jsonb
 
-# -- save one checkpoint, fenced by (lease key, owner, token) when given
-PUT = "SELECT pgdurable.lg_put(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
-# -- save a task's pending writes, fenced like PUT
-PUT_WRITES = (
-    "SELECT pgdurable.lg_put_writes(%s, %s, %s, %s, %s, %s::integer[], %s::text[], "
-    "%s::text[], %s::bytea[], %s, %s, %s)"
-)
-# -- one checkpoint (newest of the namespace when the id is NULL) with its writes
-GET = "SELECT * FROM pgdurable.lg_get(%s, %s, %s)"
-# -- checkpoints matching (thread, ns, id, before, metadata filter, limit), newest first
-LIST = "SELECT * FROM pgdurable.lg_list(%s, %s, %s, %s, %s::jsonb, %s)"
-# -- delete threads / runs, copy a thread, keep only the newest per namespace
-DELETE_THREADS = "SELECT pgdurable.lg_delete_threads(%s::text[])"
-DELETE_FOR_RUNS = "SELECT pgdurable.lg_delete_for_runs(%s::text[])"
-COPY_THREAD = "SELECT pgdurable.lg_copy_thread(%s, %s)"
-PRUNE_KEEP_LATEST = "SELECT pgdurable.lg_prune_keep_latest(%s::text[])"
-# -- set the retention policy applied by every `pgdurable prune` batch
-SET_RETENTION = "SELECT pgdurable.lg_set_retention(%s::integer, %s::interval)"
+from ...foundation.queries.langgraph import StoredCheckpoint
 
 Fence = tuple[bytes, bytes, int]
 
@@ -91,20 +76,20 @@ def list_params(config: RunnableConfig | None, filter: dict[str, Any] | None,
 
 
 def to_tuple(serde: SerializerProtocol, thread_id: str, ns: str,
-             row: Sequence[Any]) -> CheckpointTuple:
-    """A row ``(checkpoint_id, parent, type, checkpoint, metadata, tasks, channels,
-    types, values)`` as LangGraph's CheckpointTuple."""
-    cid, parent, type_, blob, metadata, tasks, channels, types, values = row
-    checkpoint: Checkpoint = serde.loads_typed((type_, bytes(blob)))
-    writes = [] if tasks is None else [
+             stored: StoredCheckpoint) -> CheckpointTuple:
+    """A stored checkpoint of ``thread_id``/``ns`` as LangGraph's CheckpointTuple."""
+    cid, parent = stored.checkpoint_id, stored.parent_id
+    checkpoint: Checkpoint = serde.loads_typed((stored.type, bytes(stored.blob)))
+    writes = [] if stored.tasks is None else [
         (t, c, serde.loads_typed((ty, bytes(v))))
-        for t, c, ty, v in zip(tasks, channels, types, values, strict=True)
+        for t, c, ty, v in zip(stored.tasks, stored.channels or (), stored.types or (),
+                               stored.values or (), strict=True)
     ]
     return CheckpointTuple(
         config={"configurable": {"thread_id": thread_id, "checkpoint_ns": ns,
                                  "checkpoint_id": cid}},
         checkpoint=checkpoint,
-        metadata=metadata,
+        metadata=stored.metadata,
         parent_config=(
             {"configurable": {"thread_id": thread_id, "checkpoint_ns": ns,
                               "checkpoint_id": parent}}

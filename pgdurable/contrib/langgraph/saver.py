@@ -29,7 +29,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Iterator, Sequence
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 import psycopg
 from langchain_core.runnables import RunnableConfig
@@ -47,6 +47,8 @@ from ...foundation.db import acheck_connection, check_connection, translated
 from ...foundation.errors import PgDurableError
 from ...foundation.leases import AsyncPostgresLeaseProvider, PostgresLeaseProvider, keep_lease
 from ...foundation.pooler import aconfigure, configure, connect_kwargs, connect_timeout
+from ...foundation.queries import langgraph as lq
+from ...foundation.queries.core import Query, first, first_sync, many, many_sync
 from . import _sql as q
 
 __all__ = [
@@ -57,6 +59,8 @@ __all__ = [
     "invoke_exclusive",
     "thread_lease_key",
 ]
+
+R = TypeVar("R")
 
 DEFAULT_TTL_MS = 30_000
 
@@ -159,60 +163,56 @@ class AsyncPgDurableSaver(BaseCheckpointSaver[str]):
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-    async def _one(self, sql: str, params: tuple[Any, ...]) -> tuple[Any, ...] | None:
+    async def _one(self, query: Query[R], params: tuple[Any, ...]) -> R | None:
         pool = await self._ready()
         with translated():
             async with pool.connection() as conn:
-                cur = await conn.execute(sql, params)
-                row: tuple[Any, ...] | None = await cur.fetchone()
-                return row
+                return await first(conn, query, params)
 
-    async def _all(self, sql: str, params: tuple[Any, ...]) -> list[tuple[Any, ...]]:
+    async def _all(self, query: Query[R], params: tuple[Any, ...]) -> list[R]:
         pool = await self._ready()
         async with pool.connection() as conn:
-            cur = await conn.execute(sql, params)
-            rows: list[tuple[Any, ...]] = await cur.fetchall()
-            return rows
+            return await many(conn, query, params)
 
     # -- BaseCheckpointSaver ------------------------------------------------
     async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         params = q.get_params(config)
-        row = await self._one(q.GET, params)
-        return None if row is None else q.to_tuple(self.serde, params[0], params[1], row)
+        stored = await self._one(lq.GET, params)
+        return None if stored is None else q.to_tuple(self.serde, params[0], params[1], stored)
 
     async def alist(self, config: RunnableConfig | None, *,
                     filter: dict[str, Any] | None = None,
                     before: RunnableConfig | None = None,
                     limit: int | None = None) -> AsyncIterator[CheckpointTuple]:
-        for row in await self._all(q.LIST, q.list_params(config, filter, before, limit)):
-            yield q.to_tuple(self.serde, row[0], row[1], row[2:])
+        for c in await self._all(lq.LIST, q.list_params(config, filter, before, limit)):
+            yield q.to_tuple(self.serde, c.thread_id, c.ns, c.checkpoint)
 
     async def aput(self, config: RunnableConfig, checkpoint: Checkpoint,
                    metadata: CheckpointMetadata, new_versions: ChannelVersions) -> RunnableConfig:
-        await self._one(q.PUT, q.put_params(self.serde, config, checkpoint, metadata,
+        await self._one(lq.PUT, q.put_params(self.serde, config, checkpoint, metadata,
                                             self._fences.get(config)))
         return q.next_config(config, checkpoint)
 
     async def aput_writes(self, config: RunnableConfig, writes: Sequence[tuple[str, Any]],
                           task_id: str, task_path: str = "") -> None:
-        await self._one(q.PUT_WRITES, q.writes_params(self.serde, config, writes, task_id,
+        await self._one(lq.PUT_WRITES, q.writes_params(self.serde, config, writes, task_id,
                                                       task_path, self._fences.get(config)))
 
     async def adelete_thread(self, thread_id: str) -> None:
-        await self._one(q.DELETE_THREADS, ([str(thread_id)],))
+        await self._one(lq.DELETE_THREADS, ([str(thread_id)],))
 
     async def adelete_for_runs(self, run_ids: Sequence[str]) -> None:
-        await self._one(q.DELETE_FOR_RUNS, (q.check_thread_ids(run_ids),))
+        await self._one(lq.DELETE_FOR_RUNS, (q.check_thread_ids(run_ids),))
 
     async def acopy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
-        await self._one(q.COPY_THREAD, (str(source_thread_id), str(target_thread_id)))
+        await self._one(lq.COPY_THREAD, (str(source_thread_id), str(target_thread_id)))
 
     async def aprune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
         ids = q.check_thread_ids(thread_ids)
         q.check_strategy(strategy)
         if ids:
-            sql = q.DELETE_THREADS if strategy == "delete" else q.PRUNE_KEEP_LATEST
-            await self._one(sql, (ids,))
+            await self._one(lq.DELETE_THREADS if strategy == "delete" else lq.PRUNE_KEEP_LATEST,
+                            (ids,))
 
     # -- retention and leases -----------------------------------------------
     async def set_retention(self, *, keep_last: int | None = None,
@@ -220,7 +220,7 @@ class AsyncPgDurableSaver(BaseCheckpointSaver[str]):
         """Set the checkpoint retention policy applied by every ``pgdurable prune`` batch:
         keep the last ``keep_last`` checkpoints of each thread namespace, or those
         younger than ``max_age`` (both None: keep everything)."""
-        await self._one(q.SET_RETENTION, _retention_params(keep_last, max_age))
+        await self._one(lq.SET_RETENTION, _retention_params(keep_last, max_age))
 
     @contextlib.asynccontextmanager
     async def hold_thread(self, thread_id: str, *, wait: bool = True,
@@ -296,50 +296,49 @@ class PgDurableSaver(BaseCheckpointSaver[str]):
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _one(self, sql: str, params: tuple[Any, ...]) -> tuple[Any, ...] | None:
+    def _one(self, query: Query[R], params: tuple[Any, ...]) -> R | None:
         with translated(), self.pool.connection() as conn:
-            row: tuple[Any, ...] | None = conn.execute(sql, params).fetchone()
-            return row
+            return first_sync(conn, query, params)
 
     # -- BaseCheckpointSaver ------------------------------------------------
     def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         params = q.get_params(config)
-        row = self._one(q.GET, params)
-        return None if row is None else q.to_tuple(self.serde, params[0], params[1], row)
+        stored = self._one(lq.GET, params)
+        return None if stored is None else q.to_tuple(self.serde, params[0], params[1], stored)
 
     def list(self, config: RunnableConfig | None, *, filter: dict[str, Any] | None = None,
              before: RunnableConfig | None = None,
              limit: int | None = None) -> Iterator[CheckpointTuple]:
         with self.pool.connection() as conn:
-            rows = conn.execute(q.LIST, q.list_params(config, filter, before, limit)).fetchall()
-        for row in rows:
-            yield q.to_tuple(self.serde, row[0], row[1], row[2:])
+            listed = many_sync(conn, lq.LIST, q.list_params(config, filter, before, limit))
+        for c in listed:
+            yield q.to_tuple(self.serde, c.thread_id, c.ns, c.checkpoint)
 
     def put(self, config: RunnableConfig, checkpoint: Checkpoint, metadata: CheckpointMetadata,
             new_versions: ChannelVersions) -> RunnableConfig:
-        self._one(q.PUT, q.put_params(self.serde, config, checkpoint, metadata,
+        self._one(lq.PUT, q.put_params(self.serde, config, checkpoint, metadata,
                                       self._fences.get(config)))
         return q.next_config(config, checkpoint)
 
     def put_writes(self, config: RunnableConfig, writes: Sequence[tuple[str, Any]],
                    task_id: str, task_path: str = "") -> None:
-        self._one(q.PUT_WRITES, q.writes_params(self.serde, config, writes, task_id, task_path,
+        self._one(lq.PUT_WRITES, q.writes_params(self.serde, config, writes, task_id, task_path,
                                                 self._fences.get(config)))
 
     def delete_thread(self, thread_id: str) -> None:
-        self._one(q.DELETE_THREADS, ([str(thread_id)],))
+        self._one(lq.DELETE_THREADS, ([str(thread_id)],))
 
     def delete_for_runs(self, run_ids: Sequence[str]) -> None:
-        self._one(q.DELETE_FOR_RUNS, (q.check_thread_ids(run_ids),))
+        self._one(lq.DELETE_FOR_RUNS, (q.check_thread_ids(run_ids),))
 
     def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
-        self._one(q.COPY_THREAD, (str(source_thread_id), str(target_thread_id)))
+        self._one(lq.COPY_THREAD, (str(source_thread_id), str(target_thread_id)))
 
     def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
         ids = q.check_thread_ids(thread_ids)
         q.check_strategy(strategy)
         if ids:
-            self._one(q.DELETE_THREADS if strategy == "delete" else q.PRUNE_KEEP_LATEST, (ids,))
+            self._one(lq.DELETE_THREADS if strategy == "delete" else lq.PRUNE_KEEP_LATEST, (ids,))
 
     # -- the async methods: the sync ones in a thread ---------------------------
     async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
@@ -378,7 +377,7 @@ class PgDurableSaver(BaseCheckpointSaver[str]):
     def set_retention(self, *, keep_last: int | None = None,
                       max_age: timedelta | float | None = None) -> None:
         """Sync :meth:`AsyncPgDurableSaver.set_retention`."""
-        self._one(q.SET_RETENTION, _retention_params(keep_last, max_age))
+        self._one(lq.SET_RETENTION, _retention_params(keep_last, max_age))
 
     @contextlib.contextmanager
     def hold_thread(self, thread_id: str, *, wait: bool = True, max_wait: float | None = None,

@@ -35,13 +35,14 @@ from typing import Any, Literal
 from mcp import Client
 from mcp.client import ClaimContext, ClientExtension, ResultClaim
 from mcp_types import CallToolResult, Request, RequestParams, Result
-from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 from pydantic import ConfigDict, Field
 
 from ...app.durable import Durable
 from ...foundation.db import translated
 from ...foundation.errors import PgDurableError
+from ...foundation.queries import mcp as mq
+from ...foundation.queries.core import first, many, one
 from ...models.workflows import WorkflowContext
 from ._wire import EXTENSION_ID
 
@@ -54,16 +55,7 @@ REMOTE_SIGNAL = "mcp.remote"
 #: The signal that answers a remote task's input requests (same ref).
 ANSWER_SIGNAL = "mcp.answer"
 
-# -- the run awaits the remote task (run, key, server, task id, round, poll ms)
-WATCH = "SELECT pgdurable.mcp_remote_watch(%s, %s, %s, %s, %s, %s)"
-# -- take up to n due remote tasks, pushing their next poll by the lease
-DUE = "SELECT * FROM pgdurable.mcp_remote_due(%s, %s)"
-# -- record a tasks/get answer (run, key, round, task); the row's state
-SEEN = "SELECT pgdurable.mcp_remote_seen(%s, %s, %s, %s)"
-# -- seconds until the next remote task is due (NULL: none)
-NEXT_POLL = "SELECT extract(epoch FROM pgdurable.mcp_remote_next_poll() - pgdurable.now())"
-# -- the remote task a run awaits (run, key or NULL)
-GET = "SELECT * FROM pgdurable.mcp_remote_get(%s, %s)"
+# (the statements and their typed rows: pgdurable.foundation.queries.mcp, as ``mq``)
 
 
 class RemoteTaskFailed(PgDurableError):
@@ -201,7 +193,7 @@ async def cancel_task(server: str, task_id: str, connector: Connect = connect) -
 
 async def _watch(app: Durable, run_id: str, key: str, server: str, task_id: str, round_: int,
                  poll_ms: int) -> bool:
-    await app.fetchone(WATCH, (uuid.UUID(run_id), key, server, task_id, round_, poll_ms))
+    await one(app, mq.WATCH, (uuid.UUID(run_id), key, server, task_id, round_, poll_ms))
     return True
 
 
@@ -268,15 +260,13 @@ async def pending_input(app: Durable, run_id: str, key: str | None = None) -> Pe
     await app.open()
     with translated():
         async with app.pool.connection() as conn:
-            cur = conn.cursor(row_factory=dict_row)
-            await cur.execute(GET, (uuid.UUID(str(run_id)), key))
-            row = await cur.fetchone()
-    if row is None:
+            remote = await first(conn, mq.REMOTE_GET, (uuid.UUID(str(run_id)), key))
+    if remote is None:
         return None
-    task = row["last_task"] if isinstance(row["last_task"], dict) else None
-    requests = (task or {}).get("inputRequests") if row["state"] == "asked" else None
-    return PendingInput(run_id=str(run_id), key=row["key"], server=row["server"],
-                        task_id=row["task_id"], round=row["round"], state=row["state"],
+    task = remote.last_task if isinstance(remote.last_task, dict) else None
+    requests = (task or {}).get("inputRequests") if remote.state == "asked" else None
+    return PendingInput(run_id=str(run_id), key=remote.key, server=remote.server,
+                        task_id=remote.task_id, round=remote.round, state=remote.state,
                         input_requests=dict(requests or {}), task=task)
 
 
@@ -317,26 +307,23 @@ class TaskPoller:
         await self.app.open()
         with translated():
             async with self.app.pool.connection() as conn:
-                cur = conn.cursor(row_factory=dict_row)
-                await cur.execute(DUE, (self.batch, self.lease))
-                rows = await cur.fetchall()
-        await asyncio.gather(*(self._poll(r) for r in rows))
-        return len(rows)
+                due = await many(conn, mq.REMOTE_DUE, (self.batch, self.lease))
+        await asyncio.gather(*(self._poll(d) for d in due))
+        return len(due)
 
-    async def _poll(self, row: dict[str, Any]) -> None:
+    async def _poll(self, due: mq.DueRemoteTask) -> None:
         try:
-            task = await get_task(row["server"], row["task_id"], self.connector)
+            task = await get_task(due.server, due.task_id, self.connector)
         except Exception as err:  # any failure: polled again when the lease lapses
-            log.warning("tasks/get %s on %s failed: %s", row["task_id"], row["server"], err)
+            log.warning("tasks/get %s on %s failed: %s", due.task_id, due.server, err)
             return
         self.polls += 1
-        await self.app.fetchone(SEEN, (row["run_id"], row["key"], row["round"], Jsonb(task)))
+        await one(self.app, mq.SEEN, (due.run_id, due.key, due.round, Jsonb(task)))
 
     async def run(self) -> None:
         """Poll until cancelled."""
         while True:
             if await self.run_once() >= self.batch:
                 continue
-            row = await self.app.fetchone(NEXT_POLL, ())
-            due = None if row is None or row[0] is None else float(row[0])
+            due = await first(self.app, mq.NEXT_POLL, ())
             await asyncio.sleep(self.idle if due is None else min(self.idle, max(0.0, due)))

@@ -11,7 +11,7 @@ idempotent per ``key`` (the durable runner uses it to save a run's turn once).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeVar
 
 from agents.memory.session import SessionABC
 from agents.memory.session_settings import SessionSettings, resolve_session_limit
@@ -20,17 +20,14 @@ from psycopg_pool import AsyncConnectionPool
 
 from ...foundation.db import acheck_connection, translated
 from ...foundation.pooler import aconfigure, connect_kwargs, connect_timeout
+from ...foundation.queries import agent_sessions as sq
+from ...foundation.queries.core import Query, many
 
 __all__ = ["PgDurableSession"]
 
-# -- append items in order (under the session's advisory lock); idempotent per key
-ADD = "SELECT pgdurable.session_add_items(%s, %s::jsonb[], %s)"
-# -- the last n items (NULL: all), oldest first
-GET = "SELECT item FROM pgdurable.session_get_items(%s, %s)"
-# -- remove and return the newest item
-POP = "SELECT pgdurable.session_pop_item(%s)"
-# -- remove every item
-CLEAR = "SELECT pgdurable.session_clear(%s)"
+R = TypeVar("R")
+
+# (its statements: pgdurable.foundation.queries.agent_sessions, imported as ``sq``)
 
 
 class PgDurableSession(SessionABC):
@@ -58,15 +55,13 @@ class PgDurableSession(SessionABC):
             raise TypeError("PgDurableSession needs a DSN or an AsyncConnectionPool")
         self._opened = False
 
-    async def _fetch(self, sql: str, params: tuple[Any, ...]) -> list[tuple[Any, ...]]:
+    async def _fetch(self, query: Query[R], params: tuple[Any, ...]) -> list[R]:
         if self._owned and not self._opened:
             self._opened = True
             await self._pool.open(wait=True)
         with translated():
             async with self._pool.connection() as conn:
-                cur = await conn.execute(sql, params)
-                rows: list[tuple[Any, ...]] = await cur.fetchall()
-                return rows
+                return await many(conn, query, params)
 
     async def close(self) -> None:
         """Close the owned pool."""
@@ -78,20 +73,20 @@ class PgDurableSession(SessionABC):
         n = resolve_session_limit(limit, self.session_settings)
         if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 0):
             raise ValueError("limit must be an int >= 0 or None")
-        return [r[0] for r in await self._fetch(GET, (self.session_id, n))]
+        return await self._fetch(sq.GET, (self.session_id, n))
 
     async def add_items(self, items: list[Any], *, key: str | None = None) -> None:
         """Append ``items`` in order, atomically (a repeated ``key`` adds nothing)."""
         if not isinstance(items, list):
             raise TypeError("items must be a list of input items")
         if items:
-            await self._fetch(ADD, (self.session_id, [Jsonb(i) for i in items], key))
+            await self._fetch(sq.ADD, (self.session_id, [Jsonb(i) for i in items], key))
 
     async def pop_item(self) -> Any:
         """Remove and return the newest item (None when the session is empty)."""
-        rows = await self._fetch(POP, (self.session_id,))
-        return rows[0][0] if rows else None
+        popped = await self._fetch(sq.POP, (self.session_id,))
+        return popped[0] if popped else None
 
     async def clear_session(self) -> None:
         """Remove every item of the session."""
-        await self._fetch(CLEAR, (self.session_id,))
+        await self._fetch(sq.CLEAR, (self.session_id,))

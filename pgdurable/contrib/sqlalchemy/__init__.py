@@ -49,7 +49,7 @@ import weakref
 from collections.abc import Coroutine, Iterable, Iterator
 from contextlib import contextmanager
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, overload
+from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 try:
     from sqlalchemy import URL
@@ -69,19 +69,25 @@ from ...foundation import run_queries as q
 from ...foundation.db import validate_dsn
 from ...foundation.errors import InvalidInput, UnknownTask, translate
 from ...foundation.migrations import acheck_schema, check_schema
+from ...foundation.queries.batch_start import START_MANY
+from ...foundation.queries.core import Query
+from ...foundation.queries.signals import SIGNAL, SIGNAL_RUN
+from ...foundation.queries.start import Started, started
 from ...foundation.signals import (
     DEFAULT_MAX_PAYLOAD,
     DEFAULT_SIGNAL_TTL,
     signal_params,
     signal_run_params,
 )
-from ...runs.batch_start import START_MANY, Start, start_many_params
+from ...runs.batch_start import Start, start_many_params
 from ...runs.metadata import start_statement
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession, async_scoped_session
 
 __all__ = ["signal", "signal_run", "start_many", "start_run", "url_from_dsn"]
+
+R = TypeVar("R")
 
 # Engines whose pgdurable schema version was checked (never a failed check).
 _checked: weakref.WeakKeyDictionary[Engine, bool] = weakref.WeakKeyDictionary()
@@ -230,7 +236,7 @@ def _translated() -> Iterator[None]:
         raise err2 from exc
 
 
-def _run_sync(target: Session | Connection, sql: str, params: tuple[Any, ...]) -> list[Any]:
+def _run_sync(target: Session | Connection, query: Query[R], params: tuple[Any, ...]) -> list[R]:
     conn = target.connection() if isinstance(target, Session) else target
     with _translated():
         if not conn.in_transaction():
@@ -241,12 +247,12 @@ def _run_sync(target: Session | Connection, sql: str, params: tuple[Any, ...]) -
             assert isinstance(raw, psycopg.Connection)
             check_schema(raw)
             _checked[engine] = True
-        return list(conn.exec_driver_sql(sql, params).fetchall())
+        return query.all(conn.exec_driver_sql(query.sql, params).fetchall())
 
 
 async def _run_async(
-    target: AsyncSession | AsyncConnection, sql: str, params: tuple[Any, ...]
-) -> list[Any]:
+    target: AsyncSession | AsyncConnection, query: Query[R], params: tuple[Any, ...]
+) -> list[R]:
     async_session = _async_types()[0]
     conn: AsyncConnection = (
         await target.connection() if isinstance(target, async_session) else target  # type: ignore[assignment]
@@ -260,8 +266,8 @@ async def _run_async(
             assert isinstance(raw, psycopg.AsyncConnection)
             await acheck_schema(raw)
             _checked[engine] = True
-        result = await conn.exec_driver_sql(sql, params)
-        return list(result.fetchall())
+        result = await conn.exec_driver_sql(query.sql, params)
+        return query.all(result.fetchall())
 
 
 # -- public API ---------------------------------------------------------------
@@ -349,14 +355,12 @@ def start_run(
     sql, params = start_statement(q.START, params, metadata)  # metadata + trace context
     target = _unwrap(target)
     if _classify(target):
-        return _astart(target, sql, params)
-    rows = _run_sync(target, sql, params)
-    return str(rows[0][0])
+        return _astart(target, started(sql), params)
+    return _run_sync(target, started(sql), params)[0].run_id
 
 
-async def _astart(target: Any, sql: str, params: tuple[Any, ...]) -> str:
-    rows = await _run_async(target, sql, params)
-    return str(rows[0][0])
+async def _astart(target: Any, query: Query[Started], params: tuple[Any, ...]) -> str:
+    return (await _run_async(target, query, params))[0].run_id
 
 
 def start_many(
@@ -429,7 +433,7 @@ def signal(
     JSON payload (bytes). Await the result for an async session/connection.
     """
     params = signal_params(kind, ref, payload, signal_id, ttl, max_payload)
-    return _ids(target, q.SIGNAL, params)
+    return _ids(target, SIGNAL, params)
 
 
 @overload
@@ -475,17 +479,13 @@ def signal_run(
     that run alone. Unknown run: :class:`~pgdurable.RunNotFound` (roll back).
     """
     params = signal_run_params(run_id, kind, payload, signal_id, ttl, max_payload)
-    return _ids(target, q.SIGNAL_RUN, params)
+    return _ids(target, SIGNAL_RUN, params)
 
 
 def _ids(
-    target: Any, sql: str, params: tuple[Any, ...]
+    target: Any, query: Query[str], params: tuple[Any, ...]
 ) -> list[str] | Coroutine[Any, Any, list[str]]:
     target = _unwrap(target)
     if _classify(target):
-        return _aids(target, sql, params)
-    return [str(r[0]) for r in _run_sync(target, sql, params)]
-
-
-async def _aids(target: Any, sql: str, params: tuple[Any, ...]) -> list[str]:
-    return [str(r[0]) for r in await _run_async(target, sql, params)]
+        return _run_async(target, query, params)
+    return _run_sync(target, query, params)

@@ -38,13 +38,12 @@ from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from datetime import datetime, timedelta
 from importlib import resources
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import quote
 
 import jinja2
 import psycopg
 from markupsafe import Markup
-from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
@@ -54,7 +53,6 @@ from starlette.responses import HTMLResponse, RedirectResponse, Response, Stream
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from ...app.durable import RETRY
 from ...foundation import metrics
 from ...foundation import run_queries as rq
 from ...foundation.db import translated, validate_dsn
@@ -69,18 +67,21 @@ from ...foundation.errors import (
 )
 from ...foundation.migrations import acheck_pool_schema
 from ...foundation.pooler import aprobe
+from ...foundation.queries import dashboard as Q
+from ...foundation.queries.core import Listing, Query, first, listing, one
 from ...foundation.signals import parse_payload, signal_run_params
-from ...runs.fork import FORK, FORKED_AT, fork_params
-from ...runs.schedules import PAUSE, TRIGGER, check_schedule_name, resume_schedule_on
+from ...runs.fork import fork_params
+from ...runs.schedules import check_schedule_name, resume_schedule_on
 from ...runs.search import STATUSES, list_runs_query, make_page
 from . import _auth
-from . import _queries as Q
 from ._auth import COOKIE, MAX_FORM_BYTES, Attempts, Authorize, FormTooLarge, Sessions
 from ._live import Broadcaster
 
 __all__ = ["Authorize", "create_app", "exposure_warnings", "serve"]
 
 log = logging.getLogger("pgdurable.dashboard")
+
+T = TypeVar("T")
 
 #: Seconds the dashboard waits for its first connection and schema check.
 OPEN_TIMEOUT = 30.0
@@ -191,18 +192,29 @@ class _Dashboard:
             await self.open()
         return self.pool
 
-    async def rows(self, sql: str, params: tuple[Any, ...] = ()) -> list[dict[str, Any]]:
+    async def rows(self, query: Listing, params: tuple[Any, ...] = ()) -> list[dict[str, Any]]:
         pool = await self._pool()
         with translated():
             async with pool.connection() as conn:
-                cur = conn.cursor(row_factory=dict_row)
-                await cur.execute(sql, params)
-                rows: list[dict[str, Any]] = await cur.fetchall()
-                return rows
+                return await listing(conn, query, params)
+
+    async def one(self, query: Query[T], params: tuple[Any, ...] | None = None) -> T:
+        """The answer of ``query`` (one row), on a pooled connection."""
+        pool = await self._pool()
+        with translated():
+            async with pool.connection() as conn:
+                return await one(conn, query, params)
+
+    async def first(self, query: Query[T], params: tuple[Any, ...]) -> T | None:
+        """The answer of ``query``, None when it returns no row, on a pooled connection."""
+        pool = await self._pool()
+        with translated():
+            async with pool.connection() as conn:
+                return await first(conn, query, params)
 
     async def can_read_tables(self) -> bool:
         if self.full is None:
-            self.full = bool((await self.rows(Q.CAN_READ_TABLES))[0]["has_table_privilege"])
+            self.full = await self.one(Q.CAN_READ_TABLES)
         return self.full
 
     def csrf(self, action: str, run_id: str) -> str:
@@ -472,12 +484,13 @@ class _Dashboard:
         if isinstance(form, Response):
             return form
         target = rid
+        query: Query[str | None]
         params: tuple[Any, ...]
         try:  # bad input: 400, before any SQL
             if action == "cancel":
-                sql, params = rq.CANCEL, (rid,)
+                query, params = Q.CANCEL, (rid,)
             elif action == "retry":
-                sql, params = RETRY, (rid,)
+                query, params = Q.RETRY, (rid,)
             elif action == "fork":  # no step: where a retry would continue (sql/0030)
                 step = (_form_int(form["step"], "step") if form.get("step", "").strip()
                         else None)
@@ -485,27 +498,28 @@ class _Dashboard:
                     patch = json.loads(form["state"]) if form.get("state", "").strip() else None
                 except ValueError as exc:
                     raise ValueError(f"the state patch is not JSON: {exc}") from None
-                sql, params = FORK, fork_params(rid, step, patch, "merge", None, False)
+                query, params = Q.FORK, fork_params(rid, step, patch, "merge", None, False)
             else:
-                sql, params = rq.SIGNAL_RUN, signal_run_params(
+                query, params = Q.SIGNAL_RUN, signal_run_params(
                     rid, str(form.get("kind", "")) or "approval",
                     parse_payload(str(form.get("payload", ""))), None, None)
         except (TypeError, ValueError) as exc:
             return self.page(request, "error.html", status_code=400, message=str(exc))
         try:
-            answer = (await self.rows_tuples(sql, params))[0][0]
+            # (no row: signal_run kept the signal pending for the run)
+            answer = await self.first(query, params)
         except RunNotFound as exc:
             return self.page(request, "error.html", status_code=404, message=str(exc))
         except (PgDurableError, TypeError, ValueError) as exc:
             return self.page(request, "error.html", status_code=409, message=str(exc))
         if action == "fork":
             target = str(answer)
-            at = (await self.rows_tuples(FORKED_AT, (target,)))[0][0]
+            at = await self.one(Q.FORKED_AT, (target,))
             done = f"forked from {rid} at step {at}"
         elif action == "signal":
             done = "signalled (woke the run)" if answer else "signalled (kept pending)"
         else:
-            done = answer
+            done = str(answer)
         root = request.scope.get("root_path", "")
         return RedirectResponse(f"{root}/runs/{target}?done={_quote(f'{action}: {done}')}", 303)
 
@@ -519,8 +533,7 @@ class _Dashboard:
         name = check_schedule_name(form.get("name"))
         try:
             if action == "pause":
-                done = "paused" if (await self.rows_tuples(PAUSE, (name,)))[0][0] else \
-                    "was paused already"
+                done = "paused" if await self.one(Q.PAUSE, (name,)) else "was paused already"
             elif action == "resume":
                 pool = await self._pool()
                 with translated():
@@ -528,7 +541,7 @@ class _Dashboard:
                         resumed = await resume_schedule_on(conn, name)
                 done = "resumed" if resumed else "was not paused"
             else:
-                done = f"started run {(await self.rows_tuples(TRIGGER, (name,)))[0][0]}"
+                done = f"started run {await self.one(Q.TRIGGER, (name,))}"
         except ScheduleNotFound as exc:
             return self.page(request, "error.html", status_code=404, message=str(exc))
         except (PgDurableError, ValueError) as exc:

@@ -44,6 +44,8 @@ from typing import TYPE_CHECKING, Any
 from ..foundation.errors import InvalidInput, StepHung, StepTimeout
 from ..foundation.jsonb import dumps
 from .fork import HEARTBEAT
+from .text import finish as finish_text
+from .text import settle as settle_text
 
 if TYPE_CHECKING:
     from types import TracebackType
@@ -110,6 +112,11 @@ class StepGuard:
     async def __aexit__(self, exc_type: type[BaseException] | None,
                         exc: BaseException | None, tb: TracebackType | None) -> None:
         self._ctx._liveness = None
+        try:
+            if exc_type is None:
+                await finish_text(self._ctx)  # the step's text is stored before its checkpoint
+        finally:
+            settle_text(self._ctx)
         if self._timeout is None:
             return
         kind = self._deadline()[1]

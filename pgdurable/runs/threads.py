@@ -82,6 +82,26 @@ SEND = (
     "%s::text, %s::text, %s::jsonb, %s::text, %s::text, %s::text, %s::text, %s::integer, "
     "%s::integer, %s::jsonb, %s::interval)"
 )
+# -- the ownership decision with double-texting; + the thread stream's position before it
+SEND_V2 = (
+    "SELECT action, run_id, seq, duplicate, stream_no, stream_seq FROM pgdurable.send_message_v2("
+    "%s::text, %s::text, %s::jsonb, %s::text, %s::text, %s::text, %s::text, %s::integer, "
+    "%s::integer, %s::jsonb, %s::interval, %s::text, %s::text)"
+)
+# -- a thread's double-texting strategy (NULL: the sender's default)
+SET_DOUBLE_TEXT = "SELECT pgdurable.set_double_text(%s::text, %s::text)"
+#: What a message sent while its thread is answering does (see ``send_message_v2``).
+DoubleText = Literal["reject", "enqueue", "interrupt", "rollback"]
+DOUBLE_TEXTS = ("reject", "enqueue", "interrupt", "rollback")
+
+
+def check_double_text(value: object, what: str = "double_text") -> str | None:
+    """A double-texting strategy or None; ValueError otherwise."""
+    if value is not None and value not in DOUBLE_TEXTS:
+        raise ValueError(f"{what} must be one of {', '.join(DOUBLE_TEXTS)} or None, not {value!r}")
+    return value
+
+
 # -- fenced drain of the thread inbox for the current step
 TAKE = (
     "SELECT seq, message_id, payload, sender, created_at, thread_key "
@@ -155,6 +175,8 @@ class Delivery:
     (appended to the inbox of the run owning the thread); ``run_id`` is that
     run; ``seq`` the message's position in the thread; ``duplicate`` is True
     when this ``message_id`` had been sent before (nothing was written).
+    ``cursor`` is the thread stream's position before the message
+    (``"thread_no:seq"``): its answer follows.
     """
 
     action: Literal["wake", "deliver"]
@@ -162,6 +184,7 @@ class Delivery:
     seq: int
     message_id: str
     duplicate: bool = False
+    cursor: str | None = None
 
 
 @dataclass(frozen=True)
@@ -186,6 +209,7 @@ class ThreadRoute:
     priority: int = 0
     idle_ttl: timedelta | None = None
     revision: str | None = None  # None: the registered task's revision
+    double_text: str | None = None  # the default strategy of its threads (None: enqueue)
 
 
 class ThreadRoutes:
@@ -202,8 +226,10 @@ class ThreadRoutes:
         priority: int,
         idle_ttl: timedelta | None,
         revision: str | None = None,
+        double_text: str | None = None,
     ) -> ThreadRoute:
         """Validate and register a route (replacing one with the same prefix)."""
+        check_double_text(double_text)
         if not isinstance(prefix, str):
             raise TypeError("thread prefix must be a str ('' = every thread)")
         q.check_name(task, "task")
@@ -216,7 +242,7 @@ class ThreadRoutes:
             raise ValueError("idle_ttl must be a positive timedelta or None")
         if revision is not None:
             q.check_name(revision, "revision")
-        route = ThreadRoute(prefix, task, queue, priority, idle_ttl, revision)
+        route = ThreadRoute(prefix, task, queue, priority, idle_ttl, revision, double_text)
         self.routes[prefix] = route
         return route
 
@@ -250,8 +276,11 @@ def send_params(
     message_id: object,
     sender: object,
     state: object,
+    double_text: object = None,
 ) -> tuple[tuple[Any, ...], str]:
-    """Validate a send (before any SQL); return the SEND parameters and the message id."""
+    """Validate a send (before any SQL); return the SEND_V2 parameters (the first
+    eleven are SEND's) and the message id."""
+    check_double_text(double_text)
     stored_key = encode_thread_key(thread_key)
     assert isinstance(thread_key, str)
     if message_id is None:
@@ -267,17 +296,18 @@ def send_params(
     attempts = registry.max_attempts_for(route.task)
     params = (
         stored_key, message_id, payload, sender, route.task, revision, route.queue,
-        route.priority, attempts, state_json, route.idle_ttl,
+        route.priority, attempts, state_json, route.idle_ttl, double_text, route.double_text,
     )
     return params, message_id
 
 
 def parse_delivery(row: tuple[Any, ...] | None, message_id: str) -> Delivery:
-    """A SEND row as :class:`Delivery`."""
+    """A SEND (or SEND_V2) row as :class:`Delivery`."""
     assert row is not None
+    cursor = f"{row[4]}:{row[5]}" if len(row) > 4 else None
     return Delivery(
         action=row[0], run_id=str(row[1]), seq=int(row[2]), message_id=message_id,
-        duplicate=bool(row[3]),
+        duplicate=bool(row[3]), cursor=cursor,
     )
 
 

@@ -12,6 +12,12 @@ import time
 from pgdurable import ThreadBusy
 
 
+def spin(path: str) -> None:
+    """Busy-wait for the start signal (both senders go within a millisecond)."""
+    while not os.path.exists(path):
+        time.sleep(0.001)
+
+
 async def main() -> None:
     dsn, thread, text, strategy, go = sys.argv[1:6]
     os.environ["PGDURABLE_DSN"] = dsn
@@ -20,8 +26,7 @@ async def main() -> None:
     async with app:
         await app.fetchone("SELECT 1", ())  # connected before the start signal
         print("ready", flush=True)
-        while not os.path.exists(go):
-            time.sleep(0.001)
+        spin(go)
         try:
             d = await app.send(thread, {"text": text}, message_id=text,
                                double_text=strategy)  # type: ignore[arg-type]

@@ -310,8 +310,8 @@ def test_rollback_stream_says_what_to_discard(dsn: str, fleet: Any, tmp_path: Pa
                     shown.append((item.cursor, item.text))
                 elif isinstance(item.event, dict) and item.event.get("type") == "rollback":
                     after = int(item.event["discard_after"])
-                    shown = [(c, t) for c, t in shown if int(c.split(":")[1].split("+")[0]) <= after
-                             and "+" not in c.split(":")[1] or
+                    shown = [(c, t) for c, t in shown if (int(c.split(":")[1].split("+")[0]) <= after
+                             and "+" not in c.split(":")[1]) or
                              int(c.split(":")[1].split("+")[0]) < after]
         return "".join(t for _, t in shown)
 

@@ -38,11 +38,12 @@ from ..foundation.run_queries import check_name, check_size
 from .children import ChildPolicy, _ids, check_children, need_of, start_child
 from .flow import acquire, reserved
 from .liveness import heartbeat
+from .settled import RunSettled
 from .stream import emit
 from .text import after_event, before_event, emit_text, text_so_far
 from .threads import Message, encode_thread_key, take
 
-__all__ = ["Continue", "Done", "RunContext", "Sleep", "StepResult", "Wait"]
+__all__ = ["Continue", "Done", "RunContext", "RunSettled", "Sleep", "StepResult", "Wait"]
 
 _UNSET: Any = object()
 
@@ -187,17 +188,6 @@ def _seconds(value: timedelta | float, what: str) -> float:
 
 
 EffectFn = Callable[[], Any] | Callable[[], Awaitable[Any]]
-
-
-class RunSettled(BaseException):
-    """Raised inside a step when the run was settled by the step's own write.
-
-    A workflow (:mod:`pgdurable.models.workflows`) checkpoints from inside one call of
-    its step function; when that write ends the run (a cancel, a budget or
-    deadline verdict), or the run was given back at a step boundary, the
-    worker stops the call without further writes. A ``BaseException`` so that
-    user code catching ``Exception`` cannot swallow it.
-    """
 
 
 @dataclass(frozen=True)

@@ -60,6 +60,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..foundation import run_queries as q
 from ..foundation.errors import InvalidInput, LeaseLost
+from .settled import RunSettled
 
 if TYPE_CHECKING:
     from ..foundation.ports import App, StepContext
@@ -401,9 +402,7 @@ def after_event(ctx: StepContext, seq: int) -> None:
 
 async def stop_step(ctx: StepContext, s: StepText) -> None:
     """The safe point of an interrupt or rollback: ONE fenced ``stop_step``,
-    then :class:`~pgdurable.runs.steps.RunSettled` (the worker writes nothing more)."""
-    from .steps import RunSettled  # steps imports this module
-
+    then :class:`~pgdurable.runs.settled.RunSettled` (the worker writes nothing more)."""
     mode = s.interrupt
     assert mode is not None
     writer = writer_for(ctx._app)

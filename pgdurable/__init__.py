@@ -40,6 +40,7 @@ from .foundation.errors import (
     StepHung,
     StepNotRecorded,
     StepTimeout,
+    ThreadBusy,
     UnknownTask,
     ValueTooLarge,
 )
@@ -158,6 +159,7 @@ __all__ = [
     "SchemaVersionMismatch",
     "SignalConflict",
     "UnknownTask",
+    "ThreadBusy",
     "ValueTooLarge",
     "check_schema",
     "migrate",

@@ -18,7 +18,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "pgdurable"
 #: The top-level modules besides ``__init__`` and ``__main__``: each only re-exports
 #: a module of a layer under the documented path users import.
 SHIMS = {"worker", "testing", "retention", "schedules", "partitions", "durable_runs",
-         "dashboard", "webhooks"}
+         "dashboard", "webhooks", "http"}
 
 #: Lowest first, one folder each. A module may import its own layer (without a
 #: circle) and the layers below it, never one above. An entry ending in ".*" is a

@@ -34,6 +34,9 @@ NOT_YET = {
     "ops/dashboard/_live.py",
     "foundation/notifications.py",
     "foundation/presence.py",
+    "runs/live.py",  # the token streams (issue 41): their follow-up converts them
+    "runs/text.py",
+    "ops/http/",
 }
 
 #: Calls whose result is one row / a list (or cursor) of rows.

@@ -40,7 +40,7 @@ from ..runs.fork import ForkedRun, fork_failed_sync, fork_sync, rewind_sync
 from ..runs.metadata import start_statement
 from ..runs.results import result_sync
 from ..runs.search import Page, list_runs_query, make_page
-from ..runs.threads import SEND, Delivery, ThreadRoute, parse_delivery, routes_of, send_params
+from ..runs.threads import SEND_V2, Delivery, ThreadRoute, parse_delivery, routes_of, send_params
 from .common import RETRY, conn_kwargs, env_listen_dsn, ids, mark_incompatible_params, one
 
 if TYPE_CHECKING:
@@ -327,4 +327,4 @@ class DurableClient:
     ) -> Delivery:
         """Sync twin of :meth:`Durable.send` (for web handlers)."""
         params, mid = send_params(self._registry, thread_key, message, message_id, sender, state)
-        return parse_delivery(self._fetchall(SEND, params)[0], mid)
+        return parse_delivery(self._fetchall(SEND_V2, params)[0], mid)

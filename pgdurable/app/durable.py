@@ -50,6 +50,7 @@ from ..foundation.signals import (
     signal_params,
     signal_run_params,
 )
+from ..foundation.stream_tokens import Scope, make_token, secrets_of
 from ..models.durable_runs import durable_task_spec
 from ..models.durable_tasks import DurableTask
 from ..models.step_tasks import task_decorator
@@ -63,7 +64,18 @@ from ..runs.results import await_result
 from ..runs.schedules import Schedule, declare
 from ..runs.search import Page, list_runs_query, make_page
 from ..runs.stream import StreamEvent, stream_run, stream_thread
-from ..runs.threads import SEND, Delivery, ThreadRoute, parse_delivery, routes_of, send_params
+from ..runs.threads import (
+    SEND_V2,
+    SET_DOUBLE_TEXT,
+    Delivery,
+    DoubleText,
+    ThreadRoute,
+    check_double_text,
+    encode_thread_key,
+    parse_delivery,
+    routes_of,
+    send_params,
+)
 from .client import DurableClient
 from .common import RETRY, conn_kwargs, env_listen_dsn, ids, mark_incompatible_params, one
 
@@ -100,6 +112,9 @@ class Durable:
     max_signal_payload: int = DEFAULT_MAX_PAYLOAD
     #: Seconds :meth:`open` waits for the database before it raises (and retries next time).
     open_timeout: float = 30.0
+    #: The secrets of :meth:`stream_token` (the first signs, all verify: rotation);
+    #: ``None``: ``PGDURABLE_STREAM_SECRETS`` (whitespace-separated).
+    stream_secrets: list[str] | None = None
 
     def __init__(
         self,
@@ -580,14 +595,18 @@ class Durable:
         priority: int = 0,
         idle_ttl: timedelta | None = None,
         revision: str | None = None,
+        double_text: DoubleText | None = None,
     ) -> ThreadRoute:
         """Run threads whose key starts with ``prefix`` with ``task`` (``""``: every thread).
 
         The longest matching prefix wins. ``idle_ttl`` is the thread lease's
         TTL while its owner run is parked (default 1 hour, renewed by sends).
         ``revision`` is needed only for a task this app does not register.
+        ``double_text``: what a message sent while its thread is answering does
+        by default (``"enqueue"`` when None; see :meth:`send`).
         """
-        return routes_of(self._registry).add(prefix, task, queue, priority, idle_ttl, revision)
+        return routes_of(self._registry).add(prefix, task, queue, priority, idle_ttl, revision,
+                                             double_text)
 
     async def send(
         self,
@@ -597,17 +616,44 @@ class Durable:
         message_id: str | None = None,
         sender: str | None = None,
         state: Any = None,
+        double_text: DoubleText | None = None,
     ) -> Delivery:
         """Send ``message`` to a thread: start its owner run or deliver to the owner.
 
         Durable before it returns. See :mod:`pgdurable.runs.threads` for the
         contract; ``state`` is the initial state of a newly started run when
-        the thread has no previous run.
+        the thread has no previous run. ``double_text`` says what happens when
+        the thread's owner run is still answering: ``"reject"``
+        (:class:`~pgdurable.ThreadBusy`, nothing stored), ``"enqueue"`` (it is
+        answered next), ``"interrupt"`` (the answering step stops at its next
+        safe point and runs again with both messages) or ``"rollback"`` (the
+        unfinished answer and the older unanswered messages are discarded; the
+        step runs again with this one); None: the thread's
+        (:meth:`set_double_text`), else its route's, else ``"enqueue"``.
         """
         if self._closed:
             raise ProviderClosed("this Durable app is closed")
-        params, mid = send_params(self._registry, thread_key, message, message_id, sender, state)
-        return parse_delivery(await self.fetchone(SEND, params), mid)
+        params, mid = send_params(self._registry, thread_key, message, message_id, sender, state,
+                                  double_text)
+        return parse_delivery(await self.fetchone(SEND_V2, params), mid)
+
+    async def set_double_text(self, thread_key: str, strategy: DoubleText | None) -> None:
+        """Set a thread's double-texting strategy (None: its route's default); see :meth:`send`."""
+        check_double_text(strategy, "strategy")
+        await self.fetchone(SET_DOUBLE_TEXT, (encode_thread_key(thread_key), strategy))
+
+    def stream_token(self, *, run_id: Any = None, thread: str | None = None,
+                     scope: Scope = "read", ttl: timedelta | float = timedelta(minutes=10)) -> str:
+        """A signed token for ONE run or thread, ``"read"`` or ``"write"``, for ``ttl``.
+
+        Safe to hand to a browser: the HTTP endpoints
+        (:func:`pgdurable.http.create_app`) check it without a database role
+        of its own. Signed with the first of :attr:`stream_secrets` (else
+        ``PGDURABLE_STREAM_SECRETS``); see :mod:`pgdurable.foundation.stream_tokens`.
+        """
+        rid = None if run_id is None else str(q.check_run_id(run_id))
+        return make_token(secrets_of(self.stream_secrets), run_id=rid, thread=thread,
+                          scope=scope, ttl=ttl)
 
     def stream(self, run_id: Any, after: int = 0, *, poll: float = 1.0) -> AsyncIterator[StreamEvent]:
         """Async iterator over a run's output events after ``after``, live, until its end."""

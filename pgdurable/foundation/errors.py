@@ -39,6 +39,7 @@ __all__ = [
     "ScheduleNotFound",
     "SchemaVersionMismatch",
     "SignalConflict",
+    "ThreadBusy",
     "UnknownTask",
     "ValueTooLarge",
     "translate",
@@ -172,6 +173,13 @@ class ValueTooLarge(InvalidInput):
     a lease owner over 64 KiB): nothing changed. A :class:`ValueError` too."""
 
     sqlstate = "PD013"
+
+
+class ThreadBusy(PgDurableError):
+    """A message sent with ``double_text="reject"`` to a thread whose owner run is
+    answering (unfinished and not parked on its inbox): nothing was stored."""
+
+    sqlstate = "PD014"
 
 
 class PermissionDenied(PgDurableError):

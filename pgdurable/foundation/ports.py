@@ -80,6 +80,7 @@ class StepContext(Protocol):
     _app: Any
     _owner: str | None
     _emitted: int
+    _text: Any  # the step's text stream (pgdurable.runs.text.StepText) or None
     _liveness: Any
 
     def _attached(self) -> tuple[Any, str]: ...

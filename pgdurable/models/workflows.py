@@ -110,6 +110,7 @@ from ..runs.steps import (
     _seconds,
     in_thread,
 )
+from ..runs.text import finish as finish_text
 from ..runs.threads import Message, encode_thread_key
 from .durable_runs import mark_terminal
 
@@ -367,6 +368,7 @@ class WorkflowContext:
         else:
             text = '{"workflow":' + text + "}"
         spend = self.run._pending_spend
+        await finish_text(self.run)  # the step's streamed text is stored before its checkpoint
         try:
             status = await io.checkpoint(text, spend)
         except LeaseLost:

@@ -45,6 +45,8 @@ from ..foundation.errors import InvalidInput, StepHung, StepTimeout
 from ..foundation.jsonb import dumps
 from ..foundation.queries.core import one
 from ..foundation.queries.liveness import HEARTBEAT
+from .text import finish as finish_text
+from .text import settle as settle_text
 
 if TYPE_CHECKING:
     from types import TracebackType
@@ -111,6 +113,11 @@ class StepGuard:
     async def __aexit__(self, exc_type: type[BaseException] | None,
                         exc: BaseException | None, tb: TracebackType | None) -> None:
         self._ctx._liveness = None
+        try:
+            if exc_type is None:
+                await finish_text(self._ctx)  # the step's text is stored before its checkpoint
+        finally:
+            settle_text(self._ctx)
         if self._timeout is None:
             return
         kind = self._deadline()[1]

@@ -38,10 +38,12 @@ from ..foundation.run_queries import check_name, check_size
 from .children import ChildPolicy, _ids, check_children, need_of, start_child
 from .flow import acquire, reserved
 from .liveness import heartbeat
+from .settled import RunSettled
 from .stream import emit
+from .text import after_event, before_event, emit_text, text_so_far
 from .threads import Message, encode_thread_key, take
 
-__all__ = ["Continue", "Done", "RunContext", "Sleep", "StepResult", "Wait"]
+__all__ = ["Continue", "Done", "RunContext", "RunSettled", "Sleep", "StepResult", "Wait"]
 
 _UNSET: Any = object()
 
@@ -188,17 +190,6 @@ def _seconds(value: timedelta | float, what: str) -> float:
 EffectFn = Callable[[], Any] | Callable[[], Awaitable[Any]]
 
 
-class RunSettled(BaseException):
-    """Raised inside a step when the run was settled by the step's own write.
-
-    A workflow (:mod:`pgdurable.models.workflows`) checkpoints from inside one call of
-    its step function; when that write ends the run (a cancel, a budget or
-    deadline verdict), or the run was given back at a step boundary, the
-    worker stops the call without further writes. A ``BaseException`` so that
-    user code catching ``Exception`` cannot swallow it.
-    """
-
-
 @dataclass(frozen=True)
 class RunIO:
     """The worker's hooks for step code that checkpoints from inside one call.
@@ -246,6 +237,7 @@ class RunContext:
     _app: Any = field(default=None, repr=False)  # the Durable app (inbox, emit)
     _owner: str | None = field(default=None, repr=False)  # the worker id (lease fence)
     _emitted: int = field(default=0, repr=False)  # events emitted by this step so far
+    _text: Any = field(default=None, repr=False)  # the step's text stream (runs/text.py)
     _loop: Any = field(default=None, repr=False)  # the worker's event loop (sync twins)
     #: The worker's hooks for code that checkpoints from inside one call (workflows).
     _io: Any = field(default=None, repr=False)
@@ -442,6 +434,28 @@ class RunContext:
         """:meth:`emit` for sync step functions (which the worker runs in a thread)."""
         return int(self._call_sync(self.emit(event)))
 
+    async def emit_text(self, delta: str) -> None:
+        """Stream ``delta`` (text, e.g. an LLM token) to the run's output stream.
+
+        Buffered: readers get it live within about 20 ms (a NOTIFY of the
+        process's writer), and it is stored as a ``{"type": "text"}`` event
+        every 100 ms or 2 KB and before the step's checkpoint. A SIGKILL loses
+        at most the unflushed tail; a retried step replays its text (what an
+        earlier attempt stored is not written again). A safe point of
+        double-texting (interrupt, rollback). See :mod:`pgdurable.runs.text`.
+        """
+        await emit_text(self, delta)
+
+    def emit_text_sync(self, delta: str) -> None:
+        """:meth:`emit_text` for sync step functions (which the worker runs in a thread)."""
+        self._call_sync(self.emit_text(delta))
+
+    async def text_so_far(self) -> str:
+        """The text this step stored so far (by earlier attempts, after a crash or a
+        retry; ``""`` on a first attempt). After this call, ``emit_text`` appends
+        to it instead of replaying: continue the generation from it."""
+        return await text_so_far(self)
+
     async def inbox(self) -> list[Message]:
         """Drain the thread's messages delivered since the last step, in order.
 
@@ -460,7 +474,10 @@ class RunContext:
         Fenced by the lease; a retried step overwrites its earlier events
         instead of duplicating them. See :mod:`pgdurable.runs.stream`.
         """
-        return await emit(self, event)
+        await before_event(self)  # the step's text first (order); a safe point
+        seq = await emit(self, event)
+        after_event(self, seq)
+        return seq
 
     async def start_child(
         self,

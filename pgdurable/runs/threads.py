@@ -82,6 +82,20 @@ __all__ = [
 #: The SQL of a send, for the app and the sync client until their twin is generated
 #: (issue 39); they decode its row with :func:`parse_delivery`.
 SEND = tq.SEND.sql
+#: The SQL of a send with double-texting (``send_message_v2``), decoded by
+#: :func:`parse_delivery` too; :data:`SET_DOUBLE_TEXT` sets a thread's strategy.
+SEND_V2 = tq.SEND_V2.sql
+SET_DOUBLE_TEXT = tq.SET_DOUBLE_TEXT.sql
+#: What a message sent while its thread is answering does (see ``send_message_v2``).
+DoubleText = Literal["reject", "enqueue", "interrupt", "rollback"]
+DOUBLE_TEXTS = ("reject", "enqueue", "interrupt", "rollback")
+
+
+def check_double_text(value: object, what: str = "double_text") -> str | None:
+    """A double-texting strategy or None; ValueError otherwise."""
+    if value is not None and value not in DOUBLE_TEXTS:
+        raise ValueError(f"{what} must be one of {', '.join(DOUBLE_TEXTS)} or None, not {value!r}")
+    return value
 
 _PREFIX = "pgdurable.thread:"
 
@@ -103,6 +117,8 @@ class Delivery:
     (appended to the inbox of the run owning the thread); ``run_id`` is that
     run; ``seq`` the message's position in the thread; ``duplicate`` is True
     when this ``message_id`` had been sent before (nothing was written).
+    ``cursor`` is the thread stream's position before the message
+    (``"thread_no:seq"``): its answer follows.
     """
 
     action: Literal["wake", "deliver"]
@@ -110,6 +126,7 @@ class Delivery:
     seq: int
     message_id: str
     duplicate: bool = False
+    cursor: str | None = None
 
 
 @dataclass(frozen=True)
@@ -122,6 +139,7 @@ class ThreadRoute:
     priority: int = 0
     idle_ttl: timedelta | None = None
     revision: str | None = None  # None: the registered task's revision
+    double_text: str | None = None  # the default strategy of its threads (None: enqueue)
 
 
 class ThreadRoutes:
@@ -138,8 +156,10 @@ class ThreadRoutes:
         priority: int,
         idle_ttl: timedelta | None,
         revision: str | None = None,
+        double_text: str | None = None,
     ) -> ThreadRoute:
         """Validate and register a route (replacing one with the same prefix)."""
+        check_double_text(double_text)
         if not isinstance(prefix, str):
             raise TypeError("thread prefix must be a str ('' = every thread)")
         q.check_name(task, "task")
@@ -152,7 +172,7 @@ class ThreadRoutes:
             raise ValueError("idle_ttl must be a positive timedelta or None")
         if revision is not None:
             q.check_name(revision, "revision")
-        route = ThreadRoute(prefix, task, queue, priority, idle_ttl, revision)
+        route = ThreadRoute(prefix, task, queue, priority, idle_ttl, revision, double_text)
         self.routes[prefix] = route
         return route
 
@@ -186,9 +206,12 @@ def send_params(
     message_id: object,
     sender: object,
     state: object,
+    double_text: object = None,
 ) -> tuple[tuple[Any, ...], str]:
     """Validate a send (before any SQL); return the parameters of
-    :data:`~pgdurable.foundation.queries.threads.SEND` and the message id."""
+    :data:`~pgdurable.foundation.queries.threads.SEND_V2` (the first eleven are
+    :data:`~pgdurable.foundation.queries.threads.SEND`'s) and the message id."""
+    check_double_text(double_text)
     stored_key = encode_thread_key(thread_key)
     assert isinstance(thread_key, str)
     if message_id is None:
@@ -204,16 +227,16 @@ def send_params(
     attempts = registry.max_attempts_for(route.task)
     params = (
         stored_key, message_id, payload, sender, route.task, revision, route.queue,
-        route.priority, attempts, state_json, route.idle_ttl,
+        route.priority, attempts, state_json, route.idle_ttl, double_text, route.double_text,
     )
     return params, message_id
 
 
 def parse_delivery(row: tuple[Any, ...] | None, message_id: str) -> Delivery:
-    """A :data:`SEND` row as :class:`Delivery`."""
-    sent = tq.SEND.one(row)
+    """A :data:`SEND` or :data:`SEND_V2` row as :class:`Delivery`."""
+    sent = (tq.SEND_V2 if row is not None and len(row) > 4 else tq.SEND).one(row)
     return Delivery(action=sent.action, run_id=sent.run_id, seq=sent.seq,
-                    message_id=message_id, duplicate=sent.duplicate)
+                    message_id=message_id, duplicate=sent.duplicate, cursor=sent.cursor)
 
 
 async def take(ctx: StepContext) -> list[Message]:

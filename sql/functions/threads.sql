@@ -114,7 +114,8 @@ COMMENT ON FUNCTION pgdurable._thread_wake(uuid, text) IS
 -- pgdurable._thread_new_run(id, thread, task, revision, queue, priority,
 --                           max_attempts, state) -> integer (thread_no)
 -- Internal: insert a runnable run owning the thread (the caller already
--- holds the thread lease for '<id>:0') and NOTIFY pgdurable_wake(queue).
+-- holds the thread lease for '<id>:0'), NOTIFY pgdurable_wake(queue) and
+-- pgdurable_threads(md5(thread)) for the thread's stream followers.
 ------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION pgdurable._thread_new_run(p_id uuid, p_thread text, p_task text,
   p_revision text, p_queue text, p_priority integer, p_max_attempts integer, p_state jsonb)
@@ -130,6 +131,8 @@ BEGIN
   VALUES (p_id, p_task, p_revision, coalesce(p_state, '{}'), p_queue, p_priority,
           p_max_attempts, p_thread, v_no);
   PERFORM pg_notify('pgdurable_wake', p_queue);
+  -- thread stream followers (pgdurable/runs/live.py) hear of the thread's new run
+  PERFORM pg_notify('pgdurable_threads', md5(p_thread));
   RETURN v_no;
 END
 $$;
@@ -137,9 +140,11 @@ COMMENT ON FUNCTION pgdurable._thread_new_run(uuid, text, text, text, text, inte
   'Internal: start the run that owns a thread (caller holds the thread lease) and NOTIFY its queue.';
 
 ------------------------------------------------------------------------------
--- pgdurable.send_message(thread, message_id, payload, sender, task, revision,
---                        queue, priority, max_attempts, state, idle_ttl)
---   -> TABLE(action text, run_id uuid, seq bigint, duplicate boolean)
+-- pgdurable.send_message_v2(thread, message_id, payload, sender, task, revision,
+--                           queue, priority, max_attempts, state, idle_ttl,
+--                           double_text, default_double_text)
+--   -> TABLE(action text, run_id uuid, seq bigint, duplicate boolean,
+--            stream_no integer, stream_seq bigint)
 -- The ownership decision, atomically, under the thread's row lock:
 -- * message_id already stored for the thread: same payload -> its original
 --   (action, run_id, seq) with duplicate = true, nothing changes; another
@@ -153,16 +158,31 @@ COMMENT ON FUNCTION pgdurable._thread_new_run(uuid, text, text, text, text, inte
 --   (acquire, or transfer from a finished holder); its state is the final
 --   state of the thread's previous run, else state.
 -- * a live lease held by an owner that is not a run attempt -> PD001.
+-- DOUBLE-TEXTING: when the owner run is ANSWERING (unfinished and not parked
+-- on its inbox) the message follows the strategy double_text, else the
+-- thread's (threads.double_text), else default_double_text, else 'enqueue':
+-- 'reject' -> PD014 (ThreadBusy), nothing stored; 'enqueue' -> delivered
+-- as above; 'interrupt' -> delivered, and the step answering an older
+-- message stops at its next safe point (stream_tick, stop_step) and runs
+-- again with both; 'rollback' -> every older message not taken yet is
+-- discarded (consumed, discarded_at), delivered, and the step answering an
+-- older message stops at its next safe point, its answer and the messages it
+-- took discarded. The strategy applied is recorded (thread_messages.double_text).
+-- (stream_no, stream_seq): the thread stream's position before this message
+-- (its last run's thread_no and last event seq; 0, 0 for a new thread): its
+-- answer follows. A duplicate returns the first send's.
 -- thread is the stored (escaped) key (pgdurable.is_thread_key).
 -- Bad input -> PD000. Never reports delivery without a recipient (run_id is
 -- always a run that exists and is unfinished at commit).
 ------------------------------------------------------------------------------
-CREATE OR REPLACE FUNCTION pgdurable.send_message(
+CREATE OR REPLACE FUNCTION pgdurable.send_message_v2(
   p_thread text, p_message_id text, p_payload jsonb, p_sender text, p_task text,
   p_revision text, p_queue text, p_priority integer, p_max_attempts integer,
-  p_state jsonb DEFAULT NULL, p_idle_ttl interval DEFAULT NULL)
-RETURNS TABLE (action text, run_id uuid, seq bigint, duplicate boolean)
-LANGUAGE plpgsql AS $$
+  p_state jsonb, p_idle_ttl interval, p_double_text text, p_default_double_text text)
+RETURNS TABLE (action text, run_id uuid, seq bigint, duplicate boolean, stream_no integer,
+               stream_seq bigint)
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pgdurable, pg_temp AS $$
 DECLARE
   lk bytea;
   t pgdurable.threads;
@@ -176,7 +196,16 @@ DECLARE
   v_action text;
   v_state jsonb;
   v_got boolean;
+  v_strategy text;
+  v_double text;
+  v_no integer;
+  v_seq bigint;
 BEGIN
+  IF p_double_text NOT IN ('reject', 'enqueue', 'interrupt', 'rollback')
+     OR p_default_double_text NOT IN ('reject', 'enqueue', 'interrupt', 'rollback') THEN
+    RAISE EXCEPTION 'send_message: double_text must be reject, enqueue, interrupt or rollback'
+      USING ERRCODE = 'PD000';
+  END IF;
   IF p_thread IS NULL OR p_thread = '' OR p_message_id IS NULL OR p_message_id = ''
      OR p_payload IS NULL OR p_task IS NULL OR p_task = '' OR p_revision IS NULL
      OR p_queue IS NULL OR p_queue = '' OR coalesce(p_max_attempts, 0) < 1
@@ -202,9 +231,16 @@ BEGIN
       RAISE EXCEPTION 'message % was already sent to thread % with another payload',
         p_message_id, p_thread USING ERRCODE = 'PD008';
     END IF;
-    RETURN QUERY SELECT m.action, m.run_id, m.seq, true;
+    RETURN QUERY SELECT m.action, m.run_id, m.seq, true, coalesce(m.stream_no, 0),
+                        coalesce(m.stream_seq, 0);
     RETURN;
   END IF;
+  -- the thread stream's position now: its answer follows
+  SELECT x.thread_no, (SELECT max(e.seq) FROM pgdurable.run_events e
+                        WHERE e.run_id = x.id AND e.created_at >= x.created_at - interval '1 hour'
+                          AND e.created_at <= v_now + interval '1 hour')
+    INTO v_no, v_seq
+    FROM pgdurable.runs x WHERE x.thread_key = p_thread ORDER BY x.thread_no DESC LIMIT 1;
   v_ttl := pgdurable._ttl_ms(t.idle_ttl);
   SELECT * INTO l FROM pgdurable.leases x WHERE x.key = lk FOR UPDATE;
   v_live := l.owner IS NOT NULL AND l.expires_at > v_now;
@@ -219,6 +255,22 @@ BEGIN
      AND v_run.status NOT IN ('completed', 'failed', 'cancelled', 'incompatible') THEN
     v_action := 'deliver';
     v_id := v_run.id;
+    IF NOT (v_run.status = 'waiting' AND v_run.wait_kind IS NOT DISTINCT FROM 'inbox') THEN
+      -- the owner is answering: double-texting
+      v_strategy := coalesce(p_double_text, t.double_text, p_default_double_text, 'enqueue');
+      IF v_strategy = 'reject' THEN
+        RAISE EXCEPTION 'thread % is answering (run %): message % refused (double_text reject)',
+          p_thread, v_run.id, p_message_id USING ERRCODE = 'PD014';
+      END IF;
+      v_double := v_strategy;
+      IF v_strategy = 'rollback' THEN
+        UPDATE pgdurable.thread_messages x
+           SET consumed_by = v_run.id, consumed_step = v_run.step, consumed_at = v_now,
+               discarded_at = v_now
+         WHERE x.thread_key = p_thread AND x.consumed_at IS NULL
+           AND (x.taken_by IS NULL OR v_run.status <> 'leased');
+      END IF;
+    END IF;
     IF NOT v_live THEN
       SELECT a.acquired INTO v_got FROM pgdurable.acquire_lease(
         lk, pgdurable._thread_owner(v_run.id, v_run.lease_token), v_ttl) a;
@@ -246,8 +298,10 @@ BEGIN
                                       coalesce(p_priority, 0), p_max_attempts,
                                       coalesce(v_state, p_state));
   END IF;
-  INSERT INTO pgdurable.thread_messages (thread_key, seq, message_id, payload, sender, action, run_id)
-  VALUES (p_thread, t.next_seq, p_message_id, p_payload, p_sender, v_action, v_id);
+  INSERT INTO pgdurable.thread_messages (thread_key, seq, message_id, payload, sender, action,
+                                         run_id, double_text, stream_no, stream_seq)
+  VALUES (p_thread, t.next_seq, p_message_id, p_payload, p_sender, v_action, v_id, v_double,
+          coalesce(v_no, 0), coalesce(v_seq, 0));
   UPDATE pgdurable.threads SET next_seq = next_seq + 1, last_message_at = v_now,
          route_task = p_task, route_revision = p_revision, route_queue = p_queue,
          route_priority = coalesce(p_priority, 0), route_max_attempts = p_max_attempts
@@ -255,12 +309,58 @@ BEGIN
   IF v_action = 'deliver' THEN
     PERFORM pgdurable._thread_wake(v_id, p_thread);
   END IF;
-  RETURN QUERY SELECT v_action, v_id, t.next_seq, false;
+  RETURN QUERY SELECT v_action, v_id, t.next_seq, false, coalesce(v_no, 0), coalesce(v_seq, 0);
 END
+$$;
+COMMENT ON FUNCTION pgdurable.send_message_v2(text, text, jsonb, text, text, text, text, integer,
+                                              integer, jsonb, interval, text, text) IS
+  'Send a message to a thread (wake or deliver), with a double-texting strategy when it is answering.';
+
+------------------------------------------------------------------------------
+-- pgdurable.send_message(thread, message_id, payload, sender, task, revision,
+--                        queue, priority, max_attempts, state, idle_ttl)
+--   -> TABLE(action text, run_id uuid, seq bigint, duplicate boolean)
+-- send_message_v2 with the thread's strategy, else enqueue (the behaviour
+-- before double-texting, for the callers of earlier releases).
+------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION pgdurable.send_message(
+  p_thread text, p_message_id text, p_payload jsonb, p_sender text, p_task text,
+  p_revision text, p_queue text, p_priority integer, p_max_attempts integer,
+  p_state jsonb DEFAULT NULL, p_idle_ttl interval DEFAULT NULL)
+RETURNS TABLE (action text, run_id uuid, seq bigint, duplicate boolean)
+LANGUAGE sql AS $$
+  SELECT s.action, s.run_id, s.seq, s.duplicate
+    FROM pgdurable.send_message_v2(p_thread, p_message_id, p_payload, p_sender, p_task,
+                                   p_revision, p_queue, p_priority, p_max_attempts, p_state,
+                                   p_idle_ttl, NULL, NULL) s
 $$;
 COMMENT ON FUNCTION pgdurable.send_message(text, text, jsonb, text, text, text, text, integer,
                                            integer, jsonb, interval) IS
   'Send a message to a thread: start its owner run (wake) or append to the owner''s inbox (deliver), atomically.';
+
+------------------------------------------------------------------------------
+-- pgdurable.set_double_text(thread, strategy) -> void
+-- The thread's double-texting strategy (reject, enqueue, interrupt,
+-- rollback; NULL: the sender's default), stored on its threads row (created
+-- if the thread has none yet). thread is the stored (escaped) key. PD000 for
+-- a bad key or strategy.
+------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION pgdurable.set_double_text(p_thread text, p_strategy text)
+RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pgdurable, pg_temp AS $$
+BEGIN
+  IF p_thread IS NULL OR p_thread = '' OR NOT pgdurable.is_thread_key(p_thread)
+     OR p_strategy NOT IN ('reject', 'enqueue', 'interrupt', 'rollback') THEN
+    RAISE EXCEPTION 'set_double_text: an escaped thread key and reject, enqueue, interrupt, '
+      'rollback or NULL are required' USING ERRCODE = 'PD000';
+  END IF;
+  INSERT INTO pgdurable.threads AS x (thread_key, double_text) VALUES (p_thread, p_strategy)
+  ON CONFLICT (thread_key) DO UPDATE SET double_text = p_strategy;
+END
+$$;
+COMMENT ON FUNCTION pgdurable.set_double_text(text, text) IS
+  'Set a thread''s double-texting strategy (NULL: the sender''s default).';
 
 ------------------------------------------------------------------------------
 -- pgdurable.take_messages(id, token, owner)

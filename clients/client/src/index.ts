@@ -1,0 +1,341 @@
+/**
+ * @pgdurable/client: the browser and Node client of pgdurable's HTTP endpoints
+ * (`pgdurable.http.create_app`, see docs/streaming.md).
+ *
+ * - `PgDurableClient`: `start`, `send`, `run`, `result`, and `streamRun` /
+ *   `streamThread`: Server-Sent Events read over `fetch`, resumed after any
+ *   network loss with `Last-Event-ID` (the cursor of the last delivered event:
+ *   exact to the character) and a jittered exponential backoff.
+ * - `PgDurableChatTransport`: a `ChatTransport` for the Vercel AI SDK's
+ *   `useChat` (package `ai`, v5+): each user message is sent to the chat's
+ *   thread, and its answer streamed back as UI message chunks.
+ */
+import type { ChatTransport, UIMessage, UIMessageChunk } from "ai";
+
+/** One event of a pgdurable stream. */
+export type StreamItem =
+  | { kind: "text"; cursor: string; runId: string; text: string }
+  | { kind: "event"; cursor: string; runId: string; seq: number; event: unknown }
+  | { kind: "done" };
+
+export interface ClientOptions {
+  /** Where the endpoints are mounted, e.g. "/agent" or "https://host/agent". */
+  api: string;
+  /** A stream token (`app.stream_token(...)`), or a function returning one. */
+  token?: string | (() => string | undefined | Promise<string | undefined>);
+  /** Extra headers of every request (e.g. your session's). */
+  headers?: Record<string, string>;
+  /** `fetch` to use (default: the global one). */
+  fetch?: typeof fetch;
+  /** First and longest wait (ms) between two reconnects (jittered ±50 %). */
+  backoff?: [number, number];
+  /** Give up after this many reconnects in a row without an event (default: never). */
+  maxRetries?: number;
+}
+
+export type DoubleText = "reject" | "enqueue" | "interrupt" | "rollback";
+
+export interface Delivery {
+  action: "wake" | "deliver";
+  run_id: string;
+  seq: number;
+  message_id: string;
+  duplicate: boolean;
+  cursor: string | null;
+  token: string | null;
+}
+
+export interface RunStatus {
+  run_id: string;
+  status: string;
+  result: unknown;
+  error: unknown;
+}
+
+/** An HTTP error of the endpoints (status and the server's one-line message). */
+export class PgDurableHttpError extends Error {
+  constructor(readonly status: number, message: string) {
+    super(message);
+    this.name = "PgDurableHttpError";
+  }
+}
+
+const sleep = (ms: number, signal?: AbortSignal) =>
+  new Promise<void>((resolve, reject) => {
+    const t = setTimeout(resolve, ms);
+    signal?.addEventListener("abort", () => {
+      clearTimeout(t);
+      reject(signal.reason ?? new DOMException("aborted", "AbortError"));
+    }, { once: true });
+  });
+
+/** Parse an SSE byte stream into (event, id, data) frames. */
+export async function* parseSSE(
+  body: ReadableStream<Uint8Array>,
+): AsyncGenerator<{ event: string; id: string | undefined; data: string }> {
+  const reader = body.getReader();
+  const decoder = new TextDecoder();
+  let buf = "";
+  let event = "message";
+  let id: string | undefined;
+  let data: string[] = [];
+  try {
+    for (;;) {
+      const { value, done } = await reader.read();
+      if (done) return;
+      buf += decoder.decode(value, { stream: true });
+      let nl: number;
+      while ((nl = buf.indexOf("\n")) >= 0) {
+        let line = buf.slice(0, nl);
+        buf = buf.slice(nl + 1);
+        if (line.endsWith("\r")) line = line.slice(0, -1);
+        if (line === "") {
+          if (data.length) yield { event, id, data: data.join("\n") };
+          event = "message";
+          id = undefined;
+          data = [];
+        } else if (line.startsWith(":")) {
+          // a comment: the server's heartbeat
+        } else {
+          const colon = line.indexOf(":");
+          const field = colon < 0 ? line : line.slice(0, colon);
+          const val = colon < 0 ? "" : line.slice(colon + 1).replace(/^ /, "");
+          if (field === "event") event = val;
+          else if (field === "id") id = val;
+          else if (field === "data") data.push(val);
+        }
+      }
+    }
+  } finally {
+    reader.releaseLock();
+  }
+}
+
+export class PgDurableClient {
+  readonly api: string;
+  private readonly opts: ClientOptions;
+
+  constructor(opts: ClientOptions) {
+    this.opts = opts;
+    this.api = opts.api.replace(/\/+$/, "");
+  }
+
+  private async headers(extra?: Record<string, string>): Promise<Record<string, string>> {
+    const h: Record<string, string> = { ...(this.opts.headers ?? {}), ...(extra ?? {}) };
+    const t = typeof this.opts.token === "function" ? await this.opts.token() : this.opts.token;
+    if (t) h["Authorization"] = `Bearer ${t}`;
+    return h;
+  }
+
+  private get fetch(): typeof fetch {
+    return this.opts.fetch ?? globalThis.fetch.bind(globalThis);
+  }
+
+  private async json<T>(method: string, path: string, body?: unknown, signal?: AbortSignal): Promise<T> {
+    const init: RequestInit = {
+      method,
+      headers: await this.headers(body === undefined ? {} : { "Content-Type": "application/json" }),
+    };
+    if (body !== undefined) init.body = JSON.stringify(body);
+    if (signal) init.signal = signal;
+    const r = await this.fetch(this.api + path, init);
+    const text = await r.text();
+    const parsed = text ? JSON.parse(text) : {};
+    if (!r.ok) throw new PgDurableHttpError(r.status, parsed.error ?? r.statusText);
+    return parsed as T;
+  }
+
+  /** Start a run of `task` (your `authorize` must allow it); its id and a read token. */
+  start(task: string, state?: unknown, opts: { queue?: string } = {}): Promise<{ run_id: string; token: string | null }> {
+    return this.json("POST", "/runs", { task, state, ...opts });
+  }
+
+  /** Send a message to a thread (double-texting strategy optional). */
+  send(thread: string, message: unknown, opts: { messageId?: string; doubleText?: DoubleText; signal?: AbortSignal } = {}): Promise<Delivery> {
+    const body: Record<string, unknown> = { message };
+    if (opts.messageId) body.message_id = opts.messageId;
+    if (opts.doubleText) body.double_text = opts.doubleText;
+    return this.json("POST", `/threads/${encodeURIComponent(thread)}/messages`, body, opts.signal);
+  }
+
+  /** A run's status, result and error. */
+  run(runId: string): Promise<RunStatus> {
+    return this.json("GET", `/runs/${encodeURIComponent(runId)}`);
+  }
+
+  /** Wait for a run's end (following its stream) and return its status. */
+  async result(runId: string, signal?: AbortSignal): Promise<RunStatus> {
+    for await (const item of this.streamRun(runId, { signal })) {
+      if (item.kind === "done") break;
+    }
+    return this.run(runId);
+  }
+
+  /** A run's stream, resumed after network losses, until its end. */
+  streamRun(runId: string, opts: { after?: string; signal?: AbortSignal } = {}): AsyncGenerator<StreamItem> {
+    return this.stream(`/runs/${encodeURIComponent(runId)}/stream`, {}, opts);
+  }
+
+  /**
+   * A thread's stream: with `message`, from where that message's answer starts
+   * until it is answered (`"latest"`: the thread's last message; nothing when
+   * it is answered already).
+   */
+  streamThread(thread: string, opts: { message?: string; after?: string; signal?: AbortSignal } = {}): AsyncGenerator<StreamItem> {
+    const params: Record<string, string> = {};
+    if (opts.message) params.message = opts.message;
+    return this.stream(`/threads/${encodeURIComponent(thread)}/stream`, params, opts);
+  }
+
+  private async *stream(path: string, params: Record<string, string>, opts: { after?: string; signal?: AbortSignal }): AsyncGenerator<StreamItem> {
+    let cursor = opts.after;
+    const [first, longest] = this.opts.backoff ?? [250, 5000];
+    let wait = first;
+    let failures = 0;
+    for (;;) {
+      const q = new URLSearchParams(params);
+      const headers = await this.headers(cursor ? { "Last-Event-ID": cursor } : {});
+      let ended = false;
+      try {
+        const init: RequestInit = { headers };
+        if (opts.signal) init.signal = opts.signal;
+        const r = await this.fetch(`${this.api}${path}${q.size ? "?" + q : ""}`, init);
+        if (r.status === 204) return;
+        if (!r.ok || !r.body) {
+          const text = await r.text();
+          let msg = r.statusText;
+          try { msg = JSON.parse(text).error ?? msg; } catch { /* not JSON */ }
+          if (r.status < 500) throw new PgDurableHttpError(r.status, msg);
+          throw new Error(`${r.status} ${msg}`);
+        }
+        for await (const f of parseSSE(r.body)) {
+          failures = 0;
+          wait = first;
+          if (f.event === "done") { ended = true; yield { kind: "done" }; return; }
+          if (f.event === "error") throw new PgDurableHttpError(500, JSON.parse(f.data).error);
+          if (f.id) cursor = f.id;
+          const d = JSON.parse(f.data);
+          if (f.event === "text") yield { kind: "text", cursor: f.id ?? "", runId: d.run_id, text: d.text };
+          else if (f.event === "event") yield { kind: "event", cursor: f.id ?? "", runId: d.run_id, seq: d.seq, event: d.event };
+        }
+      } catch (err) {
+        if (err instanceof PgDurableHttpError || opts.signal?.aborted) throw err;
+      }
+      if (ended) return;
+      failures += 1;
+      if (this.opts.maxRetries !== undefined && failures > this.opts.maxRetries) {
+        throw new Error(`stream ${path}: gave up after ${failures - 1} reconnects`);
+      }
+      await sleep(wait * (0.5 + Math.random()), opts.signal);  // a lost connection: resume
+      wait = Math.min(wait * 2, longest);
+    }
+  }
+}
+
+export interface ChatTransportOptions extends ClientOptions {
+  /** The thread of the chat (default: the chat id useChat passes). */
+  threadId?: string;
+  /** The double-texting strategy of the messages this transport sends. */
+  doubleText?: DoubleText;
+  /** The message payload sent for a UI message (default: `{ text, id }`). */
+  toMessage?: (message: UIMessage) => unknown;
+}
+
+function textOf(message: UIMessage): string {
+  return message.parts.map((p) => (p.type === "text" ? p.text : "")).join("");
+}
+
+/**
+ * A `ChatTransport` for `useChat` over a pgdurable thread: see the module doc.
+ * Text arrives as `text-delta`s; an interrupt ends the partial answer's step;
+ * a rollback is a `reset-step` (the AI SDK removes the step's parts).
+ */
+export class PgDurableChatTransport<UI_MESSAGE extends UIMessage = UIMessage> implements ChatTransport<UI_MESSAGE> {
+  readonly client: PgDurableClient;
+  readonly resumeStreamIsReplay = true;
+  private readonly opts: ChatTransportOptions;
+
+  constructor(opts: ChatTransportOptions) {
+    this.opts = opts;
+    this.client = new PgDurableClient(opts);
+  }
+
+  private thread(chatId: string): string {
+    return this.opts.threadId ?? chatId;
+  }
+
+  async sendMessages(options: Parameters<ChatTransport<UI_MESSAGE>["sendMessages"]>[0]): Promise<ReadableStream<UIMessageChunk>> {
+    const thread = this.thread(options.chatId);
+    const last = [...options.messages].reverse().find((m) => m.role === "user");
+    if (!last) throw new Error("PgDurableChatTransport: no user message to send");
+    const payload = this.opts.toMessage ? this.opts.toMessage(last) : { text: textOf(last), id: last.id };
+    const sendOpts: { messageId?: string; doubleText?: DoubleText; signal?: AbortSignal } = { messageId: last.id };
+    if (this.opts.doubleText) sendOpts.doubleText = this.opts.doubleText;
+    if (options.abortSignal) sendOpts.signal = options.abortSignal;
+    await this.client.send(thread, payload, sendOpts);
+    return this.chunks(this.client.streamThread(thread, { message: last.id, ...(options.abortSignal ? { signal: options.abortSignal } : {}) }));
+  }
+
+  async reconnectToStream(options: Parameters<ChatTransport<UI_MESSAGE>["reconnectToStream"]>[0]): Promise<ReadableStream<UIMessageChunk> | null> {
+    const items = this.client.streamThread(this.thread(options.chatId), { message: "latest", ...(options.abortSignal ? { signal: options.abortSignal } : {}) });
+    const first = await items.next();
+    if (first.done) return null;  // 204: nothing to resume
+    async function* again(): AsyncGenerator<StreamItem> {
+      yield first.value as StreamItem;
+      yield* items;
+    }
+    return this.chunks(again());
+  }
+
+  /** Stream items as UI message chunks (exported for other UIs). */
+  chunks(items: AsyncGenerator<StreamItem>): ReadableStream<UIMessageChunk> {
+    let part = 0;
+    let open: string | null = null;
+    const closeText = (out: UIMessageChunk[]) => {
+      if (open) out.push({ type: "text-end", id: open });
+      open = null;
+    };
+    return new ReadableStream<UIMessageChunk>({
+      async start(controller) {
+        controller.enqueue({ type: "start" });
+        controller.enqueue({ type: "start-step" });
+        try {
+          for await (const item of items) {
+            const out: UIMessageChunk[] = [];
+            if (item.kind === "text") {
+              if (!open) { open = `text-${++part}`; out.push({ type: "text-start", id: open }); }
+              out.push({ type: "text-delta", id: open, delta: item.text });
+            } else if (item.kind === "event") {
+              const ev = item.event as { type?: string } | null;
+              if (ev?.type === "rollback") {
+                open = null;
+                out.push({ type: "reset-step" });  // the unfinished answer is discarded
+              } else if (ev?.type === "interrupted") {
+                closeText(out);
+                out.push({ type: "finish-step" }, { type: "start-step" });
+              } else if (ev?.type !== "end") {
+                closeText(out);
+                out.push({ type: "data-pgdurable", data: ev } as UIMessageChunk);
+              }
+            } else {
+              closeText(out);
+            }
+            for (const c of out) controller.enqueue(c);
+          }
+          const out: UIMessageChunk[] = [];
+          closeText(out);
+          for (const c of out) controller.enqueue(c);
+          controller.enqueue({ type: "finish-step" });
+          controller.enqueue({ type: "finish" });
+          controller.close();
+        } catch (err) {
+          controller.enqueue({ type: "error", errorText: err instanceof Error ? err.message : String(err) });
+          controller.close();
+        }
+      },
+      async cancel() {
+        await items.return(undefined);
+      },
+    });
+  }
+}

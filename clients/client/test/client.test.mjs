@@ -1,0 +1,57 @@
+// @pgdurable/client without a server: SSE parsing, resume with Last-Event-ID after a
+// dropped connection, and the ChatTransport's UI message chunks (a rollback is a reset-step).
+import { test } from "node:test";
+import assert from "node:assert/strict";
+import { PgDurableClient, PgDurableChatTransport, parseSSE } from "../dist/index.js";
+
+const enc = new TextEncoder();
+const body = (text, { cut = false } = {}) => {
+  let sent = false;
+  return new ReadableStream({
+    pull(c) {  // the text, then the end (or, cut, a lost connection)
+      if (!sent) { sent = true; c.enqueue(enc.encode(text)); return; }
+      if (cut) c.error(new Error("network lost")); else c.close();
+    },
+  });
+};
+
+test("parseSSE reads events, ids and skips heartbeats", async () => {
+  const frames = [];
+  for await (const f of parseSSE(body("retry: 1000\n\n: heartbeat\n\nid: 3\nevent: text\ndata: {\"text\":\"a\"}\n\n"))) frames.push(f);
+  assert.deepEqual(frames, [{ event: "text", id: "3", data: "{\"text\":\"a\"}" }]);
+});
+
+test("a dropped stream resumes from the last event id", async () => {
+  const seen = [];
+  const fetch = async (url, init) => {
+    seen.push(init.headers["Last-Event-ID"] ?? null);
+    if (seen.length === 1) return new Response(body("id: 4+2\nevent: text\ndata: {\"run_id\":\"r\",\"text\":\"he\"}\n\n", { cut: true }));
+    return new Response(body("id: 5\nevent: text\ndata: {\"run_id\":\"r\",\"text\":\"llo\"}\n\nevent: done\ndata: {}\n\n"));
+  };
+  const client = new PgDurableClient({ api: "http://x/agent", fetch, backoff: [1, 2], token: "t" });
+  let text = "";
+  for await (const item of client.streamRun("r")) if (item.kind === "text") text += item.text;
+  assert.equal(text, "hello");
+  assert.deepEqual(seen, [null, "4+2"]);
+});
+
+test("the ChatTransport sends the user message and streams UI chunks", async () => {
+  const calls = [];
+  const fetch = async (url, init) => {
+    calls.push([init.method ?? "GET", url]);
+    if (init.method === "POST") return new Response(JSON.stringify({ action: "wake", run_id: "r", seq: 1, message_id: "u1", duplicate: false, cursor: "0:0", token: null }), { status: 201 });
+    return new Response(body(
+      "id: 1:1\nevent: text\ndata: {\"run_id\":\"r\",\"text\":\"wrong\"}\n\n" +
+      "id: 1:2\nevent: event\ndata: {\"run_id\":\"r\",\"seq\":2,\"event\":{\"type\":\"rollback\",\"discard_after\":0}}\n\n" +
+      "id: 1:3\nevent: text\ndata: {\"run_id\":\"r\",\"text\":\"right\"}\n\nevent: done\ndata: {}\n\n"));
+  };
+  const t = new PgDurableChatTransport({ api: "/agent", threadId: "chat:1", fetch });
+  const stream = await t.sendMessages({ trigger: "submit-message", chatId: "c", messageId: undefined, abortSignal: undefined,
+    messages: [{ id: "u1", role: "user", parts: [{ type: "text", text: "hi" }] }] });
+  const chunks = [];
+  for await (const c of stream) chunks.push(c.type === "text-delta" ? `delta:${c.delta}` : c.type);
+  assert.deepEqual(calls.map((c) => c[0]), ["POST", "GET"]);
+  assert.ok(calls[1][1].includes("message=u1"));
+  assert.deepEqual(chunks, ["start", "start-step", "text-start", "delta:wrong", "reset-step",
+    "text-start", "delta:right", "text-end", "finish-step", "finish"]);
+});

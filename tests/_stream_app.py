@@ -1,0 +1,42 @@
+"""The app of the token-stream tests (tests/test_streams.py, the browser test, the
+benchmark): a thread task that answers every message with a long scripted text,
+streamed with ``ctx.emit_text``, and a run task that streams one answer.
+
+``STREAM_DELAY`` (seconds between two tokens, default 0.005) paces the answers."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from typing import Any
+
+from _stream_script import script, tokens
+
+from pgdurable import Done, Durable, RunContext
+
+app = Durable()
+app.thread_task("chat:", "chat")
+DELAY = float(os.environ.get("STREAM_DELAY", "0.005"))
+
+
+@app.task("chat")
+async def chat(ctx: RunContext, state: Any) -> Any:
+    history = list((state or {}).get("history", []))
+    msgs = await ctx.inbox()
+    if msgs:
+        prompt = "+".join(str(m.payload["text"]) for m in msgs)
+        words = int(msgs[-1].payload.get("words", 60))
+        for tok in tokens(script(prompt, words)):
+            await ctx.emit_text(tok)
+            await asyncio.sleep(DELAY)
+        history.append({"answered": [m.message_id for m in msgs], "prompt": prompt})
+    return ctx.wait_inbox(state={"history": history})
+
+
+@app.task("long")
+async def long(ctx: RunContext, state: Any) -> Any:
+    text = script(str(state["prompt"]), int(state.get("words", 200)))
+    for tok in tokens(text):
+        await ctx.emit_text(tok)
+        await asyncio.sleep(float(state.get("delay", DELAY)))
+    return Done(len(text))

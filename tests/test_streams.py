@@ -1,0 +1,348 @@
+"""Token streams (issue 41): ctx.emit_text buffered, flushed and tail-notified; a
+reader that resumes after a SIGKILL gets every flushed token once, in order;
+double-texting with racing senders in separate processes; scoped stream tokens
+at the HTTP endpoints."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psycopg
+import pytest
+from _dashboard_server import free_port
+from _stream_script import script, tokens
+from _waiting import WAIT_LIMIT, until_sync
+
+from pgdurable import Durable
+from pgdurable.foundation.stream_tokens import TokenRefused, check_token, make_token, secrets_of
+from pgdurable.runs import text as text_mod
+from pgdurable.runs.live import follow_run, follow_thread
+
+pytestmark = pytest.mark.fleet("_stream_app:app", ttl=2.0, poll=0.5)
+
+SECRET = "s" * 40
+OLD_SECRET = "o" * 40
+
+
+def q1(dsn: str, sql: str, params: tuple[Any, ...] = ()) -> Any:
+    with psycopg.connect(dsn) as c:
+        row = c.execute(sql, params).fetchone()
+    return None if row is None else row[0]
+
+
+def text_rows(dsn: str, rid: str) -> int:
+    return int(q1(dsn, "SELECT count(*) FROM pgdurable.run_events WHERE run_id = %s "
+                       "AND event->>'type' = 'text'", (rid,)))
+
+
+async def collect(app: Durable, rid: str, after: str | None = None) -> str:
+    out = []
+    async for item in follow_run(app, rid, after):
+        if item.kind == "text":
+            out.append(item.text)
+    return "".join(out)
+
+
+def test_emit_text_is_stored_in_few_rows_and_read_exactly(dsn: str, fleet: Any) -> None:
+    fleet.ready(fleet.start("a"))
+
+    async def main() -> None:
+        app = Durable(dsn)
+        async with app:
+            rid = await app.start("long", {"prompt": "rows", "words": 300, "delay": 0.001}, revision="1")
+            got = await collect(app, rid)
+            assert got == script("rows", 300)
+            rows = text_rows(dsn, rid)
+            n = len(tokens(script("rows", 300)))
+            assert rows < n / 3, (rows, n)  # far fewer rows than tokens
+            # a reader that resumes from any cursor gets the rest, once
+            cursors: list[tuple[str, int]] = []
+            shown = 0
+            async for item in follow_run(app, rid):
+                if item.kind == "text":
+                    shown += len(item.text)
+                    cursors.append((item.cursor, shown))
+            for cursor, upto in cursors[:: max(1, len(cursors) // 7)]:
+                assert got[:upto] + await collect(app, rid, cursor) == got
+            # a cursor in the middle of a row (as after a live tail): "seq+n"
+            seq = int(cursors[len(cursors) // 2][0].split("+")[0])
+            before = await app.fetchone(
+                "SELECT coalesce(sum(length(event->>'text')), 0) FROM pgdurable.run_events "
+                "WHERE run_id = %s AND seq <= %s AND event->>'type' = 'text'", (rid, seq))
+            assert before is not None
+            rest = await collect(app, rid, f"{seq}+5")
+            assert got[: int(before[0]) + 5] + rest == got
+
+    asyncio.run(main())
+
+
+def test_sigkill_mid_answer_loses_no_flushed_token_and_duplicates_none(
+        dsn: str, fleet: Any) -> None:
+    a = fleet.start("a", env={"STREAM_DELAY": "0.01"})
+    fleet.ready(a)
+
+    async def main() -> None:
+        app = Durable(dsn)
+        async with app:
+            rid = await app.start("long", {"prompt": "crash", "words": 250, "delay": 0.01}, revision="1")
+            live = asyncio.create_task(collect(app, rid))  # follows through the crash
+            end = time.monotonic() + WAIT_LIMIT
+            while text_rows(dsn, rid) < 4:
+                assert time.monotonic() < end
+                await asyncio.sleep(0.02)
+            a.kill()  # mid-answer: its unflushed tail is lost
+            stored = await app.fetchone(
+                "SELECT coalesce(string_agg(event->>'text', '' ORDER BY seq), '') "
+                "FROM pgdurable.run_events WHERE run_id = %s AND event->>'type' = 'text'", (rid,))
+            assert stored is not None
+            expected = script("crash", 250)
+            assert expected.startswith(stored[0]) and len(stored[0]) < len(expected)
+            b = fleet.start("b", env={"STREAM_DELAY": "0.001"})
+            fleet.ready(b)
+            assert await asyncio.wait_for(live, WAIT_LIMIT) == expected
+            assert await collect(app, rid) == expected  # stored: no gap, no duplicate
+            attempts = await app.fetchone(
+                "SELECT count(DISTINCT token) FROM pgdurable.run_events WHERE run_id = %s "
+                "AND event->>'type' = 'text'", (rid,))
+            assert attempts is not None and attempts[0] == 2
+
+    asyncio.run(main())
+
+
+def test_tokens_sign_verify_rotate_and_scope() -> None:
+    keys = (SECRET.encode(),)
+    t = make_token(keys, run_id="r1", scope="read", ttl=60)
+    g = check_token(keys, t)
+    assert (g.run_id, g.thread, g.scope) == ("r1", None, "read")
+    rotated = (b"n" * 40, SECRET.encode())  # a new key first: old tokens still verify
+    assert check_token(rotated, t).run_id == "r1"
+    with pytest.raises(TokenRefused):
+        check_token((b"n" * 40,), t)  # the old key dropped
+    with pytest.raises(TokenRefused):
+        check_token(keys, make_token(keys, run_id="r1", ttl=1, now=time.time() - 10))
+    forged = t.split(".")
+    forged[1] = forged[1][:-2] + ("AA" if not forged[1].endswith("AA") else "BB")
+    with pytest.raises(TokenRefused):
+        check_token(keys, ".".join(forged))
+    with pytest.raises(ValueError):
+        secrets_of(["short"])  # a secret under 32 bytes
+
+
+def _serve(dsn: str, fleet: Any, tmp_path: Path, static: Path | None = None) -> str:
+    port = free_port()
+    env = {"PGDURABLE_STREAM_SECRETS": f"{SECRET} {OLD_SECRET}"}
+    argv = ["-m", "_stream_http", str(port)] + ([str(static)] if static else [])
+    fleet.spawn("http", *argv, env=env)
+    base = f"http://127.0.0.1:{port}"
+
+    def up() -> bool:
+        try:
+            return httpx.get(base + "/agent/runs/x", timeout=1).status_code > 0
+        except httpx.HTTPError:
+            return False
+
+    until_sync(up, "the HTTP server")
+    return base
+
+
+def test_http_tokens_refused_when_expired_for_another_run_or_read_for_write(
+        dsn: str, fleet: Any, tmp_path: Path) -> None:
+    fleet.ready(fleet.start("a"))
+    base = _serve(dsn, fleet, tmp_path) + "/agent"
+    app = Durable(dsn)
+    app.stream_secrets = [SECRET]
+    r = httpx.post(base + "/runs", json={"task": "long", "state": {"prompt": "t", "words": 5}})
+    assert r.status_code == 403  # no token, and authorize (no session) said no
+    r = httpx.post(base + "/runs", json={"task": "long", "state": {"prompt": "t", "words": 5}},
+                   headers={"X-Test-Auth": "yes"})
+    assert r.status_code == 201, r.text
+    rid, token = r.json()["run_id"], r.json()["token"]
+    other = httpx.post(base + "/runs", json={"task": "long", "state": {"prompt": "u", "words": 5}},
+                       headers={"X-Test-Auth": "yes"}).json()["run_id"]
+    auth = {"Authorization": f"Bearer {token}"}
+    until_sync(lambda: httpx.get(f"{base}/runs/{rid}", headers=auth).json()["status"]
+               == "completed", "the run")
+    assert httpx.get(f"{base}/runs/{rid}", headers=auth).json()["result"] == len(script("t", 5))
+    assert httpx.get(f"{base}/runs/{other}", headers=auth).status_code == 403  # another run
+    expired = make_token((SECRET.encode(),), run_id=rid, ttl=1, now=time.time() - 5)
+    r = httpx.get(f"{base}/runs/{rid}", headers={"Authorization": f"Bearer {expired}"})
+    assert r.status_code == 401 and "expired" in r.json()["error"]
+    old = make_token((OLD_SECRET.encode(),), run_id=rid)  # a key still in the rotation
+    assert httpx.get(f"{base}/runs/{rid}", params={"token": old}).status_code == 200
+    # a thread: read cannot write; write can
+    read = app.stream_token(thread="chat:tok", scope="read")
+    write = app.stream_token(thread="chat:tok", scope="write")
+    url = base + "/threads/chat%3Atok/messages"
+    r = httpx.post(url, json={"message": {"text": "x"}}, headers={"Authorization": f"Bearer {read}"})
+    assert r.status_code == 403 and "read-only" in r.json()["error"]
+    other_thread = app.stream_token(thread="chat:other", scope="write")
+    r = httpx.post(url, json={"message": {"text": "x"}},
+                   headers={"Authorization": f"Bearer {other_thread}"})
+    assert r.status_code == 403
+    assert q1(dsn, "SELECT count(*) FROM pgdurable.thread_messages") == 0  # nothing stored
+    r = httpx.post(url, json={"message": {"text": "x", "words": 5}, "message_id": "m1"},
+                   headers={"Authorization": f"Bearer {write}"})
+    assert r.status_code == 201, r.text
+    # the answer as SSE, until it is answered
+    with httpx.stream("GET", base + "/threads/chat%3Atok/stream", params={"message": "m1"},
+                      headers={"Authorization": f"Bearer {read}"}, timeout=WAIT_LIMIT) as s:
+        frames = _frames(s)
+    text = "".join(json.loads(d)["text"] for e, _, d in frames if e == "text")
+    assert text == script("x", 5) and frames[-1][0] == "done"
+
+
+def _frames(s: httpx.Response) -> list[tuple[str, str | None, str]]:
+    out: list[tuple[str, str | None, str]] = []
+    event, ident, data = "message", None, ""
+    for line in s.iter_lines():
+        if line.startswith("event: "):
+            event = line[7:]
+        elif line.startswith("id: "):
+            ident = line[4:]
+        elif line.startswith("data: "):
+            data = line[6:]
+        elif line == "" and data:
+            out.append((event, ident, data))
+            if event in ("done", "error"):
+                break
+            event, ident, data = "message", None, ""
+    return out
+
+
+def _history(dsn: str, thread: str) -> list[list[str]]:
+    state = q1(dsn, "SELECT state FROM pgdurable.runs WHERE thread_key = %s "
+                    "ORDER BY thread_no DESC LIMIT 1", (thread,))
+    return [h["answered"] for h in (state or {}).get("history", [])]
+
+
+def _race(dsn: str, fleet: Any, tmp_path: Path, thread: str, strategy: str) -> list[str]:
+    """m0 is being answered; two processes send m1 and m2 with ``strategy`` at once.
+    Returns the senders' outputs (by message)."""
+    with psycopg.connect(dsn, autocommit=True) as c:
+        c.execute("SELECT * FROM pgdurable.send_message_v2(%s, 'm0', '{\"text\": \"m0\", "
+                  "\"words\": 150}', NULL, 'chat', '1', 'default', 0, 3, NULL, NULL, NULL, NULL)",
+                  (thread,))
+    until_sync(lambda: q1(dsn, "SELECT count(*) FROM pgdurable.run_events e JOIN pgdurable.runs r "
+                               "ON r.id = e.run_id WHERE r.thread_key = %s", (thread,)) >= 2,
+               "m0's answer streaming")
+    go = tmp_path / f"go-{strategy}"
+    senders = [fleet.spawn(f"send-{m}", "-m", "_stream_send", dsn, thread, m, strategy, str(go))
+               for m in ("m1", "m2")]
+    until_sync(lambda: all("ready" in p.log() for p in senders), "the senders")
+    go.touch()
+    for p in senders:
+        assert p.wait() == 0, p.log()
+    return [p.log().splitlines()[-1] for p in senders]
+
+
+def _idle(dsn: str, thread: str) -> bool:
+    return bool(q1(dsn, "SELECT run_status = 'waiting' AND inbox_depth = 0 "
+                        "FROM pgdurable.thread_owners WHERE thread_key = %s", (thread,)))
+
+
+def _markers(dsn: str, thread: str, kind: str) -> int:
+    return int(q1(dsn, "SELECT count(*) FROM pgdurable.run_events e JOIN pgdurable.runs r "
+                       "ON r.id = e.run_id WHERE r.thread_key = %s AND e.event->>'type' = %s",
+                  (thread, kind)))
+
+
+def _one_run(dsn: str, thread: str) -> None:
+    assert q1(dsn, "SELECT count(*) FROM pgdurable.runs WHERE thread_key = %s", (thread,)) == 1
+
+
+@pytest.mark.parametrize("strategy", ["reject", "enqueue", "interrupt", "rollback"])
+def test_double_texting_two_racing_senders(dsn: str, fleet: Any, tmp_path: Path,
+                                           strategy: str) -> None:
+    fleet.ready(fleet.start("a", env={"STREAM_DELAY": "0.01"}))
+    thread = f"chat:{strategy}"
+    out = _race(dsn, fleet, tmp_path, thread, strategy)
+    until_sync(lambda: _idle(dsn, thread), "the thread idle again")
+    history = _history(dsn, thread)
+    flat = [m for h in history for m in h]
+    _one_run(dsn, thread)  # never two runs answering: the thread's one owner answered all
+    if strategy == "reject":
+        assert out == ["busy", "busy"]
+        assert history == [["m0"]]
+        assert q1(dsn, "SELECT count(*) FROM pgdurable.thread_messages WHERE thread_key = %s",
+                  (thread,)) == 1
+        return
+    assert all(o.startswith("sent deliver") for o in out), out
+    order = [r[0] for r in _rows(dsn, "SELECT message_id FROM pgdurable.thread_messages "
+                                      "WHERE thread_key = %s ORDER BY seq", (thread,))]
+    if strategy == "enqueue":
+        assert flat == order  # each answered once, in the database's order
+        assert history[0] == ["m0"] and _markers(dsn, thread, "interrupted") == 0
+    elif strategy == "interrupt":
+        assert flat == order and history[0] != ["m0"]  # m0's answer was interrupted
+        assert _markers(dsn, thread, "interrupted") >= 1
+    else:
+        last = order[-1]
+        assert flat == [last]  # only the last message (by the database's order) is answered
+        discarded = {r[0] for r in _rows(dsn, "SELECT message_id FROM pgdurable.thread_messages "
+                                              "WHERE thread_key = %s AND discarded_at IS NOT NULL",
+                                         (thread,))}
+        assert discarded == set(order) - {last}
+        assert _markers(dsn, thread, "rollback") >= 1
+
+
+def _rows(dsn: str, sql: str, params: tuple[Any, ...]) -> list[tuple[Any, ...]]:
+    with psycopg.connect(dsn) as c:
+        return c.execute(sql, params).fetchall()
+
+
+def test_rollback_stream_says_what_to_discard(dsn: str, fleet: Any, tmp_path: Path) -> None:
+    fleet.ready(fleet.start("a", env={"STREAM_DELAY": "0.01"}))
+    thread = "chat:rb-stream"
+    _race(dsn, fleet, tmp_path, thread, "rollback")
+    until_sync(lambda: _idle(dsn, thread), "the thread idle again")
+
+    async def main() -> str:
+        app = Durable(dsn)
+        shown: list[tuple[str, str]] = []  # (cursor, text) as a client would keep them
+        async with app:
+            async for item in follow_thread(app, thread, until="m0"):
+                if item.kind == "text":
+                    shown.append((item.cursor, item.text))
+                elif isinstance(item.event, dict) and item.event.get("type") == "rollback":
+                    after = int(item.event["discard_after"])
+                    shown = [(c, t) for c, t in shown if (int(c.split(":")[1].split("+")[0]) <= after
+                             and "+" not in c.split(":")[1]) or
+                             int(c.split(":")[1].split("+")[0]) < after]
+        return "".join(t for _, t in shown)
+
+    last = _history(dsn, thread)[-1][0]
+    assert asyncio.run(main()) == script(last, 60)
+
+
+def test_stream_tick_is_one_statement_for_many_streams(dsn: str) -> None:
+    app = Durable(dsn)
+
+    @app.task("many")
+    async def many(ctx: Any, state: Any) -> Any:
+        from pgdurable import Done
+        for i in range(40):
+            await ctx.emit_text(f" t{i}")
+            await asyncio.sleep(0.005)
+        return Done(None)
+
+    async def main() -> None:
+        async with app:
+            ids = [await app.start("many", {}) for _ in range(8)]
+            w = app.worker(concurrency=8, poll_interval=0.1)
+            t = asyncio.create_task(w.run())
+            for rid in ids:
+                await app.result(rid, timeout=WAIT_LIMIT)
+            await w.stop()
+            await t
+            writer = text_mod.writer_for(app)
+            # 8 streams x 40 tokens: far fewer ticks than tokens (one statement per tick)
+            assert writer.ticks < 8 * 40 / 2, writer.ticks
+            for rid in ids:
+                assert await collect(app, rid) == "".join(f" t{i}" for i in range(40))
+
+    asyncio.run(main())

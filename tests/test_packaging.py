@@ -158,7 +158,10 @@ def _url(dsn: str) -> str:
     d = conninfo_to_dict(dsn)
     auth = quote(str(d.get("user", "postgres"))) + (
         f":{quote(str(d['password']))}" if d.get("password") else "")
-    return (f"postgresql://{auth}@{d.get('host', '127.0.0.1')}:{d.get('port', 5432)}/"
+    # a unix socket's directory (the embedded server) goes percent-encoded in the host part,
+    # which node-postgres decodes back to the path
+    host = quote(str(d.get("host", "127.0.0.1")), safe="")
+    return (f"postgresql://{auth}@{host}:{d.get('port', 5432)}/"
             f"{quote(str(d.get('dbname', 'postgres')))}")
 
 

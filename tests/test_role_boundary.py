@@ -14,6 +14,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,7 @@ from typing import Any
 import psycopg
 import pytest
 from _released import migrate_released
-from _roles import as_role, cli, grant, roles
+from _roles import CLI, as_role, cli, grant, roles
 from psycopg import sql
 
 import pgdurable
@@ -487,6 +488,57 @@ def test_a_superusers_cli_never_runs_a_non_superuser_owners_code_as_superuser(em
             assert _one(c, "SELECT status FROM pgdurable.runs WHERE id = %s", (rid,)) == "cancelled"
             assert _one(c, "SELECT pg_get_userbyid(nspowner) FROM pg_namespace "
                            "WHERE nspname = 'pgdurable'") == quick
+
+
+_WORKER_APP = """
+import pgdurable
+from pgdurable import Done
+
+app = pgdurable.Durable()
+
+
+@app.task("t", revision="1")
+async def t(ctx, state):
+    return Done({"ok": True})
+"""
+
+
+def test_a_superusers_worker_runs_as_the_non_superuser_owner(empty_dsn: str, tmp_path: Path) -> None:
+    """`pgdurable worker` is a CLI command too: started by a superuser on a schema a
+    non-superuser migrated, its sessions run as that owner (said on stderr), so the
+    functions the owner planted run as the owner while the worker completes a run."""
+    with roles(empty_dsn, "LOGIN") as (quick,):
+        with psycopg.connect(empty_dsn, autocommit=True) as c:
+            c.execute(sql.SQL("GRANT CREATE ON DATABASE {} TO {}").format(
+                sql.Identifier(c.info.dbname), sql.Identifier(quick)))
+            c.execute("CREATE TABLE public.tripwire (what text, by_role text DEFAULT current_user)")
+            c.execute("GRANT INSERT ON public.tripwire TO PUBLIC")
+        quick_dsn = as_role(empty_dsn, quick)
+        pgdurable.migrate(quick_dsn)
+        with psycopg.connect(quick_dsn, autocommit=True) as c:
+            c.execute(_PLANT)
+            rid = _one(c, START)
+        (tmp_path / "sec_worker_app.py").write_text(_WORKER_APP)
+        env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "PGOPTIONS")}
+        env["PGDURABLE_DSN"] = empty_dsn  # the superuser's
+        proc = subprocess.Popen([*CLI, "worker", "sec_worker_app:app", "--poll", "0.2",
+                                 "--grace", "2"], cwd=tmp_path, env=env, text=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        try:
+            with psycopg.connect(empty_dsn, autocommit=True) as c:
+                for _ in range(300):
+                    status = _one(c, "SELECT status FROM pgdurable.runs WHERE id = %s", (rid,))
+                    if status == "completed" or proc.poll() is not None:
+                        break
+                    time.sleep(0.1)
+        finally:
+            proc.terminate()
+            _, stderr = proc.communicate(timeout=60)
+        assert status == "completed", stderr
+        with psycopg.connect(empty_dsn) as c:
+            ran = c.execute("SELECT DISTINCT by_role FROM public.tripwire").fetchall()
+            assert ran == [(quick,)]
+        assert quick in stderr and "SET ROLE" in stderr, stderr
 
 
 def test_a_superusers_cli_runs_as_the_role_models_owner_role(dsn: str) -> None:

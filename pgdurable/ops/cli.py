@@ -32,6 +32,7 @@ from datetime import UTC, datetime
 from typing import Annotated, Any
 
 import typer
+from psycopg.conninfo import conninfo_to_dict
 from rich import box
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
@@ -578,6 +579,7 @@ def worker(
     metrics_port: Annotated[int | None, typer.Option("--metrics-port", help="Serve Prometheus /metrics on this port (pgdurable[metrics]).")] = None,
 ) -> None:
     """Run a worker for MODULE:APP until SIGTERM/SIGINT (same as python -m pgdurable.worker)."""
+    _as_schema_owner(app_spec)
     if prune_older_than is not None:
         _start_pruner(app_spec, prune_older_than, prune_every)
     if maintain:
@@ -648,6 +650,26 @@ def _one_line_exit() -> Iterator[None]:
         if isinstance(exc.code, str):
             fail(exc.code)
         raise
+
+
+def _as_schema_owner(app_spec: str) -> None:
+    """A superuser's worker runs as the schema's owner, as every other command does
+    (:func:`schema_owner_switch`): its sessions, the pruner's and the maintainer's
+    start with ``SET ROLE owner``, through ``PGOPTIONS`` (read by libpq for a DSN
+    without ``options``), so nothing the owner may have redefined runs as superuser.
+    """
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    with _one_line_exit():
+        target = need_dsn(_load_app(app_spec).conninfo)
+    role = schema_owner_switch(target)
+    if role is None:
+        return
+    if conninfo_to_dict(target).get("options"):
+        fail(f"schema pgdurable is owned by {role!r}: a superuser's worker runs as that role, "
+             "but the app's DSN sets its own options; connect the worker as the app role, "
+             f"or add '-c role={role}' to the DSN's options")
+    os.environ["PGOPTIONS"] = str(conninfo_to_dict(with_role(target, role)).get("options", ""))
 
 
 def _start_pruner(app_spec: str, older_than: str | None, every: float) -> None:

@@ -3,7 +3,7 @@
 On Python 3.11, ``asyncio.wait_for(event.wait(), t)`` returns normally when
 its task is cancelled within a few loop iterations of the event being set: the
 cancel is lost. A worker's heartbeat loop lost its cancel that way when the
-LISTEN connection came up (and set ``_renew_now``) as the worker stopped, and
+LISTEN connection came up (and set ``state.renew_now``) as the worker stopped, and
 ``stop()`` then waited for the heartbeat's whole interval (a CI suite timed out
 on it). These tests set the event and cancel 0..5 loop iterations apart.
 """
@@ -66,13 +66,13 @@ async def test_wait_set_answers_whether_the_event_is_set() -> None:
 
 @pytest.mark.parametrize("gap", GAPS)
 async def test_heartbeat_ends_when_cancelled_as_a_renewal_is_asked(dsn: str, gap: int) -> None:
-    """The CI hang itself: the listener asks for a renewal (``_renew_now``) just
+    """The CI hang itself: the listener asks for a renewal (``state.renew_now``) just
     as ``run()`` cancels the heartbeat; the heartbeat must end, not sleep for
     its interval (200 s with this TTL). No run is held: it sends nothing."""
     app = Durable(dsn)
     try:
         worker = app.worker(lease_ttl=600, listen=False)
-        task = await _cancel_after_set(worker._renew_now, worker._heartbeat, gap)
+        task = await _cancel_after_set(worker.state.renew_now, worker.heartbeat.run, gap)
         assert task.done(), "the heartbeat lost its cancel"
         assert task.cancelled()
     finally:

@@ -37,8 +37,8 @@ def _blocking_app(dsn: str, started: dict[str, asyncio.Event]) -> Durable:
 
 
 def _limits(worker: Any) -> tuple[float, float]:
-    limiter = getattr(worker, "cancel_limit", None)
-    return float(getattr(limiter, "burst", 5)), float(getattr(limiter, "rate", 5))
+    limiter = worker.listener.cancel_limit
+    return float(limiter.burst), float(limiter.rate)
 
 
 async def _checks_settled(worker: Any, conn: psycopg.Connection[Any],
@@ -50,7 +50,7 @@ async def _checks_settled(worker: Any, conn: psycopg.Connection[Any],
     await evil.execute("NOTIFY pgdurable_wake, 'default'")
 
     async def settled() -> bool:
-        return worker.claim_count > before and not getattr(worker, "_cancel_checks", False)
+        return worker.claim_count > before and not worker.listener.checks_pending
 
     await until(settled, "the worker to read the notifications and finish its checks")
 

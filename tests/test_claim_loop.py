@@ -159,14 +159,14 @@ async def test_the_next_claim_overlaps_the_last_write_being_sent(app: Durable, l
     first = await app.start(task, {"n": 1})
     second = await app.start(task, {"n": 2})
     worker = app.worker(concurrency=1, poll_interval=30)
-    finishing_now = worker._finishing_now
+    finishing_now = worker.state.finishing_now
 
     def begin_last_write(a: Any) -> None:
         events.append("last write begun")
         claim_sent.clear()  # the held write waits for a claim sent from now on
         finishing_now(a)
 
-    worker._finishing_now = begin_last_write  # type: ignore[method-assign]
+    worker.state.finishing_now = begin_last_write  # type: ignore[method-assign]
     async with running(worker):
         for rid in (first, second):
             await until(lambda rid=rid: _status_is(app, rid, want), f"run {rid} {want}")

@@ -189,6 +189,31 @@ def test_engine_imports_no_model_or_app() -> None:
     assert not bad, f"engine modules importing models/app/operations: {bad}"
 
 
+def test_the_engine_imports_no_plug_in_service() -> None:
+    """Periodic duties are services the app plugs into the worker (engine/services.py):
+    no module of the engine imports the schedules or the fork registration, and the
+    engine takes no app object (the ports' ``App``)."""
+    graph, _ = _graph()
+    engine = [m for m in graph if m.startswith("pgdurable.engine")]
+    assert "pgdurable.engine.services" in engine
+    services = {"pgdurable.runs.schedules", "pgdurable.runs.fork"}
+    bad = {m: sorted(graph[m] & services) for m in engine if graph[m] & services}
+    assert not bad, f"engine modules importing a service they should be handed: {bad}"
+    # and the app plugs them in where it builds the worker
+    assert services <= graph["pgdurable.app.durable"]
+
+
+def test_the_engine_takes_no_app_object() -> None:
+    """No engine module names the ports' ``App`` (the app object): the engine gets a
+    narrow database object, the task registry and its settings."""
+    found = []
+    for path in sorted((PACKAGE / "engine").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.module and "ports" in node.module:
+                found += [f"{path.name}: {a.name}" for a in node.names if a.name == "App"]
+    assert not found, found
+
+
 def test_only_the_top_imports_the_app() -> None:
     graph, _ = _graph()
     importers = sorted(m for m in graph if APP_MODULE in graph[m])

@@ -263,7 +263,7 @@ async def test_forged_cancel_notify_from_another_role_cancels_nothing(dsn: str) 
                     await evil.execute("NOTIFY pgdurable_wake, 'default'")
 
                 async def read_both() -> bool:
-                    pending = getattr(worker, "_cancel_checks", {})  # checks in flight
+                    pending = worker.listener.checks_pending  # checks in flight
                     return worker.claim_count > before and not pending
 
                 await until(read_both, "the worker to read the forged notifications")
@@ -309,8 +309,8 @@ async def test_a_flood_of_forged_wake_notifications_costs_bounded_claims(dsn: st
             worker = app.worker(poll_interval=600)
             async with running(worker):
                 await until(lambda: _true(worker.claim_count >= 1), "the first claim")
-                burst = float(getattr(getattr(worker, "wake_limit", None), "burst", 20))
-                rate = float(getattr(getattr(worker, "wake_limit", None), "rate", 20))
+                burst = float(worker.listener.wake_limit.burst)
+                rate = float(worker.listener.wake_limit.rate)
                 async with await psycopg.AsyncConnection.connect(
                     as_role(dsn, stranger), autocommit=True
                 ) as evil:

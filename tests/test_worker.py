@@ -902,7 +902,7 @@ async def test_stop_does_not_hang_on_a_step_that_swallows_cancellation(app: Dura
         assert info.status == "leased"  # not released: its lease lapses (crash recovery)
     finally:
         release.set()
-        left = [a.task for a in worker._active.values() if a.task is not None]
+        left = [a.task for a in worker.state.active.values() if a.task is not None]
         if left:  # let the abandoned step end before the app closes
             await asyncio.wait(left, timeout=WAIT_LIMIT)
 

@@ -89,7 +89,7 @@ async def test_stop_returns_when_the_heartbeat_loses_its_cancel(app: Durable) ->
     worker = app.worker(poll_interval=0.2, lease_ttl=300)  # renewals 100 s apart
     in_renew = asyncio.Event()
     swallowed: list[bool] = []
-    real_renew = worker._renew
+    real_renew = worker.heartbeat.renew
 
     async def renew_losing_the_cancel(live: Any, ttl: Any) -> Any:
         in_renew.set()
@@ -99,13 +99,13 @@ async def test_stop_returns_when_the_heartbeat_loses_its_cancel(app: Durable) ->
             swallowed.append(True)
         return await real_renew(live, ttl)
 
-    worker._renew = renew_losing_the_cancel  # type: ignore[method-assign]
+    worker.heartbeat.renew = renew_losing_the_cancel  # type: ignore[method-assign]
     rid = await app.start("held", {})
     task = asyncio.create_task(worker.run())
     await asyncio.wait_for(started.wait(), WAIT_LIMIT)  # the run is held: a renewal has work
     async with asyncio.timeout(WAIT_LIMIT):
         while not in_renew.is_set():  # ask until the heartbeat has entered the renewal
-            worker._renew_now.set()
+            worker.state.renew_now.set()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(in_renew.wait(), 0.5)
     release.set()

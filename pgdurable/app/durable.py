@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
+from ..engine.services import Service
 from ..engine.worker import Worker
 from ..foundation import metrics
 from ..foundation import run_queries as q
@@ -58,10 +59,10 @@ from ..models.workflows import workflow_decorator
 from ..runs import flow
 from ..runs.batch_start import Start, start_many
 from ..runs.children import TreeNode, run_tree
-from ..runs.fork import ForkedRun, fork, fork_failed, rewind
+from ..runs.fork import ForkedRun, ServedRevisions, fork, fork_failed, rewind
 from ..runs.metadata import start_statement
 from ..runs.results import await_result
-from ..runs.schedules import Schedule, declare
+from ..runs.schedules import Schedule, Ticker, declare
 from ..runs.search import Page, list_runs_query, make_page
 from ..runs.stream import StreamEvent, stream_run, stream_thread
 from ..runs.threads import (
@@ -673,6 +674,15 @@ class Durable:
         lease_ttl: timedelta = timedelta(seconds=60),
         **options: Any,
     ) -> Worker:
-        """A :class:`~pgdurable.engine.worker.Worker` for this app (see its options)."""
-        return Worker(self, queues=queues, concurrency=concurrency, lease_ttl=lease_ttl, **options)
+        """A :class:`~pgdurable.engine.worker.Worker` for this app (see its options).
+
+        The engine gets what it needs of the app, not the app: its statements go to
+        :meth:`fetchone`/:meth:`fetchall` (the pool, errors translated), its tasks come
+        from the registry, and the periodic duties are plugged in as services: the
+        schedule ticker of its queues and the registration of the task revisions it
+        serves (:mod:`pgdurable.engine.services`)."""
+        services: list[Service] = [Ticker(self, queues), ServedRevisions(self, self.tasks)]
+        return Worker(self, self._registry, open=self.open, listen_conninfo=self.listen_conninfo,
+                      open_timeout=self.open_timeout, step_app=self, services=services,
+                      queues=queues, concurrency=concurrency, lease_ttl=lease_ttl, **options)
 

@@ -23,14 +23,12 @@ import asyncio
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from ..foundation import run_queries as q
 from ..foundation.errors import LeaseLost
+from ..foundation.queries import engine as eq
+from ..foundation.queries.core import Database, first
 from ..foundation.retry import backoff, is_transient
-
-if TYPE_CHECKING:
-    from ..foundation.ports import Database
 
 __all__ = ["StepWriter"]
 
@@ -48,8 +46,8 @@ class _Write:
 class StepWriter:
     """Batches the fenced step writes of one worker (see the module docstring)."""
 
-    def __init__(self, app: Database, owner: str, lock: asyncio.Lock) -> None:
-        self._app = app
+    def __init__(self, db: Database, owner: str, lock: asyncio.Lock) -> None:
+        self._db = db
         self._owner = owner
         self._lock = lock  # shared with the heartbeat: one write statement at a time
         self._queue: list[_Write] = []
@@ -70,8 +68,8 @@ class StepWriter:
         while True:
             try:
                 if sent:
-                    row = await self._app.fetchone(q.RUN_STEP, (run_id,))
-                    status = self._applied(row, token, step)
+                    now = await first(self._db, eq.RUN_STEP, (run_id,))
+                    status = self._applied(now, token, step)
                     if status is not None:
                         return self._checked(status, run_id, token)
                 sent = True
@@ -88,16 +86,14 @@ class StepWriter:
                 delays = backoff()
             await asyncio.sleep(next(delays))
 
-    def _applied(self, row: tuple[Any, ...] | None, token: int, step: int) -> str | None:
+    def _applied(self, now: eq.RunStep | None, token: int, step: int) -> str | None:
         """The status if the lost write of ``step`` applied, None if it did not, else 'lost'."""
-        if row is None:
+        if now is None or now.lease_token != token:
             return "lost"
-        now_step, status, now_token, owner = row
-        if now_token != token:
-            return "lost"
-        if now_step == step + 1:  # applied: its verdict is the run's status now
-            return "lost" if status == "leased" and owner != self._owner else str(status)
-        if now_step == step and status == "leased" and owner == self._owner:
+        if now.step == step + 1:  # applied: its verdict is the run's status now
+            return "lost" if now.status == "leased" and now.lease_owner != self._owner \
+                else str(now.status)
+        if now.step == step and now.status == "leased" and now.lease_owner == self._owner:
             return None
         return "lost"
 
@@ -118,11 +114,11 @@ class StepWriter:
         # shielded: a write that was sent is awaited to its end (it is fenced anyway)
         return await asyncio.shield(fut)
 
-    async def _send(self, batch: list[_Write]) -> list[tuple[Any, ...]]:
+    async def _send(self, batch: list[_Write]) -> list[eq.StepWritten]:
         params = batch_params(self._owner, batch)
         self.count += 1
         async with self._lock:
-            return await self._app.fetchall(q.WRITE_STEPS, params)
+            return eq.WRITE_STEPS.all(await self._db.fetchall(eq.WRITE_STEPS.sql, params))
 
     async def _flush(self) -> None:
         try:
@@ -143,7 +139,7 @@ class StepWriter:
     async def _write(self, batch: list[_Write]) -> None:
         """Send ``batch``; answer each of its futures with a status or an error."""
         try:
-            rows = await self._send(batch)
+            written = await self._send(batch)
         except Exception as exc:
             if len(batch) == 1 or is_transient(exc):
                 _settle(batch, exc)
@@ -151,17 +147,17 @@ class StepWriter:
             # one run's value may have failed the whole statement: each alone
             for b in batch:
                 try:
-                    rows = await self._send([b])
+                    written = await self._send([b])
                 except Exception as exc1:
                     _settle([b], exc1)
                     continue
-                _answer([b], rows)
+                _answer([b], written)
             return
-        _answer(batch, rows)
+        _answer(batch, written)
 
 
 def batch_params(owner: str, batch: list[_Write]) -> tuple[Any, ...]:
-    """The parameters of :data:`~pgdurable.foundation.run_queries.WRITE_STEPS` for ``batch``.
+    """The parameters of :data:`~pgdurable.foundation.queries.engine.WRITE_STEPS` for ``batch``.
 
     The states and results are JSON texts already (encoded and validated by the
     worker): joined into one JSON array each, they cost one parameter and no
@@ -181,8 +177,8 @@ def batch_params(owner: str, batch: list[_Write]) -> tuple[Any, ...]:
     )
 
 
-def _answer(batch: list[_Write], rows: list[tuple[Any, ...]]) -> None:
-    got = {r[0]: str(r[1]) for r in rows}
+def _answer(batch: list[_Write], written: list[eq.StepWritten]) -> None:
+    got = {w.id: w.status for w in written}
     for b in batch:
         if not b.done.done():
             b.done.set_result(got.get(b.run_id, "lost"))

@@ -1,8 +1,8 @@
 """Executing a run: step after step within the lease window, then let go.
 
-:meth:`StepExecution._execute` runs one claimed run (one asyncio task per
+:meth:`Executor.execute` runs one claimed run (one asyncio task per
 run): it builds the step's :class:`~pgdurable.runs.steps.RunContext`, runs the
-step function (:meth:`StepExecution._run_step`: async on the loop, sync in the
+step function (:meth:`Executor._run_step`: async on the loop, sync in the
 worker's thread pool, under the deadline and the task's step/heartbeat
 timeouts) and hands its outcome on: ``Continue``/``Done`` to the batched,
 fenced writer (:mod:`~pgdurable.engine.batch_writer`), ``Wait``/``Sleep``/
@@ -18,13 +18,13 @@ import asyncio
 import contextlib
 import inspect
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from ..foundation import metrics
-from ..foundation import run_queries as q
-from ..foundation.affinity import PIN, Affinity, parse_affinity
+from ..foundation.affinity import Affinity, parse_affinity
 from ..foundation.errors import (
     BudgetExceeded,
     DeadlineExceeded,
@@ -33,6 +33,9 @@ from ..foundation.errors import (
     is_terminal,
 )
 from ..foundation.jsonb import dumps
+from ..foundation.queries import affinity as aq
+from ..foundation.queries import engine as eq
+from ..foundation.queries.core import Database, first
 from ..foundation.retry import backoff, is_lost_connection, is_transient
 from ..runs import tracing
 from ..runs.flow import ACQUIRE_KIND, RateLimited
@@ -49,145 +52,102 @@ from ..runs.steps import (
     Wait,
     in_thread,
 )
-from .base import _Active, _as_timedelta, log
+from .batch_writer import StepWriter
 from .park import Parking
+from .presence import WorkerPresence
+from .settings import Settings, as_timedelta
+from .state import Held, WorkerState, log
 from .step_effects import StepEffects
 
 if TYPE_CHECKING:
     from ..foundation.registry import Task
 
-__all__ = ["StepExecution"]
+__all__ = ["Executor"]
+
+#: What a step returned that can be checkpointed: (result, new state, its JSON text).
+Stepped = tuple[Continue | Done | Wait | Sleep, Any, str]
 
 
-class StepExecution(Parking, StepEffects):
-    """Running a claimed run's steps (part of :class:`~pgdurable.engine.worker.Worker`)."""
+@dataclass(slots=True)
+class _Lease:
+    """One run's course through one lease: where it stands between its steps."""
 
-    async def _execute(self, a: _Active, row: q.ClaimedRun, claimed_at: float) -> None:
-        task = self.app.tasks[row.task]
-        state: Any = row.state
-        step: int = row.step
-        attempts: int = row.attempts
-        wake: dict[str, Any] | None = row.wake
-        deadline_at: datetime | None = row.deadline_at
-        budget = None if row.budget is None else float(row.budget)
-        spent = float(row.spent)
-        db_now: datetime = row.db_now
-        affinity = parse_affinity(row.affinity)  # kept across the steps of this lease
-        window_end = claimed_at + self.lease_window
+    a: Held
+    task: Task
+    state: Any
+    step: int
+    attempts: int
+    wake: dict[str, Any] | None
+    deadline_at: datetime | None
+    budget: float | None
+    spent: float
+    db_now: datetime
+    claimed_at: float
+    window_end: float
+    affinity: Affinity | None  # kept across the steps of this lease
+    ctx: RunContext | None = None  # the step's context (a workflow checkpoints through it)
+    db_delays: Iterator[float] = field(default_factory=backoff)
 
-        def db_clock() -> datetime:
-            return db_now + timedelta(seconds=time.monotonic() - claimed_at)
+    def db_clock(self) -> datetime:
+        """The database's clock, from its answer to the claim."""
+        return self.db_now + timedelta(seconds=time.monotonic() - self.claimed_at)
 
-        async def effect(key: str, fn: EffectFn, reconcile: EffectFn | None = None) -> Any:
-            with tracing.effect_span(a.run_id, task.name, step, attempts + 1, a.token, key):
-                return await self._effect(a, key, fn, reconcile)
 
-        db_delays = backoff()
-        run_id = str(a.run_id)
+class Executor:
+    """Runs claimed runs' steps (a part of :class:`~pgdurable.engine.worker.Worker`):
+    :meth:`execute` is one run's task; each step result kind has its own small method
+    (``_on_continue``, ``_on_done``, ``_on_wait``, ``_on_sleep``, ``_on_rate_limited``,
+    ``_on_error``, ``_on_lost_connection``), which answers whether the run goes on to
+    its next step in this lease."""
 
-        def trusted() -> bool:
-            return self._trusted(a)
+    def __init__(
+        self, db: Database, settings: Settings, state: WorkerState, *,
+        writer: StepWriter, parking: Parking, effects: StepEffects, presence: WorkerPresence,
+        step_app: object,
+    ) -> None:
+        self.db, self.settings, self.state = db, settings, state
+        self.writer, self.parking, self.effects = writer, parking, effects
+        self.presence = presence
+        #: handed to each step's context as ``ctx._app`` (step code starts children,
+        #: streams, ... through it); the engine itself never calls it
+        self.step_app = step_app
+        self.tasks: dict[str, Task] = {}  # the app's tasks, set when the worker runs
 
-        io = RunIO(  # a workflow checkpoints from inside one call; ctx.step follows runs.step
-            checkpoint=lambda state_json, spend: self._writer.write(
-                a.run_id, a.token, ctx.step, state_json, spend, None, trusted
-            ),
-            release=lambda: self._fenced(a, q.RELEASE, (a.run_id, a.token, self.worker_id)),
-            should_yield=lambda: (self._stopping or a.stop_reason is not None
-                                  or time.monotonic() >= window_end),
-            pin=lambda mode, wait, info: self._pin(a, mode, wait, info),
-        )
+    def _lease(self, a: Held, row: eq.ClaimedRun, claimed_at: float) -> _Lease:
+        return _Lease(
+            a=a, task=self.tasks[row.task], state=row.state, step=row.step,
+            attempts=row.attempts, wake=row.wake, deadline_at=row.deadline_at,
+            budget=None if row.budget is None else float(row.budget), spent=float(row.spent),
+            db_now=row.db_now, claimed_at=claimed_at,
+            window_end=claimed_at + self.settings.lease_window,
+            affinity=parse_affinity(row.affinity))
 
+    def _io(self, run: _Lease) -> RunIO:
+        """The hooks of a workflow's own checkpoints (ctx.step follows runs.step)."""
+        a = run.a
+
+        def checkpoint(state_json: str, spend: float) -> Any:
+            assert run.ctx is not None
+            return self.writer.write(a.run_id, a.token, run.ctx.step, state_json, spend, None,
+                                     a.trusted)
+
+        def should_yield() -> bool:
+            return (self.state.stopping or a.stop_reason is not None
+                    or time.monotonic() >= run.window_end)
+
+        def pin(mode: str | None, wait: timedelta | None, info: str | None) -> Any:
+            return self._pin(a, mode, wait, info)
+
+        return RunIO(checkpoint=checkpoint, release=lambda: self.parking.release(a),
+                     should_yield=should_yield, pin=pin)
+
+    async def execute(self, a: Held, row: eq.ClaimedRun, claimed_at: float) -> None:
+        """Run one claimed run: step after step within the lease window, then let go."""
+        run = self._lease(a, row, claimed_at)
+        io = self._io(run)
         try:
-            while True:
-                if deadline_at is not None and db_clock() >= deadline_at:
-                    await self._fail(a, task, attempts, DeadlineExceeded(
-                        f"deadline {deadline_at.isoformat()} passed"), 0.0, terminal=True)
-                    return
-                ctx = RunContext(
-                    run_id=run_id, task=task.name, step=step, attempt=attempts + 1,
-                    token=a.token, wake=wake, deadline=deadline_at, budget=budget, spent=spent,
-                    _effect=effect, _app=self.app, _owner=self.worker_id, _io=io,
-                    affinity=affinity, _instance=self.instance,
-                )
-                t0 = time.monotonic()
-                async with tracing.step_span(
-                    self.app, a.run_id, task.name, step, attempts + 1, a.token
-                ) as span:
-                    outcome = await self._run_step(a, task, ctx, state, deadline_at, db_clock)
-                    span.outcome(outcome)
-                metrics.step_done(task.name, time.monotonic() - t0)
-                affinity = ctx.affinity  # as the step pinned or unpinned it
-                if outcome is None:
-                    return  # settled (failed, cancelled, lost)
-                if isinstance(outcome, BaseException) and is_lost_connection(outcome):
-                    # the database, not the step: not an attempt; run it again
-                    # from the same checkpoint while the lease is trusted; a
-                    # workflow's own checkpoints moved that checkpoint on
-                    if ctx.step != step:
-                        step, wake, spent = ctx.step, None, ctx.spent
-                    if await self._step_again(a, window_end, db_delays):
-                        continue
-                    return
-                if isinstance(outcome, RateLimited):  # flow control: park, step again later
-                    kind = None if outcome.bucket is None else ACQUIRE_KIND
-                    await self._park(a, (a.run_id, a.token, self.worker_id), dumps(state, "state"),
-                                     ctx._pending_spend, kind, outcome.bucket, None,
-                                     timedelta(seconds=outcome.retry_after))
-                    return
-                if isinstance(outcome, BaseException):
-                    terminal = isinstance(
-                        outcome, BudgetExceeded | DeadlineExceeded | EffectFailed | _StepTypeError
-                    ) or is_terminal(outcome)
-                    await self._fail(a, task, attempts, outcome, ctx._pending_spend, terminal)
-                    return
-                result, new_state, state_json = outcome
-                step = ctx.step  # a workflow's own checkpoints moved runs.step on
-                spend = ctx._pending_spend
-                ident = (a.run_id, a.token, self.worker_id)
-                if isinstance(result, Continue):
-                    st = await self._writer.write(
-                        a.run_id, a.token, step, state_json, spend, None, trusted
-                    )
-                    if st != "leased":
-                        metrics.run_finished(task.name, st)
-                        return
-                    state, step, wake, spent = new_state, step + 1, None, spent + spend
-                    if a.stop_reason == "cancel":
-                        await self._fenced(a, q.ACK_CANCEL, (*ident, 0))
-                        return
-                    if self._stopping or a.stop_reason or time.monotonic() >= window_end:
-                        await self._fenced(a, q.RELEASE, ident)
-                        return
-                    continue
-                if isinstance(result, Done):
-                    try:
-                        result_json = dumps(result.result, "result")
-                    except (TypeError, ValueError) as exc:
-                        # like a non-JSON state: a bug of the step, not retried
-                        await self._fail(a, task, attempts, _StepTypeError(str(exc)), spend, True)
-                        return
-                    self._finishing_now(a)  # this lease's last write: the slot is free
-                    st = await self._writer.write(
-                        a.run_id, a.token, step, state_json, spend, result_json, trusted
-                    )
-                    metrics.run_finished(task.name, st)
-                    return
-                if isinstance(result, Wait) and result.child_ids:
-                    await self._park_children(a, task, attempts, ident, state_json, spend, result)
-                    return
-                if isinstance(result, Wait):
-                    kind, ref = result.signal
-                    wake_in = _as_timedelta(result.timeout)
-                    await self._park(a, ident, state_json, spend, kind, ref, None, wake_in)
-                    return
-                assert isinstance(result, Sleep)
-                if result.until is not None:
-                    await self._park(a, ident, state_json, spend, None, None, result.until, None)
-                else:
-                    wake_in = _as_timedelta(result.seconds)
-                    await self._park(a, ident, state_json, spend, None, None, None, wake_in)
-                return
+            while await self._step(run, io):
+                pass
         except LeaseLost:
             metrics.lease_lost()
             log.info("run %s: lease lost; dropped", a.run_id)
@@ -200,43 +160,170 @@ class StepExecution(Parking, StepEffects):
             # leave its lease to lapse and its step to be executed again
             log.exception("run %s: unexpected error; the run is failed", a.run_id)
             with contextlib.suppress(Exception):
-                await self._fail(a, task, attempts, exc, 0.0, terminal=True)
+                await self.parking.fail(a, run.task, run.attempts, exc, 0.0, terminal=True)
 
-    async def _pin(self, a: _Active, mode: str | None, wait: timedelta | None,
+    async def _step(self, run: _Lease, io: RunIO) -> bool:
+        """One step of ``run`` and what follows from its outcome; True to go on."""
+        a, task = run.a, run.task
+        if run.deadline_at is not None and run.db_clock() >= run.deadline_at:
+            await self.parking.fail(a, task, run.attempts, DeadlineExceeded(
+                f"deadline {run.deadline_at.isoformat()} passed"), 0.0, terminal=True)
+            return False
+        step, attempt = run.step, run.attempts + 1
+
+        async def effect(key: str, fn: EffectFn, reconcile: EffectFn | None = None) -> Any:
+            with tracing.effect_span(a.run_id, task.name, step, attempt, a.token, key):
+                return await self.effects.effect(a, key, fn, reconcile)
+
+        ctx = run.ctx = RunContext(
+            run_id=str(a.run_id), task=task.name, step=step, attempt=attempt,
+            token=a.token, wake=run.wake, deadline=run.deadline_at, budget=run.budget,
+            spent=run.spent, _effect=effect, _app=self.step_app, _owner=self.settings.worker_id,
+            _io=io, affinity=run.affinity, _instance=self.settings.instance,
+        )
+        t0 = time.monotonic()
+        async with tracing.step_span(self.db, a.run_id, task.name, step, attempt,
+                                     a.token) as span:
+            outcome = await self._run_step(a, task, ctx, run.state, run.deadline_at,
+                                           run.db_clock)
+            span.outcome(outcome)
+        metrics.step_done(task.name, time.monotonic() - t0)
+        run.affinity = ctx.affinity  # as the step pinned or unpinned it
+        if outcome is None:
+            return False  # settled (failed, cancelled, lost)
+        if isinstance(outcome, BaseException):
+            if is_lost_connection(outcome):
+                return await self._on_lost_connection(run, ctx)
+            if isinstance(outcome, RateLimited):
+                return await self._on_rate_limited(run, ctx, outcome)
+            return await self._on_error(run, ctx, outcome)
+        result, new_state, state_json = outcome
+        run.step = ctx.step  # a workflow's own checkpoints moved runs.step on
+        if isinstance(result, Continue):
+            return await self._on_continue(run, ctx, new_state, state_json)
+        if isinstance(result, Done):
+            return await self._on_done(run, ctx, result, state_json)
+        if isinstance(result, Wait):
+            return await self._on_wait(run, ctx, result, state_json)
+        return await self._on_sleep(run, ctx, result, state_json)
+
+    async def _on_lost_connection(self, run: _Lease, ctx: RunContext) -> bool:
+        """The step failed on the database, not on its own: not an attempt; run it again
+        from the same checkpoint while the lease is trusted (a workflow's own
+        checkpoints moved that checkpoint on)."""
+        if ctx.step != run.step:
+            run.step, run.wake, run.spent = ctx.step, None, ctx.spent
+        return await self._step_again(run)
+
+    async def _on_rate_limited(self, run: _Lease, ctx: RunContext, limited: RateLimited) -> bool:
+        """Flow control: park the run, run the same step again later (its bucket's
+        acquire signal or the retry timer wakes it)."""
+        kind = None if limited.bucket is None else ACQUIRE_KIND
+        await self.parking.park(run.a, dumps(run.state, "state"), ctx._pending_spend, kind,
+                                limited.bucket, None, timedelta(seconds=limited.retry_after))
+        return False
+
+    async def _on_error(self, run: _Lease, ctx: RunContext, exc: BaseException) -> bool:
+        """A failed attempt: retried after the task's backoff unless it is terminal."""
+        terminal = isinstance(
+            exc, BudgetExceeded | DeadlineExceeded | EffectFailed | _StepTypeError
+        ) or is_terminal(exc)
+        await self.parking.fail(run.a, run.task, run.attempts, exc, ctx._pending_spend, terminal)
+        return False
+
+    async def _on_continue(self, run: _Lease, ctx: RunContext, new_state: Any,
+                           state_json: str) -> bool:
+        """A checkpoint (batched, fenced); the next step follows in this lease unless the
+        run is cancelled, stopped or its lease window is over."""
+        a, spend = run.a, ctx._pending_spend
+        status = await self.writer.write(a.run_id, a.token, run.step, state_json, spend, None,
+                                         a.trusted)
+        if status != "leased":
+            metrics.run_finished(run.task.name, status)
+            return False
+        run.state, run.step, run.wake, run.spent = new_state, run.step + 1, None, run.spent + spend
+        if a.stop_reason == "cancel":
+            await self.parking.ack_cancel(a, 0)
+            return False
+        if self.state.stopping or a.stop_reason or time.monotonic() >= run.window_end:
+            await self.parking.release(a)
+            return False
+        return True
+
+    async def _on_done(self, run: _Lease, ctx: RunContext, done: Done, state_json: str) -> bool:
+        """The run's completion (batched, fenced): the lease's last write."""
+        a, spend = run.a, ctx._pending_spend
+        try:
+            result_json = dumps(done.result, "result")
+        except (TypeError, ValueError) as exc:
+            # like a non-JSON state: a bug of the step, not retried
+            await self.parking.fail(a, run.task, run.attempts, _StepTypeError(str(exc)), spend,
+                                    True)
+            return False
+        self.state.finishing_now(a)  # this lease's last write: the slot is free
+        status = await self.writer.write(a.run_id, a.token, run.step, state_json, spend,
+                                         result_json, a.trusted)
+        metrics.run_finished(run.task.name, status)
+        return False
+
+    async def _on_wait(self, run: _Lease, ctx: RunContext, wait: Wait, state_json: str) -> bool:
+        """Park until a signal (or its children, or a timeout)."""
+        if wait.child_ids:
+            await self.parking.park_children(run.a, run.task, run.attempts, state_json,
+                                             ctx._pending_spend, wait)
+            return False
+        kind, ref = wait.signal
+        await self.parking.park(run.a, state_json, ctx._pending_spend, kind, ref, None,
+                                as_timedelta(wait.timeout))
+        return False
+
+    async def _on_sleep(self, run: _Lease, ctx: RunContext, sleep: Sleep,
+                        state_json: str) -> bool:
+        """Park until a time (``until``) or for a while (``seconds``)."""
+        if sleep.until is not None:
+            await self.parking.park(run.a, state_json, ctx._pending_spend, None, None,
+                                    sleep.until, None)
+        else:
+            await self.parking.park(run.a, state_json, ctx._pending_spend, None, None, None,
+                                    as_timedelta(sleep.seconds))
+        return False
+
+    async def _pin(self, a: Held, mode: str | None, wait: timedelta | None,
                    info_json: str | None) -> Affinity | None:
         """``ctx.pin``/``ctx.unpin``: announce this worker's presence first (once:
         a pin to an absent worker would reserve nothing), then ONE fenced
         ``pin_run``."""
         if mode is not None:
-            await self._presence.ensure()
-        row = await self.app.fetchone(
-            PIN, (a.run_id, a.token, self.worker_id, self.instance, mode, wait, info_json))
-        return None if row is None else parse_affinity(row[0])
+            await self.presence.ensure()
+        s = self.settings
+        return parse_affinity(await first(
+            self.db, aq.PIN, (a.run_id, a.token, s.worker_id, s.instance, mode, wait, info_json)))
 
-    async def _step_again(self, a: _Active, window_end: float, delays: Iterator[float]) -> bool:
+    async def _step_again(self, run: _Lease) -> bool:
         """After a step failed on a lost connection: True to run it again here;
         False when the lease window is over (the run is given back, attempts
         unchanged) or the lease is no longer trusted (left to lapse)."""
-        await asyncio.sleep(next(delays))
-        if not self._trusted(a):
+        a = run.a
+        await asyncio.sleep(next(run.db_delays))
+        if not a.trusted():
             return False
         if a.stop_reason is not None:
-            await self._settle_stopped(a, 0.0)
+            await self.parking.settle_stopped(a, 0.0)
             return False
-        if self._stopping or time.monotonic() >= window_end:
-            await self._fenced(a, q.RELEASE, (a.run_id, a.token, self.worker_id))
+        if self.state.stopping or time.monotonic() >= run.window_end:
+            await self.parking.release(a)
             return False
         return True
 
     async def _run_step(
         self,
-        a: _Active,
+        a: Held,
         task: Task,
         ctx: RunContext,
         state: Any,
         deadline_at: datetime | None,
-        db_clock: Any,
-    ) -> tuple[Any, Any, str] | BaseException | None:
+        db_clock: Callable[[], datetime],
+    ) -> Stepped | BaseException | None:
         """Run one step. Returns (result, new_state, state_json), an error to
         record, or None when the run was settled here (cancel/lost/shutdown)."""
         a.in_step = True
@@ -270,7 +357,7 @@ class StepExecution(Parking, StepEffects):
                 if current is not None and cancelled:
                     current.uncancel()
                 a.in_step = False
-                await self._settle_stopped(a, ctx._pending_spend)
+                await self.parking.settle_stopped(a, ctx._pending_spend)
                 return None
             if isinstance(exc, asyncio.CancelledError) and cancelled:
                 raise  # this task is being cancelled from outside (loop shutdown)

@@ -22,10 +22,13 @@ from ..foundation.errors import InvalidInput, recorded_checkpoint
 from ..foundation.jsonb import dumps
 from ..foundation.jsonb import exc_message as _exc_message
 from ..foundation.jsonb import jsonb_str as _jsonb_str
+from ..foundation.queries import engine as eq
+from ..foundation.queries.core import Database
 from ..foundation.retry import retry_while
 from ..runs.children import park_children
 from ..runs.steps import Wait
-from .base import WorkerBase, _Active, _as_timedelta
+from .settings import as_timedelta
+from .state import Held, WorkerState, fenced
 
 if TYPE_CHECKING:
     from ..foundation.registry import Task
@@ -33,21 +36,34 @@ if TYPE_CHECKING:
 __all__ = ["Parking"]
 
 
-class Parking(WorkerBase):
-    """Parking, failing and settling a run (part of :class:`~pgdurable.engine.worker.Worker`)."""
+class Parking:
+    """Parks, fails and settles runs between steps (a part of
+    :class:`~pgdurable.engine.worker.Worker`): each is the last write of a lease, so
+    each frees the run's slot first (``WorkerState.finishing_now``)."""
 
-    async def _settle_stopped(self, a: _Active, spend: float) -> None:
-        ident = (a.run_id, a.token, self.worker_id)
+    def __init__(self, db: Database, owner: str, state: WorkerState) -> None:
+        self.db, self.owner, self.state = db, owner, state
+
+    async def settle_stopped(self, a: Held, spend: float) -> None:
+        """A stopped run: acknowledge its cancel, or give it back (shutdown); a lost
+        lease is dropped, no further writes."""
         if a.stop_reason == "cancel":
-            await self._fenced(a, q.ACK_CANCEL, (*ident, spend))
+            await self.ack_cancel(a, spend)
         elif a.stop_reason == "shutdown":
-            await self._fenced(a, q.RELEASE, ident)
-        # lease_lost: drop, no further writes
+            await self.release(a)
 
-    async def _park(
+    async def release(self, a: Held) -> Any:
+        """Give the run back runnable (the lease window is over, or a shutdown); its
+        status."""
+        return await fenced(self.db, a, eq.RELEASE, a.ident(self.owner))
+
+    async def ack_cancel(self, a: Held, spend: float) -> None:
+        """Record the run cancelled (its cancel request was seen)."""
+        await fenced(self.db, a, eq.ACK_CANCEL, (*a.ident(self.owner), spend))
+
+    async def park(
         self,
-        a: _Active,
-        ident: tuple[Any, ...],
+        a: Held,
         state_json: str,
         spend: float,
         kind: str | None,
@@ -55,51 +71,55 @@ class Parking(WorkerBase):
         until: datetime | None,
         wake_in: timedelta | None,
     ) -> None:
-        self._finishing_now(a)  # this lease's last write: the slot is free (engine/claim.py)
-        row = await self._fenced(
-            a, q.PARK, (*ident, state_json, spend, kind, ref, until, wake_in)
-        )
-        if row is not None and row[0] == "waiting" and row[1] is not None:
-            # our own timer: wake for it without waiting for the poll
-            self._note_due(float(row[2]))
+        """ONE fenced ``park_run``: wait for a signal ``(kind, ref)`` and/or a timer."""
+        self.state.finishing_now(a)  # this lease's last write: the slot is free (claim.py)
+        parked = await fenced(
+            self.db, a, eq.PARK,
+            (*a.ident(self.owner), state_json, spend, kind, ref, until, wake_in))
+        self._timer(parked)
 
-    async def _park_children(
-        self, a: _Active, task: Task, attempts: int, ident: tuple[Any, ...], state_json: str,
-        spend: float, wait: Wait,
+    def _timer(self, parked: eq.Parked | None) -> None:
+        if parked is not None and parked.status == "waiting" and parked.wake_at is not None \
+                and parked.wake_in is not None:
+            # our own timer: wake for it without waiting for the poll
+            self.state.note_due(parked.wake_in)
+
+    async def park_children(
+        self, a: Held, task: Task, attempts: int, state_json: str, spend: float, wait: Wait,
     ) -> None:
         """Wait.children: the fenced park of pgdurable.children (sent again after a
-        transient error while the lease is trusted, like :meth:`_fenced`); ids that
+        transient error while the lease is trusted, like :func:`fenced`); ids that
         are not this run's children fail the run (InvalidInput, nothing written)."""
-        self._finishing_now(a)
+        self.state.finishing_now(a)
         try:
-            row = await retry_while(
-                lambda: park_children(self.app, ident, state_json, spend, wait.child_ids,
-                                      wait.need, _as_timedelta(wait.timeout)),
-                lambda: self._trusted(a),
+            parked = await retry_while(
+                lambda: park_children(self.db, a.ident(self.owner), state_json, spend,
+                                      wait.child_ids, wait.need, as_timedelta(wait.timeout)),
+                a.trusted,
             )
         except InvalidInput as exc:
-            await self._fail(a, task, attempts, exc, spend, True)
+            await self.fail(a, task, attempts, exc, spend, True)
             return
-        if row[0] == "waiting" and row[1] is not None:
-            self._note_due(float(row[2]))
+        self._timer(parked)
 
-    async def _fail(
-        self, a: _Active, task: Task, attempts: int, exc: BaseException, spend: float,
+    async def fail(
+        self, a: Held, task: Task, attempts: int, exc: BaseException, spend: float,
         terminal: bool,
     ) -> None:
-        self._finishing_now(a)
+        """ONE fenced ``fail_run``: a retry after the task's backoff, or the end."""
+        self.state.finishing_now(a)
         delay = min(task.retry_cap, task.retry_base * (2 ** min(attempts, 30)))
         delay *= random.uniform(0.5, 1.5)
         err = _error_json(exc)
-        row = await self._fenced(
-            a, q.FAIL,
-            (a.run_id, a.token, self.worker_id, err, spend, timedelta(seconds=delay), terminal),
+        status = await fenced(
+            self.db, a, eq.FAIL,
+            (*a.ident(self.owner), err, spend, timedelta(seconds=delay), terminal),
         )
-        if row is not None:
-            metrics.run_finished(task.name, row[0])
-        if row is not None and row[0] == "runnable":
+        if status is not None:
+            metrics.run_finished(task.name, status)
+        if status == "runnable":
             # our own backoff (no NOTIFY for a future retry): wake for it ourselves
-            self._note_due(delay)
+            self.state.note_due(delay)
 
 
 def _error_json(exc: BaseException) -> str:

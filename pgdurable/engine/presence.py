@@ -22,15 +22,12 @@ import logging
 import os
 import socket
 from datetime import timedelta
-from typing import TYPE_CHECKING
 
 import psycopg
 
 from ..foundation.affinity import ABSENT, PRESENT, STARTED
 from ..foundation.errors import PgDurableError
-
-if TYPE_CHECKING:
-    from ..foundation.ports import App
+from ..foundation.queries.core import Database
 
 __all__ = ["WorkerPresence"]
 
@@ -45,9 +42,9 @@ class WorkerPresence:
     renewed every ``every`` seconds for ``ttl`` seconds, :meth:`withdraw` on a
     clean stop."""
 
-    def __init__(self, app: App, worker_id: str, instance: str, ttl: float,
+    def __init__(self, db: Database, worker_id: str, instance: str, ttl: float,
                  every: float, queues: list[str], concurrency: int = 1) -> None:
-        self.app, self.worker_id, self.instance = app, worker_id, instance
+        self.db, self.worker_id, self.instance = db, worker_id, instance
         self.queues, self.concurrency = queues, concurrency
         self.ttl, self.every = timedelta(seconds=ttl), every
         self.count = 0  # worker_started / worker_present statements issued
@@ -61,9 +58,9 @@ class WorkerPresence:
             self.count += 1
             async with asyncio.timeout(max(self.every, 1.0)):
                 if self._introduced:
-                    await self.app.fetchone(PRESENT, (self.worker_id, self.instance, self.ttl))
+                    await self.db.fetchone(PRESENT, (self.worker_id, self.instance, self.ttl))
                 else:
-                    await self.app.fetchone(STARTED, (
+                    await self.db.fetchone(STARTED, (
                         self.worker_id, self.instance, self.ttl, socket.gethostname(),
                         os.getpid(), self.queues, self.concurrency))
                     self._introduced = True
@@ -109,7 +106,7 @@ class WorkerPresence:
         await asyncio.gather(task, return_exceptions=True)
         try:
             async with asyncio.timeout(5.0):
-                await self.app.fetchone(ABSENT, (self.worker_id, self.instance, self.queues))
+                await self.db.fetchone(ABSENT, (self.worker_id, self.instance, self.queues))
         except (TimeoutError, *_DB_ERRORS) as exc:
             log.warning("worker %s: presence not withdrawn (%s); it lapses within %.0f s",
                         self.worker_id, exc, self.ttl.total_seconds())

@@ -1,6 +1,6 @@
 """``ctx.effect(key, fn)``: a step's side effect, recorded at most once per run and key.
 
-:meth:`StepEffects._effect` begins the effect (fenced ``effect_begin``), runs
+:meth:`StepEffects.effect` begins the effect (fenced ``effect_begin``), runs
 ``fn`` (async on the loop, sync in a thread) and records its outcome (fenced
 ``effect_finish``, retried over lost connections while the lease is trusted).
 An effect found ``started`` by an earlier attempt follows its replay policy:
@@ -15,14 +15,15 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from ..foundation import run_queries as q
 from ..foundation.effects import NOT_PERFORMED, NotPerformed
 from ..foundation.errors import EffectFailed, ReconcileFailed, mark_terminal
 from ..foundation.jsonb import dumps
 from ..foundation.jsonb import exc_message as _exc_message
 from ..foundation.jsonb import jsonb_str as _jsonb_str
+from ..foundation.queries import engine as eq
+from ..foundation.queries.core import Database
 from ..runs.steps import EffectFn, in_thread
-from .base import WorkerBase, _Active
+from .state import Held, fenced
 
 __all__ = ["NOT_PERFORMED", "NotPerformed", "StepEffects", "call_effect", "reconcile_effect"]
 
@@ -59,45 +60,52 @@ async def reconcile_effect(key: str, reconcile: EffectFn) -> str | NotPerformed:
         )) from exc
 
 
-class StepEffects(WorkerBase):
-    """Recording a step's effects (part of :class:`~pgdurable.engine.worker.Worker`)."""
+class StepEffects:
+    """Records a step's effects (a part of :class:`~pgdurable.engine.worker.Worker`)."""
 
-    async def _effect(
-        self, a: _Active, key: str, fn: EffectFn, reconcile: EffectFn | None = None
+    def __init__(self, db: Database, owner: str) -> None:
+        self.db, self.owner = db, owner
+
+    async def _finish(self, a: Held, key: str, ok: bool, text: str | None,
+                      error: str | None) -> None:
+        await fenced(self.db, a, eq.EFFECT_FINISH, (*a.ident(self.owner), key, ok, text, error))
+
+    async def effect(
+        self, a: Held, key: str, fn: EffectFn, reconcile: EffectFn | None = None
     ) -> Any:
-        ident = (a.run_id, a.token, self.worker_id)
-        row = await self._fenced(a, q.EFFECT_BEGIN, (*ident, key))
-        assert row is not None
-        status, result, error, replay = row
-        if status == "started" and replay and reconcile is not None:
+        """``ctx.effect(key, fn, reconcile)`` of run ``a`` (see the module docstring)."""
+        begun = await fenced(self.db, a, eq.EFFECT_BEGIN, (*a.ident(self.owner), key))
+        assert begun is not None
+        if begun.status == "started" and begun.replay and reconcile is not None:
             # started by an earlier attempt, outcome unknown: policy "reconcile"
             text = await reconcile_effect(key, reconcile)
             if isinstance(text, str):
-                await self._fenced(a, q.EFFECT_FINISH, (*ident, key, True, text, None))
+                await self._finish(a, key, True, text, None)
                 return json.loads(text)
             # NOT_PERFORMED: fn runs now, under this token (effect_begin took the row over)
-        elif status == "succeeded":
-            return result
-        elif status == "failed":
-            msg = (error or {}).get("message", "")
-            raise EffectFailed(f"effect {key!r} failed earlier: {(error or {}).get('type')}: {msg}")
+        elif begun.status == "succeeded":
+            return begun.result
+        elif begun.status == "failed":
+            error = begun.error or {}
+            raise EffectFailed(f"effect {key!r} failed earlier: {error.get('type')}: "
+                               f"{error.get('message', '')}")
         # from here on the effect may have happened: its outcome is recorded
         # (retried over lost connections while the lease is trusted), never
         # left 'started' for a replay to perform it again
         try:
             value = await call_effect(fn)
         except Exception as exc:
-            await self._fenced(a, q.EFFECT_FINISH, (*ident, key, False, None, _effect_error(exc)))
+            await self._finish(a, key, False, None, _effect_error(exc))
             raise
         try:
             text = dumps(value, f"effect {key!r} result")
         except (TypeError, ValueError) as exc:
-            await self._fenced(a, q.EFFECT_FINISH, (*ident, key, False, None, _effect_error(exc)))
+            await self._finish(a, key, False, None, _effect_error(exc))
             raise mark_terminal(EffectFailed(
                 f"effect {key!r} ran but its result cannot be stored ({exc}); it is recorded "
                 "as failed and not performed again"
             )) from exc
-        await self._fenced(a, q.EFFECT_FINISH, (*ident, key, True, text, None))
+        await self._finish(a, key, True, text, None)
         return json.loads(text)
 
 

@@ -1,42 +1,52 @@
 """The worker: claims runs, executes their steps, checkpoints, lets go.
 
-:class:`Worker` is the orchestrator: it starts and stops the parts below,
-each a class in a module named for its job, and holds little else.
+:class:`Worker` is the orchestrator: it holds the parts below as fields (River's
+producer is the model), each an object with a narrow interface in a module named for
+its job, sharing one small :class:`~pgdurable.engine.state.WorkerState` (the runs held,
+the wake-up, the due time, the stopping flag) and the
+:class:`~pgdurable.engine.settings.Settings`. It takes a narrow database object (one
+statement on the app's pool, errors translated), the task registry and its settings,
+never the app: ``Durable.worker()`` (``app/durable.py``) builds it and plugs in the
+periodic duties as services (:mod:`~pgdurable.engine.services`: the schedule ticker,
+the registration of the task revisions it serves).
 
 Structure (one asyncio event loop, three long-lived tasks plus one task per
 run):
 
-* **claim loop** (:mod:`~pgdurable.engine.claim`): claims up to the number of free
+* **claimer** (:class:`~pgdurable.engine.claim.Claimer`): claims up to the number of free
   slots with ONE ``pgdurable.claim_runs`` call, when woken by a NOTIFY on
   ``pgdurable_wake`` for one of its queues, a freed slot while work may remain,
   a known due time (timer, retry, lease expiry) or a slow jittered poll. When
   nothing is known to be due, the poll first asks ``pgdurable.next_wakeup``
   (one query) and sleeps until the earliest of: next poll, earliest timer,
   retry or lease expiry in its queues. Idle = one query per poll interval.
-* **listener** (:mod:`~pgdurable.engine.listener`): a dedicated autocommit connection
+* **listener** (:class:`~pgdurable.engine.listener.Listener`): a dedicated autocommit connection
   (not from the pool) LISTENing on ``pgdurable_wake`` and ``pgdurable_cancel``;
   reconnects with backoff and claims after every (re)connect. It connects to
   the app's ``listen_dsn`` if set, else to the app's DSN; behind a
   transaction-mode pooler without ``listen_dsn`` there is none (LISTEN does
   not work through it): the worker polls and says so in a warning at start.
-* **heartbeat** (:mod:`~pgdurable.engine.heartbeat`): every ``heartbeat`` (<= TTL/3)
+* **heartbeat** (:class:`~pgdurable.engine.heartbeat.Heartbeat`): every ``heartbeat`` (<= TTL/3)
   ONE ``pgdurable.renew_runs`` UPDATE renews all of this worker's leases. A
   run missing from the answer has lost its lease and is stopped locally; a
   run whose lease could not be renewed is no longer trusted after
   ``attempt start + ttl - safety_margin`` (monotonic) and is stopped too.
-* **presence** (:mod:`~pgdurable.engine.presence`): from its start until it
+* **presence** (:class:`~pgdurable.engine.presence.WorkerPresence`): from its start until it
   stops, ONE ``pgdurable.worker_present`` per heartbeat interval says that this
   process is alive (for one lease TTL; ``worker_started`` at start also records
   its host, pid, queues and concurrency, for ``pgdurable.worker_list``); the
   runs pinned here (``ctx.pin``, :mod:`pgdurable.foundation.affinity`) are
   reserved for it only while it is.
-* **run tasks** (:mod:`~pgdurable.engine.execute`): one per claimed run; step after
-  step within the lease window, then give the run back.
-  A ``Continue``/``Done`` goes to the batched, fenced writer
-  (:mod:`~pgdurable.engine.batch_writer`); ``ctx.effect`` is recorded by
-  :mod:`~pgdurable.engine.step_effects`; parking, failing and releasing a run
-  are in :mod:`~pgdurable.engine.park`. The options and the state the parts
-  share (the runs held, the fence) are in :mod:`~pgdurable.engine.base`.
+* **run tasks** (:class:`~pgdurable.engine.execute.Executor`): one per claimed run;
+  step after step within the lease window, then give the run back; one small method
+  per step result kind. A ``Continue``/``Done`` goes to the batched, fenced writer
+  (:class:`~pgdurable.engine.batch_writer.StepWriter`); ``ctx.effect`` is recorded by
+  :class:`~pgdurable.engine.step_effects.StepEffects`; parking, failing and releasing
+  a run are :class:`~pgdurable.engine.park.Parking`'s. The state the parts share is in
+  :mod:`~pgdurable.engine.state`, the options in :mod:`~pgdurable.engine.settings`.
+* **services** (:mod:`~pgdurable.engine.services`): started before the first claim,
+  stopped after the runs settle; a loop service (the schedule ticker) rides on the
+  claim loop's idle query and wake-ups.
 
 Step code: sync step functions run in a thread (the worker's own pool: one per
 busy slot, never queued behind the loop's default executor) and so
@@ -66,23 +76,35 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import signal
+from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 
+from ..foundation.hints import WakeLimiter
+from ..foundation.queries.core import Database
+from ..foundation.registry import TaskRegistry
 from ..foundation.retry import for_seconds, retry_while
-from ..runs.fork import register_worker, unregister_worker
 from ..runs.steps import STEP_EXECUTOR
-from .base import log
-from .claim import ClaimLoop
+from .batch_writer import StepWriter
+from .claim import Claimer
+from .execute import Executor
 from .heartbeat import Heartbeat
 from .listener import Listener
+from .park import Parking
+from .presence import WorkerPresence
+from .services import LoopService, Service
+from .settings import Settings
+from .state import WorkerState, log
+from .step_effects import StepEffects
 
 __all__ = ["Worker"]
 
 
-class Worker(ClaimLoop, Listener, Heartbeat):
-    """Executes runs of an app's tasks from some queues.
+class Worker:
+    """Executes runs of an app's tasks from some queues (build it with
+    :meth:`pgdurable.Durable.worker`).
 
     Options: ``queues``, ``concurrency`` (runs executing steps at once; a run
     whose last write of its lease is being sent frees its slot), ``lease_ttl``,
@@ -94,40 +116,156 @@ class Worker(ClaimLoop, Listener, Heartbeat):
     (default 10 s) bounds how long :meth:`stop` waits, after the grace
     period, for stopped runs to settle before leaving their leases to lapse.
 
-    The worker runs its parts and holds little else: the claim loop
-    (:class:`~pgdurable.engine.claim.ClaimLoop`, which runs each claimed run
-    with :class:`~pgdurable.engine.execute.StepExecution`), the listener
-    (:class:`~pgdurable.engine.listener.Listener`) and the heartbeat
-    (:class:`~pgdurable.engine.heartbeat.Heartbeat`); its options and shared
-    state are :class:`~pgdurable.engine.base.WorkerBase`'s. It takes any
-    :class:`pgdurable.foundation.ports.App` (:class:`pgdurable.Durable` is one).
+    What it takes of the layer that builds it: ``db`` (one statement on the app's
+    pool, errors translated: :class:`pgdurable.foundation.ports.Database`), the task
+    ``registry``, ``open`` (opens the pool and checks the schema; idempotent),
+    ``listen_conninfo`` (where to LISTEN; None: poll), ``open_timeout``, ``step_app``
+    (handed to each step as ``ctx._app``; the engine never calls it) and ``services``
+    (:mod:`~pgdurable.engine.services`). Its parts are fields: :attr:`claimer`,
+    :attr:`executor`, :attr:`heartbeat`, :attr:`listener`, :attr:`parking`,
+    :attr:`writer`, :attr:`presence`, sharing :attr:`state` and :attr:`settings`.
     """
 
+    def __init__(
+        self,
+        db: Database,
+        registry: TaskRegistry,
+        *,
+        open: Callable[[], Awaitable[None]],
+        listen_conninfo: Callable[[], str | None],
+        open_timeout: float = 30.0,
+        step_app: object = None,
+        services: Sequence[Service] = (),
+        queues: Sequence[str] = ("default",),
+        concurrency: int = 16,
+        lease_ttl: timedelta | float = timedelta(seconds=60),
+        heartbeat: timedelta | float | None = None,
+        poll_interval: timedelta | float = 5.0,
+        lease_window: timedelta | float | None = None,
+        safety_margin: timedelta | float | None = None,
+        worker_id: str | None = None,
+        listen: bool = True,
+    ) -> None:
+        s = self.settings = Settings.of(
+            queues=queues, concurrency=concurrency, lease_ttl=lease_ttl, heartbeat=heartbeat,
+            poll_interval=poll_interval, lease_window=lease_window,
+            safety_margin=safety_margin, worker_id=worker_id, listen=listen)
+        self.db, self.registry = db, registry
+        self._open, self._listen_conninfo, self.open_timeout = open, listen_conninfo, open_timeout
+        self.services = list(services)
+        state = self.state = WorkerState()
+        # heartbeat and step batches both lock many run rows: never at once
+        # (one worker's two multi-row UPDATEs could otherwise deadlock)
+        write_lock = asyncio.Lock()
+        self.writer = StepWriter(db, s.worker_id, write_lock)
+        # announced at start, renewed each heartbeat interval (engine/presence.py)
+        self.presence = WorkerPresence(db, s.worker_id, s.instance, s.ttl,
+                                       s.heartbeat_interval, s.queues, s.concurrency)
+        self.parking = Parking(db, s.worker_id, state)
+        self.executor = Executor(db, s, state, writer=self.writer, parking=self.parking,
+                                 effects=StepEffects(db, s.worker_id), presence=self.presence,
+                                 step_app=step_app)
+        self.heartbeat = Heartbeat(db, s, state, write_lock)
+        self.listener = Listener(db, s, state)
+        self.claimer = Claimer(db, s, state, self.executor, self.listener.wake_limit,
+                               [svc for svc in self.services if isinstance(svc, LoopService)])
+        self._running = False
+        self._done = asyncio.Event()
+        self._claims: asyncio.Task[None] | None = None  # the claim loop, while run() runs
+        self._claims_deadline: asyncio.TimerHandle | None = None  # see _abandon_claims
+
+    # -- what tests, metrics and operators read of the parts
+    @property
+    def worker_id(self) -> str:
+        """This worker's id (the owner of its leases)."""
+        return self.settings.worker_id
+
+    @property
+    def instance(self) -> str:
+        """This process's instance (runs pinned here name it)."""
+        return self.settings.instance
+
+    @property
+    def queues(self) -> list[str]:
+        """The queues it claims from."""
+        return self.settings.queues
+
+    @property
+    def concurrency(self) -> int:
+        """How many runs it executes at once."""
+        return self.settings.concurrency
+
+    @property
+    def settle_limit(self) -> float:
+        """After the grace period, how long stopped runs get to settle (seconds)."""
+        return self.settings.settle_limit
+
+    @settle_limit.setter
+    def settle_limit(self, value: float) -> None:
+        self.settings.settle_limit = value
+
+    @property
+    def claim_delay(self) -> float:
+        """How long a claim under load (or a trickle's) waits for more (seconds)."""
+        return self.settings.claim_delay
+
+    @claim_delay.setter
+    def claim_delay(self, value: float) -> None:
+        self.settings.claim_delay = value
+
+    @property
+    def claim_count(self) -> int:
+        """claim_runs statements issued."""
+        return self.claimer.count
+
+    @property
+    def heartbeat_count(self) -> int:
+        """renew_runs statements issued."""
+        return self.heartbeat.count
 
     @property
     def write_count(self) -> int:
         """write_steps statements issued (each one batch of steps)."""
-        return self._writer.count
+        return self.writer.count
+
+    @property
+    def cancel_check_count(self) -> int:
+        """Cancel checks sent to the database."""
+        return self.listener.check_count
+
+    @property
+    def wake_limit(self) -> WakeLimiter:
+        """The rate limit of claims on wake-up notifications."""
+        return self.listener.wake_limit
+
+    @property
+    def cancel_limit(self) -> WakeLimiter:
+        """The rate limit of cancel checks on cancel notifications."""
+        return self.listener.cancel_limit
 
     @property
     def active_runs(self) -> list[str]:
         """Ids of the runs this worker holds right now."""
-        return [str(k) for k in self._active]
+        return [str(k) for k in self.state.active]
 
     async def run(self) -> None:
         """Run until :meth:`stop` (or SIGTERM/SIGINT in the main thread)."""
         if self._running:
             raise RuntimeError("worker is already running")
-        await self.app.open()
-        self._tasks = list(self.app.tasks.values())
-        if not self._tasks:
+        s, state = self.settings, self.state
+        await self._open()
+        tasks = self.registry.tasks
+        if not tasks:
             raise ValueError("the app has no registered tasks")
+        self.executor.tasks = tasks
+        self.claimer.tasks = list(tasks.values())
         # idempotent: asked again if the connection is lost under it (a server or a
         # pooler restarting as the worker starts), as the schema check was
-        await retry_while(self._ticker.declare, for_seconds(self.app.open_timeout))
-        await register_worker(self.app, self.worker_id, self.app.tasks)
-        self._presence.reopen()
-        await self._presence.start()  # a failure is logged: only a pin needs the row
+        for svc in self.services:
+            await retry_while(functools.partial(svc.start, s.worker_id),
+                              for_seconds(self.open_timeout))
+        self.presence.reopen()
+        await self.presence.start()  # a failure is logged: only a pin needs the row
         self._running = True
         self._done.clear()
         # Not the loop's default executor (min(32, cpus + 4) threads, shared):
@@ -135,7 +273,7 @@ class Worker(ClaimLoop, Listener, Heartbeat):
         # that keeps running must not hold up the steps of other runs. Threads
         # are started only when none is idle, so the bound is only a backstop.
         executor = ThreadPoolExecutor(
-            max_workers=max(64, 4 * self.concurrency), thread_name_prefix="pgdurable-step"
+            max_workers=max(64, 4 * s.concurrency), thread_name_prefix="pgdurable-step"
         )
         executor_token = STEP_EXECUTOR.set(executor)  # inherited by the run tasks
         loop = asyncio.get_running_loop()
@@ -146,15 +284,16 @@ class Worker(ClaimLoop, Listener, Heartbeat):
                 handled.append(sig)
             except (NotImplementedError, RuntimeError, ValueError):
                 pass
-        helpers = [asyncio.create_task(self._heartbeat(), name="pgdurable-heartbeat")]
-        listen_to = self.app.listen_conninfo() if self.listen else None
+        helpers = [asyncio.create_task(self.heartbeat.run(), name="pgdurable-heartbeat")]
+        listen_to = self._listen_conninfo() if s.listen else None
         if listen_to is not None:
-            helpers.append(asyncio.create_task(self._listen(listen_to), name="pgdurable-listener"))
-        elif self.listen:
+            helpers.append(asyncio.create_task(self.listener.run(listen_to),
+                                               name="pgdurable-listener"))
+        elif s.listen:
             log.warning("worker %s: no LISTEN: the app's DSN goes through a transaction-mode "
                         "pooler and no listen_dsn is set; finding work by polling every %.1f s",
-                        self.worker_id, self.poll_interval)
-        claims = asyncio.create_task(self._claim_loop(), name="pgdurable-claims")
+                        s.worker_id, s.poll_interval)
+        claims = asyncio.create_task(self.claimer.run(), name="pgdurable-claims")
         self._claims = claims
         try:
             try:
@@ -164,23 +303,23 @@ class Worker(ClaimLoop, Listener, Heartbeat):
                     raise  # run() itself was cancelled
                 # stop() gave up on a claim statement that did not return (see
                 # _abandon_claims); the runs it held are stopped as usual below
-            await self._drain()
-            try:  # _hand_off logs its own errors; a statement that never returns is let go
-                async with asyncio.timeout(self.settle_limit):
-                    await self._hand_off()
+            await self.claimer.drain()
+            try:  # hand_off logs its own errors; a statement that never returns is let go
+                async with asyncio.timeout(s.settle_limit):
+                    await self.claimer.hand_off()
             except TimeoutError:
                 log.warning("worker %s: the hand-off NOTIFY did not finish within %.0f s",
-                            self.worker_id, self.settle_limit)
+                            s.worker_id, s.settle_limit)
         except asyncio.CancelledError:
             # run() itself was cancelled (not stop()): stop the runs as well, so
             # that no step goes on without heartbeats (its lease would lapse
             # mid-step and another worker could run the step again)
-            self._stopping = True
-            for a in list(self._active.values()):
-                self._stop_run(a, "shutdown")
-            tasks = [a.task for a in self._active.values() if a.task is not None]
-            if tasks:
-                await asyncio.wait(tasks, timeout=self.settle_limit)
+            state.stopping = True
+            for a in list(state.active.values()):
+                state.stop_run(a, "shutdown")
+            running = state.tasks()
+            if running:
+                await asyncio.wait(running, timeout=s.settle_limit)
             raise
         finally:
             with contextlib.suppress(asyncio.CancelledError):
@@ -191,8 +330,9 @@ class Worker(ClaimLoop, Listener, Heartbeat):
                 self._claims_deadline.cancel()
                 self._claims_deadline = None
             self._claims = None
-            await unregister_worker(self.app, self.worker_id)  # bounded (5 s) itself
-            await self._presence.withdraw()  # bounded (5 s) itself
+            for svc in reversed(self.services):
+                await svc.stop(s.worker_id)  # bounded (5 s) and logged by each service
+            await self.presence.withdraw()  # bounded (5 s) itself
             STEP_EXECUTOR.reset(executor_token)
             executor.shutdown(wait=False, cancel_futures=True)
             self._running = False
@@ -210,17 +350,18 @@ class Worker(ClaimLoop, Listener, Heartbeat):
             await self._done.wait()
 
     def _request_stop(self, grace: timedelta | float | None) -> None:
+        s, state = self.settings, self.state
         if grace is not None:
-            self._grace = grace.total_seconds() if isinstance(grace, timedelta) else float(grace)
-        if not self._stopping:
+            s.grace = grace.total_seconds() if isinstance(grace, timedelta) else float(grace)
+        if not state.stopping:
             log.info("worker %s stopping: no more claims, %d run(s) get %.1f s to finish",
-                     self.worker_id, len(self._active), self._grace)
-        self._stopping = True
-        self._wake.set()
+                     s.worker_id, len(state.active), s.grace)
+        state.stopping = True
+        state.wake.set()
         claims = self._claims
         if claims is not None and not claims.done() and self._claims_deadline is None:
             self._claims_deadline = asyncio.get_running_loop().call_later(
-                self.settle_limit, self._abandon_claims)
+                s.settle_limit, self._abandon_claims)
 
     def _abandon_claims(self) -> None:
         """``settle_limit`` seconds after a stop request the claim loop has not
@@ -232,7 +373,7 @@ class Worker(ClaimLoop, Listener, Heartbeat):
         claims = self._claims
         if claims is not None and not claims.done():
             log.warning("worker %s: a claim statement has not returned %.0f s after stop was "
-                        "asked; cancelling it", self.worker_id, self.settle_limit)
+                        "asked; cancelling it", self.settings.worker_id, self.settings.settle_limit)
             claims.cancel()
 
 

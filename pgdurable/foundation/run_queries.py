@@ -9,11 +9,13 @@ import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from decimal import Decimal
-from typing import Any, NamedTuple
+from typing import Any
 
 from . import jsonb as _json
 from .affinity import Affinity
 from .errors import RunNotFound, recorded_checkpoint
+from .queries import engine as _eq
+from .queries import schedules as _sq
 
 # -- start a run; returns (run_id, created)
 START = (
@@ -39,82 +41,25 @@ CANCEL = "SELECT pgdurable.cancel_run(%s::uuid)"
 SIGNAL = "SELECT pgdurable.send_signal(%s::text, %s::text, %s::jsonb, %s::text, %s::interval)"
 # -- signal one run (0005); returns its id if it woke (PD002 if unknown)
 SIGNAL_RUN = "SELECT pgdurable.signal_run(%s::uuid, %s::text, %s::jsonb, %s::text, %s::interval)"
-# -- tell the workers of these queues to look again (a stopping worker's timers)
-NOTIFY_QUEUES = "SELECT pg_notify('pgdurable_wake', q) FROM unnest(%s::text[]) AS q"
-# -- claim up to n runs (see the SQL header); the last array: max_reclaims per task;
-# -- one ClaimedRun per row
-CLAIM = (
-    "SELECT id, task, revision, queue, status, state, step, attempts, max_attempts, "
-    "lease_token, lease_expires_at, wake, deadline_at, budget, spent, db_now, affinity "
-    "FROM pgdurable.claim_runs(%s::text, %s::text[], %s::text[], %s::text[], %s::integer, "
-    "%s::interval, %s::integer[])"
-)
 # -- operator opt-in: end unheld runs of (task, revision) as incompatible; returns the count
 MARK_INCOMPATIBLE = "SELECT pgdurable.mark_incompatible(%s::text, %s::text, %s::text)"
-# -- heartbeat: renew every lease of this worker; returns (id, expires, cancel_requested)
-RENEW = (
-    "SELECT id, lease_expires_at, cancel_requested "
-    "FROM pgdurable.renew_runs(%s::text, %s::uuid[], %s::bigint[], %s::interval)"
-)
-# -- seconds until work may appear (NULL: none) for (queues, tasks, revisions) to
-# -- worker (owner: the runs reserved for it are due at once: docs/affinity.md),
-# -- and until the next schedule tick in (queues) (NULL: none; sql/0013_schedules.sql)
-NEXT_WAKEUP = ("SELECT pgdurable.next_wakeup(%s::text[], %s::text[], %s::text[], %s::text), "
-               "pgdurable.schedule_wakeup(%s::text[])")
-# -- fenced transitions; each returns the resulting status (PARK also the
-# -- wake time and the seconds until it, on the database clock)
+# -- fenced transitions of the sync client; each returns the resulting status
 CHECKPOINT = "SELECT pgdurable.checkpoint_run(%s::uuid, %s::bigint, %s::text, %s::jsonb, %s::numeric)"
 COMPLETE = "SELECT pgdurable.complete_run(%s::uuid, %s::bigint, %s::text, %s::jsonb, %s::jsonb, %s::numeric)"
-# -- the worker's batched hot path: (owner, ids, tokens, states, spends, done, results)
-# -- -> (id, status) per run, 'lost' where the fence failed. ids, tokens and done come
-# -- as array literals, states and results as ONE JSON array each (built by
-# -- engine/batch_writer.batch_params: no per-element escaping in Python), unpacked here in order
-WRITE_STEPS = (
-    "SELECT id, status FROM pgdurable.write_steps(%s::text, %s::uuid[], %s::bigint[], "
-    "ARRAY(SELECT e FROM jsonb_array_elements(%s::jsonb) WITH ORDINALITY AS a(e, n) ORDER BY n), "
-    "%s::numeric[], %s::boolean[], "
-    "ARRAY(SELECT e FROM jsonb_array_elements(%s::jsonb) WITH ORDINALITY AS a(e, n) ORDER BY n))"
-)
-# -- after a write_steps whose answer was lost: did it apply? (step, status, token, owner)
-RUN_STEP = "SELECT step, status, lease_token, lease_owner FROM pgdurable.runs WHERE id = %s::uuid"
-PARK = (
-    "SELECT status, wake_at, extract(epoch FROM wake_at - pgdurable.now())::float8 "
-    "FROM pgdurable.park_run(%s::uuid, %s::bigint, %s::text, %s::jsonb, %s::numeric, "
-    "%s::text, %s::text, %s::timestamptz, %s::interval)"
-)
-RELEASE = "SELECT pgdurable.release_run(%s::uuid, %s::bigint, %s::text)"
-FAIL = "SELECT pgdurable.fail_run(%s::uuid, %s::bigint, %s::text, %s::jsonb, %s::numeric, %s::interval, %s::boolean)"
-ACK_CANCEL = "SELECT pgdurable.ack_cancel(%s::uuid, %s::bigint, %s::text, %s::numeric)"
-# -- replay: found started by an earlier attempt (sql/0008_durable_runs.sql)
-EFFECT_BEGIN = (
-    "SELECT status, result, error, replay "
-    "FROM pgdurable.effect_begin(%s::uuid, %s::bigint, %s::text, %s::text)"
-)
-EFFECT_FINISH = (
-    "SELECT pgdurable.effect_finish(%s::uuid, %s::bigint, %s::text, %s::text, %s::boolean, %s::jsonb, %s::jsonb)"
-)
-
-class ClaimedRun(NamedTuple):
-    """One row of :data:`CLAIM` (in its column order)."""
-
-    id: uuid.UUID
-    task: str
-    revision: str
-    queue: str
-    status: str
-    state: Any
-    step: int
-    attempts: int
-    max_attempts: int
-    lease_token: int
-    lease_expires_at: datetime
-    wake: dict[str, Any] | None
-    deadline_at: datetime | None
-    budget: Decimal | None
-    spent: Decimal
-    db_now: datetime
-    #: The run's affinity record (pgdurable.affinity.parse_affinity), None without.
-    affinity: dict[str, Any] | None
+#: The engine's statements (their SQL text, under the names tests and tools match on):
+#: :mod:`pgdurable.foundation.queries.engine` holds them with their typed rows.
+CLAIM = _eq.CLAIM.sql
+RENEW = _eq.RENEW.sql
+NEXT_WAKEUP = _eq.next_wakeup([_sq.WAKEUP_PROBE]).sql  # as the app's worker sends it
+WRITE_STEPS = _eq.WRITE_STEPS.sql
+RUN_STEP = _eq.RUN_STEP.sql
+PARK = _eq.PARK.sql
+RELEASE = _eq.RELEASE.sql
+FAIL = _eq.FAIL.sql
+ACK_CANCEL = _eq.ACK_CANCEL.sql
+EFFECT_BEGIN = _eq.EFFECT_BEGIN.sql
+EFFECT_FINISH = _eq.EFFECT_FINISH.sql
+NOTIFY_QUEUES = _eq.NOTIFY_QUEUES.sql
 
 
 TERMINAL = frozenset({"completed", "failed", "cancelled", "incompatible"})

@@ -93,7 +93,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             worker_id=args.worker_id,
             listen=args.listen,
         )
-        worker._grace = args.grace
+        worker.settings.grace = args.grace  # SIGTERM's grace (stop(grace=...) sets its own)
         try:
             try:
                 await app.open()

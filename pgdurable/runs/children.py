@@ -50,7 +50,7 @@ if TYPE_CHECKING:
 
     import psycopg
 
-    from ..foundation.ports import App
+    from ..foundation.ports import App, Database
     from ..foundation.registry import TaskRegistry
 
 __all__ = [
@@ -197,7 +197,7 @@ async def check_children(app: App, run_id: object, ids: Sequence[object]) -> lis
 
 
 async def park_children(
-    app: App,
+    app: Database,
     ident: tuple[Any, ...],
     state_json: str,
     spend: float,

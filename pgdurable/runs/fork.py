@@ -63,6 +63,7 @@ log = logging.getLogger("pgdurable.fork")
 
 __all__ = ["ForkedRun", "StateMode", "fork", "fork_failed", "fork_failed_params",
            "fork_failed_sync", "fork_params", "fork_sync", "register_worker", "rewind",
+           "ServedRevisions",
            "rewind_params", "rewind_sync", "unregister_worker"]
 
 StateMode = Literal["merge", "replace"]
@@ -211,4 +212,21 @@ async def unregister_worker(app: App, worker_id: str) -> None:
             await one(app, fq.UNREGISTER_WORKER, (worker_id,))
     except (TimeoutError, PgDurableError, psycopg.Error, OSError) as exc:
         log.warning("worker %s: task revisions not unregistered (%s)", worker_id, exc)
+
+
+class ServedRevisions:
+    """A worker service (:class:`pgdurable.engine.services.Service`): the task revisions
+    the worker serves are registered when it starts (:func:`register_worker`) and removed
+    when it stops (:func:`unregister_worker`). Plugged in by ``Durable.worker()``."""
+
+    def __init__(self, app: App, tasks: dict[str, Task]) -> None:
+        self.app, self.tasks = app, tasks
+
+    async def start(self, worker_id: str) -> None:
+        """Register (a failure is logged: only forks to another revision check it)."""
+        await register_worker(self.app, worker_id, self.tasks)
+
+    async def stop(self, worker_id: str) -> None:
+        """Unregister (bounded: 5 s; a failure is logged)."""
+        await unregister_worker(self.app, worker_id)
 

@@ -418,14 +418,20 @@ def list_schedules_sync(conn: psycopg.Connection[Any],
 
 # -- the worker's hook -----------------------------------------------------------------
 class Ticker:
-    """Fires the due ticks of the schedules in a worker's queues.
+    """Fires the due ticks of the schedules in a worker's queues: a worker's loop
+    service (:class:`pgdurable.engine.services.LoopService`), plugged in by
+    ``Durable.worker()``.
 
-    The worker (1) calls :meth:`declare` when it starts, (2) hands the second
-    column of its idle query (``run_queries.NEXT_WAKEUP``: ``schedule_wakeup``
-    next to ``next_wakeup``) to :meth:`note`, (3) bounds its sleep with
-    :meth:`timeout` and (4) calls :meth:`fire_if_due` whenever it wakes.
-    Errors are logged, never raised: a database hiccup must not stop the worker.
+    The worker (1) calls :meth:`start` (:meth:`declare`) when it starts, (2) hands the
+    column its :attr:`probe` adds to its idle query (``schedule_wakeup`` next to
+    ``next_wakeup``) to :meth:`note`, (3) bounds its sleep with :meth:`timeout` and
+    (4) calls :meth:`on_wake` (:meth:`fire_if_due`) whenever it wakes. Errors of the
+    last three are logged, never raised: a database hiccup must not stop the worker.
     """
+
+    #: The idle query's column of the ticker: seconds until the next tick in the
+    #: worker's queues (NULL: none).
+    probe: str | None = sq.WAKEUP_PROBE
 
     def __init__(self, app: App, queues: Sequence[str]) -> None:
         self.app = app
@@ -433,6 +439,17 @@ class Ticker:
         self._due_at: float | None = None  # monotonic time of the next known tick
         self._quiet_until = 0.0  # no firing before this (monotonic) after an error
         self.fire_count = 0  # fire_schedule calls (tests, metrics)
+
+    async def start(self, worker_id: str) -> None:
+        """The worker starts: :meth:`declare` (raises: the worker does not start)."""
+        await self.declare()
+
+    async def stop(self, worker_id: str) -> None:
+        """The worker stops: nothing to undo."""
+
+    async def on_wake(self) -> None:
+        """The claim loop woke: :meth:`fire_if_due`."""
+        await self.fire_if_due()
 
     async def declare(self) -> None:
         """Upsert the app's declared schedules and learn the next tick (worker start:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, NamedTuple
 
 from .core import Query, Row, column
 from .start import Started, started
@@ -35,21 +34,19 @@ def _tree_node(r: Row) -> TreeNode:
                     r[6], r[7], r[8], r[9])
 
 
-class Parked(NamedTuple):
-    """What a fenced park answers: the resulting status, the wake time and the seconds
-    until it on the database clock (both None without a timer).
-
-    A named tuple, ``wake_in`` typed loosely, while the engine (issue 39, in flight) still
-    reads it by position; read it by name (``wake_in`` is ``float | None``).
-    """
+@dataclass(frozen=True, slots=True)
+class Parked:
+    """What a fenced park answers (``park_run``, ``park_children``): the resulting status,
+    the wake time and the seconds until it on the database clock (both None without a
+    timer)."""
 
     status: str
     wake_at: datetime | None
-    wake_in: Any  # float seconds until wake_at; None without a timer
+    wake_in: float | None
 
 
 def _parked(r: Row) -> Parked:
-    return Parked(r[0], r[1], r[2])
+    return Parked(r[0], r[1], None if r[2] is None else float(r[2]))
 
 
 # -- fenced by the parent's token: start child (parent, key) once; returns (run_id, created)

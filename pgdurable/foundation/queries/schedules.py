@@ -14,6 +14,7 @@ from .core import Listing, Query, Row, nullable, record, scalar, statement
 
 __all__ = ["CADENCE_FOR_UPDATE", "DECLARE_LOCK", "DECLARE_LOCK_KEY", "DELETE", "DISABLE", "DUE",
            "FIRE", "LIST", "MARK_UNDECLARED", "PAUSE", "RESUME", "RUNS", "TRIGGER", "UPSERT", "WAKEUP",
+           "WAKEUP_PROBE",
            "DueSchedule", "FiredTick", "ScheduleInfo", "StoredCadence"]
 
 
@@ -125,8 +126,11 @@ FIRE = record(
     "%s::timestamptz[], %s::timestamptz)", FiredTick)
 # -- pause a schedule that cannot be planned (fenced like FIRE)
 DISABLE = statement("SELECT pgdurable.disable_schedule(%s::text, %s::timestamptz, %s::text)")
+#: The same as a probe of a worker's idle query (engine/services.py: one parameter, the
+#: worker's queues; seconds until the next tick, NULL: none).
+WAKEUP_PROBE = "pgdurable.schedule_wakeup(%s::text[])"
 # -- seconds until the next tick in these queues (NULL: none)
-WAKEUP = nullable("SELECT pgdurable.schedule_wakeup(%s::text[])", float)
+WAKEUP = nullable("SELECT " + WAKEUP_PROBE, float)
 # -- every schedule (or the one named), for listings; one ScheduleInfo per row
 LIST = Query("""
 SELECT s.name, s.cron, s.every, s.timezone, s.task, s.revision, s.queue, s.overlap, s.catchup,

@@ -94,6 +94,68 @@ async def test_server_sigkill_another_process_answers_and_the_task_completes(
     assert (await get_task(a2.url, task_id))["result"] == done["result"]
 
 
+async def parked(dsn: str, ids: list[str]) -> None:
+    """Until every run of ``ids`` is parked (waiting, no lease: no worker holds it)."""
+    async with Durable(dsn) as app:
+        async def all_parked() -> bool:
+            rows = await app.fetchall(
+                "SELECT count(*) FROM pgdurable.runs WHERE id = ANY(%s::uuid[]) "
+                "AND status = 'waiting' AND lease_owner IS NULL", (ids,))
+            return bool(rows[0][0] == len(ids))
+
+        await until(all_parked, f"{len(ids)} tasks parked")
+
+
+async def test_a_report_made_just_before_the_park_is_shown_by_another_server(
+        dsn: str, tmp_path: Path, procs: tuple[Fleet, list[ServerProc]]) -> None:
+    """slow_compute reports "computing <label>" and sleeps at once: the report must
+    be recorded before the run gives its lease up (a background write after it is
+    refused). Six tasks: without the flush most of them lost their message."""
+    fleet, servers = procs
+    fleet.start("w1", poll=1.0, concurrency=8)
+    a, b = ServerProc(dsn, tmp_path, "a"), ServerProc(dsn, tmp_path, "b")
+    servers += [a, b]
+    ids = [await create(a.url, "slow_compute", {"seconds": 3600, "label": f"x{i}"})
+           for i in range(6)]
+    await parked(dsn, ids)
+    for i, tid in enumerate(ids):
+        task = await get_task(b.url, tid)  # another server process, the run parked
+        assert (task["status"], task.get("statusMessage")) == ("working", f"computing x{i}")
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        stored = conn.execute("SELECT id::text, progress FROM pgdurable.runs "
+                              "WHERE id = ANY(%s::uuid[])", (ids,)).fetchall()
+    assert dict(stored) == {tid: {"mcp": {"statusMessage": f"computing x{i}"}}
+                            for i, tid in enumerate(ids)}
+    for tid in ids:
+        await cancel_task(a.url, tid)
+
+
+async def test_report_poll_interval_reaches_the_wire_and_extra_values_are_stored_only(
+        dsn: str, tmp_path: Path, procs: tuple[Fleet, list[ServerProc]]) -> None:
+    fleet, servers = procs
+    fleet.start("w1", poll=1.0)
+    a, b = ServerProc(dsn, tmp_path, "a"), ServerProc(dsn, tmp_path, "b")
+    servers += [a, b]
+    tid = await create(a.url, "reporter", {"ref": "rep"})
+    await parked(dsn, [tid])
+    task = await get_task(b.url, tid)
+    assert task["statusMessage"] == "waiting for rep"
+    assert task["pollIntervalMs"] == 750  # ctx.report(poll_interval=...)
+    # a task has no field for other progress: not on the wire, kept in runs.progress
+    assert not {"stage", "of"} & set(task)
+    assert set(task["_meta"]) == {"io.modelcontextprotocol/serverInfo"}  # the SDK's own
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        progress = conn.execute("SELECT progress FROM pgdurable.runs WHERE id = %s",
+                                (tid,)).fetchone()
+    assert progress == ({"mcp": {"statusMessage": "waiting for rep", "pollIntervalMs": 750,
+                                 "stage": 2, "of": 3}},)
+    async with Durable(dsn) as app:
+        await app.signal("gate", "rep", "go")
+    done = await until_status(b.url, tid, "completed", "failed")
+    assert done["result"]["content"][0]["text"] == "reported rep: go"
+    assert done["pollIntervalMs"] == 750
+
+
 UPDATE_SCRIPT = """
 import asyncio, sys
 from pgdurable.contrib.mcp.client import update_task
@@ -219,6 +281,23 @@ async def test_legacy_2025_11_25_form(dsn: str, tmp_path: Path,
         result = (await rpc("tasks/result", {"taskId": task["taskId"]}))["result"]
         assert result["content"][0]["text"] == "computed l after 0.2s"
         assert result["_meta"]["io.modelcontextprotocol/related-task"]["taskId"] == task["taskId"]
+        # tasks/cancel (2025-11-25): the Task, cancelled, through the run's cancel path
+        gated = (await rpc("tools/call", {"name": "gated", "task": {},
+                                          "arguments": {"ref": "legacy-cancel"}}))["result"]["task"]
+        cancelled = (await rpc("tasks/cancel", {"taskId": gated["taskId"]}))["result"]
+        assert (cancelled["taskId"], cancelled["status"]) == (gated["taskId"], "cancelled")
+        assert cancelled["statusMessage"] == "The task was cancelled."
+        assert (await rpc("tasks/get", {"taskId": gated["taskId"]}))["result"]["status"] == (
+            "cancelled")
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            ended = conn.execute("SELECT status FROM pgdurable.runs WHERE id = %s",
+                                 (gated["taskId"],)).fetchone()
+        assert ended == ("cancelled",)
+        # terminal: a second cancel answers the same Task; an unknown task is -32602
+        again = (await rpc("tasks/cancel", {"taskId": gated["taskId"]}))["result"]
+        assert again["status"] == "cancelled"
+        unknown = await rpc("tasks/cancel", {"taskId": "00000000-0000-0000-0000-000000000000"})
+        assert unknown["error"]["code"] == -32602
 
 
 async def test_ttl_keeps_the_task_then_retention_prunes_it(dsn: str) -> None:

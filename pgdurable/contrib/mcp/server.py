@@ -47,7 +47,7 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Literal
 
@@ -69,6 +69,7 @@ from ...app.durable import Durable
 from ...foundation.errors import RunCancelled, RunFailed
 from ...models.workflows import StepPolicy, WorkflowContext
 from . import _sql
+from ._report import Reports
 from ._wire import (
     EXTENSION_ID,
     TaskRow,
@@ -108,6 +109,10 @@ class TaskContext:
 
     workflow: WorkflowContext
     tasks: DurableTasks
+    _reports: Reports = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self._reports = Reports(self.workflow.run)
 
     @property
     def task_id(self) -> str:
@@ -128,15 +133,18 @@ class TaskContext:
 
     async def sleep(self, duration: timedelta | float) -> None:
         """Park for ``duration``; no worker is held meanwhile."""
+        await self._reports.flush()
         await self.workflow.sleep(duration)
 
     async def sleep_until(self, until: datetime) -> None:
         """Park until ``until`` (database clock)."""
+        await self._reports.flush()
         await self.workflow.sleep_until(until)
 
     async def wait_signal(self, kind: str, ref: str, *,
                           timeout: timedelta | float | None = None) -> Any:  # noqa: ASYNC109
         """Park until the signal ``(kind, ref)``; its payload."""
+        await self._reports.flush()
         return await self.workflow.wait_signal(kind, ref, timeout=timeout)
 
     async def start_child(self, task: str, state: Any = None, *, key: str | None = None,
@@ -146,6 +154,7 @@ class TaskContext:
 
     async def gather(self, ids: list[str], **options: Any) -> list[dict[str, Any]]:
         """Park until children end; their outcomes."""
+        await self._reports.flush()
         return await self.workflow.gather(ids, **options)
 
     async def emit(self, event: Any) -> int:
@@ -160,10 +169,14 @@ class TaskContext:
                **progress: Any) -> None:
         """Report the task's ``statusMessage`` (and a new ``pollIntervalMs`` hint).
 
-        Stored as the run's progress (``runs.progress``, fenced, in the
-        background); ``tasks/get`` and ``notifications/tasks`` show it from
-        any process. Extra keyword values (JSON) are kept beside it. Not
-        re-reported while replaying.
+        Stored as the run's progress (``runs.progress -> 'mcp'``, fenced by the
+        lease): written in the background at once, and awaited before the body
+        parks (every wait of this context flushes it first), so a message
+        reported just before a sleep or a wait is what ``tasks/get`` shows
+        from any process while the run is parked. Each call updates what this
+        execution reported before (a message stays until another replaces
+        it). Extra keyword values (JSON) are stored beside it but not sent on
+        the wire: a task has no field for them. Not re-reported while replaying.
         """
         if self.replaying:
             return
@@ -171,8 +184,8 @@ class TaskContext:
         if message is not None:
             mcp["statusMessage"] = message
         if poll_interval is not None:
-            mcp["pollIntervalMs"] = max(1, int(poll_interval.total_seconds() * 1000))
-        self.workflow.run.heartbeat({"mcp": mcp})
+            mcp["pollIntervalMs"] = _ms(poll_interval)
+        self._reports.report(mcp)
 
     async def input(self, requests: Mapping[str, Mapping[str, Any]], *,
                     timeout: timedelta | float | None = None,  # noqa: ASYNC109
@@ -198,6 +211,7 @@ class TaskContext:
         round_ = wf.position + 1  # the wait's position: the same at every replay
         body = {k: dict(v) for k, v in requests.items()}
         await wf.step(f"mcp.ask#{round_}", _sql.ask, self.tasks.app, wf.run_id, round_, body)
+        await self._reports.flush()
         payload = await wf.wait_signal(INPUT_SIGNAL, f"{wf.run_id}:{round_}", timeout=timeout)
         return dict(payload or {})
 

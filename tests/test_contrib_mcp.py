@@ -8,6 +8,7 @@ by the SDK's own client (mcp.Client, 2026-07-28, declaring the Tasks extension).
 from __future__ import annotations
 
 import asyncio
+import json
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -298,6 +299,86 @@ async def test_legacy_2025_11_25_form(dsn: str, tmp_path: Path,
         assert again["status"] == "cancelled"
         unknown = await rpc("tasks/cancel", {"taskId": "00000000-0000-0000-0000-000000000000"})
         assert unknown["error"]["code"] == -32602
+
+
+async def test_legacy_status_notifications_are_pushed_from_listen_notify(
+        dsn: str, tmp_path: Path, procs: tuple[Fleet, list[ServerProc]]) -> None:
+    """A 2025-11-25 client on a stateful session hears notifications/tasks/status on
+    its standalone stream: input_required (mcp_task_ask's NOTIFY), the answer
+    (mcp_task_update's), the end (pgdurable_done), a cancel; never the same twice."""
+    fleet, servers = procs
+    fleet.start("w1", poll=1.0)
+    a = ServerProc(dsn, tmp_path, "a", env={"MCP_STATEFUL": "1"})
+    servers.append(a)
+    accept = {"Accept": "application/json, text/event-stream"}
+    pushed: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+    async with httpx.AsyncClient(timeout=WAIT_LIMIT) as http:
+        init = await http.post(a.url, headers=accept, json={
+            "jsonrpc": "2.0", "id": 1, "method": "initialize",
+            "params": {"protocolVersion": "2025-11-25", "capabilities": {},
+                       "clientInfo": {"name": "legacy", "version": "1"}}})
+        headers = {**accept, "Mcp-Session-Id": init.headers["mcp-session-id"],
+                   "MCP-Protocol-Version": "2025-11-25"}
+        await http.post(a.url, headers=headers,
+                        json={"jsonrpc": "2.0", "method": "notifications/initialized"})
+        opened = asyncio.Event()
+
+        async def listen() -> None:
+            async with http.stream("GET", a.url, headers={**headers,
+                                                          "Accept": "text/event-stream"}) as resp:
+                assert resp.status_code == 200
+                opened.set()
+                async for line in resp.aiter_lines():
+                    if line.startswith("data:"):
+                        msg = json.loads(line[5:])
+                        if msg.get("method") == "notifications/tasks/status":
+                            await pushed.put(msg["params"])
+
+        listener = asyncio.create_task(listen())
+        try:
+            await asyncio.wait_for(opened.wait(), WAIT_LIMIT)
+
+            async def call(tool: str, arguments: dict[str, Any]) -> str:
+                resp = await http.post(a.url, headers=headers, json={
+                    "jsonrpc": "2.0", "id": 2, "method": "tools/call",
+                    "params": {"name": tool, "task": {}, "arguments": arguments}})
+                return str(resp.json()["result"]["task"]["taskId"])
+
+            seen: dict[str, list[str]] = {}
+
+            async def until_pushed(task_id: str, status: str) -> dict[str, Any]:
+                while True:
+                    got = await asyncio.wait_for(pushed.get(), WAIT_LIMIT)
+                    seen.setdefault(got["taskId"], []).append(got["status"])
+                    if got["taskId"] == task_id and got["status"] == status:
+                        return got
+
+            asked = await call("confirm_delete", {"filename": "n.txt"})
+            await until_pushed(asked, "input_required")
+            async with Durable(dsn) as app:
+                await app.fetchone("SELECT pgdurable.mcp_task_update(%s, %s::jsonb)", (
+                    asked, json.dumps({"confirm": {"action": "accept",
+                                                   "content": {"confirm": True}}})))
+                done = await until_pushed(asked, "completed")
+                assert done["ttl"] == 3_600_000 and done["pollInterval"] == 200
+                gated = await call("gated", {"ref": "push"})
+                await app.signal("gate", "push", 1)
+                await until_pushed(gated, "completed")
+                doomed = await call("gated", {"ref": "never"})
+                await parked(dsn, [doomed])
+                await http.post(a.url, headers=headers, json={
+                    "jsonrpc": "2.0", "id": 3, "method": "tasks/cancel",
+                    "params": {"taskId": doomed}})
+                cancelled = await until_pushed(doomed, "cancelled")
+                assert cancelled["statusMessage"] == "The task was cancelled."
+        finally:
+            listener.cancel()
+    # each change once, in order (working may be passed over: a push reads the
+    # task as it is then); nothing after a terminal status
+    assert seen[asked][0] == "input_required" and seen[asked][-1] == "completed"
+    assert set(seen[asked]) <= {"input_required", "working", "completed"}
+    assert len(seen[asked]) == len(set(seen[asked]))
+    assert seen[gated] == ["completed"] and seen[doomed] == ["cancelled"]
 
 
 async def test_ttl_keeps_the_task_then_retention_prunes_it(dsn: str) -> None:

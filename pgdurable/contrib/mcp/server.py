@@ -69,6 +69,7 @@ from ...app.durable import Durable
 from ...foundation.errors import RunCancelled, RunFailed
 from ...models.workflows import StepPolicy, WorkflowContext
 from . import _sql
+from ._push import Pusher
 from ._report import Reports
 from ._wire import (
     EXTENSION_ID,
@@ -313,6 +314,7 @@ class DurableTasks(Extension):
         self.poll_interval_ms = _ms(poll_interval)
         self.queue = queue
         self._tools: dict[str, DurableTool] = {}
+        self._pusher: Pusher | None = None
 
     # -- registration ---------------------------------------------------------
 
@@ -433,6 +435,18 @@ class DurableTasks(Extension):
             raise _unknown(task_id)
         return status
 
+    def _push_status(self, ctx: ServerRequestContext[Any, Any], task: dict[str, Any]) -> None:
+        """Push the task's status changes to this session (2025-11-25), if it has a
+        standalone stream (a stateful Streamable HTTP session, stdio)."""
+        # the SDK keeps the session's Connection (its standalone channel and its
+        # exit stack) private on the per-request ServerSession
+        connection = getattr(ctx.session, "_connection", None)
+        if connection is None or not getattr(connection, "has_standalone_channel", False):
+            return
+        if self._pusher is None:
+            self._pusher = Pusher(self.app)
+        self._pusher.watch(str(task["taskId"]), connection, task)
+
     async def _final_result(self, task_id: str) -> dict[str, Any]:
         try:
             result = await self.app.result(task_id)
@@ -506,7 +520,9 @@ class DurableTasks(Extension):
             if spec is None:
                 return await call_next(ctx)
             row = await self.create(spec.name, dict(params.get("arguments") or {}))
-            return {"task": legacy_task(row)}
+            task = legacy_task(row)
+            self._push_status(ctx, task)
+            return {"task": task}
         if ctx.method in ("tasks/get", "tasks/cancel", "tasks/result"):
             task_id = params.get("taskId")
             if not isinstance(task_id, str):

@@ -1,0 +1,183 @@
+"""A streamed answer in a real browser (issue 41): headless Chromium (Debian's
+``chromium`` + Playwright for Python, never ``playwright install``) opens a small page
+(clients/client/test/page: the AI SDK's chat over ``PgDurableChatTransport``, bundled
+with esbuild) served with the HTTP endpoints by a real server process; a real worker
+process streams a long scripted answer at a steady pace. The test SIGKILLs the worker
+mid-answer (a second worker takes the run over when the lease ends), and reloads the
+page mid-answer, twice: the text on the page ends equal to the expected answer, in ONE
+assistant message, with no gap and no duplicate. A screenshot is saved (its path
+printed). Skipped, with the reason, without a browser, Playwright or the client's
+node_modules."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psycopg
+import pytest
+from _dashboard_server import free_port
+from _stream_script import script
+from _waiting import WAIT_LIMIT, until_sync
+
+from pgdurable import Durable
+
+CHROMIUM = os.environ.get("PGDURABLE_CHROMIUM", "/usr/bin/chromium")
+ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+        "--disable-component-update", "--disable-sync", "--no-first-run"]
+ROOT = Path(__file__).resolve().parent.parent
+CLIENT = ROOT / "clients" / "client"
+ESBUILD = CLIENT / "node_modules" / ".bin" / "esbuild"
+SECRET = "b" * 40
+THREAD = "chat:browser"
+WORDS = 400  # about 530 tokens: ~11 s of answer per attempt at 20 ms a token
+
+if not (os.path.exists(CHROMIUM) or shutil.which(CHROMIUM)):
+    pytest.skip(f"no Chromium at {CHROMIUM} (apt-get install chromium)", allow_module_level=True)
+sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
+if not (ESBUILD.exists() and (CLIENT / "node_modules" / "ai").is_dir()):
+    pytest.skip("clients/client has no node_modules: run npm ci there (.ci/run does)",
+                allow_module_level=True)
+
+pytestmark = pytest.mark.fleet("_stream_app:app", ttl=2.0, poll=0.5,
+                               env={"STREAM_DELAY": "0.02"})
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    with sync_api.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
+        try:
+            yield b
+        finally:
+            b.close()
+
+
+def bundle(into: Path) -> Path:
+    """The page and its bundle (esbuild, from the client's source) in ``into``."""
+    into.mkdir()
+    shutil.copy(CLIENT / "test" / "page" / "index.html", into / "index.html")
+    built = subprocess.run([str(ESBUILD), "test/page/app.mjs", "--bundle", "--format=esm",
+                            f"--outfile={into / 'bundle.js'}", "--log-level=warning"],
+                           cwd=CLIENT, capture_output=True, text=True, timeout=120)
+    assert built.returncode == 0, built.stdout + built.stderr
+    return into
+
+
+def serve(fleet: Any, static: Path) -> str:
+    """The ASGI app (and the page under /page/) served by a real server process."""
+    port = free_port()
+    fleet.spawn("http", "-m", "_stream_http", str(port), str(static),
+                env={"PGDURABLE_STREAM_SECRETS": SECRET})
+    base = f"http://127.0.0.1:{port}"
+
+    def up() -> bool:
+        try:
+            return httpx.get(base + "/page/", timeout=1).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    until_sync(up, "the HTTP server")
+    return base
+
+
+def q1(dsn: str, sql: str, params: tuple[Any, ...] = ()) -> Any:
+    with psycopg.connect(dsn) as c:
+        row = c.execute(sql, params).fetchone()
+    return None if row is None else row[0]
+
+
+def answered(dsn: str) -> bool:
+    """Whether the thread's (one) message is answered (consumed with its checkpoint)."""
+    return bool(q1(dsn, "SELECT consumed_at IS NOT NULL FROM pgdurable.thread_messages "
+                        "WHERE thread_key = %s", (THREAD,)))
+
+
+def stored_text(dsn: str) -> str:
+    """The text stored for the thread's answer so far (every text row, in order)."""
+    return str(q1(dsn, "SELECT coalesce(string_agg(e.event->>'text', '' ORDER BY r.thread_no, "
+                       "e.seq), '') FROM pgdurable.run_events e JOIN pgdurable.runs r "
+                       "ON r.id = e.run_id WHERE r.thread_key = %s "
+                       "AND e.event->>'type' = 'text'", (THREAD,)))
+
+
+def assistant_texts(page: Any) -> list[str]:
+    texts: list[str] = page.eval_on_selector_all(".message.assistant",
+                                                 "els => els.map(e => e.textContent)")
+    return texts
+
+
+def shows_at_least(page: Any, n: int) -> None:
+    """Wait until the page's assistant text is ``n`` characters long or longer."""
+    page.wait_for_function(
+        "n => [...document.querySelectorAll('.message.assistant')]"
+        ".reduce((a, e) => a + e.textContent.length, 0) >= n", arg=n)
+
+
+def test_reload_and_sigkill_mid_answer_leave_the_exact_answer(
+        dsn: str, fleet: Any, browser: Any, tmp_path: Path) -> None:
+    expected = script("browser", WORDS)
+    static = bundle(tmp_path / "page")
+    a = fleet.start("a")
+    fleet.ready(a)
+    base = serve(fleet, static)
+    app = Durable(dsn)
+    app.stream_secrets = [SECRET]
+    token = app.stream_token(thread=THREAD, scope="write")
+    url = f"{base}/page/#thread={THREAD}&token={token}&words={WORDS}"
+
+    ctx = browser.new_context(viewport={"width": 1000, "height": 900})
+    errors: list[str] = []
+    try:
+        page = ctx.new_page()
+        page.set_default_timeout(WAIT_LIMIT * 1000)
+        page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        page.goto(url)
+        page.locator("body[data-resumed=yes][data-status=ready]").wait_for()  # nothing yet
+        page.get_by_role("textbox", name="Message").fill("browser")
+        page.get_by_role("button", name="Send").click()
+
+        # 1. worker a dies mid-answer (SIGSTOP first: the answer is certainly unfinished)
+        shows_at_least(page, len(expected) // 4)
+        a.stop()
+        assert not answered(dsn)
+        a.kill()
+        shown_at_kill = sum(map(len, assistant_texts(page)))
+        b = fleet.start("b", ttl=30.0)  # takes the run over once a's lease (2 s) ends
+        fleet.ready(b)
+
+        # 2. reload while b is frozen mid-answer: the page rebuilds from its stored
+        # messages and replays the answer so far
+        shows_at_least(page, max(shown_at_kill + 20, len(expected) // 2))
+        b.stop()
+        assert not answered(dsn)
+        stored = stored_text(dsn)  # b's unflushed tail is in b, frozen
+        page.reload()
+        shows_at_least(page, len(stored))
+        assert assistant_texts(page) == [stored] and expected.startswith(stored)
+        assert page.locator("body").get_attribute("data-status") == "streaming"
+        b.cont()
+
+        # 3. reload while b streams (unfinished when checked just before)
+        shows_at_least(page, 3 * len(expected) // 4)
+        mid = not answered(dsn)
+        page.reload()
+
+        page.locator("body[data-resumed=yes][data-status=ready]").wait_for()
+        texts = assistant_texts(page)
+        shot = tmp_path / "streamed-answer.png"
+        page.screenshot(path=str(shot), full_page=True)
+        print(f"screenshot: {shot}")
+    finally:
+        ctx.close()
+    assert texts == [expected], (len(texts), [len(t) for t in texts], len(expected))
+    assert answered(dsn)
+    assert not errors, errors
+    print(f"answer {len(expected)} chars; worker a killed at {shown_at_kill} shown; "
+          f"second reload mid-answer: {mid}")

@@ -26,11 +26,17 @@ Which form answers what:
   ``tasks/result`` waits for the run and returns the tool's result; the
   ``initialize`` result advertises ``capabilities.tasks``. ``input_required``
   has no ``tasks/update`` there: its requests are answered with
-  ``tasks/update`` only on 2026-07-28 (or by :meth:`DurableTasks.answer`).
+  ``tasks/update`` only on 2026-07-28 (or by :meth:`DurableTasks.answer`). A
+  session with a standalone stream (stateful Streamable HTTP, stdio) that
+  created a task gets ``notifications/tasks/status`` when its status changes
+  (:mod:`pgdurable.contrib.mcp._push`: LISTEN/NOTIFY through the process's one
+  notifier). 2026-07-28 pushes (``notifications/tasks`` on
+  ``subscriptions/listen`` with ``taskIds``) cannot be served on the SDK 2.3.0:
+  its listen handler drops filter keys it does not know (docs/mcp.md).
 
 The body of a durable tool gets a :class:`TaskContext`: the workflow's steps and
 waits, :meth:`~TaskContext.report` (``statusMessage``, ``pollIntervalMs``,
-shown by ``tasks/get``), :meth:`~TaskContext.input` and
+shown by ``tasks/get``; recorded before the body parks), :meth:`~TaskContext.input` and
 :meth:`~TaskContext.elicit` (status ``input_required``: the run parks on a wait
 whose requests ``tasks/get`` shows, and ``tasks/update`` wakes it). Raise
 :class:`ToolError` for a tool error (the task completes with ``isError``); any

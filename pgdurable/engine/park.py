@@ -25,7 +25,7 @@ from ..foundation.jsonb import jsonb_str as _jsonb_str
 from ..foundation.retry import retry_while
 from ..runs.children import park_children
 from ..runs.steps import Wait
-from .base import WorkerBase, _Active, _as_timedelta
+from .base import WorkerBase, _Active, _as_timedelta, log
 
 if TYPE_CHECKING:
     from ..foundation.registry import Task
@@ -97,6 +97,9 @@ class Parking(WorkerBase):
         )
         if row is not None:
             metrics.run_finished(task.name, row[0])
+        if row is not None and row[0] == "failed":  # for good: no retry follows
+            log.info("run %s of task %s failed: %s (attempt %d)", a.run_id, task.name,
+                     type(exc).__name__, attempts + 1)
         if row is not None and row[0] == "runnable":
             # our own backoff (no NOTIFY for a future retry): wake for it ourselves
             self._note_due(delay)

@@ -60,6 +60,13 @@ at their last checkpoint. Every wait of a stop is bounded: a claim statement
 that has not returned ``settle_limit`` seconds after the request (a lock it
 waits for, a socket gone quiet) is cancelled, and a run that does not settle
 is left to its lease's TTL, so that :meth:`Worker.stop` always returns.
+A process that ends after :meth:`run` (``pgdurable worker``) gives those leases
+back with :meth:`Worker.abandon` first; it is told of the stop request by
+:attr:`Worker.on_stop` (its shutdown watchdog, :mod:`pgdurable.ops.worker_process`).
+
+Logs (logger ``pgdurable.worker``, INFO): one line when the worker starts (its
+id, queues, concurrency, tasks and revisions, pooler mode, LISTEN or polling)
+and one per run that fails for good (run, task, error type; engine/park.py).
 """
 
 from __future__ import annotations
@@ -67,9 +74,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 
+from ..foundation import run_queries as q
 from ..foundation.retry import for_seconds, retry_while
 from ..runs.fork import register_worker, unregister_worker
 from ..runs.steps import STEP_EXECUTOR
@@ -103,6 +112,10 @@ class Worker(ClaimLoop, Listener, Heartbeat):
     :class:`pgdurable.foundation.ports.App` (:class:`pgdurable.Durable` is one).
     """
 
+    #: Called once, on the worker's event loop, when a stop is first asked (SIGTERM,
+    #: SIGINT or :meth:`stop`), with the grace period in seconds (``pgdurable
+    #: worker`` arms its shutdown watchdog with it). It must return at once.
+    on_stop: Callable[[float], None] | None = None
 
     @property
     def write_count(self) -> int:
@@ -154,6 +167,12 @@ class Worker(ClaimLoop, Listener, Heartbeat):
             log.warning("worker %s: no LISTEN: the app's DSN goes through a transaction-mode "
                         "pooler and no listen_dsn is set; finding work by polling every %.1f s",
                         self.worker_id, self.poll_interval)
+        log.info("worker %s started: queues %s, concurrency %d, tasks %s, pooler %s, %s",
+                 self.worker_id, ",".join(self.queues), self.concurrency,
+                 ", ".join(f"{t.name}@{t.revision}" for t in self._tasks),
+                 getattr(self.app, "pooler", None) or "none",
+                 "LISTEN" if listen_to is not None
+                 else f"polling every {self.poll_interval:g} s")
         claims = asyncio.create_task(self._claim_loop(), name="pgdurable-claims")
         self._claims = claims
         try:
@@ -212,15 +231,41 @@ class Worker(ClaimLoop, Listener, Heartbeat):
     def _request_stop(self, grace: timedelta | float | None) -> None:
         if grace is not None:
             self._grace = grace.total_seconds() if isinstance(grace, timedelta) else float(grace)
-        if not self._stopping:
+        first = not self._stopping
+        if first:
             log.info("worker %s stopping: no more claims, %d run(s) get %.1f s to finish",
                      self.worker_id, len(self._active), self._grace)
         self._stopping = True
+        if first and self.on_stop is not None:
+            self.on_stop(self._grace)
         self._wake.set()
         claims = self._claims
         if claims is not None and not claims.done() and self._claims_deadline is None:
             self._claims_deadline = asyncio.get_running_loop().call_later(
                 self.settle_limit, self._abandon_claims)
+
+    async def abandon(self) -> list[str]:
+        """Give back the leases of the runs still held after :meth:`run` returned.
+
+        They are the runs whose step did not settle after the grace period (a
+        step that swallows its cancellation): :meth:`run` leaves their leases to
+        lapse, because their step code still runs in this process. A process about
+        to end (``pgdurable worker`` after SIGTERM) calls this first, so that another
+        worker takes them now from their last checkpoint instead of after the
+        lease's TTL. Each release is fenced (one that lost its lease changes
+        nothing); returns the ids of the runs given back. Called while :meth:`run`
+        still runs (a watchdog ending the process), the step code of those runs
+        must not go on either."""
+        released: list[str] = []
+        for a in list(self._active.values()):
+            try:
+                await self.app.fetchone(q.RELEASE, (a.run_id, a.token, self.worker_id))
+            except Exception as exc:  # lost meanwhile, or no database: its lease lapses
+                log.warning("worker %s: run %s not given back (%s); its lease lapses",
+                            self.worker_id, a.run_id, exc)
+            else:
+                released.append(str(a.run_id))
+        return released
 
     def _abandon_claims(self) -> None:
         """``settle_limit`` seconds after a stop request the claim loop has not

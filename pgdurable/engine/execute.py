@@ -30,7 +30,9 @@ from ..foundation.errors import (
     DeadlineExceeded,
     EffectFailed,
     LeaseLost,
+    ValueTooLarge,
     is_terminal,
+    mark_terminal,
 )
 from ..foundation.jsonb import dumps
 from ..foundation.retry import backoff, is_lost_connection, is_transient
@@ -165,7 +167,7 @@ class StepExecution(Parking, StepEffects):
                         result_json = dumps(result.result, "result")
                     except (TypeError, ValueError) as exc:
                         # like a non-JSON state: a bug of the step, not retried
-                        await self._fail(a, task, attempts, _StepTypeError(str(exc)), spend, True)
+                        await self._fail(a, task, attempts, _unstorable(exc), spend, True)
                         return
                     self._finishing_now(a)  # this lease's last write: the slot is free
                     st = await self._writer.write(
@@ -294,9 +296,18 @@ class StepExecution(Parking, StepEffects):
         try:
             state_json = dumps(new_state, "state")
         except (TypeError, ValueError) as exc:
-            return _StepTypeError(str(exc))
+            return _unstorable(exc)
         return result, new_state, state_json
 
 
 class _StepTypeError(TypeError):
     """A step returned something that cannot be checkpointed (not retried)."""
+
+
+def _unstorable(exc: TypeError | ValueError) -> BaseException:
+    """The error to record (not retried) for a state or result that ``dumps``
+    refused: :class:`ValueTooLarge` as itself (its message names the size and
+    the limit), anything else as :class:`_StepTypeError`."""
+    if isinstance(exc, ValueTooLarge):
+        return mark_terminal(exc)
+    return _StepTypeError(str(exc))

@@ -19,10 +19,9 @@ from agents.testing import ModelCall, ModelStep, ScriptedModel, assistant_messag
 
 import pgdurable
 from pgdurable.contrib.openai_agents import register_agent, run_agent
-from pgdurable.foundation.db import resolve_dsn
 
 os.environ.setdefault("OPENAI_AGENTS_DISABLE_TRACING", "1")
-app = pgdurable.Durable(resolve_dsn())
+app = pgdurable.Durable(pgdurable.resolve_dsn())
 
 
 def reply(call: ModelCall) -> list[object]:

@@ -23,9 +23,8 @@ from pydantic_ai.models.function import AgentInfo, DeltaToolCall, DeltaToolCalls
 
 import pgdurable
 from pgdurable.contrib.pydantic_ai import PgDurability, start_agent
-from pgdurable.foundation.db import resolve_dsn
 
-app = pgdurable.Durable(resolve_dsn())
+app = pgdurable.Durable(pgdurable.resolve_dsn())
 
 
 def scripted_llm(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:

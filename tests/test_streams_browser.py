@@ -1,16 +1,20 @@
-"""A streamed answer in a real browser (issue 41): headless Chromium (Debian's
-``chromium`` + Playwright for Python, never ``playwright install``) opens a small page
+"""A streamed answer in a real browser, and the Node client against the real endpoints
+(issue 41). Headless Chromium (Debian's ``chromium`` + Playwright for Python, never
+``playwright install``) opens a small page
 (clients/client/test/page: the AI SDK's chat over ``PgDurableChatTransport``, bundled
 with esbuild) served with the HTTP endpoints by a real server process; a real worker
 process streams a long scripted answer at a steady pace. The test SIGKILLs the worker
 mid-answer (a second worker takes the run over when the lease ends), and reloads the
 page mid-answer, twice: the text on the page ends equal to the expected answer, in ONE
 assistant message, with no gap and no duplicate. A screenshot is saved (its path
-printed). Skipped, with the reason, without a browser, Playwright or the client's
-node_modules."""
+printed). The Node client (clients/client/test/live.test.mjs, ``node --test``) runs
+start/run/result/send/stream against the same server, and a stream through a database
+blip. Skipped, with the reason, without the client's node_modules, and the browser
+test without Chromium or Playwright, the Node one without node."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -37,9 +41,6 @@ SECRET = "b" * 40
 THREAD = "chat:browser"
 WORDS = 400  # about 530 tokens: ~11 s of answer per attempt at 20 ms a token
 
-if not (os.path.exists(CHROMIUM) or shutil.which(CHROMIUM)):
-    pytest.skip(f"no Chromium at {CHROMIUM} (apt-get install chromium)", allow_module_level=True)
-sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
 if not (ESBUILD.exists() and (CLIENT / "node_modules" / "ai").is_dir()):
     pytest.skip("clients/client has no node_modules: run npm ci there (.ci/run does)",
                 allow_module_level=True)
@@ -50,6 +51,9 @@ pytestmark = pytest.mark.fleet("_stream_app:app", ttl=2.0, poll=0.5,
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
+    if not (os.path.exists(CHROMIUM) or shutil.which(CHROMIUM)):
+        pytest.skip(f"no Chromium at {CHROMIUM} (apt-get install chromium)")
+    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
     with sync_api.sync_playwright() as p:
         b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
         try:
@@ -58,27 +62,34 @@ def browser() -> Iterator[Any]:
             b.close()
 
 
-def bundle(into: Path) -> Path:
-    """The page and its bundle (esbuild, from the client's source) in ``into``."""
-    into.mkdir()
-    shutil.copy(CLIENT / "test" / "page" / "index.html", into / "index.html")
-    built = subprocess.run([str(ESBUILD), "test/page/app.mjs", "--bundle", "--format=esm",
-                            f"--outfile={into / 'bundle.js'}", "--log-level=warning"],
+def esbuild(entry: str, out: Path, *args: str) -> None:
+    """Bundle ``entry`` (in clients/client) from the client's source (not its dist/,
+    which CI builds beside the suites) into ``out``."""
+    built = subprocess.run([str(ESBUILD), entry, "--bundle", "--format=esm", *args,
+                            f"--outfile={out}", "--log-level=warning"],
                            cwd=CLIENT, capture_output=True, text=True, timeout=120)
     assert built.returncode == 0, built.stdout + built.stderr
+
+
+def bundle(into: Path) -> Path:
+    """The page and its bundle in ``into``."""
+    into.mkdir()
+    shutil.copy(CLIENT / "test" / "page" / "index.html", into / "index.html")
+    esbuild("test/page/app.mjs", into / "bundle.js")
     return into
 
 
-def serve(fleet: Any, static: Path) -> str:
-    """The ASGI app (and the page under /page/) served by a real server process."""
+def serve(fleet: Any, static: Path | None = None) -> str:
+    """The ASGI app (and the page under /page/) served by a real server process; its
+    connections' application_name is fleet-http."""
     port = free_port()
-    fleet.spawn("http", "-m", "_stream_http", str(port), str(static),
-                env={"PGDURABLE_STREAM_SECRETS": SECRET})
+    fleet.spawn("http", "-m", "_stream_http", str(port), *([str(static)] if static else []),
+                env={"PGDURABLE_STREAM_SECRETS": SECRET, "PGAPPNAME": "fleet-http"})
     base = f"http://127.0.0.1:{port}"
 
     def up() -> bool:
         try:
-            return httpx.get(base + "/page/", timeout=1).status_code == 200
+            return httpx.get(base + "/agent/runs/x", timeout=1).status_code > 0
         except httpx.HTTPError:
             return False
 
@@ -181,3 +192,66 @@ def test_reload_and_sigkill_mid_answer_leave_the_exact_answer(
     assert not errors, errors
     print(f"answer {len(expected)} chars; worker a killed at {shown_at_kill} shown; "
           f"second reload mid-answer: {mid}")
+
+
+def blip(dsn: str, rid: str) -> int:
+    """A database blip under a live stream of run ``rid``: its events table locked, the
+    server's statements that wait on the lock (pg_stat_activity) terminated mid-statement,
+    then the lock released. How many statements were terminated."""
+    with psycopg.connect(dsn) as locker, psycopg.connect(dsn, autocommit=True) as c:
+        locker.execute("LOCK TABLE pgdurable.run_events IN ACCESS EXCLUSIVE MODE")
+        waiting = ("SELECT pid FROM pg_stat_activity WHERE application_name = 'fleet-http' "
+                   "AND datname = current_database() AND wait_event_type = 'Lock'")
+        until_sync(lambda: c.execute(waiting).fetchone() is not None, "the server's read")
+        assert q1(dsn, "SELECT status FROM pgdurable.runs WHERE id = %s", (rid,)) != "completed"
+        killed = [r[0] for r in c.execute(waiting).fetchall()]
+        for pid in killed:
+            c.execute("SELECT pg_terminate_backend(%s)", (pid,))
+        locker.rollback()
+    return len(killed)
+
+
+def test_the_node_client_against_the_real_endpoints(dsn: str, fleet: Any, tmp_path: Path) -> None:
+    """clients/client/test/live.test.mjs (node --test): start, run, result, streamRun,
+    send, streamThread, and a stream through a database blip: every pooled connection
+    of the server terminated while it streams (the client retries the transient
+    ``error`` frame from its cursor)."""
+    node = shutil.which("node")
+    if node is None:
+        pytest.skip("node is not installed (Node.js 20+)")
+    fleet.ready(fleet.start("a"))
+    base = serve(fleet)
+    (http,) = [p for p in fleet.all if p.name == "http"]
+    app = Durable(dsn)
+    app.stream_secrets = [SECRET]
+    ready, done = tmp_path / "blip-ready", tmp_path / "blip-done"
+    live = {
+        "api": base + "/agent",
+        "run": {"state": {"prompt": "node", "words": 40, "delay": 0.002},
+                "expected": script("node", 40)},
+        "thread": {"key": "chat:node", "message": {"text": "hello", "words": 30},
+                   "token": app.stream_token(thread="chat:node", scope="write"),
+                   "expected": script("hello", 30)},
+        "blip": {"state": {"prompt": "blip", "words": 300, "delay": 0.01},
+                 "expected": script("blip", 300), "ready": str(ready), "done": str(done)},
+    }
+    esbuild("test/live.test.mjs", tmp_path / "live.test.mjs", "--platform=node")
+    proc = subprocess.Popen([node, "--test", str(tmp_path / "live.test.mjs")],
+                            env={**os.environ, "PGDURABLE_LIVE": json.dumps(live)},
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        until_sync(lambda: ready.exists() or proc.poll() is not None, "the blip's stream")
+        killed = 0
+        if proc.poll() is None:  # the blip
+            killed = blip(dsn, ready.read_text())
+            done.touch()
+        out, _ = proc.communicate(timeout=WAIT_LIMIT * 2)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    print(out)
+    assert proc.returncode == 0, out
+    assert "# pass 3" in out and "# skipped 0" in out, out
+    assert killed >= 1
+    assert "stream ended by an error" in http.log()  # the transient error frame was sent

@@ -353,17 +353,10 @@ async def test_legacy_status_notifications_are_pushed_from_listen_notify(
                     if got["taskId"] == task_id and got["status"] == status:
                         return got
 
-            asked = await call("confirm_delete", {"filename": "n.txt"})
-            await until_pushed(asked, "input_required")
             async with Durable(dsn) as app:
-                await app.fetchone("SELECT pgdurable.mcp_task_update(%s, %s::jsonb)", (
-                    asked, json.dumps({"confirm": {"action": "accept",
-                                                   "content": {"confirm": True}}})))
-                done = await until_pushed(asked, "completed")
-                assert done["ttl"] == 3_600_000 and done["pollInterval"] == 200
                 gated = await call("gated", {"ref": "push"})
                 await app.signal("gate", "push", 1)
-                await until_pushed(gated, "completed")
+                await until_pushed(gated, "completed")  # pgdurable_done
                 doomed = await call("gated", {"ref": "never"})
                 await parked(dsn, [doomed])
                 await http.post(a.url, headers=headers, json={
@@ -371,6 +364,19 @@ async def test_legacy_status_notifications_are_pushed_from_listen_notify(
                     "params": {"taskId": doomed}})
                 cancelled = await until_pushed(doomed, "cancelled")
                 assert cancelled["statusMessage"] == "The task was cancelled."
+                # the status-changing SQL NOTIFYs pgdurable_mcp with the run id
+                hints = await psycopg.AsyncConnection.connect(dsn, autocommit=True)
+                await hints.execute("LISTEN pgdurable_mcp")
+                asked = await call("confirm_delete", {"filename": "n.txt"})
+                await until_pushed(asked, "input_required")  # mcp_task_ask's NOTIFY
+                await app.fetchone("SELECT pgdurable.mcp_task_update(%s, %s::jsonb)", (
+                    asked, json.dumps({"confirm": {"action": "accept",
+                                                   "content": {"confirm": True}}})))
+                done = await until_pushed(asked, "completed")
+                assert done["ttl"] == 3_600_000 and done["pollInterval"] == 200
+                got = [n.payload async for n in hints.notifies(timeout=WAIT_LIMIT, stop_after=2)]
+                assert got == [asked, asked]  # the ask, the update: one each
+                await hints.close()
         finally:
             listener.cancel()
     # each change once, in order (working may be passed over: a push reads the

@@ -4,8 +4,9 @@
  *
  * - `PgDurableClient`: `start`, `send`, `run`, `result`, and `streamRun` /
  *   `streamThread`: Server-Sent Events read over `fetch`, resumed after any
- *   network loss with `Last-Event-ID` (the cursor of the last delivered event:
- *   exact to the character) and a jittered exponential backoff.
+ *   network loss, 5xx, 408/429 or transient `error` event with `Last-Event-ID`
+ *   (the cursor of the last delivered event: exact to the character) and a
+ *   jittered exponential backoff.
  * - `PgDurableChatTransport`: a `ChatTransport` for the Vercel AI SDK's
  *   `useChat` (package `ai`, v5+): each user message is sent to the chat's
  *   thread, and its answer streamed back as UI message chunks.

@@ -37,7 +37,10 @@ browser: the endpoints use the app's pool.
 ``event`` ``{"run_id", "seq", "event"}`` (any other stored event: markers
 ``{"type": "interrupted" | "rollback"}``, the final ``{"type": "end",
 "status", "result", "error"}``), ``done`` ``{}`` (a message's answer is
-complete, or the run ended). A reconnect with ``Last-Event-ID`` (or
+complete, or the run ended), ``error`` ``{"error", "terminal"}`` (the stream
+cannot go on: ``terminal`` when the run or message does not exist or the cursor
+is bad; else transient, e.g. the database unreachable: reconnect from the
+cursor). A reconnect with ``Last-Event-ID`` (or
 ``?after=``) resumes exactly after the last delivered text (cursors:
 :mod:`pgdurable.runs.live`). A comment line every ``heartbeat`` seconds
 (15) keeps proxies from closing an idle stream. Every stream of this process

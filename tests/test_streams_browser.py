@@ -6,8 +6,9 @@ with esbuild) served with the HTTP endpoints by a real server process; a real wo
 process streams a long scripted answer at a steady pace. The test SIGKILLs the worker
 mid-answer (a second worker takes the run over when the lease ends), and reloads the
 page mid-answer, twice: the text on the page ends equal to the expected answer, in ONE
-assistant message, with no gap and no duplicate. A screenshot is saved (its path
-printed). The Node client (clients/client/test/live.test.mjs, ``node --test``) runs
+assistant message, with no gap and no duplicate. Then a finished answer the page kept
+only in part is completed on load, and a second turn stays its own message through a
+reload. A screenshot is saved (its path printed). The Node client (clients/client/test/live.test.mjs, ``node --test``) runs
 start/run/result/send/stream against the same server, and a stream through a database
 blip. Skipped, with the reason, without the client's node_modules, and the browser
 test without Chromium or Playwright, the Node one without node."""
@@ -97,6 +98,15 @@ def serve(fleet: Any, static: Path | None = None) -> str:
     return base
 
 
+#: the page's stored messages with the last one's text cut to 100 characters
+CUT_STORED = """key => {
+  const m = JSON.parse(sessionStorage.getItem(key));
+  const last = m[m.length - 1];
+  last.parts = last.parts.map((p) => p.type === "text" ? { ...p, text: p.text.slice(0, 100) } : p);
+  sessionStorage.setItem(key, JSON.stringify(m));
+}"""
+
+
 def q1(dsn: str, sql: str, params: tuple[Any, ...] = ()) -> Any:
     with psycopg.connect(dsn) as c:
         row = c.execute(sql, params).fetchone()
@@ -104,9 +114,9 @@ def q1(dsn: str, sql: str, params: tuple[Any, ...] = ()) -> Any:
 
 
 def answered(dsn: str) -> bool:
-    """Whether the thread's (one) message is answered (consumed with its checkpoint)."""
-    return bool(q1(dsn, "SELECT consumed_at IS NOT NULL FROM pgdurable.thread_messages "
-                        "WHERE thread_key = %s", (THREAD,)))
+    """Whether the thread's messages are answered (consumed with their checkpoint)."""
+    return bool(q1(dsn, "SELECT bool_and(consumed_at IS NOT NULL) FROM "
+                        "pgdurable.thread_messages WHERE thread_key = %s", (THREAD,)))
 
 
 def stored_text(dsn: str) -> str:
@@ -182,13 +192,38 @@ def test_reload_and_sigkill_mid_answer_leave_the_exact_answer(
 
         page.locator("body[data-resumed=yes][data-status=ready]").wait_for()
         texts = assistant_texts(page)
+        assert texts == [expected], (len(texts), [len(t) for t in texts], len(expected))
+        assert answered(dsn)
+
+        # 4. a finished answer the page kept only in part (stored just before it ended)
+        # is completed on load: replayed whole into the same message
+        page.evaluate(CUT_STORED, f"pgdurable-chat:{THREAD}")
+        page.reload()
+        page.locator("body[data-resumed=yes][data-status=ready]").wait_for()
+        assert assistant_texts(page) == [expected]
+
+        # 5. a second turn is its own message; a reload keeps both, each whole
+        page.evaluate("location.hash = location.hash.replace(/words=\\d+/, 'words=30')")
+        page.reload()
+        page.locator("body[data-resumed=yes][data-status=ready]").wait_for()
+        page.get_by_role("textbox", name="Message").fill("again")
+        page.get_by_role("button", name="Send").click()
+        second = script("again", 30)
+        page.wait_for_function(
+            "n => document.body.dataset.status === 'ready' && "
+            "[...document.querySelectorAll('.message.assistant')].length === 2 && "
+            "document.querySelectorAll('.message.assistant')[1].textContent.length === n",
+            arg=len(second))
+        page.reload()
+        page.locator("body[data-resumed=yes][data-status=ready]").wait_for()
+        assert assistant_texts(page) == [expected, second]
+        users = page.eval_on_selector_all(".message.user", "els => els.map(e => e.textContent)")
+        assert users == ["browser", "again"]
         shot = tmp_path / "streamed-answer.png"
         page.screenshot(path=str(shot), full_page=True)
         print(f"screenshot: {shot}")
     finally:
         ctx.close()
-    assert texts == [expected], (len(texts), [len(t) for t in texts], len(expected))
-    assert answered(dsn)
     assert not errors, errors
     print(f"answer {len(expected)} chars; worker a killed at {shown_at_kill} shown; "
           f"second reload mid-answer: {mid}")

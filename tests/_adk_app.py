@@ -11,7 +11,8 @@ text. ``desk`` pays at once, ``counter``'s ``pay`` needs a confirmation, ``ticke
 opens a ticket with a long-running tool instead of paying, ``till``'s ``pay``
 reconciles after a crash, ``flaky``'s model drops its connection on its first call
 in a process, ``clerk``'s second tool raises (its ``on_tool_error_callback``
-answers) and its ``before_model_callback`` counts model calls in the ledger,
+answers), its ``before_model_callback`` counts model calls in the ledger and its
+``after_model_callback`` signs the final answer,
 ``pair`` pays two orders (``a-<order>``, ``b-<order>``) in one response, which ADK
 calls concurrently (``Shuffle`` makes the ``a-`` call late on a replay). Crash
 points: ``before:pay``, ``after:pay`` (after the side effect), ``after:pay:<order>``.
@@ -136,6 +137,18 @@ def count_model_call(callback_context: Any, llm_request: LlmRequest) -> None:
     ledger("before_model", str(len(llm_request.contents)))
 
 
+def mark_response(callback_context: Any, llm_response: LlmResponse) -> LlmResponse | None:
+    """The agent's after_model_callback: a ledger row per response; the final answer
+    gets a signature (the callback's answer replaces the response)."""
+    ledger("after_model")
+    parts = (llm_response.content.parts or []) if llm_response.content else []
+    if parts and parts[0].text:
+        return LlmResponse(content=types.Content(role="model", parts=[
+            types.Part(text=parts[0].text + " (checked)")]),
+            usage_metadata=llm_response.usage_metadata)
+    return None
+
+
 class Shuffle(BasePlugin):
     """Orders ``pair``'s two concurrent payments (a plugin before pgdurable's).
 
@@ -199,7 +212,8 @@ def build(dsn: str | None = None) -> pgdurable.Durable:
                                  tools=[search, pay]), name="flaky")
     register_agent(app, LlmAgent(name="clerk", model=ScriptedLlm(second="decline"),
                                  tools=[search, decline], on_tool_error_callback=tool_error,
-                                 before_model_callback=count_model_call), name="clerk")
+                                 before_model_callback=count_model_call,
+                                 after_model_callback=mark_response), name="clerk")
     register_agent(app, LlmAgent(name="pair", model=ScriptedLlm(pair=True), tools=[pay]),
                    name="pair", plugins=[Shuffle()])
     return app

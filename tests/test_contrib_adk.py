@@ -166,7 +166,8 @@ async def test_a_model_error_is_retried_and_a_tool_error_reaches_the_agents_call
     """``flaky``'s model drops its connection once: the step's retry calls it again
     (``model:1#2``) and the run completes. ``clerk``'s ``decline`` raises: the agent's
     ``on_tool_error_callback`` answers, as without the plugin, and the answer is
-    recorded; its ``before_model_callback`` runs once per model call."""
+    recorded; its ``before_model_callback`` and ``after_model_callback`` run once per
+    model call (the latter's answer replaces the response)."""
     app = build(dsn)
     async with app:
         flaky = await run_agent(app, "flaky", "pay o-6")
@@ -183,10 +184,11 @@ async def test_a_model_error_is_retried_and_a_tool_error_reaches_the_agents_call
     assert models == [("model:1", "failed", "ConnectionError"),
                       ("model:1#2", "succeeded", None), ("model:2", "succeeded", None),
                       ("model:3", "succeeded", None)]
-    assert r2["final_output"] == "done: found o-7; error: card declined for o-7"
+    assert r2["final_output"] == "done: found o-7; error: card declined for o-7 (checked)"
     assert len(_pids(db, "decline", "o-7")) == len(_pids(db, "tool_error", "o-7")) == 1
-    assert len(db.execute("SELECT 1 FROM test_ledger WHERE event = 'before_model'"
-                          ).fetchall()) == 3
+    for callback in ("before_model", "after_model"):
+        assert len(db.execute("SELECT 1 FROM test_ledger WHERE event = %s",
+                              (callback,)).fetchall()) == 3
 
 
 @pytest.mark.crash

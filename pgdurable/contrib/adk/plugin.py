@@ -4,14 +4,16 @@
 the pgdurable step that runs the agent (:mod:`.runs`):
 
 * ``before_model_callback`` makes the model call itself, as the effect
-  ``model:<n>`` (the n-th model call of the run): the agent's own
-  ``before_model_callback`` s run first, inside the effect (one that answers is
-  the call's answer), then the agent's ``canonical_model`` answers
-  (``generate_content_async``, not streamed) and its
+  ``model:<n>`` (the n-th model call of the run): inside the effect the agent's
+  own ``before_model_callback`` s run first (one that answers is the call's
+  answer), then the agent's ``canonical_model`` answers
+  (``generate_content_async``, not streamed), then the agent's
+  ``after_model_callback`` s (one that answers replaces the response); the
   :class:`~google.adk.models.llm_response.LlmResponse` (with ``usage_metadata``)
-  is recorded once it answered; the plugin returns it, which tells ADK to skip
-  its own call (and the agent's callbacks, which already ran). A replay after a
-  crash returns the recorded response without calling the model. A model that
+  is recorded and returned, which tells ADK to skip its own call and its model
+  callbacks (they ran). A replay after a crash returns the recorded response
+  without calling the model or the callbacks. Other plugins'
+  ``after_model_callback`` and the ``on_model_error_callback`` s do not run. A model that
   raises fails the step's attempt without a final outcome: the retry calls it
   again (the attempt ``model:<n>#2``, :mod:`pgdurable.contrib._attempts`).
 * **tool calls** are recorded around ADK's own call: ``before_tool_callback``
@@ -65,6 +67,12 @@ def _jsonable(value: Any) -> Any:
     return json.loads(json.dumps(value, default=str))
 
 
+async def _called(callback: Callable[..., Any], **kwargs: Any) -> Any:
+    """An ADK callback's answer (sync or async callback)."""
+    answer = callback(**kwargs)
+    return await answer if inspect.isawaitable(answer) else answer
+
+
 def tool_key(name: str, args: Mapping[str, Any], occurrence: int = 1) -> str:
     """The effect key of a tool call: ``tool:<name>:<16 hex of sha256(canonical args)>``,
     ``:<occurrence>`` appended from the second identical call of the run."""
@@ -106,13 +114,15 @@ class PgDurablePlugin(BasePlugin):
         if model is None:  # pragma: no cover - an agent without a model makes no call
             return None
         self.model_calls += 1
-        own = list(getattr(agent, "canonical_before_model_callbacks", []))
+        before = list(getattr(agent, "canonical_before_model_callbacks", []))
+        after = list(getattr(agent, "canonical_after_model_callbacks", []))
 
         async def call() -> dict[str, Any]:
-            for callback in own:  # the agent's own, as ADK would run them after plugins
-                answer = callback(callback_context=callback_context, llm_request=llm_request)
-                if inspect.isawaitable(answer):
-                    answer = await answer
+            # the agent's own callbacks, as ADK runs them (a before that answers skips the
+            # model and the afters; the first after that answers replaces the response)
+            for callback in before:
+                answer = await _called(callback, callback_context=callback_context,
+                                       llm_request=llm_request)
                 if answer is not None:
                     return answer.model_dump(mode="json", exclude_none=True)  # type: ignore[no-any-return]
             last: LlmResponse | None = None
@@ -120,6 +130,12 @@ class PgDurablePlugin(BasePlugin):
                 last = response
             if last is None:
                 raise RuntimeError(f"model {model.model!r} returned no response")
+            for callback in after:
+                answer = await _called(callback, callback_context=callback_context,
+                                       llm_response=last)
+                if answer:
+                    last = answer
+                    break
             return last.model_dump(mode="json", exclude_none=True)
 
         data = await attempted_effect(self.ctx, f"model:{self.model_calls}", call)

@@ -51,6 +51,8 @@ async def main() -> None:
             e = event.event
             if e.get("type") == "run_item_stream_event":
                 print("event:", e["name"])
+            elif e.get("type") == "text":  # the model's text deltas, a few rows (emit_text)
+                print("text:", repr(e["text"]))
             elif e.get("type") == "approval_requested":
                 kind, ref = e["signal"]
                 print("approval asked for", [p["tool_name"] for p in e["approvals"]])

@@ -53,9 +53,10 @@ async def attempted_effect(ctx: RunContext, key: str, fn: EffectFn,
 
 
 def check_reconcile(reconcile: Mapping[str, Callable[..., Any]] | None,
-                    tools: set[str]) -> dict[str, Callable[..., Any]]:
+                    tools: set[str] | None) -> dict[str, Callable[..., Any]]:
     """The ``reconcile=`` mapping of a ``register_agent``: tool name -> callable, every
-    name one of ``tools`` (TypeError / ValueError otherwise)."""
+    name one of ``tools`` (None: not known before the run, not checked); TypeError /
+    ValueError otherwise."""
     if reconcile is None:
         return {}
     if not isinstance(reconcile, Mapping):
@@ -63,7 +64,7 @@ def check_reconcile(reconcile: Mapping[str, Callable[..., Any]] | None,
     for name, fn in reconcile.items():
         if not callable(fn):
             raise TypeError(f"reconcile[{name!r}] must be callable")
-        if name not in tools:
+        if tools is not None and name not in tools:
             raise ValueError(f"reconcile names {name!r}, which is not a tool of the agent "
                              f"(its tools: {sorted(tools)})")
     return dict(reconcile)

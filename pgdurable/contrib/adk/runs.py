@@ -44,6 +44,7 @@ from google.adk.events.event import Event
 from google.adk.plugins.base_plugin import BasePlugin
 from google.adk.runners import Runner
 from google.adk.sessions import InMemorySessionService
+from google.adk.tools.base_toolset import BaseToolset
 from google.genai import types
 
 from ...runs.steps import Done, RunContext, Wait
@@ -123,13 +124,19 @@ def _final_text(events: list[Event]) -> str | None:
     return None
 
 
-def _tool_names(agent: BaseAgent) -> set[str]:
-    """The names of the tools of ``agent`` and of its sub-agents (those listed as
-    objects; toolsets are resolved at run time, and are not checked)."""
-    names = {str(getattr(t, "name", None) or getattr(t, "__name__", ""))
-             for t in getattr(agent, "tools", None) or []}
+def _tool_names(agent: BaseAgent) -> set[str] | None:
+    """The names of the tools of ``agent`` and of its sub-agents; None when one of them
+    has a toolset (its tools are known only at run time: names are not checked)."""
+    names: set[str] = set()
+    for t in getattr(agent, "tools", None) or []:
+        if isinstance(t, BaseToolset):
+            return None
+        names.add(str(getattr(t, "name", None) or getattr(t, "__name__", "")))
     for sub in agent.sub_agents:
-        names |= _tool_names(sub)
+        more = _tool_names(sub)
+        if more is None:
+            return None
+        names |= more
     return names - {""}
 
 

@@ -664,6 +664,11 @@ def _as_schema_owner(app_spec: str) -> None:
         sys.path.insert(0, os.getcwd())
     with _one_line_exit():
         target = need_dsn(_load_app(app_spec).conninfo)
+    try:  # nothing answers: said as the worker says it (`the worker cannot start: ...`)
+        with connect(target):
+            pass
+    except PgDurableError as exc:
+        fail(f"the worker cannot start: {exc}")
     role = schema_owner_switch(target)
     if role is None:
         return

@@ -340,6 +340,42 @@ async def test_an_externally_executed_tool_parks_until_its_result_is_signalled(
         await app.close()
 
 
+async def test_a_model_that_fails_mid_stream_is_retried_and_its_text_stored_once(
+        dsn: str, db: psycopg.Connection[Any]) -> None:
+    """The model streams half its answer, then its connection drops; the model step's
+    policy retries it in place and the model streams the same answer again: the stored
+    text is the answer once (what the failed attempt streamed is not written twice)."""
+    app = pgdurable.Durable(dsn)
+    answer = "the answer is forty-two, and that is all there is to say about it"
+    calls: list[int] = []
+
+    def whole(messages: list[Any], info: AgentInfo) -> ModelResponse:
+        return ModelResponse(parts=[TextPart(answer)])
+
+    async def stream(messages: list[Any], info: AgentInfo) -> Any:
+        calls.append(1)
+        for i, ch in enumerate(answer):
+            if len(calls) == 1 and i == len(answer) // 2:
+                await asyncio.sleep(0.3)  # let the first half be stored (a flush per 100 ms)
+                raise ConnectionError("connection reset by peer")
+            yield ch
+
+    agent = Agent(FunctionModel(whole, stream_function=stream), name="flaky", capabilities=[
+        PgDurability(app, model_policy=pgdurable.StepPolicy(max_attempts=2,
+                                                            retry_base=0.01))])
+    try:
+        rid = await start_agent(app, agent, "say it")
+        async with app_running(app):
+            result = await app.result(rid, timeout=WAIT_LIMIT)
+    finally:
+        await app.close()
+    assert result["output"] == answer and len(calls) == 2
+    texts = [r[0] for r in db.execute(
+        "SELECT event->>'text' FROM pgdurable.run_events WHERE run_id = %s "
+        "AND event->>'type' = 'text' ORDER BY seq", (rid,))]
+    assert "".join(texts) == answer
+
+
 async def test_a_registered_model_is_chosen_by_name_and_an_unregistered_one_refused(
         dsn: str, db: psycopg.Connection[Any]) -> None:
     """``PgDurability(models={"alt": ...})``: ``start_agent(..., model="alt")`` runs on

@@ -163,12 +163,17 @@ class _Backend(JournalCallableOperationBackend[StepPolicy]):
         first_event = run._emitted
         text = run._text  # the step's text stream (pgdurable.runs.text), if any yet
         first_text = text.emitted if text is not None and not text.closed else 0
+        tries = 0
 
         async def unit() -> object:
+            nonlocal tries
+            tries += 1
             # a retried attempt (StepPolicy) re-emits into the same stream rows, and
-            # replays its text from where the unit's text began (stored text is skipped)
+            # replays its text from where the unit's text began: what the failed attempt
+            # streamed is stored first, and the replay skips it (as after a crash)
             run._emitted = first_event
-            if run._text is not None and not run._text.closed:
+            if tries > 1 and run._text is not None and not run._text.closed:
+                await run.text_so_far()
                 run._text.emitted = first_text
             return await body()
 

@@ -9,8 +9,8 @@ page mid-answer, twice: the text on the page ends equal to the expected answer, 
 assistant message, with no gap and no duplicate. Then a finished answer the page kept
 only in part is completed on load, and a second turn stays its own message through a
 reload. A screenshot is saved (its path printed). The Node client (clients/client/test/live.test.mjs, ``node --test``) runs
-start/run/result/send/stream against the same server, and a stream through a database
-blip. Skipped, with the reason, without the client's node_modules, and the browser
+start/run/result/send/stream against the same server, a stream through a database
+blip, and the AI SDK's chat when a second message rolls the first answer back. Skipped, with the reason, without the client's node_modules, and the browser
 test without Chromium or Playwright, the Node one without node."""
 
 from __future__ import annotations
@@ -267,6 +267,8 @@ def test_the_node_client_against_the_real_endpoints(dsn: str, fleet: Any, tmp_pa
         "thread": {"key": "chat:node", "message": {"text": "hello", "words": 30},
                    "token": app.stream_token(thread="chat:node", scope="write"),
                    "expected": script("hello", 30)},
+        "rollback": {"key": "chat:rollback", "words": 300, "expected": script("r1", 30),
+                     "token": app.stream_token(thread="chat:rollback", scope="write")},
         "blip": {"state": {"prompt": "blip", "words": 300, "delay": 0.01},
                  "expected": script("blip", 300), "ready": str(ready), "done": str(done)},
     }
@@ -287,6 +289,6 @@ def test_the_node_client_against_the_real_endpoints(dsn: str, fleet: Any, tmp_pa
             proc.wait()
     print(out)
     assert proc.returncode == 0, out
-    assert "# pass 3" in out and "# skipped 0" in out, out
+    assert "# pass 4" in out and "# skipped 0" in out, out
     assert killed >= 1
     assert "stream ended by an error" in http.log()  # the transient error frame was sent

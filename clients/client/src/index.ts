@@ -194,11 +194,15 @@ export class PgDurableClient {
    * it is answered already: `onAnswered` is told its id). `onMessage` is told
    * the id of the message whose answer this is (the server's
    * `X-PgDurable-Message`: `"latest"` resolved), before the first item; a
-   * reconnect follows that message, not a newer one.
+   * reconnect follows that message, not a newer one. `endOnRollback`: when a
+   * rollback discards that message, end right after the rollback marker (what
+   * follows answers the message that rolled it back; the transport sets it, so
+   * that answer is shown once, in its own message).
    */
-  streamThread(thread: string, opts: { message?: string } & StreamOptions = {}): AsyncGenerator<StreamItem> {
+  streamThread(thread: string, opts: { message?: string; endOnRollback?: boolean } & StreamOptions = {}): AsyncGenerator<StreamItem> {
     const params: Record<string, string> = {};
     if (opts.message) params.message = opts.message;
+    if (opts.message && opts.endOnRollback) params.rollback = "end";
     return this.stream(`/threads/${encodeURIComponent(thread)}/stream`, params, opts);
   }
 
@@ -324,7 +328,7 @@ export class PgDurableChatTransport<UI_MESSAGE extends UIMessage = UIMessage> im
     if (this.opts.doubleText) sendOpts.doubleText = this.opts.doubleText;
     if (options.abortSignal) sendOpts.signal = options.abortSignal;
     await this.client.send(thread, payload, sendOpts);
-    const items = this.client.streamThread(thread, { message: last.id, ...(options.abortSignal ? { signal: options.abortSignal } : {}) });
+    const items = this.client.streamThread(thread, { message: last.id, endOnRollback: true, ...(options.abortSignal ? { signal: options.abortSignal } : {}) });
     return this.chunks(items, answerId(last.id));
   }
 
@@ -334,14 +338,14 @@ export class PgDurableChatTransport<UI_MESSAGE extends UIMessage = UIMessage> im
     let following: string | undefined;
     let answered: string | undefined;
     let items = this.client.streamThread(thread, {
-      message: "latest", ...signal,
+      message: "latest", endOnRollback: true, ...signal,
       onMessage: (id) => { following = id; },
       onAnswered: (id) => { answered = id; },
     });
     let first = await items.next();
     if (first.done && answered !== undefined && (this.opts.resumeFinished ?? true)) {
       following = answered;  // finished: replayed whole, from its start to its end
-      items = this.client.streamThread(thread, { message: answered, ...signal });
+      items = this.client.streamThread(thread, { message: answered, endOnRollback: true, ...signal });
       first = await items.next();
     }
     if (first.done) return null;  // nothing to resume

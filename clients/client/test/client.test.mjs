@@ -99,7 +99,7 @@ test("reconnectToStream: the answer's stable id; a finished last answer replayed
   for await (const c of await t.reconnectToStream({ chatId: "c" })) chunks.push(c);
   assert.deepEqual(chunks[0], { type: "start", messageId: "answer-u1" });
   assert.equal(chunks.filter((c) => c.type === "text-delta").map((c) => c.delta).join(""), "whole");
-  assert.ok(urls[1].endsWith("/threads/chat%3A1/stream?message=u1"), urls[1]);
+  assert.ok(urls[1].endsWith("/threads/chat%3A1/stream?message=u1&rollback=end"), urls[1]);
   const off = new PgDurableChatTransport({ api: "/agent", threadId: "chat:1", fetch, resumeFinished: false });
   assert.equal(await off.reconnectToStream({ chatId: "c" }), null);
 });

@@ -1,7 +1,8 @@
 // @pgdurable/client against the real HTTP endpoints: start, run, result, streamRun,
 // send (and its duplicate), streamThread, and a stream that outlives a database blip
-// (the server's pooled connections terminated mid-stream: a transient `error` frame,
-// then a reconnect from the last cursor, exact to the character).
+// (the server's statements terminated mid-read: a transient `error` frame, then a
+// reconnect from the last cursor, exact to the character), and the AI SDK's chat over the
+// transport when a second message rolls the first answer back (double-texting).
 //
 // Run by tests/test_streams_browser.py, which serves tests/_stream_http.py with a real
 // worker, bundles this file from the client's source (esbuild) and passes what to
@@ -10,7 +11,8 @@ import { test } from "node:test";
 import assert from "node:assert/strict";
 import { existsSync, writeFileSync } from "node:fs";
 import { setTimeout as sleep } from "node:timers/promises";
-import { PgDurableClient, PgDurableHttpError } from "../src/index.ts";
+import { AbstractChat } from "ai";
+import { PgDurableChatTransport, PgDurableClient, PgDurableHttpError } from "../src/index.ts";
 
 const live = process.env.PGDURABLE_LIVE ? JSON.parse(process.env.PGDURABLE_LIVE) : null;
 const skip = live ? false : "PGDURABLE_LIVE is not set (tests/test_streams_browser.py sets it)";
@@ -83,4 +85,37 @@ test("a stream outlives a database blip: retried from its cursor, exact", { skip
   assert.equal(gets[0], null);
   assert.ok(gets.slice(1).every((c) => typeof c === "string" && c.length > 0), JSON.stringify(gets));
   while (!existsSync(live.blip.done)) await sleep(10);  // the test saw its terminations
+});
+
+/** The AI SDK's chat without a UI framework: its state is a plain object. */
+class NodeChat extends AbstractChat {
+  constructor(init) {
+    const state = {
+      status: "ready", error: undefined, messages: [],
+      pushMessage(m) { this.messages = this.messages.concat(m); },
+      popMessage() { this.messages = this.messages.slice(0, -1); },
+      replaceMessage(i, m) { this.messages = this.messages.map((x, j) => (j === i ? structuredClone(m) : x)); },
+      snapshot: (x) => structuredClone(x),
+    };
+    super({ ...init, state });
+  }
+}
+
+const text = (m) => m.parts.filter((p) => p.type === "text").map((p) => p.text).join("");
+
+test("double-texting rollback in the AI SDK's chat: the first answer is discarded, the second stands alone", { skip }, async () => {
+  const words = (w) => (m) => ({ text: text(m), id: m.id, words: w });
+  const first = new PgDurableChatTransport({ api: live.api, threadId: live.rollback.key, token: live.rollback.token, toMessage: words(live.rollback.words) });
+  const chat = new NodeChat({ id: live.rollback.key, transport: first });
+  const answering = chat.sendMessage({ text: "r0" });
+  while (!(chat.messages.length === 2 && text(chat.messages[1]).length > 40)) await sleep(10);
+  // the second message, sent while the first is answered, with rollback
+  const second = new PgDurableChatTransport({ api: live.api, threadId: live.rollback.key, token: live.rollback.token, doubleText: "rollback", toMessage: words(30) });
+  const chat2 = new NodeChat({ id: live.rollback.key, transport: second });
+  await chat2.sendMessage({ text: "r1" });
+  await answering;
+  assert.equal(chat.status, "ready");
+  assert.equal(chat2.status, "ready");
+  assert.equal(text(chat2.messages[1]), live.rollback.expected);  // r1's answer, without r0's
+  assert.equal(text(chat.messages[1]), "", "r0's answer was discarded: nothing of it, nor of r1's, stays");
 });

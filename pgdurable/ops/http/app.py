@@ -17,7 +17,8 @@ or serve it (``uvicorn mymodule:api``). Paths (thread keys percent-encoded):
                                             answered (``?message=latest``: the thread's last
                                             message; 204 when it is answered already).
                                             ``X-PgDurable-Message``: the message followed
-                                            (on a 204: the answered one)
+                                            (on a 204: the answered one); ``&rollback=end``:
+                                            end after the rollback marker that discards it
 =========================================  ======================================================
 
 **Who may do what.** Every request is allowed by a **stream token**
@@ -218,7 +219,8 @@ class _Api:
                     "X-PgDurable-Message": str(row[0])})
             message = str(row[0])
         headers = {"X-PgDurable-Message": message} if message is not None else {}
-        return self._sse(follow_thread(self.app, key, after, until=message),
+        end = request.query_params.get("rollback") == "end"
+        return self._sse(follow_thread(self.app, key, after, until=message, end_on_rollback=end),
                          done_on_final=False, headers=headers)
 
     # -- SSE --------------------------------------------------------------------

@@ -20,15 +20,18 @@ quiets the INFO lines.
 
 Shutdown is bounded. At SIGTERM/SIGINT the worker stops claiming and its steps
 get ``--grace`` seconds (:class:`Worker`); a step still running then is
-cancelled and its run given back. Then the app is closed (bounded), and the
-runs whose step did not settle (an async step that swallows its cancellation)
-are given back (:meth:`Worker.abandon`). If code of a step still runs then (a
-sync step in its thread ignores cancellation; a task that swallows it), the
-process does not wait for it: it logs the runs and threads still busy and
-ends with ``os._exit(1)``. A watchdog thread armed at the signal ends the
-process the same way ``--grace`` + :data:`WATCHDOG_AFTER_GRACE` seconds after
-it, whatever still runs (a database that does not answer the last writes):
-a process asked to stop is gone within that bound. A clean stop exits 0.
+cancelled and its run given back. Then the runs whose step did not settle
+(an async step that swallows its cancellation) are given back
+(:meth:`Worker.abandon`) and the app is closed, each bounded. If code of a
+step still runs then (a sync step's thread, which no cancellation reaches; a
+task that swallows it), the process does not wait for it: it logs the runs
+and threads still busy and ends with ``os._exit(1)``. A watchdog thread armed
+at the signal ends the process the same way ``--grace`` +
+:data:`WATCHDOG_AFTER_GRACE` seconds after it, whatever still runs (a step
+that blocks the event loop once cancelled, a database that does not answer
+the last writes): a process asked to stop is gone within that bound. A clean
+stop exits 0. Not covered: a step that blocks the event loop before the
+signal keeps the signal itself from being handled.
 
 Before it runs, the command freezes the objects made so far (``gc.freeze()``:
 the imports, the app, its open pool): they live as long as the process, and a

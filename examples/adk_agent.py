@@ -26,12 +26,11 @@ from google.genai import types
 
 import pgdurable
 from pgdurable.contrib.adk import register_agent, run_agent
-from pgdurable.foundation.db import resolve_dsn
 
 warnings.filterwarnings("ignore", category=UserWarning, module="google.adk")
 logging.getLogger("opentelemetry.context").setLevel(logging.CRITICAL)
 
-app = pgdurable.Durable(resolve_dsn())
+app = pgdurable.Durable(pgdurable.resolve_dsn())
 
 
 class ScriptedGemini(BaseLlm):

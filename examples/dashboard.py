@@ -27,7 +27,7 @@ import httpx
 import uvicorn
 
 import pgdurable
-from pgdurable.ops.dashboard import create_app
+from pgdurable.dashboard import create_app
 from pgdurable.runs.schedules import make_schedule, upsert_schedule
 
 DSN = os.environ["PGDURABLE_DSN"]

@@ -16,8 +16,8 @@ import psycopg
 
 import pgdurable
 from pgdurable import Continue, Done, RunContext
-from pgdurable.ops.partitions import maintain
-from pgdurable.ops.retention import prune
+from pgdurable.partitions import maintain
+from pgdurable.retention import prune
 
 app = pgdurable.Durable()  # DSN from PGDURABLE_DSN / DATABASE_URL
 

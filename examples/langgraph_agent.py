@@ -25,7 +25,7 @@ from pgdurable.contrib.langgraph import (
     resume_graph,
     run_graph,
 )
-from pgdurable.ops.retention import prune
+from pgdurable.retention import prune
 
 
 class State(TypedDict, total=False):

@@ -19,10 +19,9 @@ from agents.testing import ModelCall, ModelStep, ScriptedModel, assistant_messag
 
 import pgdurable
 from pgdurable.contrib.openai_agents import register_agent, run_agent
-from pgdurable.foundation.db import resolve_dsn
 
 os.environ.setdefault("OPENAI_AGENTS_DISABLE_TRACING", "1")
-app = pgdurable.Durable(resolve_dsn())
+app = pgdurable.Durable(pgdurable.resolve_dsn())
 
 
 def reply(call: ModelCall) -> list[object]:
@@ -52,6 +51,8 @@ async def main() -> None:
             e = event.event
             if e.get("type") == "run_item_stream_event":
                 print("event:", e["name"])
+            elif e.get("type") == "text":  # the model's text deltas, a few rows (emit_text)
+                print("text:", repr(e["text"]))
             elif e.get("type") == "approval_requested":
                 kind, ref = e["signal"]
                 print("approval asked for", [p["tool_name"] for p in e["approvals"]])

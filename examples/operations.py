@@ -2,6 +2,12 @@
 
 Run with a migrated database:  PGDURABLE_DSN=postgresql://... python examples/operations.py
 
+Retention deletes every finished run older than its cut-off, whoever started it
+(``prune`` has no per-queue filter). So this example prunes for real (a cut-off
+of 0 s, and a pruner next to the worker) only on a database whose finished runs
+are all its own; on a database that holds other finished runs it only shows
+what a prune would delete (``dry_run=True``), and those runs survive.
+
 The same things from a shell:  pgdurable stats / runs --status failed / run ID /
 retry ID / prune --older-than 7d --dry-run.
 """
@@ -17,7 +23,7 @@ import psycopg
 
 import pgdurable
 from pgdurable import Continue, Done, RunContext
-from pgdurable.ops.retention import prune, run_pruner
+from pgdurable.retention import prune, run_pruner
 
 app = pgdurable.Durable()  # DSN from PGDURABLE_DSN / DATABASE_URL
 tool_is_down = True  # the outage we fix before retrying
@@ -41,6 +47,15 @@ async def wait_terminal(run_ids: list[str]) -> None:
     raise TimeoutError(run_ids)
 
 
+def others_finished(dsn: str, ours: list[str]) -> int:
+    """Finished runs in the database that this example did not start."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute("SELECT count(*) FROM pgdurable.runs WHERE status IN "
+                           "('completed', 'failed', 'cancelled', 'incompatible') "
+                           "AND NOT id = ANY(%s::uuid[])", (ours,)).fetchone()
+    return int(row[0]) if row else 0
+
+
 def show(conn: psycopg.Connection[Any], title: str, sql: str,
          params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
     rows = conn.execute(sql, params).fetchall()
@@ -53,15 +68,15 @@ def show(conn: psycopg.Connection[Any], title: str, sql: str,
 async def main() -> None:
     global tool_is_down
     dsn = os.environ["PGDURABLE_DSN"]
+    shared = others_finished(dsn, []) > 0  # finished runs of others: not ours to prune
     async with app:
         worker = app.worker(concurrency=4, lease_ttl=timedelta(seconds=10), poll_interval=0.5)
         stop_pruner = asyncio.Event()
-        tasks = [
-            asyncio.create_task(worker.run()),
+        tasks = [asyncio.create_task(worker.run())]
+        if not shared:
             # Automatic retention next to the worker: one pruner at a time across the fleet.
-            asyncio.create_task(run_pruner(app, every=timedelta(hours=1), older_than="7d",
-                                           stop=stop_pruner)),
-        ]
+            tasks.append(asyncio.create_task(
+                run_pruner(app, every=timedelta(hours=1), older_than="7d", stop=stop_pruner)))
         ids = [await app.start("report", {"topic": t}) for t in ("pg", "flaky", "leases")]
         await wait_terminal(ids)
 
@@ -81,17 +96,25 @@ async def main() -> None:
             print("retried:", info.status, info.result)
             assert info.status == "completed"
 
-        # Retention: everything finished more than 0 s ago (7d in real life), in batches:
-        # ours, and on a shared database every other finished run as well.
-        result = await prune(app, timedelta(0), batch=2)
-        print(f"pruned {result.runs} runs, {result.checkpoints} checkpoints in {result.batches} batches")
-        assert result.runs >= 3
-        for rid in ids:  # ours are gone
-            try:
-                await app.get_run(rid)
-                raise AssertionError(f"run {rid} was not pruned")
-            except pgdurable.RunNotFound:
-                pass
+        # Retention: what a prune of everything finished more than 0 s ago (7d in real
+        # life) would delete; a dry run changes nothing.
+        preview = await prune(app, timedelta(0), dry_run=True)
+        print(f"a prune would delete {preview.runs} runs, {preview.checkpoints} checkpoints")
+        assert preview.runs >= 3
+        others = others_finished(dsn, ids)
+        if shared or others:
+            print(f"not pruning: the database holds {others} finished run(s) of others, and "
+                  "prune() would delete them too")
+        else:  # every finished run here is ours: prune for real, in batches
+            result = await prune(app, timedelta(0), batch=2)
+            print(f"pruned {result.runs} runs, {result.checkpoints} checkpoints in "
+                  f"{result.batches} batches")
+            for rid in ids:  # ours are gone
+                try:
+                    await app.get_run(rid)
+                    raise AssertionError(f"run {rid} was not pruned")
+                except pgdurable.RunNotFound:
+                    pass
 
         stop_pruner.set()
         await worker.stop(grace=5)

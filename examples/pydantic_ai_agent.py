@@ -23,9 +23,8 @@ from pydantic_ai.models.function import AgentInfo, DeltaToolCall, DeltaToolCalls
 
 import pgdurable
 from pgdurable.contrib.pydantic_ai import PgDurability, start_agent
-from pgdurable.foundation.db import resolve_dsn
 
-app = pgdurable.Durable(resolve_dsn())
+app = pgdurable.Durable(pgdurable.resolve_dsn())
 
 
 def scripted_llm(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
@@ -79,8 +78,8 @@ async def main() -> None:
                 print("approval asked for", [c["tool_name"] for c in event.event["approvals"]])
                 # from anywhere: pgdurable signal approval REF --payload true, a webhook, ...
                 await app.signal(kind, ref, True)
-            elif event.event.get("event_kind") == "part_delta":
-                print("  text:", repr(event.event["delta"]["content_delta"]))
+            elif event.event.get("type") == "text":  # the model's text, a few rows (emit_text)
+                print("  text:", repr(event.event["text"]))
             elif event.final:
                 break
         result = await app.result(run_id, timeout=30)

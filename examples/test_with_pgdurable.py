@@ -22,7 +22,7 @@ import pytest
 import pytest_asyncio
 
 from pgdurable import Continue, Done, Durable, RunContext, Sleep, Wait
-from pgdurable.ops.testing import afire_due_timers, run_until_idle
+from pgdurable.testing import afire_due_timers, run_until_idle
 
 
 def register_tasks(app: Durable) -> None:

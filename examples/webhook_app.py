@@ -34,8 +34,7 @@ import httpx
 import uvicorn
 
 import pgdurable
-from pgdurable import Done, RunContext, Wait
-from pgdurable.ops import webhooks
+from pgdurable import Done, RunContext, Wait, webhooks
 
 app = pgdurable.Durable()  # DSN from PGDURABLE_DSN / DATABASE_URL
 # at least 32 bytes each; a fresh random secret when none is configured (the demo)

@@ -63,7 +63,7 @@ def deliver(base_url: str, secret: str, kind: str, ref: str, payload: object,
 async def main() -> None:
     from webhook_app import CI_SECRET, deploy_and_wait, serving
 
-    from pgdurable.ops import webhooks
+    from pgdurable import webhooks
 
     for signal_id, ref in ((None, "build-7"), ("gh-1", "feature/ü x")):
         by_hand = signed_headers(CI_SECRET, "ci", ref, b'{"a": 1}', signal_id, 1700000000)

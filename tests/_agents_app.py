@@ -11,10 +11,12 @@ no tool output yet -> call ``charge``; one -> call ``crash``; two -> the
 final message (which quotes how many user messages the session holds).
 ``crash`` SIGKILLs its own process the first time (no ``killed`` row yet).
 
-``teller`` (streamed) and ``store`` (``pay`` needs an approval) run on the SDK's own
+``teller`` (streamed, its text one character a delta), ``store`` (``pay`` needs an
+approval), ``cashbox`` (``pay`` reconciles after a crash) and ``flaky`` (its model
+raises ``ConnectionError`` on its first call in a process) run on the SDK's own
 scripted model, ``agents.testing.ScriptedModel``: ``search``, then ``pay``, then the
-answer. A test arms a crash by inserting ``before:pay`` into ``test_kills``
-(tests/_agent_ledger.py).
+answer. A test arms a crash by inserting ``before:pay`` or ``after:pay`` (after the
+side effect) into ``test_kills`` (tests/_agent_ledger.py).
 
 ``python tests/_agents_app.py add SESSION TAG N`` appends N batches of 3 items.
 """
@@ -38,9 +40,11 @@ from openai.types.responses import (
     ResponseFunctionToolCall,
     ResponseOutputMessage,
     ResponseOutputText,
+    ResponseTextDeltaEvent,
 )
 
 import pgdurable
+from pgdurable import NOT_PERFORMED
 from pgdurable.contrib.openai_agents import PgDurableSession, register_agent
 from pgdurable.foundation.db import resolve_dsn
 
@@ -129,6 +133,42 @@ def scripted_model() -> ScriptedModel:
                                              total_tokens=10))
 
 
+class CharByChar(Model):
+    """``inner``, its streamed text one character a delta (as an LLM streams tokens)."""
+
+    def __init__(self, inner: Model) -> None:
+        self.inner = inner
+
+    async def get_response(self, *args: Any, **kwargs: Any) -> ModelResponse:
+        return await self.inner.get_response(*args, **kwargs)
+
+    async def stream_response(self, *args: Any, **kwargs: Any) -> Any:
+        async for event in self.inner.stream_response(*args, **kwargs):
+            if isinstance(event, ResponseTextDeltaEvent):
+                for ch in event.delta:
+                    yield event.model_copy(update={"delta": ch})
+            else:
+                yield event
+
+
+class Flaky(Model):
+    """``inner``, except that its first call in this process raises ``ConnectionError``
+    (a dropped connection), recorded as ``flake`` in the ledger."""
+
+    def __init__(self, inner: Model) -> None:
+        self.inner, self.failed = inner, False
+
+    async def get_response(self, *args: Any, **kwargs: Any) -> ModelResponse:
+        if not self.failed:
+            self.failed = True
+            ledger("flake")
+            raise ConnectionError("connection reset by peer")
+        return await self.inner.get_response(*args, **kwargs)
+
+    def stream_response(self, *args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError
+
+
 @function_tool
 def search(q: str) -> str:
     """Search (the first tool)."""
@@ -139,7 +179,17 @@ def search(q: str) -> str:
 def _pay(order: str) -> str:
     maybe_die("before:pay")
     ledger("pay", order)
+    maybe_die("after:pay")
     return f"paid {order}"
+
+
+def reconcile_pay(order: str) -> Any:
+    """The real outcome of a ``pay`` that crashed before its output was recorded."""
+    ledger("reconcile", order)
+    with psycopg.connect(resolve_dsn() or "", autocommit=True) as conn:
+        row = conn.execute("SELECT 1 FROM test_ledger WHERE event = 'pay' AND tag = %s",
+                           (order,)).fetchone()
+    return f"paid {order}" if row else NOT_PERFORMED
 
 
 pay = function_tool(_pay, name_override="pay")
@@ -152,8 +202,14 @@ def build(dsn: str | None = None) -> pgdurable.Durable:
                   model_settings=ModelSettings(), tools=[charge, crash])
     register_agent(app, agent, name="shop")
     # streamed, two tools: the SIGKILL and stream tests
-    register_agent(app, Agent(name="teller", model=scripted_model(), tools=[search, pay]),
-                   name="teller", stream=True)
+    register_agent(app, Agent(name="teller", model=CharByChar(scripted_model()),
+                              tools=[search, pay]), name="teller", stream=True)
+    # pay's replay policy is reconcile: a crash after its side effect asks reconcile_pay
+    register_agent(app, Agent(name="cashbox", model=scripted_model(), tools=[search, pay]),
+                   name="cashbox", reconcile={"pay": reconcile_pay})
+    # the model drops its connection once: the step's retry calls it again
+    register_agent(app, Agent(name="flaky", model=Flaky(scripted_model()),
+                              tools=[search, pay]), name="flaky")
     # pay needs a human's approval: the run parks on it (RunState)
     register_agent(app, Agent(name="store", model=scripted_model(),
                               tools=[search, pay_approved]), name="store")

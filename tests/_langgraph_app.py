@@ -8,16 +8,18 @@ reads from the database which side effects ran and how often.
 
 Graph ``agent`` (run by workers): tool -> crash -> ask -> finish.
 
-* ``tool`` -- the side effect: a ledger row ``tool``;
+* ``tool`` -- the side effect: a ledger row ``tool``; then a chat model
+  (LangChain's ``GenericFakeChatModel``, a token per word and space) says
+  :data:`TOOL_TEXT`;
 * ``crash`` -- with ``kill`` in the state: the first time (no ``killed`` row
   yet) waits until the writes of ``tool`` are saved (LangGraph saves them in
-  the background while the next super-step runs), records ``killed`` and
-  SIGKILLs its own process mid-graph. In a process with ``LG_HOLD_STEP=N`` in
+  the background while the next super-step runs) and its text is stored,
+  records ``killed`` and SIGKILLs its own process mid-graph. In a process with ``LG_HOLD_STEP=N`` in
   its environment, the saver holds back the save of the checkpoint of step N,
   so the process dies between a super-step's writes and its checkpoint;
 * ``ask`` -- with ``ask`` in the state: ``interrupt({"q": ...})``; the answer
   goes into the state;
-* ``finish`` -- a ledger row ``finish``.
+* ``finish`` -- a ledger row ``finish``; the chat model says :data:`FINISH_TEXT`.
 
 Graph ``steps`` (sync, one-writer tests): gate -> s1 -> s2 -> s3; ``gate``
 waits on ``pg_advisory_lock(GATE)`` (the test holds it) after recording
@@ -35,6 +37,9 @@ import time
 from typing import Annotated, Any, TypedDict
 
 import psycopg
+from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
+from langchain_core.messages import AIMessage
+from langchain_core.runnables import RunnableConfig
 from langgraph.graph import END, START, StateGraph
 from langgraph.types import interrupt
 
@@ -49,6 +54,8 @@ from pgdurable.contrib.langgraph import (
 from pgdurable.foundation.db import resolve_dsn
 
 GATE = 918_273
+TOOL_TEXT = "I checked order A-17: it was delivered on Monday, so a refund is due. "
+FINISH_TEXT = "The refund is on its way; you will see it within three days."
 
 
 class State(TypedDict, total=False):
@@ -71,25 +78,42 @@ def _count(event: str) -> int:
         return int(row[0]) if row else 0
 
 
-def tool(state: State) -> State:
+async def say(text: str) -> None:
+    """A chat model call that streams ``text`` (a token per word and space)."""
+    await GenericFakeChatModel(messages=iter([AIMessage(text)])).ainvoke("go on")
+
+
+async def tool(state: State) -> State:
     ledger("tool")
+    await say(TOOL_TEXT)
     return {"log": ["tool"]}
 
 
-def _await_tool_writes() -> None:
+def _await_tool_writes(thread: str) -> None:
     """Return once the writes of ``tool`` (the task of checkpoint step 0) are saved:
     LangGraph saves them in the background while the next super-step runs."""
     with psycopg.connect(resolve_dsn() or "", autocommit=True) as conn:
         while conn.execute("SELECT EXISTS (SELECT FROM pgdurable.lg_writes w "
                            "JOIN pgdurable.lg_checkpoints c USING (thread_id, checkpoint_ns, "
-                           "checkpoint_id) WHERE c.metadata->>'step' = '0')"
-                           ).fetchone() != (True,):
+                           "checkpoint_id) WHERE c.metadata->>'step' = '0' "
+                           "AND c.thread_id = %s)", (thread,)).fetchone() != (True,):
             time.sleep(0.01)
 
 
-def crash(state: State) -> State:
+def _await_tool_text(run_id: str) -> None:
+    """Return once the text ``tool`` streamed in run ``run_id`` is stored (a flush every
+    100 ms)."""
+    with psycopg.connect(resolve_dsn() or "", autocommit=True) as conn:
+        while conn.execute("SELECT string_agg(event->>'text', '' ORDER BY seq) "
+                           "FROM pgdurable.run_events WHERE run_id = %s "
+                           "AND event->>'type' = 'text'", (run_id,)).fetchone() != (TOOL_TEXT,):
+            time.sleep(0.01)
+
+
+def crash(state: State, config: RunnableConfig) -> State:
     if state.get("kill") and _count("killed") == 0:
-        _await_tool_writes()
+        _await_tool_writes(str(config["configurable"]["thread_id"]))
+        _await_tool_text(str(config["configurable"]["pgdurable_run_id"]))
         ledger("killed")
         os.kill(os.getpid(), signal.SIGKILL)
     return {"log": ["crash-survived"]}
@@ -102,8 +126,9 @@ def ask(state: State) -> State:
     return {"log": ["asked"], "answer": answer}
 
 
-def finish(state: State) -> State:
+async def finish(state: State) -> State:
     ledger("finish")
+    await say(FINISH_TEXT)
     return {"log": ["finish"]}
 
 

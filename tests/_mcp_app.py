@@ -5,7 +5,8 @@
 module, as a deployment would: the durable tools' bodies run on the workers.
 The tools are the conformance suite's fixtures (``greet``, ``slow_compute``,
 ``failing_job``, ``protocol_error_job``, ``confirm_delete``, ``multi_input``)
-and ``gated`` (parks until the test releases it with a signal).
+``gated`` (parks until the test releases it with a signal) and ``reporter``
+(reports, then parks the same way).
 """
 
 from __future__ import annotations
@@ -63,6 +64,15 @@ async def multi_input(ctx: TaskContext) -> str:
 async def gated(ctx: TaskContext, ref: str) -> str:
     payload = await ctx.wait_signal("gate", ref)
     return f"opened {ref}: {payload}"
+
+
+@tasks.tool(description="Reports twice (a poll interval, extra values), then parks until "
+                        "('gate', ref).")
+async def reporter(ctx: TaskContext, ref: str) -> str:
+    ctx.report("starting", stage=1, of=3)
+    ctx.report(f"waiting for {ref}", poll_interval=timedelta(milliseconds=750), stage=2)
+    payload = await ctx.wait_signal("gate", ref)
+    return f"reported {ref}: {payload}"
 
 
 server = MCPServer("pgdurable-tests", extensions=[tasks], middleware=[tasks.legacy])

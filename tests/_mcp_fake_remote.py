@@ -6,21 +6,31 @@ minutes by making the poller's rows due at once): working for 2 polls, then
 ``input_required`` (key ``approve``) until ``tasks/update`` answers it, then
 working for 2 more polls, then completed. ``GET /stats`` is not served; the
 poll counts are in the task's ``statusMessage``.
+
+``vanish`` answers with a task handle the server never knew: ``tasks/get``
+answers ``-32602`` (as for an unknown or expired task). ``stall``'s task hangs
+its first ``tasks/get`` for an hour (a poller killed meanwhile never hears back)
+and is completed from the second on; each of its polls is a row of the test's
+table ``mcp_fake_polls`` (in ``PGDURABLE_DSN``).
 """
 
 from __future__ import annotations
 
+import asyncio
+import os
 import sys
 import uuid
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
+import psycopg
 import uvicorn
 from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
 from mcp.server.extension import Extension, MethodBinding
 from mcp.server.mcpserver import MCPServer
-from mcp_types import CallToolRequestParams, RequestParams
+from mcp.shared.exceptions import MCPError
+from mcp_types import INVALID_PARAMS, CallToolRequestParams, RequestParams
 from pydantic import ConfigDict, Field
 
 TASKS: dict[str, dict[str, Any]] = {}
@@ -49,9 +59,25 @@ def shape(t: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _record_poll(task_id: str, n: int) -> None:
+    """A ``stall`` poll, in the test's table ``mcp_fake_polls`` (what the test waits on)."""
+    with psycopg.connect(os.environ["PGDURABLE_DSN"], autocommit=True) as conn:
+        conn.execute("INSERT INTO mcp_fake_polls (task_id, n) VALUES (%s, %s)", (task_id, n))
+
+
 async def get(ctx: ServerRequestContext[Any, Any], p: Params) -> Any:
-    t = TASKS[p.task_id]
+    t = TASKS.get(p.task_id)
+    if t is None:
+        raise MCPError(code=INVALID_PARAMS, message="Failed to retrieve task: Task not found",
+                       data={"taskId": p.task_id})
     t["polls"] += 1
+    if t["tool"] == "stall":
+        await asyncio.to_thread(_record_poll, p.task_id, t["polls"])
+        if t["polls"] == 1:
+            await asyncio.sleep(3600)  # the first poller never hears back
+        t["status"] = "completed"
+        t["answer"] = "stalled"
+        return shape(t)
     if t["status"] == "working":
         if t["answer"] is None and t["polls"] >= 3:
             t["status"] = "input_required"
@@ -85,12 +111,14 @@ class Scripted(Extension):
     async def intercept_tool_call(self, params: CallToolRequestParams,
                                   ctx: ServerRequestContext[Any, Any],
                                   call_next: CallNext) -> HandlerResult:
-        if params.name != "deploy":
+        if params.name not in ("deploy", "vanish", "stall"):
             return await call_next(ctx)
         tid = str(uuid.uuid4())
-        TASKS[tid] = {"id": tid, "status": "working", "polls": 0, "answer": None,
-                      "answered_at": 0, "args": dict(params.arguments or {})}
-        return {"resultType": "task", **{k: v for k, v in shape(TASKS[tid]).items()
+        task = {"id": tid, "tool": params.name, "status": "working", "polls": 0,
+                "answer": None, "answered_at": 0, "args": dict(params.arguments or {})}
+        if params.name != "vanish":  # a vanished task was never kept
+            TASKS[tid] = task
+        return {"resultType": "task", **{k: v for k, v in shape(task).items()
                                           if k != "result"}}
 
 
@@ -99,6 +127,16 @@ server = MCPServer("scripted-remote", extensions=[Scripted()])
 
 @server.tool()
 def deploy(service: str) -> str:  # answered by the interceptor
+    return "never"
+
+
+@server.tool()
+def vanish() -> str:  # answered by the interceptor
+    return "never"
+
+
+@server.tool()
+def stall(service: str) -> str:  # answered by the interceptor
     return "never"
 
 

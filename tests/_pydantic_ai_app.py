@@ -8,7 +8,7 @@ Points: ``before:charge`` (the second tool, before its side effect),
 
 The scripted model answers from the conversation: no tool result yet -> call
 ``search``; one -> call ``charge_card`` (the order id is the prompt's last word);
-two -> stream the final text. ``planner``'s ``charge_card`` reconciles after a crash
+two -> stream the final text (a delta per character). ``planner``'s ``charge_card`` reconciles after a crash
 (replay policy ``reconcile``), ``shopper``'s may run again (``safe``), ``cashier``'s
 needs an approval. ``PA_REVISION``
 (default ``1``) is the agents' revision; ``ping`` is a plain task.
@@ -63,8 +63,8 @@ async def stream_script(messages: list[ModelMessage],
                         info: AgentInfo) -> AsyncIterator[str | DeltaToolCalls]:
     for part in _turn(messages).parts:
         if isinstance(part, TextPart):
-            for i, word in enumerate(part.content.split(" ")):
-                yield (" " if i else "") + word
+            for ch in part.content:  # a delta per character, as an LLM streams tokens
+                yield ch
         elif isinstance(part, ToolCallPart):
             yield {0: DeltaToolCall(name=part.tool_name, json_args=json.dumps(part.args),
                                     tool_call_id=part.tool_call_id)}

@@ -114,6 +114,22 @@ async def caught(ctx: WorkflowContext, spec: dict[str, Any]) -> Any:
     return [extra, fetched]
 
 
+@app.workflow("wrapped", revision="1", retry_base=0.01, retry_cap=0.02)
+async def wrapped(ctx: WorkflowContext, spec: dict[str, Any]) -> Any:
+    """(a) by another name: a handler of the step's ``StepFailed`` that did not
+    handle it: it re-raises it (``reraise``), raises its own error from it
+    (``wrap-from``) or inside the handler (``wrap-inside``)."""
+    rid = ctx.run_id
+    try:
+        return [await ctx.step("fetch", tool, rid, "fetch", spec["topic"], policy=FAST)]
+    except StepFailed as exc:
+        if spec["how"] == "reraise":
+            raise
+        if spec["how"] == "wrap-from":
+            raise LookupError(f"could not fetch {spec['topic']}") from exc
+        raise LookupError(f"could not fetch {spec['topic']}")  # noqa: B904 (the point)
+
+
 @app.workflow("after_last", revision="1", retry_base=0.01, retry_cap=0.02)
 async def after_last(ctx: WorkflowContext, spec: dict[str, Any]) -> Any:
     """(c) Every step succeeds, a signal is received, then the body itself

@@ -16,6 +16,7 @@ from pgdurable import Done, Durable, RunContext
 
 app = Durable()
 app.thread_task("chat:", "chat")
+app.thread_task("strict:", "chat", double_text="reject")  # a route's own strategy
 DELAY = float(os.environ.get("STREAM_DELAY", "0.005"))
 
 

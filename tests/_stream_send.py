@@ -1,6 +1,6 @@
 """``python -m _stream_send DSN THREAD TEXT STRATEGY GO_FILE``: one racing sender
 (tests/test_streams.py): waits until GO_FILE exists, sends TEXT to THREAD with
-double_text=STRATEGY, prints ``sent <action> <run id>`` or ``busy``."""
+double_text=STRATEGY (``default``: none, the thread's or its route's), prints ``sent <action> <run id>`` or ``busy``."""
 
 from __future__ import annotations
 
@@ -29,7 +29,8 @@ async def main() -> None:
         spin(go)
         try:
             d = await app.send(thread, {"text": text}, message_id=text,
-                               double_text=strategy)  # type: ignore[arg-type]
+                               double_text=None if strategy == "default"
+                               else strategy)  # type: ignore[arg-type]
             print("sent", d.action, d.run_id, flush=True)
         except ThreadBusy:
             print("busy", flush=True)

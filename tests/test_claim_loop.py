@@ -107,7 +107,7 @@ async def test_the_next_claim_overlaps_the_last_write_being_sent(app: Durable, l
     first one's last write of its lease is still in flight: its completion
     (``write_steps`` with done), its park (a ``Sleep``) or its failure (a step
     that raises, no attempts left). That write is held until a claim has been
-    sent since the worker began it (``_finishing_now``, which frees the slot), at
+    sent since the worker began it (``WorkerState.finishing_now``, which frees the slot), at
     most 10 s (without the overlap the claim would wait for the write: the order
     of the events shows it). A completion goes through the batch writer's own
     task, so under load the claim may even be sent before the statement is."""

@@ -118,13 +118,40 @@ def _another_worker_runs_the_rest(db: psycopg.Connection[Any], fleet: Fleet, rid
                                   a: WorkerProc) -> None:
     """Worker b finishes the run that worker ``a`` left when it SIGKILLed itself in node
     ``crash``: the tool's writes were saved before the kill, so it ran once, in ``a``;
-    the graph went on from the super-step after it, in b."""
+    the graph went on from the super-step after it, in b; the run's text is tool's then finish's, once each."""
     b = fleet.start("b")
     wait(fleet, lambda: run_row(db, rid)[0] == "completed", "another worker to finish the run")
     assert ledger(db, "tool") == [a.pid]
     assert ledger(db, "killed") == [a.pid]
     assert ledger(db, "finish") == [b.pid]
     assert run_row(db, rid)[2]["log"] == ["tool", "crash-survived", "no-ask", "finish"]
+    # the stream: tool's text (stored before the kill), then finish's, each once, no gap
+    from _langgraph_app import FINISH_TEXT, TOOL_TEXT
+
+    assert "".join(texts(db, rid)) == TOOL_TEXT + FINISH_TEXT
+
+
+def texts(db: psycopg.Connection[Any], rid: str) -> list[str]:
+    """The run's stored text rows, in order."""
+    return [r[0] for r in db.execute(
+        "SELECT event->>'text' FROM pgdurable.run_events WHERE run_id = %s "
+        "AND event->>'type' = 'text' ORDER BY seq", (rid,))]
+
+
+def test_the_chat_models_text_is_stored_in_few_rows(
+    db: psycopg.Connection[Any], dsn: str, fleet: Fleet
+) -> None:
+    """The nodes' chat model streams a token per word and space (stream_mode="messages"):
+    the stored text is what the model said, in far fewer rows than tokens."""
+    from _langgraph_app import FINISH_TEXT, TOOL_TEXT
+
+    fleet.start("a")
+    rid = start(db, dsn, {}, "thread-text")
+    wait(fleet, lambda: run_row(db, rid)[0] == "completed", "the run")
+    said = texts(db, rid)
+    assert "".join(said) == TOOL_TEXT + FINISH_TEXT
+    tokens = len(TOOL_TEXT.split(" ")) + len(FINISH_TEXT.split(" "))
+    assert 1 <= len(said) < tokens // 2  # a row per flush, not per token
 
 
 def test_sigkill_after_a_super_steps_writes_but_before_its_checkpoint_runs_the_rest(

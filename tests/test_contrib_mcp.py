@@ -8,6 +8,7 @@ by the SDK's own client (mcp.Client, 2026-07-28, declaring the Tasks extension).
 from __future__ import annotations
 
 import asyncio
+import json
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -92,6 +93,68 @@ async def test_server_sigkill_another_process_answers_and_the_task_completes(
     a2 = ServerProc(dsn, tmp_path, "a2")
     servers.append(a2)
     assert (await get_task(a2.url, task_id))["result"] == done["result"]
+
+
+async def parked(dsn: str, ids: list[str]) -> None:
+    """Until every run of ``ids`` is parked (waiting, no lease: no worker holds it)."""
+    async with Durable(dsn) as app:
+        async def all_parked() -> bool:
+            rows = await app.fetchall(
+                "SELECT count(*) FROM pgdurable.runs WHERE id = ANY(%s::uuid[]) "
+                "AND status = 'waiting' AND lease_owner IS NULL", (ids,))
+            return bool(rows[0][0] == len(ids))
+
+        await until(all_parked, f"{len(ids)} tasks parked")
+
+
+async def test_a_report_made_just_before_the_park_is_shown_by_another_server(
+        dsn: str, tmp_path: Path, procs: tuple[Fleet, list[ServerProc]]) -> None:
+    """slow_compute reports "computing <label>" and sleeps at once: the report must
+    be recorded before the run gives its lease up (a background write after it is
+    refused). Six tasks: without the flush most of them lost their message."""
+    fleet, servers = procs
+    fleet.start("w1", poll=1.0, concurrency=8)
+    a, b = ServerProc(dsn, tmp_path, "a"), ServerProc(dsn, tmp_path, "b")
+    servers += [a, b]
+    ids = [await create(a.url, "slow_compute", {"seconds": 3600, "label": f"x{i}"})
+           for i in range(6)]
+    await parked(dsn, ids)
+    for i, tid in enumerate(ids):
+        task = await get_task(b.url, tid)  # another server process, the run parked
+        assert (task["status"], task.get("statusMessage")) == ("working", f"computing x{i}")
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        stored = conn.execute("SELECT id::text, progress FROM pgdurable.runs "
+                              "WHERE id = ANY(%s::uuid[])", (ids,)).fetchall()
+    assert dict(stored) == {tid: {"mcp": {"statusMessage": f"computing x{i}"}}
+                            for i, tid in enumerate(ids)}
+    for tid in ids:
+        await cancel_task(a.url, tid)
+
+
+async def test_report_poll_interval_reaches_the_wire_and_extra_values_are_stored_only(
+        dsn: str, tmp_path: Path, procs: tuple[Fleet, list[ServerProc]]) -> None:
+    fleet, servers = procs
+    fleet.start("w1", poll=1.0)
+    a, b = ServerProc(dsn, tmp_path, "a"), ServerProc(dsn, tmp_path, "b")
+    servers += [a, b]
+    tid = await create(a.url, "reporter", {"ref": "rep"})
+    await parked(dsn, [tid])
+    task = await get_task(b.url, tid)
+    assert task["statusMessage"] == "waiting for rep"
+    assert task["pollIntervalMs"] == 750  # ctx.report(poll_interval=...)
+    # a task has no field for other progress: not on the wire, kept in runs.progress
+    assert not {"stage", "of"} & set(task)
+    assert set(task["_meta"]) == {"io.modelcontextprotocol/serverInfo"}  # the SDK's own
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        progress = conn.execute("SELECT progress FROM pgdurable.runs WHERE id = %s",
+                                (tid,)).fetchone()
+    assert progress == ({"mcp": {"statusMessage": "waiting for rep", "pollIntervalMs": 750,
+                                 "stage": 2, "of": 3}},)
+    async with Durable(dsn) as app:
+        await app.signal("gate", "rep", "go")
+    done = await until_status(b.url, tid, "completed", "failed")
+    assert done["result"]["content"][0]["text"] == "reported rep: go"
+    assert done["pollIntervalMs"] == 750
 
 
 UPDATE_SCRIPT = """
@@ -219,6 +282,109 @@ async def test_legacy_2025_11_25_form(dsn: str, tmp_path: Path,
         result = (await rpc("tasks/result", {"taskId": task["taskId"]}))["result"]
         assert result["content"][0]["text"] == "computed l after 0.2s"
         assert result["_meta"]["io.modelcontextprotocol/related-task"]["taskId"] == task["taskId"]
+        # tasks/cancel (2025-11-25): the Task, cancelled, through the run's cancel path
+        gated = (await rpc("tools/call", {"name": "gated", "task": {},
+                                          "arguments": {"ref": "legacy-cancel"}}))["result"]["task"]
+        cancelled = (await rpc("tasks/cancel", {"taskId": gated["taskId"]}))["result"]
+        assert (cancelled["taskId"], cancelled["status"]) == (gated["taskId"], "cancelled")
+        assert cancelled["statusMessage"] == "The task was cancelled."
+        assert (await rpc("tasks/get", {"taskId": gated["taskId"]}))["result"]["status"] == (
+            "cancelled")
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            ended = conn.execute("SELECT status FROM pgdurable.runs WHERE id = %s",
+                                 (gated["taskId"],)).fetchone()
+        assert ended == ("cancelled",)
+        # terminal: a second cancel answers the same Task; an unknown task is -32602
+        again = (await rpc("tasks/cancel", {"taskId": gated["taskId"]}))["result"]
+        assert again["status"] == "cancelled"
+        unknown = await rpc("tasks/cancel", {"taskId": "00000000-0000-0000-0000-000000000000"})
+        assert unknown["error"]["code"] == -32602
+
+
+async def test_legacy_status_notifications_are_pushed_from_listen_notify(
+        dsn: str, tmp_path: Path, procs: tuple[Fleet, list[ServerProc]]) -> None:
+    """A 2025-11-25 client on a stateful session hears notifications/tasks/status on
+    its standalone stream: input_required (mcp_task_ask's NOTIFY), the answer
+    (mcp_task_update's), the end (pgdurable_done), a cancel; never the same twice."""
+    fleet, servers = procs
+    fleet.start("w1", poll=1.0)
+    a = ServerProc(dsn, tmp_path, "a", env={"MCP_STATEFUL": "1"})
+    servers.append(a)
+    accept = {"Accept": "application/json, text/event-stream"}
+    pushed: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+    async with httpx.AsyncClient(timeout=WAIT_LIMIT) as http:
+        init = await http.post(a.url, headers=accept, json={
+            "jsonrpc": "2.0", "id": 1, "method": "initialize",
+            "params": {"protocolVersion": "2025-11-25", "capabilities": {},
+                       "clientInfo": {"name": "legacy", "version": "1"}}})
+        headers = {**accept, "Mcp-Session-Id": init.headers["mcp-session-id"],
+                   "MCP-Protocol-Version": "2025-11-25"}
+        await http.post(a.url, headers=headers,
+                        json={"jsonrpc": "2.0", "method": "notifications/initialized"})
+        opened = asyncio.Event()
+
+        async def listen() -> None:
+            async with http.stream("GET", a.url, headers={**headers,
+                                                          "Accept": "text/event-stream"}) as resp:
+                assert resp.status_code == 200
+                opened.set()
+                async for line in resp.aiter_lines():
+                    if line.startswith("data:"):
+                        msg = json.loads(line[5:])
+                        if msg.get("method") == "notifications/tasks/status":
+                            await pushed.put(msg["params"])
+
+        listener = asyncio.create_task(listen())
+        try:
+            await asyncio.wait_for(opened.wait(), WAIT_LIMIT)
+
+            async def call(tool: str, arguments: dict[str, Any]) -> str:
+                resp = await http.post(a.url, headers=headers, json={
+                    "jsonrpc": "2.0", "id": 2, "method": "tools/call",
+                    "params": {"name": tool, "task": {}, "arguments": arguments}})
+                return str(resp.json()["result"]["task"]["taskId"])
+
+            seen: dict[str, list[str]] = {}
+
+            async def until_pushed(task_id: str, status: str) -> dict[str, Any]:
+                while True:
+                    got = await asyncio.wait_for(pushed.get(), WAIT_LIMIT)
+                    seen.setdefault(got["taskId"], []).append(got["status"])
+                    if got["taskId"] == task_id and got["status"] == status:
+                        return got
+
+            async with Durable(dsn) as app:
+                gated = await call("gated", {"ref": "push"})
+                await app.signal("gate", "push", 1)
+                await until_pushed(gated, "completed")  # pgdurable_done
+                doomed = await call("gated", {"ref": "never"})
+                await parked(dsn, [doomed])
+                await http.post(a.url, headers=headers, json={
+                    "jsonrpc": "2.0", "id": 3, "method": "tasks/cancel",
+                    "params": {"taskId": doomed}})
+                cancelled = await until_pushed(doomed, "cancelled")
+                assert cancelled["statusMessage"] == "The task was cancelled."
+                # the status-changing SQL NOTIFYs pgdurable_mcp with the run id
+                hints = await psycopg.AsyncConnection.connect(dsn, autocommit=True)
+                await hints.execute("LISTEN pgdurable_mcp")
+                asked = await call("confirm_delete", {"filename": "n.txt"})
+                await until_pushed(asked, "input_required")  # mcp_task_ask's NOTIFY
+                await app.fetchone("SELECT pgdurable.mcp_task_update(%s, %s::jsonb)", (
+                    asked, json.dumps({"confirm": {"action": "accept",
+                                                   "content": {"confirm": True}}})))
+                done = await until_pushed(asked, "completed")
+                assert done["ttl"] == 3_600_000 and done["pollInterval"] == 200
+                got = [n.payload async for n in hints.notifies(timeout=WAIT_LIMIT, stop_after=2)]
+                assert got == [asked, asked]  # the ask, the update: one each
+                await hints.close()
+        finally:
+            listener.cancel()
+    # each change once, in order (working may be passed over: a push reads the
+    # task as it is then); nothing after a terminal status
+    assert seen[asked][0] == "input_required" and seen[asked][-1] == "completed"
+    assert set(seen[asked]) <= {"input_required", "working", "completed"}
+    assert len(seen[asked]) == len(set(seen[asked]))
+    assert seen[gated] == ["completed"] and seen[doomed] == ["cancelled"]
 
 
 async def test_ttl_keeps_the_task_then_retention_prunes_it(dsn: str) -> None:

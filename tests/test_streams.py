@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,7 @@ import psycopg
 import pytest
 from _dashboard_server import free_port
 from _stream_script import script, tokens
-from _waiting import WAIT_LIMIT, until_sync
+from _waiting import LISTENING, WAIT_LIMIT, until_sync
 
 from pgdurable import Durable
 from pgdurable.foundation.stream_tokens import TokenRefused, check_token, make_token, secrets_of
@@ -133,9 +134,13 @@ def test_tokens_sign_verify_rotate_and_scope() -> None:
         secrets_of(["short"])  # a secret under 32 bytes
 
 
+#: the HTTP server process's application_name: its connections in pg_stat_activity
+HTTP_APP_NAME = "stream-http"
+
+
 def _serve(dsn: str, fleet: Any, tmp_path: Path, static: Path | None = None) -> str:
     port = free_port()
-    env = {"PGDURABLE_STREAM_SECRETS": f"{SECRET} {OLD_SECRET}"}
+    env = {"PGDURABLE_STREAM_SECRETS": f"{SECRET} {OLD_SECRET}", "PGAPPNAME": HTTP_APP_NAME}
     argv = ["-m", "_stream_http", str(port)] + ([str(static)] if static else [])
     fleet.spawn("http", *argv, env=env)
     base = f"http://127.0.0.1:{port}"
@@ -214,16 +219,122 @@ def _frames(s: httpx.Response) -> list[tuple[str, str | None, str]]:
     return out
 
 
+def _text(frames: list[tuple[str, str | None, str]]) -> str:
+    return "".join(json.loads(d)["text"] for e, _, d in frames if e == "text")
+
+
+def _start_long(base: str, prompt: str, words: int, delay: float) -> tuple[str, dict[str, str]]:
+    """Start the run task ``long`` over HTTP; (its id, the Authorization header of its token)."""
+    r = httpx.post(base + "/runs", json={"task": "long", "state": {
+        "prompt": prompt, "words": words, "delay": delay}}, headers={"X-Test-Auth": "yes"})
+    assert r.status_code == 201, r.text
+    return r.json()["run_id"], {"Authorization": f"Bearer {r.json()['token']}"}
+
+
+def test_a_run_stream_cut_mid_answer_resumes_from_its_last_event_id(
+        dsn: str, fleet: Any, tmp_path: Path) -> None:
+    """A browser's connection drops mid-answer: reconnecting with the last frame's id as
+    ``Last-Event-ID`` gets exactly the rest, live or stored, whatever the cursor (a
+    row's end or inside a row's text, ``seq+n``); so does every id of a stored stream."""
+    fleet.ready(fleet.start("a"))
+    base = _serve(dsn, fleet, tmp_path) + "/agent"
+    rid, auth = _start_long(base, "resume", 400, 0.01)
+    url = f"{base}/runs/{rid}/stream"
+    first: list[tuple[str, str | None, str]] = []
+    with httpx.stream("GET", url, headers=auth, timeout=WAIT_LIMIT) as s:
+        for frame in _frames(s):
+            first.append(frame)
+            if sum(e == "text" for e, _, _ in first) == 12:
+                break  # the browser goes away mid-answer
+    last_id = first[-1][1]
+    assert last_id is not None and first[-1][0] == "text"
+    with httpx.stream("GET", url, headers={**auth, "Last-Event-ID": last_id},
+                      timeout=WAIT_LIMIT) as s:
+        rest = _frames(s)
+    assert rest[-1][0] == "done"
+    whole = script("resume", 400)
+    assert _text(first) + _text(rest) == whole  # no gap, no duplicate
+    # the stored stream: from every id it gives, the rest of the text, exactly
+    with httpx.stream("GET", url, headers=auth, timeout=WAIT_LIMIT) as s:
+        stored = _frames(s)
+    assert _text(stored) == whole
+    ids = [(i, d) for i, (e, d, _) in enumerate(stored) if e == "text" and d is not None]
+    assert len(ids) >= 3
+    for i, cursor in ids[:: max(1, len(ids) // 5)]:
+        with httpx.stream("GET", url, params={"after": cursor}, headers=auth,
+                          timeout=WAIT_LIMIT) as s:
+            assert _text(_frames(s)) == _text(stored[i + 1:]), cursor
+    # a mid-row cursor (a live tail's id) resumes inside the row
+    if "+" in last_id:
+        seq, n = last_id.split("+")
+        assert int(n) > 0 and seq
+
+
+def test_quiet_streams_get_heartbeats_and_share_one_listen_connection(
+        dsn: str, fleet: Any, tmp_path: Path) -> None:
+    """Twelve browsers follow twelve quiet threads: each stream gets heartbeat comment
+    lines (the server's heartbeat is 1 s here), and the server process holds one LISTEN
+    connection for all of them (its notifier), never a connection per browser."""
+    fleet.ready(fleet.start("a"))
+    base = _serve(dsn, fleet, tmp_path) + "/agent"
+    app = Durable(dsn)
+    app.stream_secrets = [SECRET]
+    streams = 12
+    beats = [0] * streams
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def follow(i: int) -> None:
+        key = f"chat:quiet-{i}"
+        token = app.stream_token(thread=key, scope="read")
+        try:
+            with httpx.stream("GET", f"{base}/threads/{key.replace(':', '%3A')}/stream",
+                              headers={"Authorization": f"Bearer {token}"},
+                              timeout=WAIT_LIMIT) as s:
+                for line in s.iter_lines():
+                    if line.startswith("data:"):
+                        raise AssertionError(f"a quiet stream sent data: {line}")
+                    if line == ": heartbeat":
+                        beats[i] += 1
+                    if stop.is_set():
+                        return
+        except BaseException as exc:  # reported by the test
+            errors.append(exc)
+
+    readers = [threading.Thread(target=follow, args=(i,), daemon=True) for i in range(streams)]
+    for t in readers:
+        t.start()
+    try:
+        until_sync(lambda: bool(errors) or min(beats) >= 2, "two heartbeats on every stream")
+        assert not errors, errors
+        with psycopg.connect(dsn) as c:
+            listening = c.execute(LISTENING + " AND application_name = %s",
+                                  (HTTP_APP_NAME,)).fetchone()
+            total = c.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = "
+                              "current_database() AND application_name = %s",
+                              (HTTP_APP_NAME,)).fetchone()
+        assert listening == (1,)
+        assert total is not None and total[0] < streams, total  # not one per browser
+    finally:
+        stop.set()
+        for t in readers:
+            t.join(timeout=WAIT_LIMIT)
+
+
 def _history(dsn: str, thread: str) -> list[list[str]]:
     state = q1(dsn, "SELECT state FROM pgdurable.runs WHERE thread_key = %s "
                     "ORDER BY thread_no DESC LIMIT 1", (thread,))
     return [h["answered"] for h in (state or {}).get("history", [])]
 
 
-def _race(dsn: str, fleet: Any, tmp_path: Path, thread: str, strategy: str) -> list[str]:
-    """m0 is being answered; two processes send m1 and m2 with ``strategy`` at once.
+def _race(dsn: str, fleet: Any, tmp_path: Path, thread: str, strategy: str,
+          thread_strategy: str | None = None) -> list[str]:
+    """m0 is being answered; two processes send m1 and m2 with ``strategy`` at once
+    (``default``: none given, the thread's ``thread_strategy`` or its route's).
     Returns the senders' outputs (by message)."""
     with psycopg.connect(dsn, autocommit=True) as c:
+        if thread_strategy is not None:
+            c.execute("SELECT pgdurable.set_double_text(%s, %s)", (thread, thread_strategy))
         c.execute("SELECT * FROM pgdurable.send_message_v2(%s, 'm0', '{\"text\": \"m0\", "
                   "\"words\": 150}', NULL, 'chat', '1', 'default', 0, 3, NULL, NULL, NULL, NULL)",
                   (thread,))
@@ -278,7 +389,8 @@ def test_double_texting_two_racing_senders(dsn: str, fleet: Any, tmp_path: Path,
         assert flat == order  # each answered once, in the database's order
         assert history[0] == ["m0"] and _markers(dsn, thread, "interrupted") == 0
     elif strategy == "interrupt":
-        assert flat == order and history[0] != ["m0"]  # m0's answer was interrupted
+        # m0's answer was interrupted, and its step ran again with m0 and what came
+        assert flat == order and history[0][0] == "m0" and len(history[0]) >= 2, history
         assert _markers(dsn, thread, "interrupted") >= 1
     else:
         last = order[-1]
@@ -288,6 +400,36 @@ def test_double_texting_two_racing_senders(dsn: str, fleet: Any, tmp_path: Path,
                                          (thread,))}
         assert discarded == set(order) - {last}
         assert _markers(dsn, thread, "rollback") >= 1
+
+
+@pytest.mark.parametrize("where", ["thread", "route"])
+def test_a_threads_or_routes_strategy_applies_and_a_message_overrides_it(
+        dsn: str, fleet: Any, tmp_path: Path, where: str) -> None:
+    """Senders that name no strategy get the thread's (``set_double_text``) or else
+    its route's (``thread_task(..., double_text=)``): reject, both busy. A message that
+    names one overrides them: enqueue, delivered and answered after."""
+    fleet.ready(fleet.start("a", env={"STREAM_DELAY": "0.01"}))
+    thread = "chat:by-thread" if where == "thread" else "strict:by-route"
+    out = _race(dsn, fleet, tmp_path, thread, "default",
+                "reject" if where == "thread" else None)
+    assert out == ["busy", "busy"]
+    until_sync(lambda: _idle(dsn, thread), "the thread idle again")
+    assert _history(dsn, thread) == [["m0"]]
+    with psycopg.connect(dsn, autocommit=True) as c:
+        c.execute("SELECT * FROM pgdurable.send_message_v2(%s, 'm3', '{\"text\": \"m3\", "
+                  "\"words\": 1000}', NULL, 'chat', '1', 'default', 0, 3, NULL, NULL, NULL, NULL)",
+                  (thread,))
+    go = tmp_path / f"go-override-{where}"
+    sender = fleet.spawn("send-m4", "-m", "_stream_send", dsn, thread, "m4", "enqueue", str(go))
+    until_sync(lambda: "ready" in sender.log(), "the sender")
+    until_sync(lambda: not _idle(dsn, thread), "m3 taken or being answered")
+    go.touch()
+    assert sender.wait() == 0, sender.log()
+    assert sender.log().splitlines()[-1].startswith("sent deliver"), sender.log()
+    assert not _idle(dsn, thread)  # m4 came while m3 was still being answered
+    until_sync(lambda: _idle(dsn, thread) and len(_history(dsn, thread)) == 3, "m4 answered")
+    assert _history(dsn, thread) == [["m0"], ["m3"], ["m4"]]
+    _one_run(dsn, thread)
 
 
 def _rows(dsn: str, sql: str, params: tuple[Any, ...]) -> list[tuple[Any, ...]]:

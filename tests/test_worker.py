@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import signal
 import subprocess
@@ -24,9 +25,11 @@ from pgdurable import (
     DurableStep,
     RunContext,
     Sleep,
+    ValueTooLarge,
     Wait,
     define_durable_task,
 )
+from pgdurable.foundation import jsonb
 from pgdurable.foundation import run_queries as q
 from pgdurable.foundation.affinity import ABSENT, PRESENT, STARTED
 from pgdurable.foundation.queries.fork import REGISTER_WORKER, UNREGISTER_WORKER
@@ -954,3 +957,130 @@ async def test_a_cancel_sent_before_the_listener_is_up_is_acted_on(dsn: str) -> 
             assert info.status == "cancelled" and info.attempts == 0
         finally:
             await app.close()
+
+
+async def test_worker_logs_its_start_and_each_run_that_fails_for_good(
+    app: Durable, caplog: pytest.LogCaptureFixture
+) -> None:
+    """INFO through ``logging`` (logger pgdurable.worker): one line when the worker
+    starts, one per run that fails for good; a failure that will be retried logs none."""
+
+    @app.task("boom", revision="7", max_attempts=2)
+    async def boom(ctx: RunContext, state: Any) -> Any:
+        raise KeyError("no such thing")
+
+    @app.task("fine", revision="2")
+    async def fine(ctx: RunContext, state: Any) -> Any:
+        return Done()
+
+    caplog.set_level(logging.INFO, logger="pgdurable")
+    worker = app.worker(queues=["default", "other"], concurrency=3, poll_interval=0.2,
+                        worker_id="w-logs")
+    rid = await app.start("boom", {})
+    async with running(worker):
+        async def said_started() -> bool:
+            return any("started:" in r.getMessage() for r in caplog.records)
+
+        await until(said_started, "the start line")
+        started = [r.getMessage() for r in caplog.records if "started:" in r.getMessage()]
+        assert started == ["worker w-logs started: queues default,other, concurrency 3, "
+                           "tasks boom@7, fine@2, pooler none, LISTEN"]
+        assert [r.levelno for r in caplog.records if "started:" in r.getMessage()] == [logging.INFO]
+        info = await finished(app, rid)
+    assert info.status == "failed" and info.attempts == 2
+    failed = [r for r in caplog.records if "failed:" in r.getMessage()]
+    # the first attempt was retried (no line); the second ended the run
+    assert [r.getMessage() for r in failed] == [f"run {rid} of task boom failed: KeyError (attempt 2)"]
+    assert failed[0].name == "pgdurable.worker" and failed[0].levelno == logging.INFO
+
+
+def test_worker_process_logs_at_info_on_stderr_unless_quieted(dsn: str, tmp_path: Any) -> None:
+    """``python -m pgdurable.worker`` shows the INFO lines by default (stderr, with
+    time, level and logger); ``--log-level WARNING`` and ``PGDURABLE_LOG=WARNING``
+    quiet them."""
+    mod = tmp_path / "logapp.py"
+    mod.write_text(
+        "import pgdurable\n"
+        f"app = pgdurable.Durable({dsn!r})\n"
+        "@app.task('bad', revision='3', max_attempts=1)\n"
+        "async def bad(ctx, state):\n"
+        "    raise RuntimeError('broken')\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "PGDURABLE_LOG"}
+    env["PYTHONPATH"] = f"{tmp_path}{os.pathsep}{os.getcwd()}"
+
+    def one_worker(name: str, *args: str, **extra_env: str) -> str:
+        err = tmp_path / f"{name}.err"
+        with psycopg.connect(dsn, autocommit=True) as c, open(err, "wb") as out:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "pgdurable.worker", "logapp:app", "--poll", "0.2",
+                 "--worker-id", name, *args], env={**env, **extra_env}, cwd=tmp_path,
+                stdout=subprocess.DEVNULL, stderr=out)
+            try:
+                row = c.execute("SELECT run_id FROM pgdurable.start_run('bad','3','{}','default',"
+                                "0,1,NULL,NULL,NULL,NULL)").fetchone()
+                assert row is not None
+                for _ in range(int(WAIT_LIMIT / 0.05)):
+                    st = c.execute("SELECT status FROM pgdurable.runs WHERE id = %s",
+                                   (row[0],)).fetchone()
+                    if st and st[0] == "failed":
+                        break
+                    c.execute("SELECT pg_sleep(0.05)")
+                assert st == ("failed",)
+            finally:
+                proc.send_signal(signal.SIGTERM)
+                assert proc.wait(timeout=WAIT_LIMIT) == 0, err.read_text()
+        text = err.read_text()
+        if "started:" in text:
+            assert "failed: RuntimeError (attempt 1)" in text and str(row[0]) in text, text
+        return text
+
+    loud = one_worker("loud")
+    start = [line for line in loud.splitlines() if "started:" in line]
+    assert len(start) == 1, loud
+    assert " INFO pgdurable.worker: worker loud started: queues default, concurrency 16, " \
+           "tasks bad@3, pooler none, LISTEN" in start[0]
+    assert "failed: RuntimeError" in loud
+    for quiet in (one_worker("q1", "--log-level", "warning"),
+                  one_worker("q2", PGDURABLE_LOG="WARNING")):
+        assert "started:" not in quiet and "failed:" not in quiet, quiet
+
+
+@pytest.mark.parametrize("where", ["state", "result"])
+async def test_a_step_state_or_result_over_the_size_limit_fails_the_run_as_value_too_large(
+    app: Durable, conn: psycopg.Connection[Any], monkeypatch: pytest.MonkeyPatch, where: str
+) -> None:
+    """A checkpoint over the limit (64 MiB; 4 KiB here) ends the run ``failed`` at once
+    (not retried: the same step makes the same value) with the public
+    ``ValueTooLarge`` recorded as itself, naming the size and the limit; the last
+    checkpoint stays the one before."""
+    monkeypatch.setattr(jsonb, "DEFAULT_MAX_BYTES", 4096)
+
+    @app.task("big", revision="1", max_attempts=3)
+    async def big(ctx: RunContext, state: dict[str, Any]) -> Any:
+        if ctx.step == 0:
+            return Continue({"small": True})
+        blob = "x" * 5000
+        return Continue({"blob": blob}) if where == "state" else Done({"blob": blob})
+
+    rid = await app.start("big", {})
+    async with running(app.worker(poll_interval=0.2)):
+        info = await finished(app, rid)
+    assert info.status == "failed" and info.attempts == 1, info
+    assert info.error is not None and info.error["type"] == "ValueTooLarge", info.error
+    assert info.error["message"] == f"{where} is 5011 bytes of JSON; the limit is 4096 bytes"
+    assert info.state == {"small": True} and info.step == 1
+
+
+async def test_a_start_over_64_mib_raises_value_too_large_and_writes_nothing(
+    app: Durable, conn: psycopg.Connection[Any]
+) -> None:
+    """The real limit, with a real 64 MiB + 1 byte state: ``ValueTooLarge`` (a
+    ``ValueError``) before any SQL, and no run."""
+    state = {"blob": "x" * (64 * 1024 * 1024)}  # 64 MiB of x plus the 11 bytes of JSON around it
+    with pytest.raises(ValueTooLarge, match=r"^state is 67108875 bytes of JSON; the limit is "
+                       r"67108864 bytes \(64 MiB\)$"):
+        await app.start("anything", state, revision="1")
+    with pytest.raises(ValueError, match="the limit is"):  # the builtin it also is
+        await app.start("anything", state, revision="1")
+    assert conn.execute("SELECT count(*) FROM pgdurable.runs").fetchone() == (0,)

@@ -1,115 +1,141 @@
-"""Worker.stop() returns whatever the database does (a claim waiting on a lock)."""
+"""A stopped worker process ends within its grace period plus a constant, even when
+step code ignores the stop, and its runs go on elsewhere (real processes).
+
+``python -m pgdurable.worker --grace 2`` gets SIGTERM while a step of tests/_stop_app.py
+misbehaves: a sync step sleeping in its thread (no cancellation reaches it), an
+async step that swallows every ``CancelledError``, an async step that blocks the
+event loop once cancelled. Without a bound the first process lives until the
+sleep ends and the second for ever (``asyncio.run`` and the interpreter's exit
+wait for them). Each test asserts that the process exits (the wait is generous:
+it only keeps a broken test from hanging) and that another worker then runs the
+run. A step that lets itself be cancelled still stops cleanly (exit 0).
+"""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import logging
-from collections.abc import AsyncIterator
+import signal
+import subprocess
+import time
+from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
-from _waiting import WAIT_LIMIT, finished, running, until
+from _waiting import until_sync
+from fix_fleet import Fleet, WorkerProc
 
-from pgdurable import Done, Durable, RunContext
+from pgdurable import DurableClient
+from pgdurable.ops.worker_process import SETTLE_LIMIT, WATCHDOG_AFTER_GRACE
+
+GRACE = 2.0
+TTL = 60.0  # longer than any of these tests waits: a run goes on because it was given back
+#: How long the test waits for the process to exit: the bound, plus slack for a loaded
+#: machine. A process without the bound lives 120 s (or for ever) and fails the wait.
+EXIT_WAIT = GRACE + WATCHDOG_AFTER_GRACE + 30.0
+
+pytestmark = [pytest.mark.crash, pytest.mark.fleet("_stop_app:app", ttl=TTL, grace=GRACE,
+                                                   poll=0.5, concurrency=2)]
 
 
 @pytest.fixture
-async def app(dsn: str) -> AsyncIterator[Durable]:
-    a = Durable(dsn)
-
-    @a.task("one", revision="1")
-    async def one(ctx: RunContext, state: Any) -> Any:
-        return Done({"ok": True})
-
-    yield a
-    await a.close()
+def marks(fleet: Fleet, tmp_path: Path) -> Path:
+    """The folder where a step on worker ``a`` says it runs (``STOP_DIR``)."""
+    d = tmp_path / "marks"
+    d.mkdir()
+    fleet._env["STOP_DIR"] = str(d)
+    return d
 
 
-async def _claim_waits_for_a_lock(dsn: str) -> bool:
-    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as c:
-        cur = await c.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-            "AND wait_event_type = 'Lock' AND query LIKE '%claim_runs%'")
-        row = await cur.fetchone()
-        return row is not None and row[0] > 0
+def start(fleet: Fleet, task: str) -> str:
+    with DurableClient(fleet.dsn) as client:
+        return client.start(task, {}, revision="1")
 
 
-async def test_stop_returns_while_a_claim_waits_on_a_lock(
-        app: Durable, dsn: str, caplog: pytest.LogCaptureFixture) -> None:
-    # a queue with a concurrency limit: its claim locks the queue's row first
-    await app.set_queue("default", concurrency=2)
-    rid = await app.start("one", {})
-    with psycopg.connect(dsn) as holder:  # a transaction holding that row
-        holder.execute("SELECT 1 FROM pgdurable.queues WHERE name = 'default' FOR UPDATE")
-        worker = app.worker(poll_interval=0.2)
-        worker.settle_limit = 0.5
-        task = asyncio.create_task(worker.run())
-        await until(lambda: _claim_waits_for_a_lock(dsn), "the claim to wait for the row lock")
-        with caplog.at_level(logging.WARNING, logger="pgdurable"):
-            await asyncio.wait_for(worker.stop(grace=0.1), WAIT_LIMIT)
-            await asyncio.wait_for(task, WAIT_LIMIT)  # run() ended, without an error
-        assert any("claim statement has not returned" in r.getMessage() for r in caplog.records)
-        # the claim was cancelled on the server: it no longer waits, it leased nothing
-        assert not await _claim_waits_for_a_lock(dsn)
-        holder.rollback()
-    info = await app.get_run(rid)
-    assert info.status == "runnable" and info.lease_owner is None
-    async with running(app.worker(poll_interval=0.2)):  # and the next worker runs it
-        assert (await finished(app, rid)).result == {"ok": True}
+def run_row(conn: psycopg.Connection[Any], rid: str) -> tuple[Any, ...]:
+    row = conn.execute("SELECT status, lease_owner, lease_token, result FROM pgdurable.runs "
+                       "WHERE id = %s", (rid,)).fetchone()
+    assert row is not None
+    return tuple(row)
 
 
-async def test_cancelling_run_still_raises_cancelled(app: Durable) -> None:
-    worker = app.worker(poll_interval=0.2)
-    task = asyncio.create_task(worker.run())
-    await until(lambda: _true_after_claims(worker), "the worker to claim once")
-    task.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await asyncio.wait_for(task, WAIT_LIMIT)
+def stop_and_wait(w: WorkerProc) -> int:
+    """SIGTERM ``w`` and wait for it to exit (failing the test if it does not)."""
+    w.send(signal.SIGTERM)
+    try:
+        return w.wait(timeout=EXIT_WAIT)
+    except subprocess.TimeoutExpired:
+        raise AssertionError(f"worker {w.name} still runs {EXIT_WAIT:.0f} s after SIGTERM "
+                             f"(grace {GRACE:g} s):\n{w.log()}") from None
 
 
-async def _true_after_claims(worker: Any) -> bool:
-    return bool(worker.claim_count)
+def taken_by_b(fleet: Fleet, conn: psycopg.Connection[Any], rid: str) -> None:
+    fleet.start("b")
+    until_sync(lambda: run_row(conn, rid)[0] == "completed", f"run {rid} to complete on b")
+    assert run_row(conn, rid)[3] == {"by": "b"}
 
 
-async def test_stop_returns_when_the_heartbeat_loses_its_cancel(app: Durable) -> None:
-    """On Python 3.11 a cancel can be lost inside psycopg_pool's checkout (its
-    ``asyncio.wait_for``, CPython gh-86296). A renewal that swallows the cancel
-    stands in for it here: run() cancels its helpers again until they end, so
-    stop() returns instead of waiting on a heartbeat that renews forever."""
-    started, release = asyncio.Event(), asyncio.Event()
+@pytest.mark.parametrize("task", ["sync_sleeper", "swallower"])
+def test_a_step_that_ignores_the_stop_does_not_hold_the_process(
+    fleet: Fleet, marks: Path, conn: psycopg.Connection[Any], task: str
+) -> None:
+    a = fleet.start("a")
+    fleet.ready(a)
+    rid = start(fleet, task)
+    until_sync(lambda: (marks / rid).exists(), "the step to run on a")
+    assert run_row(conn, rid)[:3] == ("leased", "a", 1)
+    t0 = time.monotonic()
+    code = stop_and_wait(a)
+    took = time.monotonic() - t0
+    log = a.log()
+    # ended by the process itself, saying what still ran; not a clean exit
+    assert code == 1, log
+    said = [line for line in log.splitlines() if "step code still runs after the stop" in line]
+    assert len(said) == 1, log
+    if task == "sync_sleeper":
+        # the engine gave the run back when it cancelled the step; its thread sleeps on
+        assert "pgdurable-step" in said[0] and "_stop_app.py" in said[0], log
+    else:
+        # the step swallowed its cancellation: the run is still held when run()
+        # returns, and given back before the process ends
+        assert f"gave back 1 run(s) whose step did not stop: {rid}" in log, log
+        assert f"runs {rid}; 1 task(s) that ignore cancellation" in said[0], log
+    assert "still running" not in log  # ended right away, not by the watchdog
+    print(f"{task}: exited {took:.1f} s after SIGTERM (grace {GRACE:g} s, settle "
+          f"{SETTLE_LIMIT:g} s, watchdog at +{WATCHDOG_AFTER_GRACE:g} s)")
+    # given back at its last checkpoint, not left leased until the TTL
+    assert run_row(conn, rid)[:2] == ("runnable", None)
+    taken_by_b(fleet, conn, rid)
 
-    @app.task("held", revision="1")
-    async def held(ctx: RunContext, state: Any) -> Any:
-        started.set()
-        await release.wait()
-        return Done(None)
 
-    worker = app.worker(poll_interval=0.2, lease_ttl=300)  # renewals 100 s apart
-    in_renew = asyncio.Event()
-    swallowed: list[bool] = []
-    real_renew = worker.heartbeat.renew
+def test_the_watchdog_ends_a_process_whose_loop_is_blocked(
+    fleet: Fleet, marks: Path, conn: psycopg.Connection[Any]
+) -> None:
+    """Once cancelled, the step blocks the event loop: nothing of the worker runs,
+    not even its own clean-up. The watchdog armed at SIGTERM ends the process
+    ``grace`` + WATCHDOG_AFTER_GRACE seconds later; the lease, which nobody renews
+    any more, lapses, and the run goes on elsewhere."""
+    a = fleet.start("a", ttl=5.0)
+    fleet.ready(a)
+    rid = start(fleet, "blocker")
+    until_sync(lambda: (marks / rid).exists(), "the step to run on a")
+    code = stop_and_wait(a)
+    log = a.log()
+    assert code == 1, log
+    assert f"still running {GRACE + WATCHDOG_AFTER_GRACE:.0f} s after the stop was asked" in log
+    assert f"runs held {rid}" in log, log
+    taken_by_b(fleet, conn, rid)
 
-    async def renew_losing_the_cancel(live: Any, ttl: Any) -> Any:
-        in_renew.set()
-        try:
-            await asyncio.sleep(3600)
-        except asyncio.CancelledError:  # lost in the library: the renewal goes on
-            swallowed.append(True)
-        return await real_renew(live, ttl)
 
-    worker.heartbeat.renew = renew_losing_the_cancel  # type: ignore[method-assign]
-    rid = await app.start("held", {})
-    task = asyncio.create_task(worker.run())
-    await asyncio.wait_for(started.wait(), WAIT_LIMIT)  # the run is held: a renewal has work
-    async with asyncio.timeout(WAIT_LIMIT):
-        while not in_renew.is_set():  # ask until the heartbeat has entered the renewal
-            worker.state.renew_now.set()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(in_renew.wait(), 0.5)
-    release.set()
-    await finished(app, rid)
-    await asyncio.wait_for(worker.stop(grace=1), WAIT_LIMIT)
-    await asyncio.wait_for(task, WAIT_LIMIT)
-    assert swallowed == [True]  # the first cancel was lost; a second one ended it
+def test_a_step_that_lets_itself_be_cancelled_stops_cleanly(
+    fleet: Fleet, marks: Path, conn: psycopg.Connection[Any]
+) -> None:
+    a = fleet.start("a")
+    fleet.ready(a)
+    rid = start(fleet, "polite")
+    until_sync(lambda: (marks / rid).exists(), "the step to run on a")
+    code = stop_and_wait(a)
+    log = a.log()
+    assert code == 0, log
+    assert "still runs" not in log and "still running" not in log, log
+    assert run_row(conn, rid)[:2] == ("runnable", None)
+    taken_by_b(fleet, conn, rid)

@@ -684,5 +684,6 @@ class Durable:
         services: list[Service] = [Ticker(self, queues), ServedRevisions(self, self.tasks)]
         return Worker(self, self._registry, open=self.open, listen_conninfo=self.listen_conninfo,
                       open_timeout=self.open_timeout, step_app=self, services=services,
+                      pooler=self.pooler,
                       queues=queues, concurrency=concurrency, lease_ttl=lease_ttl, **options)
 

@@ -30,7 +30,9 @@ from ..foundation.errors import (
     DeadlineExceeded,
     EffectFailed,
     LeaseLost,
+    ValueTooLarge,
     is_terminal,
+    mark_terminal,
 )
 from ..foundation.jsonb import dumps
 from ..foundation.queries import affinity as aq
@@ -257,8 +259,7 @@ class Executor:
             result_json = dumps(done.result, "result")
         except (TypeError, ValueError) as exc:
             # like a non-JSON state: a bug of the step, not retried
-            await self.parking.fail(a, run.task, run.attempts, _StepTypeError(str(exc)), spend,
-                                    True)
+            await self.parking.fail(a, run.task, run.attempts, _unstorable(exc), spend, True)
             return False
         self.state.finishing_now(a)  # this lease's last write: the slot is free
         status = await self.writer.write(a.run_id, a.token, run.step, state_json, spend,
@@ -381,9 +382,18 @@ class Executor:
         try:
             state_json = dumps(new_state, "state")
         except (TypeError, ValueError) as exc:
-            return _StepTypeError(str(exc))
+            return _unstorable(exc)
         return result, new_state, state_json
 
 
 class _StepTypeError(TypeError):
     """A step returned something that cannot be checkpointed (not retried)."""
+
+
+def _unstorable(exc: TypeError | ValueError) -> BaseException:
+    """The error to record (not retried) for a state or result that ``dumps``
+    refused: :class:`ValueTooLarge` as itself (its message names the size and
+    the limit), anything else as :class:`_StepTypeError`."""
+    if isinstance(exc, ValueTooLarge):
+        return mark_terminal(exc)
+    return _StepTypeError(str(exc))

@@ -28,7 +28,7 @@ from ..foundation.retry import retry_while
 from ..runs.children import park_children
 from ..runs.steps import Wait
 from .settings import as_timedelta
-from .state import Held, WorkerState, fenced
+from .state import Held, WorkerState, fenced, log
 
 if TYPE_CHECKING:
     from ..foundation.registry import Task
@@ -117,6 +117,9 @@ class Parking:
         )
         if status is not None:
             metrics.run_finished(task.name, status)
+        if status == "failed":  # for good: no retry follows
+            log.info("run %s of task %s failed: %s (attempt %d)", a.run_id, task.name,
+                     type(exc).__name__, attempts + 1)
         if status == "runnable":
             # our own backoff (no NOTIFY for a future retry): wake for it ourselves
             self.state.note_due(delay)

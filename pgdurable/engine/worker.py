@@ -70,6 +70,13 @@ at their last checkpoint. Every wait of a stop is bounded: a claim statement
 that has not returned ``settle_limit`` seconds after the request (a lock it
 waits for, a socket gone quiet) is cancelled, and a run that does not settle
 is left to its lease's TTL, so that :meth:`Worker.stop` always returns.
+A process that ends after :meth:`run` (``pgdurable worker``) gives those leases
+back with :meth:`Worker.abandon` first; it is told of the stop request by
+:attr:`Worker.on_stop` (its shutdown watchdog, :mod:`pgdurable.ops.worker_process`).
+
+Logs (logger ``pgdurable.worker``, INFO): one line when the worker starts (its
+id, queues, concurrency, tasks and revisions, pooler mode, LISTEN or polling)
+and one per run that fails for good (run, task, error type; engine/park.py).
 """
 
 from __future__ import annotations
@@ -83,7 +90,8 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 
 from ..foundation.hints import WakeLimiter
-from ..foundation.queries.core import Database
+from ..foundation.queries import engine as eq
+from ..foundation.queries.core import Database, first
 from ..foundation.registry import TaskRegistry
 from ..foundation.retry import for_seconds, retry_while
 from ..runs.steps import STEP_EXECUTOR
@@ -124,7 +132,13 @@ class Worker:
     (:mod:`~pgdurable.engine.services`). Its parts are fields: :attr:`claimer`,
     :attr:`executor`, :attr:`heartbeat`, :attr:`listener`, :attr:`parking`,
     :attr:`writer`, :attr:`presence`, sharing :attr:`state` and :attr:`settings`.
+    ``pooler`` (the app's pooler mode) is only said in the start log line.
     """
+
+    #: Called once, on the worker's event loop, when a stop is first asked (SIGTERM,
+    #: SIGINT or :meth:`stop`), with the grace period in seconds (``pgdurable
+    #: worker`` arms its shutdown watchdog with it). It must return at once.
+    on_stop: Callable[[float], None] | None = None
 
     def __init__(
         self,
@@ -136,6 +150,7 @@ class Worker:
         open_timeout: float = 30.0,
         step_app: object = None,
         services: Sequence[Service] = (),
+        pooler: str | None = None,
         queues: Sequence[str] = ("default",),
         concurrency: int = 16,
         lease_ttl: timedelta | float = timedelta(seconds=60),
@@ -153,6 +168,7 @@ class Worker:
         self.db, self.registry = db, registry
         self._open, self._listen_conninfo, self.open_timeout = open, listen_conninfo, open_timeout
         self.services = list(services)
+        self.pooler = pooler
         state = self.state = WorkerState()
         # heartbeat and step batches both lock many run rows: never at once
         # (one worker's two multi-row UPDATEs could otherwise deadlock)
@@ -293,6 +309,11 @@ class Worker:
             log.warning("worker %s: no LISTEN: the app's DSN goes through a transaction-mode "
                         "pooler and no listen_dsn is set; finding work by polling every %.1f s",
                         s.worker_id, s.poll_interval)
+        log.info("worker %s started: queues %s, concurrency %d, tasks %s, pooler %s, %s",
+                 s.worker_id, ",".join(s.queues), s.concurrency,
+                 ", ".join(f"{t.name}@{t.revision}" for t in self.claimer.tasks),
+                 self.pooler or "none",
+                 "LISTEN" if listen_to is not None else f"polling every {s.poll_interval:g} s")
         claims = asyncio.create_task(self.claimer.run(), name="pgdurable-claims")
         self._claims = claims
         try:
@@ -353,15 +374,42 @@ class Worker:
         s, state = self.settings, self.state
         if grace is not None:
             s.grace = grace.total_seconds() if isinstance(grace, timedelta) else float(grace)
-        if not state.stopping:
+        first_request = not state.stopping
+        if first_request:
             log.info("worker %s stopping: no more claims, %d run(s) get %.1f s to finish",
                      s.worker_id, len(state.active), s.grace)
         state.stopping = True
+        if first_request and self.on_stop is not None:
+            self.on_stop(s.grace)
         state.wake.set()
         claims = self._claims
         if claims is not None and not claims.done() and self._claims_deadline is None:
             self._claims_deadline = asyncio.get_running_loop().call_later(
                 s.settle_limit, self._abandon_claims)
+
+    async def abandon(self) -> list[str]:
+        """Give back the leases of the runs still held after :meth:`run` returned.
+
+        They are the runs whose step did not settle after the grace period (a
+        step that swallows its cancellation): :meth:`run` leaves their leases to
+        lapse, because their step code still runs in this process. A process about
+        to end (``pgdurable worker`` after SIGTERM) calls this first, so that another
+        worker takes them now from their last checkpoint instead of after the
+        lease's TTL. Each release is fenced (one that lost its lease changes
+        nothing); returns the ids of the runs given back. Called while :meth:`run`
+        still runs (a watchdog ending the process), the step code of those runs
+        must not go on either."""
+        released: list[str] = []
+        owner = self.settings.worker_id
+        for a in list(self.state.active.values()):
+            try:
+                await first(self.db, eq.RELEASE, a.ident(owner))
+            except Exception as exc:  # lost meanwhile, or no database: its lease lapses
+                log.warning("worker %s: run %s not given back (%s); its lease lapses",
+                            owner, a.run_id, exc)
+            else:
+                released.append(str(a.run_id))
+        return released
 
     def _abandon_claims(self) -> None:
         """``settle_limit`` seconds after a stop request the claim loop has not

@@ -7,6 +7,12 @@ lists and int keys into strings.
 pgdurable refuses all of that with a ``TypeError``/``ValueError`` that names the
 path of the offending value (``state['messages'][3]['text']``), so bad input
 changes nothing.
+
+Size: a value whose JSON text is over :data:`DEFAULT_MAX_BYTES` (64 MiB) raises
+:class:`~pgdurable.ValueTooLarge` (a ``ValueError``) naming the value, its size
+and the limit: a run's state, result or error, a start's state, a signal's
+payload. jsonb itself would take up to 255 MiB; a checkpoint that large is
+rewritten at every step and read back at every claim.
 """
 
 from __future__ import annotations
@@ -14,6 +20,8 @@ from __future__ import annotations
 import json
 import math
 from typing import Any
+
+from .errors import ValueTooLarge
 
 __all__ = [
     "DEFAULT_MAX_BYTES", "dumps", "exc_message", "jsonb_str", "loads", "reject_lone_surrogates",
@@ -23,7 +31,9 @@ __all__ = [
 # one encoder for every dumps(): json.dumps() with options builds a new one per call
 _ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 
-DEFAULT_MAX_BYTES = 64 * 1024 * 1024  # jsonb's own limit is 255 MiB; be saner.
+#: The largest JSON text :func:`dumps` lets through by default, in bytes (64 MiB;
+#: jsonb's own limit is 255 MiB). Read at each call.
+DEFAULT_MAX_BYTES = 64 * 1024 * 1024
 MAX_DEPTH = 512  # nesting; Python's json cannot (de)serialise ~1,000 levels anyway
 
 
@@ -160,16 +170,37 @@ def _validate(value: Any, what: str) -> None:
         )
 
 
-def dumps(value: Any, what: str = "value", *, max_bytes: int | None = DEFAULT_MAX_BYTES) -> str:
-    """Validate ``value`` and serialise it compactly; enforce ``max_bytes`` if given."""
+class _Default:
+    """The default of :func:`dumps`'s ``max_bytes``: :data:`DEFAULT_MAX_BYTES` as it is
+    at the call."""
+
+
+_DEFAULT = _Default()
+
+
+def dumps(value: Any, what: str = "value", *,
+          max_bytes: int | _Default | None = _DEFAULT) -> str:
+    """Validate ``value`` and serialise it compactly.
+
+    JSON text over ``max_bytes`` (default :data:`DEFAULT_MAX_BYTES`; None: no
+    limit) raises :class:`~pgdurable.ValueTooLarge` naming ``what``, the size
+    and the limit."""
     validate(value, what)
     try:
         text = _ENCODER.encode(value)
     except RecursionError:
         raise ValueError(f"{what} is nested too deeply to serialise as JSON") from None
-    if max_bytes is not None and len(text) > max_bytes and len(text.encode()) > max_bytes:
-        raise ValueError(f"{what} is {len(text.encode())} bytes of JSON; the limit is {max_bytes}")
+    limit = DEFAULT_MAX_BYTES if isinstance(max_bytes, _Default) else max_bytes
+    if limit is not None and len(text) > limit and (size := len(text.encode())) > limit:
+        raise ValueTooLarge(f"{what} is {size} bytes of JSON; the limit is {limit} bytes"
+                            + _mib(limit))
     return text
+
+
+def _mib(n: int) -> str:
+    """`` (64 MiB)`` for a whole number of MiB, else nothing."""
+    mib, rest = divmod(n, 1024 * 1024)
+    return f" ({mib} MiB)" if mib and not rest else ""
 
 
 def loads(text: str | bytes | None) -> Any:

@@ -747,15 +747,34 @@ class Workflow:
             result = await self.fn(ctx, input_)
         except _Park as park:
             return park.result
-        except StepFailed as exc:
-            if (exc.checkpoint is not None and exc.checkpoint == ctx._rows
-                    and ctx._pos == len(ctx._entries)):
-                # the last entry's recorded error fails the run: the run's
-                # error names that checkpoint, so a retry runs the step again
-                mark_recorded(exc, exc.checkpoint)
+        except Exception as exc:
+            failed = _step_failure(exc)
+            if (failed is not None and failed.checkpoint is not None
+                    and failed.checkpoint == ctx._rows and ctx._pos == len(ctx._entries)):
+                # the last entry's recorded error fails the run (itself, or
+                # wrapped by a handler that raised another error from it): the
+                # run's error names that checkpoint, so a retry runs the step again
+                mark_recorded(exc, failed.checkpoint)
             raise
         ctx._check_ended()
         return Done(result, state=_RETURN if ctx._rows else {"input": input_, **_RETURN})
+
+
+def _step_failure(exc: BaseException) -> StepFailed | None:
+    """The :class:`StepFailed` that ``exc`` is or was raised from (``raise X from
+    err``, or ``raise X`` inside ``except StepFailed``), nearest first; None if none.
+
+    A handler that wraps a step's failure in its own error did not handle it: the
+    run failed because the step did, so a retry runs that step again (docs/fork.md).
+    """
+    seen: set[int] = set()
+    cur: BaseException | None = exc
+    while cur is not None and id(cur) not in seen:
+        if isinstance(cur, StepFailed):
+            return cur
+        seen.add(id(cur))
+        cur = cur.__cause__ if cur.__cause__ is not None else cur.__context__
+    return None
 
 
 def workflow_spec(wf: Workflow, *, max_attempts: int, retry_base: float, retry_cap: float,

@@ -577,6 +577,7 @@ def worker(
     no_listen: Annotated[bool, typer.Option("--no-listen", help="Poll only, no LISTEN connection (PgBouncer in transaction mode).")] = False,
     maintain: Annotated[bool, typer.Option("--maintain", help="Also create history partitions ahead of time, hourly; one leader (a lease) across the fleet.")] = False,
     metrics_port: Annotated[int | None, typer.Option("--metrics-port", help="Serve Prometheus /metrics on this port (pgdurable[metrics]).")] = None,
+    log_level: Annotated[str | None, typer.Option("--log-level", help="Level of pgdurable's log lines on stderr (DEBUG, INFO, WARNING, ERROR; default $PGDURABLE_LOG, else INFO).", show_default=False)] = None,
 ) -> None:
     """Run a worker for MODULE:APP until SIGTERM/SIGINT (same as python -m pgdurable.worker)."""
     _as_schema_owner(app_spec)
@@ -588,7 +589,8 @@ def worker(
         worker_main([app_spec, "--concurrency", str(concurrency), "--queues", queues,
                      "--lease-ttl", str(lease_ttl), "--poll", str(poll), "--grace", str(grace)]
                     + (["--no-listen"] if no_listen else [])
-                    + ([] if metrics_port is None else ["--metrics-port", str(metrics_port)]))
+                    + ([] if metrics_port is None else ["--metrics-port", str(metrics_port)])
+                    + ([] if log_level is None else ["--log-level", log_level]))
 
 
 @app.command()
@@ -662,6 +664,11 @@ def _as_schema_owner(app_spec: str) -> None:
         sys.path.insert(0, os.getcwd())
     with _one_line_exit():
         target = need_dsn(_load_app(app_spec).conninfo)
+    try:  # nothing answers: said as the worker says it (`the worker cannot start: ...`)
+        with connect(target):
+            pass
+    except PgDurableError as exc:
+        fail(f"the worker cannot start: {exc}")
     role = schema_owner_switch(target)
     if role is None:
         return

@@ -25,7 +25,10 @@ Items are :class:`Item`: ``kind`` ``"text"`` (``text``: a delta) or
 ``{"type": "end"}`` included); the reader of a run ends after its final
 event. A thread reader with ``until=message_id`` ends when that message was
 answered: consumed (or discarded) and the thread's owner idle (parked on its
-inbox, or finished), with every event read.
+inbox, or finished), with every event read; with ``end_on_rollback``, when a
+rollback discarded that message, right after the rollback marker (what follows
+answers the message that rolled it back: a UI that shows each answer in its own
+message reads it from that message's reader, not twice).
 """
 
 from __future__ import annotations
@@ -80,9 +83,10 @@ SELECT r.id, r.thread_no,
        OR (r.status = 'waiting' AND r.wait_kind = 'inbox')
   FROM pgdurable.runs r WHERE r.thread_key = %s::text ORDER BY r.thread_no DESC LIMIT 1
 """
-# -- whether a thread message was answered (consumed or discarded), and where its answer starts
+# -- whether a thread message was answered (consumed or discarded), where its answer
+# -- starts, and whether it was discarded (a rollback)
 MESSAGE = """
-SELECT m.consumed_at IS NOT NULL, m.stream_no, m.stream_seq
+SELECT m.consumed_at IS NOT NULL, m.stream_no, m.stream_seq, m.discarded_at IS NOT NULL
   FROM pgdurable.thread_messages m WHERE m.thread_key = %s::text AND m.message_id = %s
 """
 
@@ -243,6 +247,10 @@ class _Reader:
         return not self.tail.chunks or any(f in done for f in db)
 
 
+def _rollback(event: Any) -> bool:
+    return isinstance(event, dict) and event.get("type") == "rollback"
+
+
 async def follow_run(app: App, run_id: Any, after: str | None = None, *,
                      poll: float = 1.0) -> AsyncIterator[Item]:
     """Items of ``run_id`` after the cursor ``after``, live, until its final event."""
@@ -284,7 +292,8 @@ async def follow_run(app: App, run_id: Any, after: str | None = None, *,
 
 
 async def follow_thread(app: App, thread_key: str, after: str | None = None, *,
-                        until: str | None = None, poll: float = 1.0) -> AsyncIterator[Item]:
+                        until: str | None = None, poll: float = 1.0,
+                        end_on_rollback: bool = False) -> AsyncIterator[Item]:
     """Items of every run of ``thread_key`` after ``after``, live (see the module
     docstring); with ``until`` (a message id) from where that message's answer
     starts (when ``after`` is None) until it is answered."""
@@ -324,6 +333,10 @@ async def follow_thread(app: App, thread_key: str, after: str | None = None, *,
                 got = r.row(str(rid_), int(no_), int(seq_), event)
                 if got is not None:
                     yield got
+                if until is not None and end_on_rollback and _rollback(event):
+                    m = await app.fetchone(MESSAGE, (stored, until))
+                    if m is None or m[3]:
+                        return  # its answer was rolled back: what follows answers another
             if rows:
                 continue
             if until is not None and head is not None and head[2]:

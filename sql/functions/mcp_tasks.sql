@@ -78,7 +78,9 @@ COMMENT ON FUNCTION pgdurable.mcp_task_get(uuid) IS
 -- request}), all of wait `round`. A key already asked is left as it is (a step
 -- replayed after a crash asks again). Returns how many of the round's requests
 -- are outstanding: 0 means every one was already answered (the run need not
--- park). Not an MCP task: PD002; requests not a non-empty object of objects: PD000.
+-- park); otherwise NOTIFY pgdurable_mcp (payload: the run id, once per call) for
+-- the processes that push task statuses. Not an MCP task: PD002; requests not a
+-- non-empty object of objects: PD000.
 ------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION pgdurable.mcp_task_ask(p_run_id uuid, p_round integer, p_requests jsonb)
 RETURNS integer
@@ -103,6 +105,9 @@ BEGIN
   ON CONFLICT (run_id, key) DO NOTHING;
   SELECT count(*) INTO v_open FROM pgdurable.mcp_task_inputs i
    WHERE i.run_id = p_run_id AND i.round = p_round AND i.response IS NULL;
+  IF v_open > 0 THEN  -- the task is input_required: a hint to status pushers
+    PERFORM pg_notify('pgdurable_mcp', p_run_id::text);
+  END IF;
   RETURN v_open;
 END
 $$;
@@ -115,8 +120,9 @@ COMMENT ON FUNCTION pgdurable.mcp_task_ask(uuid, integer, jsonb) IS
 -- outstanding; keys never asked or already answered are ignored. A round whose
 -- requests are now all answered wakes the run: signal ('mcp.input',
 -- '<run>:<round>') with every response of the round as its payload (signal id
--- 'mcp.input:<run>:<round>', so it is sent once). Returns how many responses
--- were taken. responses not an object: PD000.
+-- 'mcp.input:<run>:<round>', so it is sent once). Any response taken: NOTIFY
+-- pgdurable_mcp (payload: the run id, once per call). Returns how many
+-- responses were taken. responses not an object: PD000.
 ------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION pgdurable.mcp_task_update(p_run_id uuid, p_responses jsonb)
 RETURNS integer
@@ -145,6 +151,8 @@ BEGIN
   IF v_taken = 0 THEN
     RETURN 0;
   END IF;
+  -- its inputRequests changed (and its status, once a round is answered): a hint
+  PERFORM pg_notify('pgdurable_mcp', p_run_id::text);
   -- every round this update completed (in practice the one the run waits on)
   FOR v_round, v_payload IN
     SELECT i.round, jsonb_object_agg(i.key, i.response)

@@ -4,8 +4,9 @@
  *
  * - `PgDurableClient`: `start`, `send`, `run`, `result`, and `streamRun` /
  *   `streamThread`: Server-Sent Events read over `fetch`, resumed after any
- *   network loss with `Last-Event-ID` (the cursor of the last delivered event:
- *   exact to the character) and a jittered exponential backoff.
+ *   network loss, 5xx, 408/429 or transient `error` event with `Last-Event-ID`
+ *   (the cursor of the last delivered event: exact to the character) and a
+ *   jittered exponential backoff.
  * - `PgDurableChatTransport`: a `ChatTransport` for the Vercel AI SDK's
  *   `useChat` (package `ai`, v5+): each user message is sent to the chat's
  *   thread, and its answer streamed back as UI message chunks.
@@ -111,6 +112,17 @@ export async function* parseSSE(
   }
 }
 
+/** Options of a stream (`streamRun`, `streamThread`). */
+export interface StreamOptions {
+  /** Resume after this cursor (an item's `cursor`). */
+  after?: string;
+  signal?: AbortSignal;
+  /** The message a thread stream follows (`message: "latest"` resolved). */
+  onMessage?: (messageId: string) => void;
+  /** `message: "latest"` is answered already: nothing streamed; its id. */
+  onAnswered?: (messageId: string) => void;
+}
+
 export class PgDurableClient {
   readonly api: string;
   private readonly opts: ClientOptions;
@@ -172,65 +184,96 @@ export class PgDurableClient {
   }
 
   /** A run's stream, resumed after network losses, until its end. */
-  streamRun(runId: string, opts: { after?: string; signal?: AbortSignal } = {}): AsyncGenerator<StreamItem> {
+  streamRun(runId: string, opts: StreamOptions = {}): AsyncGenerator<StreamItem> {
     return this.stream(`/runs/${encodeURIComponent(runId)}/stream`, {}, opts);
   }
 
   /**
    * A thread's stream: with `message`, from where that message's answer starts
    * until it is answered (`"latest"`: the thread's last message; nothing when
-   * it is answered already).
+   * it is answered already: `onAnswered` is told its id). `onMessage` is told
+   * the id of the message whose answer this is (the server's
+   * `X-PgDurable-Message`: `"latest"` resolved), before the first item; a
+   * reconnect follows that message, not a newer one. `endOnRollback`: when a
+   * rollback discards that message, end right after the rollback marker (what
+   * follows answers the message that rolled it back; the transport sets it, so
+   * that answer is shown once, in its own message).
    */
-  streamThread(thread: string, opts: { message?: string; after?: string; signal?: AbortSignal } = {}): AsyncGenerator<StreamItem> {
+  streamThread(thread: string, opts: { message?: string; endOnRollback?: boolean } & StreamOptions = {}): AsyncGenerator<StreamItem> {
     const params: Record<string, string> = {};
     if (opts.message) params.message = opts.message;
+    if (opts.message && opts.endOnRollback) params.rollback = "end";
     return this.stream(`/threads/${encodeURIComponent(thread)}/stream`, params, opts);
   }
 
-  private async *stream(path: string, params: Record<string, string>, opts: { after?: string; signal?: AbortSignal }): AsyncGenerator<StreamItem> {
+  private async *stream(
+    path: string,
+    params: Record<string, string>,
+    opts: StreamOptions,
+  ): AsyncGenerator<StreamItem> {
     let cursor = opts.after;
     const [first, longest] = this.opts.backoff ?? [250, 5000];
     let wait = first;
     let failures = 0;
+    let lastError: unknown;
     for (;;) {
       const q = new URLSearchParams(params);
       const headers = await this.headers(cursor ? { "Last-Event-ID": cursor } : {});
-      let ended = false;
       try {
         const init: RequestInit = { headers };
         if (opts.signal) init.signal = opts.signal;
         const r = await this.fetch(`${this.api}${path}${q.size ? "?" + q : ""}`, init);
-        if (r.status === 204) return;
+        if (r.status === 204) {  // nothing to follow (a thread's last message answered)
+          const answered = r.headers.get("X-PgDurable-Message");
+          if (answered !== null) opts.onAnswered?.(answered);
+          return;
+        }
         if (!r.ok || !r.body) {
           const text = await r.text();
           let msg = r.statusText;
           try { msg = JSON.parse(text).error ?? msg; } catch { /* not JSON */ }
-          if (r.status < 500) throw new PgDurableHttpError(r.status, msg);
-          throw new Error(`${r.status} ${msg}`);
+          // 4xx: the request is wrong or refused (terminal), but for a timeout or a rate limit
+          if (r.status < 500 && r.status !== 408 && r.status !== 429) throw new PgDurableHttpError(r.status, msg);
+          throw new TransientError(`${r.status} ${msg}`);
+        }
+        const answering = r.headers.get("X-PgDurable-Message");
+        if (answering !== null && params.message !== answering) {
+          params.message = answering;  // "latest" resolved: a reconnect follows this message
+          opts.onMessage?.(answering);
         }
         for await (const f of parseSSE(r.body)) {
-          failures = 0;
-          wait = first;
-          if (f.event === "done") { ended = true; yield { kind: "done" }; return; }
-          if (f.event === "error") throw new PgDurableHttpError(500, JSON.parse(f.data).error);
+          if (f.event !== "error") { failures = 0; wait = first; }
+          if (f.event === "done") { yield { kind: "done" }; return; }
+          if (f.event === "error") {
+            const e = JSON.parse(f.data) as { error?: string; terminal?: boolean };
+            // terminal: the run or message does not exist, the cursor is bad; anything
+            // else (the database unreachable, a statement that failed) is retried from the cursor
+            if (e.terminal) throw new PgDurableHttpError(500, e.error ?? "stream error");
+            throw new TransientError(e.error ?? "stream error");
+          }
           if (f.id) cursor = f.id;
           const d = JSON.parse(f.data);
           if (f.event === "text") yield { kind: "text", cursor: f.id ?? "", runId: d.run_id, text: d.text };
           else if (f.event === "event") yield { kind: "event", cursor: f.id ?? "", runId: d.run_id, seq: d.seq, event: d.event };
         }
+        lastError = new TransientError("the stream ended without its end");
       } catch (err) {
         if (err instanceof PgDurableHttpError || opts.signal?.aborted) throw err;
+        lastError = err;  // a lost connection or a transient error: resume from the cursor
       }
-      if (ended) return;
       failures += 1;
       if (this.opts.maxRetries !== undefined && failures > this.opts.maxRetries) {
-        throw new Error(`stream ${path}: gave up after ${failures - 1} reconnects`);
+        const why = lastError instanceof Error ? lastError.message : String(lastError);
+        throw new Error(`stream ${path}: gave up after ${failures - 1} reconnects (${why})`);
       }
-      await sleep(wait * (0.5 + Math.random()), opts.signal);  // a lost connection: resume
+      await sleep(wait * (0.5 + Math.random()), opts.signal);
       wait = Math.min(wait * 2, longest);
     }
   }
 }
+
+/** A failure worth a reconnect (a 5xx, a 408/429, a transient `error` frame). */
+class TransientError extends Error {}
 
 export interface ChatTransportOptions extends ClientOptions {
   /** The thread of the chat (default: the chat id useChat passes). */
@@ -239,6 +282,18 @@ export interface ChatTransportOptions extends ClientOptions {
   doubleText?: DoubleText;
   /** The message payload sent for a UI message (default: `{ text, id }`). */
   toMessage?: (message: UIMessage) => unknown;
+  /**
+   * `reconnectToStream` when the thread's last answer is already finished: replay
+   * it (default, `true`), so that a page that kept a part of it (reloaded just as it
+   * ended, or reopened later) gets all of it, in the same assistant message; or
+   * answer `null` (`false`), as useChat's default transport does.
+   */
+  resumeFinished?: boolean;
+}
+
+/** The id of the assistant message answering the user message `messageId`. */
+export function answerId(messageId: string): string {
+  return `answer-${messageId}`;
 }
 
 function textOf(message: UIMessage): string {
@@ -273,22 +328,43 @@ export class PgDurableChatTransport<UI_MESSAGE extends UIMessage = UIMessage> im
     if (this.opts.doubleText) sendOpts.doubleText = this.opts.doubleText;
     if (options.abortSignal) sendOpts.signal = options.abortSignal;
     await this.client.send(thread, payload, sendOpts);
-    return this.chunks(this.client.streamThread(thread, { message: last.id, ...(options.abortSignal ? { signal: options.abortSignal } : {}) }));
+    const items = this.client.streamThread(thread, { message: last.id, endOnRollback: true, ...(options.abortSignal ? { signal: options.abortSignal } : {}) });
+    return this.chunks(items, answerId(last.id));
   }
 
   async reconnectToStream(options: Parameters<ChatTransport<UI_MESSAGE>["reconnectToStream"]>[0]): Promise<ReadableStream<UIMessageChunk> | null> {
-    const items = this.client.streamThread(this.thread(options.chatId), { message: "latest", ...(options.abortSignal ? { signal: options.abortSignal } : {}) });
-    const first = await items.next();
-    if (first.done) return null;  // 204: nothing to resume
-    async function* again(): AsyncGenerator<StreamItem> {
-      yield first.value as StreamItem;
-      yield* items;
+    const thread = this.thread(options.chatId);
+    const signal = options.abortSignal ? { signal: options.abortSignal } : {};
+    let following: string | undefined;
+    let answered: string | undefined;
+    let items = this.client.streamThread(thread, {
+      message: "latest", endOnRollback: true, ...signal,
+      onMessage: (id) => { following = id; },
+      onAnswered: (id) => { answered = id; },
+    });
+    let first = await items.next();
+    if (first.done && answered !== undefined && (this.opts.resumeFinished ?? true)) {
+      following = answered;  // finished: replayed whole, from its start to its end
+      items = this.client.streamThread(thread, { message: answered, endOnRollback: true, ...signal });
+      first = await items.next();
     }
-    return this.chunks(again());
+    if (first.done) return null;  // nothing to resume
+    const rest = items;
+    const head = first.value;
+    async function* again(): AsyncGenerator<StreamItem> {
+      yield head;
+      yield* rest;
+    }
+    return this.chunks(again(), following === undefined ? undefined : answerId(following));
   }
 
-  /** Stream items as UI message chunks (exported for other UIs). */
-  chunks(items: AsyncGenerator<StreamItem>): ReadableStream<UIMessageChunk> {
+  /**
+   * Stream items as UI message chunks (exported for other UIs). `messageId`: the
+   * assistant message's id in the `start` chunk, the same for a send and for every
+   * replay of its answer, so that a replay after a reload replaces the message a
+   * page kept (useChat's stored messages) instead of adding a second one.
+   */
+  chunks(items: AsyncGenerator<StreamItem>, messageId?: string): ReadableStream<UIMessageChunk> {
     let part = 0;
     let open: string | null = null;
     const closeText = (out: UIMessageChunk[]) => {
@@ -297,7 +373,7 @@ export class PgDurableChatTransport<UI_MESSAGE extends UIMessage = UIMessage> im
     };
     return new ReadableStream<UIMessageChunk>({
       async start(controller) {
-        controller.enqueue({ type: "start" });
+        controller.enqueue(messageId === undefined ? { type: "start" } : { type: "start", messageId });
         controller.enqueue({ type: "start-step" });
         try {
           for await (const item of items) {

@@ -1,5 +1,7 @@
 // @pgdurable/client without a server: SSE parsing, resume with Last-Event-ID after a
-// dropped connection, and the ChatTransport's UI message chunks (a rollback is a reset-step).
+// dropped connection or a transient error frame (a terminal one and a 4xx end it), the
+// ChatTransport's UI message chunks (a rollback is a reset-step), its stable answer id and
+// the replay of a finished last answer. Against the real endpoints: live.test.mjs.
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import { PgDurableClient, PgDurableChatTransport, parseSSE } from "../dist/index.js";
@@ -54,4 +56,50 @@ test("the ChatTransport sends the user message and streams UI chunks", async () 
   assert.ok(calls[1][1].includes("message=u1"));
   assert.deepEqual(chunks, ["start", "start-step", "text-start", "delta:wrong", "reset-step",
     "text-start", "delta:right", "text-end", "finish-step", "finish"]);
+});
+
+test("a transient error frame is retried from the cursor; a terminal one and a 4xx end the stream", async () => {
+  const seen = [];
+  const fetch = async (url, init) => {
+    seen.push(init.headers["Last-Event-ID"] ?? null);
+    if (seen.length === 1) return new Response(body("id: 7\nevent: text\ndata: {\"run_id\":\"r\",\"text\":\"ab\"}\n\nevent: error\ndata: {\"error\":\"connection lost\",\"terminal\":false}\n\n"));
+    if (seen.length === 2) return new Response("{\"error\":\"slow down\"}", { status: 429 });
+    return new Response(body("id: 8\nevent: text\ndata: {\"run_id\":\"r\",\"text\":\"cd\"}\n\nevent: done\ndata: {}\n\n"));
+  };
+  const client = new PgDurableClient({ api: "http://x/agent", fetch, backoff: [1, 2] });
+  let text = "";
+  for await (const item of client.streamRun("r")) if (item.kind === "text") text += item.text;
+  assert.equal(text, "abcd");
+  assert.deepEqual(seen, [null, "7", "7"]);
+
+  const terminal = new PgDurableClient({ api: "http://x/agent", backoff: [1, 2],
+    fetch: async () => new Response(body("event: error\ndata: {\"error\":\"no run r\",\"terminal\":true}\n\n")) });
+  await assert.rejects(async () => { for await (const _ of terminal.streamRun("r")) { /* none */ } }, /no run r/);
+  const refused = new PgDurableClient({ api: "http://x/agent", backoff: [1, 2],
+    fetch: async () => new Response("{\"error\":\"not allowed\"}", { status: 403 }) });
+  await assert.rejects(async () => { for await (const _ of refused.streamRun("r")) { /* none */ } },
+    (e) => e.name === "PgDurableHttpError" && e.status === 403);
+  // retries are bounded by maxRetries, error frames included
+  let calls = 0;
+  const failing = new PgDurableClient({ api: "http://x/agent", backoff: [1, 2], maxRetries: 2,
+    fetch: async () => { calls += 1; return new Response(body("event: error\ndata: {\"error\":\"down\"}\n\n")); } });
+  await assert.rejects(async () => { for await (const _ of failing.streamRun("r")) { /* none */ } }, /gave up after 2 reconnects \(down\)/);
+  assert.equal(calls, 3);
+});
+
+test("reconnectToStream: the answer's stable id; a finished last answer replayed whole, or null", async () => {
+  const urls = [];
+  const fetch = async (url) => {
+    urls.push(url);
+    if (url.includes("message=latest")) return new Response(null, { status: 204, headers: { "X-PgDurable-Message": "u1" } });
+    return new Response(body("id: 1:3\nevent: text\ndata: {\"run_id\":\"r\",\"text\":\"whole\"}\n\nevent: done\ndata: {}\n\n"));
+  };
+  const t = new PgDurableChatTransport({ api: "/agent", threadId: "chat:1", fetch });
+  const chunks = [];
+  for await (const c of await t.reconnectToStream({ chatId: "c" })) chunks.push(c);
+  assert.deepEqual(chunks[0], { type: "start", messageId: "answer-u1" });
+  assert.equal(chunks.filter((c) => c.type === "text-delta").map((c) => c.delta).join(""), "whole");
+  assert.ok(urls[1].endsWith("/threads/chat%3A1/stream?message=u1&rollback=end"), urls[1]);
+  const off = new PgDurableChatTransport({ api: "/agent", threadId: "chat:1", fetch, resumeFinished: false });
+  assert.equal(await off.reconnectToStream({ chatId: "c" }), null);
 });

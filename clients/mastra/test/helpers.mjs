@@ -31,7 +31,7 @@ function withDatabase(dsn, name) {
 let counter = 0;
 
 /**
- * Create a fresh database, migrate it with `python -m pgdurable.cli migrate` (unless
+ * Create a fresh database, migrate it with `python -m pgdurable migrate` (unless
  * `migrate: false`),
  * return `{ dsn, drop }`. Names include the pid (parallel runs are fine).
  */
@@ -58,7 +58,7 @@ export async function freshDatabase(label = 'db', { migrate = true } = {}) {
     // Migrating is idempotent; on a shared server another suite may terminate our
     // connection (pg_terminate_backend), so a migration that lost it runs again.
     for (let attempt = 1; ; attempt++) {
-      const r = spawnSync(python(), ['-m', 'pgdurable.cli', 'migrate', '--dsn', dsn], {
+      const r = spawnSync(python(), ['-m', 'pgdurable', 'migrate', '--dsn', dsn], {
         cwd: REPO_DIR, encoding: 'utf8',
       });
       if (r.status === 0) break;

@@ -34,6 +34,7 @@ emitted again when a later step replays them.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -43,9 +44,11 @@ from google.adk.events.event import Event
 from google.adk.plugins.base_plugin import BasePlugin
 from google.adk.runners import Runner
 from google.adk.sessions import InMemorySessionService
+from google.adk.tools.base_toolset import BaseToolset
 from google.genai import types
 
 from ...runs.steps import Done, RunContext, Wait
+from .._attempts import check_reconcile
 from .plugin import PgDurablePlugin
 
 if TYPE_CHECKING:
@@ -121,21 +124,51 @@ def _final_text(events: list[Event]) -> str | None:
     return None
 
 
+def _tool_names(agent: BaseAgent) -> set[str] | None:
+    """The names of the tools of ``agent`` and of its sub-agents; None when one of them
+    has a toolset (its tools are known only at run time: names are not checked)."""
+    names: set[str] = set()
+    for t in getattr(agent, "tools", None) or []:
+        if isinstance(t, BaseToolset):
+            return None
+        names.add(str(getattr(t, "name", None) or getattr(t, "__name__", "")))
+    for sub in agent.sub_agents:
+        more = _tool_names(sub)
+        if more is None:
+            return None
+        names |= more
+    return names - {""}
+
+
 def register_agent(app: Durable, agent: BaseAgent, *, name: str = "agent",
                    app_name: str | None = None, plugins: list[BasePlugin] | None = None,
-                   revision: str = "1", max_attempts: int = 3) -> str:
+                   revision: str = "1", max_attempts: int = 3,
+                   reconcile: Mapping[str, Callable[..., Any]] | None = None) -> str:
     """Register durable runs of the ADK ``agent`` as the pgdurable task ``name``.
 
     ``plugins``: your own ADK plugins, run before pgdurable's (a plugin that answers
     a callback itself short-circuits the ones after it, so the recording one comes
-    last). ``app_name`` defaults to ``name``.
+    last). ``app_name`` defaults to ``name``. ``reconcile``: tool name ->
+    ``fn(**args)``, the tool's replay policy ``reconcile`` (a call found started
+    and unfinished after a crash asks ``fn`` for the tool's real result, or
+    :data:`~pgdurable.NOT_PERFORMED`, instead of running it again); a name that
+    is not a tool of the agent tree: ValueError. ``max_attempts``: attempts of the
+    run's step (a model error fails one; the next calls the model again).
     """
     if not isinstance(agent, BaseAgent):
         raise TypeError("register_agent needs a google.adk agent")
     app_name = app_name or name
+    reconcilers = check_reconcile(reconcile, _tool_names(agent))
 
     async def step(ctx: RunContext, state: dict[str, Any]) -> Done | Wait:
-        recorder = PgDurablePlugin(ctx)
+        recorder = PgDurablePlugin(ctx, reconcilers)
+        try:
+            return await _invoke(ctx, state, recorder)
+        finally:
+            await recorder.close()
+
+    async def _invoke(ctx: RunContext, state: dict[str, Any],
+                      recorder: PgDurablePlugin) -> Done | Wait:
         sessions = InMemorySessionService()
         runner = Runner(app=App(name=app_name, root_agent=agent,
                                 plugins=[*(plugins or []), recorder]),

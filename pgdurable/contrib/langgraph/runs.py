@@ -28,6 +28,18 @@ waiting}`` as its own state. Each claim of the run holds the thread's lease
 When the graph ends, the run completes with the final state values as its
 result (JSON; values JSON cannot hold are given as ``str``). The run's
 ``input`` and the resume payloads are JSON.
+
+**The stream** (``register_graph(..., stream=True)``, the default): the graph
+runs with ``astream(..., stream_mode="messages")``, LangGraph's public stream of
+the messages its nodes' chat models produce (token by token when the model
+streams, else whole); the text of every AI message goes to ``ctx.emit_text``
+(buffered: a few ``{"type": "text"}`` rows of the run's output stream, not one
+per token). A step continuing after a crash first calls ``ctx.text_so_far()``:
+the super-steps LangGraph does not run again do not stream again, so what the
+continuation streams is appended after the stored text. A node killed mid-answer
+answers again from its start: its text is then stored twice, the cut-off part
+and then the whole (LangGraph restarts the node; the text of a node cannot be
+resumed mid-way).
 """
 
 from __future__ import annotations
@@ -35,6 +47,7 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
+from langchain_core.messages import AIMessage
 from langchain_core.runnables import RunnableConfig
 from langgraph.types import Command
 
@@ -55,12 +68,26 @@ def _jsonable(value: Any) -> Any:
     return json.loads(json.dumps(value, default=str))
 
 
+def _text(message: Any) -> str:
+    """The text of an AI message (or chunk) LangGraph streamed; "" for other messages."""
+    if not isinstance(message, AIMessage):  # AIMessageChunk is one
+        return ""
+    content = message.content
+    if isinstance(content, str):
+        return content
+    return "".join(b.get("text", "") if isinstance(b, dict) and b.get("type") == "text"
+                   else b if isinstance(b, str) else "" for b in content)
+
+
 def register_graph(app: Durable, graph: Any, *, name: str = "langgraph", revision: str = "1",
-                   max_attempts: int = 3, ttl_ms: int = DEFAULT_TTL_MS) -> str:
+                   max_attempts: int = 3, ttl_ms: int = DEFAULT_TTL_MS,
+                   stream: bool = True) -> str:
     """Register ``graph`` as the pgdurable task ``name`` (on workers and clients alike).
 
     ``ttl_ms`` is the thread lease's TTL: how long a crashed worker keeps the
-    thread before another may continue it. Returns ``name``.
+    thread before another may continue it. ``stream``: the text of the AI
+    messages the graph streams goes to the run's output stream
+    (``ctx.emit_text``; see the module docstring). Returns ``name``.
     """
     saver = getattr(graph, "checkpointer", None)
     if not isinstance(saver, AsyncPgDurableSaver):
@@ -89,7 +116,15 @@ def register_graph(app: Durable, graph: Any, *, name: str = "langgraph", revisio
                 return Done(result=_jsonable(snap.values))
             else:
                 command = state.get("input")
-            await graph.ainvoke(command, config)
+            if not stream:
+                await graph.ainvoke(command, config)
+            else:
+                if command is None:  # a continuation: what it streams comes after the stored text
+                    await ctx.text_so_far()
+                async for message, _ in graph.astream(command, config, stream_mode="messages"):
+                    text = _text(message)
+                    if text:
+                        await ctx.emit_text(text)
             snap = await graph.aget_state(config)
             if snap.interrupts:
                 return _park(thread_id, state, snap)

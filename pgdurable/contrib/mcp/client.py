@@ -10,7 +10,10 @@ connection is held while the remote task runs. A :class:`TaskPoller` (any
 number of processes, beside the workers: ``asyncio.gather(worker.run(),
 TaskPoller(app).run())``) polls ``tasks/get`` for every awaited task at the
 server's ``pollIntervalMs`` and wakes the run when the task ends or needs
-input (``pgdurable.mcp_remote_seen``). The poller is a self-contained service:
+input (``pgdurable.mcp_remote_seen``). A ``tasks/get`` answered ``-32602``
+(the server does not know the task, or no longer: past its TTL) is permanent:
+it is recorded as a failed task and the run raises :class:`RemoteTaskFailed`;
+any other failure (the server down) is retried when the poll's lease lapses. The poller is a self-contained service:
 the engine's ``Service`` protocol is not there yet to plug it into.
 
 ``input_required`` becomes a wait: the run parks on ``("mcp.answer",
@@ -34,7 +37,8 @@ from typing import Any, Literal
 
 from mcp import Client
 from mcp.client import ClaimContext, ClientExtension, ResultClaim
-from mcp_types import CallToolResult, Request, RequestParams, Result
+from mcp.shared.exceptions import MCPError
+from mcp_types import INVALID_PARAMS, CallToolResult, Request, RequestParams, Result
 from psycopg.types.json import Jsonb
 from pydantic import ConfigDict, Field
 
@@ -174,6 +178,13 @@ async def _tools_call(server: str, name: str, arguments: dict[str, Any],
     return {"result": data}
 
 
+def unknown_task(task_id: str, message: str) -> dict[str, Any]:
+    """The failed task recorded for a ``tasks/get`` the server answered ``-32602``."""
+    return {"taskId": task_id, "status": "failed",
+            "statusMessage": f"the server does not know the task: {message}",
+            "error": {"code": INVALID_PARAMS, "message": message}}
+
+
 async def get_task(server: str, task_id: str, connector: Connect = connect) -> dict[str, Any]:
     """``tasks/get`` on ``server``: the task as a dict."""
     return await _request(server, connector, _GetTask(params=_TaskParams(taskId=task_id)))
@@ -289,7 +300,8 @@ class TaskPoller:
     processes: rows are taken ``FOR UPDATE SKIP LOCKED`` and leased for
     ``lease``); :meth:`run_once` polls what is due now. Between rounds it sleeps
     until the next task is due (at most ``idle``). A failed ``tasks/get`` (the
-    server down) is retried when the lease lapses.
+    server down) is retried when the lease lapses; ``-32602`` (an unknown or
+    expired task) fails the remote task for good.
     """
 
     def __init__(self, app: Durable, *, batch: int = 50, lease: timedelta = timedelta(seconds=30),
@@ -314,8 +326,16 @@ class TaskPoller:
     async def _poll(self, due: mq.DueRemoteTask) -> None:
         try:
             task = await get_task(due.server, due.task_id, self.connector)
-        except Exception as err:  # any failure: polled again when the lease lapses
-            log.warning("tasks/get %s on %s failed: %s", due.task_id, due.server, err)
+        except MCPError as err:
+            if err.error.code != INVALID_PARAMS:
+                log.warning("tasks/get %s on %s failed: %s", due.task_id, due.server, err)
+                return  # polled again when the lease lapses
+            # -32602: the server does not know the task (never, or no longer: past its
+            # TTL). Permanent: the awaiting run wakes and raises RemoteTaskFailed.
+            task = unknown_task(due.task_id, err.error.message)
+        except Exception as err:  # the server down, a network error: polled again when
+            log.warning("tasks/get %s on %s failed: %s",  # the lease lapses
+                        due.task_id, due.server, err)
             return
         self.polls += 1
         await one(self.app, mq.SEEN, (due.run_id, due.key, due.round, Jsonb(task)))

@@ -26,11 +26,17 @@ Which form answers what:
   ``tasks/result`` waits for the run and returns the tool's result; the
   ``initialize`` result advertises ``capabilities.tasks``. ``input_required``
   has no ``tasks/update`` there: its requests are answered with
-  ``tasks/update`` only on 2026-07-28 (or by :meth:`DurableTasks.answer`).
+  ``tasks/update`` only on 2026-07-28 (or by :meth:`DurableTasks.answer`). A
+  session with a standalone stream (stateful Streamable HTTP, stdio) that
+  created a task gets ``notifications/tasks/status`` when its status changes
+  (:mod:`pgdurable.contrib.mcp._push`: LISTEN/NOTIFY through the process's one
+  notifier). 2026-07-28 pushes (``notifications/tasks`` on
+  ``subscriptions/listen`` with ``taskIds``) cannot be served on the SDK 2.3.0:
+  its listen handler drops filter keys it does not know (docs/mcp.md).
 
 The body of a durable tool gets a :class:`TaskContext`: the workflow's steps and
 waits, :meth:`~TaskContext.report` (``statusMessage``, ``pollIntervalMs``,
-shown by ``tasks/get``), :meth:`~TaskContext.input` and
+shown by ``tasks/get``; recorded before the body parks), :meth:`~TaskContext.input` and
 :meth:`~TaskContext.elicit` (status ``input_required``: the run parks on a wait
 whose requests ``tasks/get`` shows, and ``tasks/update`` wakes it). Raise
 :class:`ToolError` for a tool error (the task completes with ``isError``); any
@@ -47,7 +53,7 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Literal
 
@@ -69,6 +75,8 @@ from ...app.durable import Durable
 from ...foundation.errors import RunCancelled, RunFailed
 from ...models.workflows import StepPolicy, WorkflowContext
 from . import _sql
+from ._push import Pusher
+from ._report import Reports
 from ._wire import (
     EXTENSION_ID,
     TaskRow,
@@ -108,6 +116,10 @@ class TaskContext:
 
     workflow: WorkflowContext
     tasks: DurableTasks
+    _reports: Reports = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self._reports = Reports(self.workflow.run)
 
     @property
     def task_id(self) -> str:
@@ -128,15 +140,18 @@ class TaskContext:
 
     async def sleep(self, duration: timedelta | float) -> None:
         """Park for ``duration``; no worker is held meanwhile."""
+        await self._reports.flush()
         await self.workflow.sleep(duration)
 
     async def sleep_until(self, until: datetime) -> None:
         """Park until ``until`` (database clock)."""
+        await self._reports.flush()
         await self.workflow.sleep_until(until)
 
     async def wait_signal(self, kind: str, ref: str, *,
                           timeout: timedelta | float | None = None) -> Any:  # noqa: ASYNC109
         """Park until the signal ``(kind, ref)``; its payload."""
+        await self._reports.flush()
         return await self.workflow.wait_signal(kind, ref, timeout=timeout)
 
     async def start_child(self, task: str, state: Any = None, *, key: str | None = None,
@@ -146,6 +161,7 @@ class TaskContext:
 
     async def gather(self, ids: list[str], **options: Any) -> list[dict[str, Any]]:
         """Park until children end; their outcomes."""
+        await self._reports.flush()
         return await self.workflow.gather(ids, **options)
 
     async def emit(self, event: Any) -> int:
@@ -160,10 +176,14 @@ class TaskContext:
                **progress: Any) -> None:
         """Report the task's ``statusMessage`` (and a new ``pollIntervalMs`` hint).
 
-        Stored as the run's progress (``runs.progress``, fenced, in the
-        background); ``tasks/get`` and ``notifications/tasks`` show it from
-        any process. Extra keyword values (JSON) are kept beside it. Not
-        re-reported while replaying.
+        Stored as the run's progress (``runs.progress -> 'mcp'``, fenced by the
+        lease): written in the background at once, and awaited before the body
+        parks (every wait of this context flushes it first), so a message
+        reported just before a sleep or a wait is what ``tasks/get`` shows
+        from any process while the run is parked. Each call updates what this
+        execution reported before (a message stays until another replaces
+        it). Extra keyword values (JSON) are stored beside it but not sent on
+        the wire: a task has no field for them. Not re-reported while replaying.
         """
         if self.replaying:
             return
@@ -171,8 +191,8 @@ class TaskContext:
         if message is not None:
             mcp["statusMessage"] = message
         if poll_interval is not None:
-            mcp["pollIntervalMs"] = max(1, int(poll_interval.total_seconds() * 1000))
-        self.workflow.run.heartbeat({"mcp": mcp})
+            mcp["pollIntervalMs"] = _ms(poll_interval)
+        self._reports.report(mcp)
 
     async def input(self, requests: Mapping[str, Mapping[str, Any]], *,
                     timeout: timedelta | float | None = None,  # noqa: ASYNC109
@@ -198,6 +218,7 @@ class TaskContext:
         round_ = wf.position + 1  # the wait's position: the same at every replay
         body = {k: dict(v) for k, v in requests.items()}
         await wf.step(f"mcp.ask#{round_}", _sql.ask, self.tasks.app, wf.run_id, round_, body)
+        await self._reports.flush()
         payload = await wf.wait_signal(INPUT_SIGNAL, f"{wf.run_id}:{round_}", timeout=timeout)
         return dict(payload or {})
 
@@ -299,6 +320,7 @@ class DurableTasks(Extension):
         self.poll_interval_ms = _ms(poll_interval)
         self.queue = queue
         self._tools: dict[str, DurableTool] = {}
+        self._pusher: Pusher | None = None
 
     # -- registration ---------------------------------------------------------
 
@@ -419,6 +441,18 @@ class DurableTasks(Extension):
             raise _unknown(task_id)
         return status
 
+    def _push_status(self, ctx: ServerRequestContext[Any, Any], task: dict[str, Any]) -> None:
+        """Push the task's status changes to this session (2025-11-25), if it has a
+        standalone stream (a stateful Streamable HTTP session, stdio)."""
+        # the SDK keeps the session's Connection (its standalone channel and its
+        # exit stack) private on the per-request ServerSession
+        connection = getattr(ctx.session, "_connection", None)
+        if connection is None or not getattr(connection, "has_standalone_channel", False):
+            return
+        if self._pusher is None:
+            self._pusher = Pusher(self.app)
+        self._pusher.watch(str(task["taskId"]), connection, task)
+
     async def _final_result(self, task_id: str) -> dict[str, Any]:
         try:
             result = await self.app.result(task_id)
@@ -492,7 +526,9 @@ class DurableTasks(Extension):
             if spec is None:
                 return await call_next(ctx)
             row = await self.create(spec.name, dict(params.get("arguments") or {}))
-            return {"task": legacy_task(row)}
+            task = legacy_task(row)
+            self._push_status(ctx, task)
+            return {"task": task}
         if ctx.method in ("tasks/get", "tasks/cancel", "tasks/result"):
             task_id = params.get("taskId")
             if not isinstance(task_id, str):

@@ -11,12 +11,18 @@ whose model and function tools are wrapped:
 * **model calls** -- the n-th call of the run is the effect ``model:<n>``: its
   response (output items, usage, response id) is recorded once the model
   answers; a replay after a crash returns the recorded response instead of
-  paying for the call again (the agents of ``handoffs`` are wrapped too);
+  paying for the call again (the agents of ``handoffs`` are wrapped too). A
+  model that raises (a dropped connection) fails the step's attempt without a
+  final outcome: the retry calls it again, as the attempt ``model:<n>#2``
+  (:mod:`pgdurable.contrib._attempts`);
 * **tool calls** -- each function tool call is the effect
   ``tool:<name>:<call_id>``; its recorded output is returned on replay, so a
-  side effect whose result was recorded never runs again (a call that crashed
-  before its result was recorded runs again: make such tools idempotent, or
-  reconcile, as for any pgdurable effect);
+  side effect whose result was recorded never runs again. A call that crashed
+  before its result was recorded follows the tool's replay policy: ``safe``
+  (the default) runs it again; a tool named in ``register_agent(...,
+  reconcile={"pay": find_payment})`` gets ``find_payment(**arguments)``
+  instead, which returns the tool's real output or :data:`~pgdurable.NOT_PERFORMED`
+  (then the tool runs);
 * **the session** -- the history is read once (effect ``session:history``),
   the run's new items are appended to the :class:`PgDurableSession` once
   (idempotent per run), so the conversation continues in the same session;
@@ -27,10 +33,12 @@ whose model and function tools are wrapped:
   on any worker, rebuilds the state with ``RunState.from_string``, approves or
   rejects the pending calls and runs on from there;
 * **streaming** (``register_agent(..., stream=True)``) -- the run uses
-  ``Runner.run_streamed`` and every stream event goes to the run's output stream
-  (``app.stream(run_id)``; :func:`event_json`). A model call's raw events are
-  recorded with its response, so a replay yields the same events and the stream is
-  rewritten in place (same ``seq``, same content), never duplicated.
+  ``Runner.run_streamed``: the model's text deltas (``response.output_text.delta``)
+  go to ``ctx.emit_text`` (buffered: a few ``{"type": "text"}`` rows, not one per
+  token) and every other stream event to ``ctx.emit`` (:func:`event_json`). A
+  model call's raw events are recorded with its response and its ``usage``, so
+  a replay yields the same events: the events are rewritten in place (same
+  ``seq``), the text already stored is skipped, never duplicated.
 
 A crashed worker's run is claimed by another worker, which replays the
 recorded calls and continues with the first unrecorded one. Results and tool
@@ -43,7 +51,7 @@ import asyncio
 import copy
 import dataclasses
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from agents import Agent, FunctionTool, RunConfig, Runner, RunState
@@ -51,9 +59,12 @@ from agents.items import ModelResponse, ToolApprovalItem, TResponseOutputItem, T
 from agents.models.interface import Model
 from agents.stream_events import StreamEvent
 from agents.usage import Usage
+from openai.types.responses import ResponseTextDeltaEvent
 from pydantic import BaseModel, TypeAdapter
 
+from ...foundation.effects import NOT_PERFORMED
 from ...runs.steps import Done, RunContext, Wait
+from .._attempts import attempted_effect, check_reconcile, reconcile_call
 from .session import PgDurableSession
 
 if TYPE_CHECKING:
@@ -73,15 +84,31 @@ def _jsonable(value: Any) -> Any:
     return json.loads(json.dumps(value, default=str))
 
 
+def _usage(u: Usage) -> dict[str, int]:
+    return {"requests": u.requests, "input_tokens": u.input_tokens,
+            "output_tokens": u.output_tokens, "total_tokens": u.total_tokens}
+
+
 def dump_response(response: ModelResponse) -> dict[str, Any]:
     """A model response as JSON (what the effect records)."""
-    u = response.usage
     return {
         "output": [item.model_dump(mode="json", exclude_none=True) for item in response.output],
-        "usage": {"requests": u.requests, "input_tokens": u.input_tokens,
-                  "output_tokens": u.output_tokens, "total_tokens": u.total_tokens},
+        "usage": _usage(response.usage),
         "response_id": response.response_id,
     }
+
+
+def stream_usage(events: list[Any]) -> dict[str, int] | None:
+    """The usage of a streamed model call (from its ``response.completed`` event, as
+    the SDK reads it), in :func:`dump_response`'s shape; None without one."""
+    for event in reversed(events):
+        if getattr(event, "type", None) == "response.completed":
+            u = getattr(event.response, "usage", None)
+            if u is None:
+                return None
+            return _usage(Usage(requests=1, input_tokens=u.input_tokens,
+                                output_tokens=u.output_tokens, total_tokens=u.total_tokens))
+    return None
 
 
 def load_response(data: dict[str, Any]) -> ModelResponse:
@@ -111,12 +138,13 @@ class RecordedModel(Model):
         async def call() -> dict[str, Any]:
             return dump_response(await self.inner.get_response(*args, **kwargs))
 
-        data = await self.recorder.ctx.effect(f"model:{self.recorder.calls}", call)
+        data = await attempted_effect(self.recorder.ctx, f"model:{self.recorder.calls}", call)
         return load_response(data)
 
     async def stream_response(self, *args: Any, **kwargs: Any) -> AsyncIterator[Any]:
-        """The model's stream events, live, recorded as the effect ``model:<n>`` once the
-        stream ended: a replay yields the recorded events (the same ones) without calling."""
+        """The model's stream events, live, recorded as the effect ``model:<n>`` (the
+        events and the call's ``usage``) once the stream ended: a replay yields the
+        recorded events (the same ones) without calling."""
         self.recorder.calls += 1
         live: asyncio.Queue[Any] = asyncio.Queue()
         ran = False
@@ -126,12 +154,13 @@ class RecordedModel(Model):
             ran = True
             events = []
             async for event in self.inner.stream_response(*args, **kwargs):
-                events.append(event.model_dump(mode="json", exclude_none=True))
+                events.append(event)
                 live.put_nowait(event)
-            return {"events": events}
+            return {"events": [e.model_dump(mode="json", exclude_none=True) for e in events],
+                    "usage": stream_usage(events)}
 
         effect = asyncio.ensure_future(
-            self.recorder.ctx.effect(f"model:{self.recorder.calls}", call))
+            attempted_effect(self.recorder.ctx, f"model:{self.recorder.calls}", call))
         effect.add_done_callback(lambda _: live.put_nowait(_DONE))
         try:
             while (event := await live.get()) is not _DONE:
@@ -145,16 +174,24 @@ class RecordedModel(Model):
                 yield _EVENT.validate_python(raw)
 
 
-def _tool(tool: Any, recorder: _Recorder) -> Any:
+def _tool(tool: Any, recorder: _Recorder, reconcile: dict[str, Any]) -> Any:
     if not isinstance(tool, FunctionTool):
         return tool
     invoke = tool.on_invoke_tool
+    find = reconcile.get(tool.name)
 
     async def durable_invoke(tool_ctx: Any, arguments: str) -> Any:
         async def call() -> Any:
             return _jsonable(await invoke(tool_ctx, arguments))
 
-        return await recorder.ctx.effect(f"tool:{tool.name}:{tool_ctx.tool_call_id}", call)
+        async def reconciled() -> Any:
+            assert find is not None
+            args = json.loads(arguments) if arguments else {}
+            value = await reconcile_call(find, args)
+            return value if value is NOT_PERFORMED else _jsonable(value)
+
+        return await attempted_effect(recorder.ctx, f"tool:{tool.name}:{tool_ctx.tool_call_id}",
+                                      call, None if find is None else reconciled)
 
     wrapped = copy.copy(tool)
     wrapped.on_invoke_tool = durable_invoke
@@ -172,18 +209,34 @@ def _model_of(agent: Agent[Any], default: Model | None) -> Model:
 
 
 def durable_agent(agent: Agent[Any], recorder: _Recorder, default: Model | None,
-                  seen: dict[int, Agent[Any]] | None = None) -> Agent[Any]:
-    """A copy of ``agent`` (and of its handoff agents) with recorded model and tools."""
+                  seen: dict[int, Agent[Any]] | None = None,
+                  reconcile: dict[str, Any] | None = None) -> Agent[Any]:
+    """A copy of ``agent`` (and of its handoff agents) with recorded model and tools
+    (``reconcile``: tool name -> its reconcile function)."""
     seen = {} if seen is None else seen
+    reconcile = reconcile or {}
     if id(agent) in seen:
         return seen[id(agent)]
     clone = dataclasses.replace(agent)
     seen[id(agent)] = clone
     clone.model = RecordedModel(_model_of(agent, default), recorder)
-    clone.tools = [_tool(t, recorder) for t in agent.tools]
-    clone.handoffs = [durable_agent(h, recorder, default, seen) if isinstance(h, Agent) else h
-                      for h in agent.handoffs]
+    clone.tools = [_tool(t, recorder, reconcile) for t in agent.tools]
+    clone.handoffs = [durable_agent(h, recorder, default, seen, reconcile)
+                      if isinstance(h, Agent) else h for h in agent.handoffs]
     return clone
+
+
+def _tool_names(agent: Agent[Any], seen: set[int] | None = None) -> set[str]:
+    """The function tools of ``agent`` and of its handoff agents."""
+    seen = set() if seen is None else seen
+    if id(agent) in seen:
+        return set()
+    seen.add(id(agent))
+    names = {t.name for t in agent.tools if isinstance(t, FunctionTool)}
+    for h in agent.handoffs:
+        if isinstance(h, Agent):
+            names |= _tool_names(h, seen)
+    return names
 
 
 def event_json(event: StreamEvent) -> dict[str, Any]:
@@ -246,18 +299,26 @@ def apply_decision(state: RunState[Any, Any], payload: Any) -> int:
 def register_agent(app: Durable, agent: Agent[Any], *, name: str = "agent",
                    model: Model | None = None, run_config: RunConfig | None = None,
                    max_turns: int = 10, revision: str = "1", max_attempts: int = 3,
-                   stream: bool = False) -> str:
+                   stream: bool = False,
+                   reconcile: Mapping[str, Callable[..., Any]] | None = None) -> str:
     """Register durable runs of ``agent`` as the pgdurable task ``name``; returns it.
 
     ``model`` is used when ``agent.model`` is not a :class:`~agents.Model`
     instance (else the SDK's default provider resolves ``agent.model``).
     ``stream``: run with ``Runner.run_streamed`` and send its events to the run's
-    output stream. A tool with ``needs_approval`` parks the run until an approval
-    signal (see the module docstring).
+    output stream (text deltas through ``ctx.emit_text``). A tool with
+    ``needs_approval`` parks the run until an approval signal (see the module
+    docstring). ``reconcile``: tool name -> ``fn(**arguments)``, the tool's replay
+    policy ``reconcile`` (a call found started and unfinished after a crash asks
+    ``fn`` for its real output, or :data:`~pgdurable.NOT_PERFORMED`, instead of
+    running again); a name that is not a function tool of the agent (or of its
+    handoff agents): ValueError. ``max_attempts``: attempts of the run's step (a
+    model or tool error fails one; the next calls the model again).
     """
     if not isinstance(agent, Agent):
         raise TypeError("register_agent needs an agents.Agent")
     config = run_config or RunConfig()
+    reconcilers = check_reconcile(reconcile, _tool_names(agent))
 
     async def step(ctx: RunContext, state: dict[str, Any]) -> Done | Wait:
         session = PgDurableSession(state["session_id"], app.pool)
@@ -267,7 +328,7 @@ def register_agent(app: Durable, agent: Agent[Any], *, name: str = "agent",
 
         history: list[Any] = await ctx.effect("session:history", read_history)
         recorder = _Recorder(ctx, state.get("model_calls", 0))
-        durable = durable_agent(agent, recorder, model)
+        durable = durable_agent(agent, recorder, model, reconcile=reconcilers)
         start: Any = [*history, {"role": "user", "content": state["input"]}]
         if state.get("run_state") is not None:
             # woken by an approval signal: the SDK's state, with the decisions applied
@@ -279,7 +340,11 @@ def register_agent(app: Durable, agent: Agent[Any], *, name: str = "agent",
             streamed = Runner.run_streamed(durable, start, run_config=config,
                                            max_turns=max_turns)
             async for event in streamed.stream_events():
-                await ctx.emit(event_json(event))
+                if event.type == "raw_response_event" and isinstance(event.data,
+                                                                     ResponseTextDeltaEvent):
+                    await ctx.emit_text(event.data.delta)  # buffered: a few rows, not one a token
+                else:
+                    await ctx.emit(event_json(event))
             result: Any = streamed
         else:
             result = await Runner.run(durable, start, run_config=config, max_turns=max_turns)

@@ -28,10 +28,13 @@ crosses as values. This module supplies the engine:
   call, an approval, ``RequestInput``) is a recorded ``ask`` step and a park on
   the signal ``("approval", token)``; the run holds no worker until the signal
   comes (or the timeout), and a replay returns the recorded payload.
-* **the event stream** goes to the run's output stream (``ctx.emit``): model
-  events live from inside the model unit, the run's other events (tool calls and
-  results) from the workflow, each once (replayed code emits nothing; a crashed
-  attempt's events are overwritten in place by the retry: same ``seq``).
+* **the event stream** goes to the run's output stream: the model's text (a text
+  part's first content and its ``TextPartDelta`` s) to ``ctx.emit_text``
+  (buffered: a few ``{"type": "text"}`` rows, not one per token), every other
+  event to ``ctx.emit`` (model events live from inside the model unit, the
+  run's other events, tool calls and results, from the workflow), each once:
+  replayed code emits nothing; a crashed attempt's events are overwritten in
+  place by the retry (same ``seq``) and its stored text is not written again.
 """
 
 from __future__ import annotations
@@ -66,7 +69,15 @@ from pydantic_ai.durable_exec._operation_backend import in_durable_unit
 from pydantic_ai.durable_exec._toolset import wrap_tool_call_result
 from pydantic_ai.exceptions import ToolFailed, UserError
 from pydantic_ai.external_events import wait_for_external_event
-from pydantic_ai.messages import AgentStreamEvent, ToolCallPart
+from pydantic_ai.messages import (
+    AgentStreamEvent,
+    PartDeltaEvent,
+    PartEndEvent,
+    PartStartEvent,
+    TextPart,
+    TextPartDelta,
+    ToolCallPart,
+)
 from pydantic_ai.models import Model
 from pydantic_ai.run import AgentRunResult
 from pydantic_ai.tools import (
@@ -150,10 +161,20 @@ class _Backend(JournalCallableOperationBackend[StepPolicy]):
                 policy = dataclasses.replace(policy, replay="safe", reconcile=None)
         run = scope.ctx.run
         first_event = run._emitted
+        text = run._text  # the step's text stream (pgdurable.runs.text), if any yet
+        first_text = text.emitted if text is not None and not text.closed else 0
+        tries = 0
 
         async def unit() -> object:
-            # a retried attempt (StepPolicy) re-emits into the same stream rows
+            nonlocal tries
+            tries += 1
+            # a retried attempt (StepPolicy) re-emits into the same stream rows, and
+            # replays its text from where the unit's text began: what the failed attempt
+            # streamed is stored first, and the replay skips it (as after a crash)
             run._emitted = first_event
+            if tries > 1 and run._text is not None and not run._text.closed:
+                await run.text_so_far()
+                run._text.emitted = first_text
             return await body()
 
         return await scope.ctx.step(name, unit, policy=policy, repeat=True)
@@ -209,6 +230,16 @@ def decision(requests: DeferredToolRequests, payload: Any) -> DeferredToolResult
     except ValueError as exc:
         raise UserError(f"the approval payload is not a decision for the pending calls: {exc}"
                         ) from exc
+
+
+def _text_of(event: AgentStreamEvent) -> str | None:
+    """The text an event streams (``""`` for a text part's end: its text went already),
+    or None for an event that is not the model's text."""
+    if isinstance(event, PartStartEvent | PartEndEvent) and isinstance(event.part, TextPart):
+        return event.part.content if isinstance(event, PartStartEvent) else ""
+    if isinstance(event, PartDeltaEvent) and isinstance(event.delta, TextPartDelta):
+        return event.delta.content_delta
+    return None
 
 
 def _call_json(call: ToolCallPart) -> dict[str, Any]:
@@ -381,15 +412,21 @@ class PgDurability(BaseDurabilityCapability[AgentDepsT]):
 
     async def _emit_stream(self, ctx: RunContext[AgentDepsT],
                            stream: AsyncIterable[AgentStreamEvent]) -> None:
-        """The event handler inside a model unit: each model event to the output stream."""
+        """The event handler inside a model unit: the model's text to ``emit_text``,
+        its other events to ``emit``."""
         scope = SCOPE.get()
         # this handler belongs to the unbound capability: the run context says whose run it is
         # (a sub-agent run inside a tool is not this run)
         mine = scope is not None and in_durable_unit() and ctx.agent is scope.agent
         async for event in stream:
-            if mine:
-                assert scope is not None
+            if not mine:
+                continue
+            assert scope is not None
+            text = _text_of(event)
+            if text is None:
                 await scope.ctx.emit(event_json(event))
+            elif text:
+                await scope.ctx.run.emit_text(text)
 
     async def _dispatch_event_stream_event(self, ctx: RunContext[AgentDepsT],
                                            event: AgentStreamEvent) -> None:

@@ -15,7 +15,10 @@ or serve it (``uvicorn mymodule:api``). Paths (thread keys percent-encoded):
 ``GET /threads/{key}/stream``               the thread's stream as SSE; ``?message=ID``: from
                                             where that message's answer starts until it is
                                             answered (``?message=latest``: the thread's last
-                                            message; 204 when it is answered already)
+                                            message; 204 when it is answered already).
+                                            ``X-PgDurable-Message``: the message followed
+                                            (on a 204: the answered one); ``&rollback=end``:
+                                            end after the rollback marker that discards it
 =========================================  ======================================================
 
 **Who may do what.** Every request is allowed by a **stream token**
@@ -35,7 +38,10 @@ browser: the endpoints use the app's pool.
 ``event`` ``{"run_id", "seq", "event"}`` (any other stored event: markers
 ``{"type": "interrupted" | "rollback"}``, the final ``{"type": "end",
 "status", "result", "error"}``), ``done`` ``{}`` (a message's answer is
-complete, or the run ended). A reconnect with ``Last-Event-ID`` (or
+complete, or the run ended), ``error`` ``{"error", "terminal"}`` (the stream
+cannot go on: ``terminal`` when the run or message does not exist or the cursor
+is bad; else transient, e.g. the database unreachable: reconnect from the
+cursor). A reconnect with ``Last-Event-ID`` (or
 ``?after=``) resumes exactly after the last delivered text (cursors:
 :mod:`pgdurable.runs.live`). A comment line every ``heartbeat`` seconds
 (15) keeps proxies from closing an idle stream. Every stream of this process
@@ -208,14 +214,18 @@ class _Api:
         message = request.query_params.get("message")
         if message == "latest":
             row = await self.app.fetchone(LATEST, (encode_thread_key(key),))
-            if row is None or (row[1] and after is None):
-                return Response(status_code=204)  # nothing to resume
+            if row is None or (row[1] and after is None):  # nothing to resume
+                return Response(status_code=204, headers={} if row is None else {
+                    "X-PgDurable-Message": str(row[0])})
             message = str(row[0])
-        return self._sse(follow_thread(self.app, key, after, until=message),
-                         done_on_final=False)
+        headers = {"X-PgDurable-Message": message} if message is not None else {}
+        end = request.query_params.get("rollback") == "end"
+        return self._sse(follow_thread(self.app, key, after, until=message, end_on_rollback=end),
+                         done_on_final=False, headers=headers)
 
     # -- SSE --------------------------------------------------------------------
-    def _sse(self, items: AsyncIterator[Item], *, done_on_final: bool) -> StreamingResponse:
+    def _sse(self, items: AsyncIterator[Item], *, done_on_final: bool,
+             headers: dict[str, str] | None = None) -> StreamingResponse:
         heartbeat = self.heartbeat
 
         async def body() -> AsyncIterator[bytes]:
@@ -244,7 +254,8 @@ class _Api:
                         return
                     if isinstance(got, BaseException):
                         log.warning("stream ended by an error: %s", got)
-                        yield _frame("error", None, {"error": _message(got)})
+                        yield _frame("error", None, {"error": _message(got),
+                                                     "terminal": _terminal(got)})
                         return
                     yield _item_frame(got)
                     if got.final and done_on_final:
@@ -258,7 +269,7 @@ class _Api:
                     await items.aclose()  # type: ignore[attr-defined]
 
         return StreamingResponse(body(), media_type="text/event-stream", headers={
-            "Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+            "Cache-Control": "no-cache", "X-Accel-Buffering": "no", **(headers or {})})
 
 
 def _frame(event: str, cursor: str | None, data: Any) -> bytes:
@@ -271,6 +282,13 @@ def _item_frame(item: Item) -> bytes:
         return _frame("text", item.cursor, {"run_id": item.run_id, "text": item.text})
     return _frame("event", item.cursor, {"run_id": item.run_id, "seq": item.seq,
                                          "event": item.event})
+
+
+def _terminal(exc: BaseException) -> bool:
+    """Whether a stream's error is the request's own (no such run or message, a bad
+    cursor): reconnecting cannot help. Anything else (the database unreachable, a
+    statement that failed) is transient: the client reconnects from its cursor."""
+    return isinstance(exc, RunNotFound | LookupError | InvalidInput | ValueError | TypeError)
 
 
 def _message(exc: BaseException) -> str:

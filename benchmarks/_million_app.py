@@ -1,0 +1,42 @@
+"""The app of ``benchmarks/million.py``'s worker processes.
+
+``python -m pgdurable.worker _million_app:app`` with ``PYTHONPATH=benchmarks`` and
+``PGDURABLE_DSN`` set. Tasks:
+
+* ``parked``: created parked by the driver (``claim_runs`` + ``park_run`` in one
+  statement per batch: the same functions a worker calls), waiting on the signal
+  ``("bench", run id)`` or a timer; when woken, its one step completes the run with
+  what woke it.
+* ``fresh``: one step that completes the run (the timer storm's baseline: the same
+  work as a woken ``parked`` run).
+* ``noop3``: three no-op steps (the end-to-end latency probe).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import pgdurable
+from pgdurable import Continue, Done, RunContext
+
+app = pgdurable.Durable(pool_size=int(os.environ.get("BENCH_POOL_SIZE", "8")))
+
+
+@app.task("parked", revision="1")
+async def parked(ctx: RunContext, state: Any) -> Any:
+    """Woken by its signal or its timer: complete with the kind of wake."""
+    return Done({"woke": None if ctx.wake is None else ctx.wake.get("type")})
+
+
+@app.task("fresh", revision="1")
+async def fresh(ctx: RunContext, state: Any) -> Any:
+    """One step, then done."""
+    return Done(True)
+
+
+@app.task("noop3", revision="1")
+async def noop3(ctx: RunContext, state: dict[str, Any]) -> Any:
+    """Step i of 3: no work, just the state transition."""
+    i = state.get("i", 0) + 1
+    return Done(i) if i >= 3 else Continue({"i": i})

@@ -12,15 +12,18 @@ or serve it (``uvicorn mymodule:api``). Paths (thread keys percent-encoded):
 ``POST /threads/{key}/messages``            ``{"message", "message_id"?, "double_text"?}`` ->
                                             ``{"action", "run_id", "seq", "message_id",
                                             "duplicate", "cursor", "token"}``
-``GET /threads/{key}/stream``               the thread's stream as SSE; ``?message=ID``: from
-                                            where that message's answer starts until it is
-                                            answered (``?message=latest``: the thread's last
+``GET /threads/{key}/stream``               the thread's stream as SSE; ``?message=ID``:
+                                            exactly that message's answer, until it is
+                                            answered (:mod:`pgdurable.runs.live`;
+                                            ``?message=latest``: the thread's last
                                             message; 204 when it is answered already).
                                             ``X-PgDurable-Message``: the message followed
                                             (on a 204: the answered one); ``?message=pending``:
                                             the message before the first unanswered one
                                             (the last one when all are answered). Its
-                                            ``done`` names the next message: ``{"next"}``
+                                            ``done`` names the next message: ``{"next"}``.
+                                            ``&rollback=end`` (earlier clients): accepted,
+                                            a message's stream always ends so now
 =========================================  ======================================================
 
 **Who may do what.** Every request is allowed by a **stream token**

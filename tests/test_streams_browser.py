@@ -11,7 +11,8 @@ only in part is completed on load, and a second turn stays its own message throu
 reload. A second message sent while the first answer streams (enqueue) gets its own
 assistant message, each exact, while they stream and through reloads mid-answer. A screenshot is saved (its path printed). The Node client (clients/client/test/live.test.mjs, ``node --test``) runs
 start/run/result/send/stream against the same server, a stream through a database
-blip, and the AI SDK's chat when a second message rolls the first answer back. Skipped, with the reason, without the client's node_modules, and the browser
+blip, and the AI SDK's chat when a second message rolls the first answer back or (from the
+same chat) interrupts it. Skipped, with the reason, without the client's node_modules, and the browser
 test without Chromium or Playwright, the Node one without node."""
 
 from __future__ import annotations
@@ -339,6 +340,9 @@ def test_the_node_client_against_the_real_endpoints(dsn: str, fleet: Any, tmp_pa
                    "expected": script("hello", 30)},
         "rollback": {"key": "chat:rollback", "words": 300, "expected": script("r1", 30),
                      "token": app.stream_token(thread="chat:rollback", scope="write")},
+        "interrupt": {"key": "chat:interrupt", "words": 300, "first": script("i0", 300),
+                      "expected": script("i0+i1", 30),
+                      "token": app.stream_token(thread="chat:interrupt", scope="write")},
         "blip": {"state": {"prompt": "blip", "words": 300, "delay": 0.01},
                  "expected": script("blip", 300), "ready": str(ready), "done": str(done)},
     }
@@ -359,6 +363,6 @@ def test_the_node_client_against_the_real_endpoints(dsn: str, fleet: Any, tmp_pa
             proc.wait()
     print(out)
     assert proc.returncode == 0, out
-    assert "# pass 4" in out and "# skipped 0" in out, out
+    assert "# pass 5" in out and "# skipped 0" in out, out
     assert killed >= 1
     assert "stream ended by an error" in http.log()  # the transient error frame was sent

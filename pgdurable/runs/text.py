@@ -42,8 +42,9 @@ durable flush found, for the step's thread, a newer message sent with
 ``double_text="interrupt"`` or ``"rollback"`` while the step was answering an
 older one. Then ONE fenced ``pgdurable.stop_step`` keeps (interrupt) or
 discards (rollback) the step's answer, writes a marker event
-(``{"type": "interrupted"}`` / ``{"type": "rollback", "discard_after": seq}``)
-and releases the run, and the step's call raises
+(``{"type": "interrupted"}`` / ``{"type": "rollback", "discard_after": seq}``,
+each with ``"answering"``: the thread seq of the latest message the step took,
+whose answer the marker ends; :mod:`pgdurable.runs.live`) and releases the run, and the step's call raises
 :class:`~pgdurable.runs.steps.RunSettled` (the worker writes nothing more);
 the run's next attempt takes the messages again (:func:`stop_step`).
 """

@@ -144,6 +144,9 @@ def f_sync(app: SyncDatabase, a: int,
                               b), """
   a string's lines stay""")
 '''
+    assert tool.convert("async def f(call: Callable[[], Awaitable[list[T]]]) -> T: ...\n",
+                        tool.NAMES, rename_defs=False) == (
+        "def f(call: Callable[[], list[T]]) -> T: ...\n")
     # asyncio used for more than sleep stays imported
     out = tool.convert("import asyncio\nasync def f():\n    await asyncio.sleep(1)\n"
                        "    asyncio.current_task()\n", tool.NAMES, rename_defs=False)

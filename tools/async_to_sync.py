@@ -11,6 +11,7 @@ stdlib :mod:`ast`). The conversion edits the source text at the positions
   ``AsyncConnectionPool`` -> ``ConnectionPool``, ``AsyncIterator`` ->
   ``Iterator``, the protocols ``App``/``Database`` -> ``SyncDatabase``, ...)
   as names, attributes (``psycopg.AsyncConnection``) and imported names;
+  ``Awaitable[T]`` -> ``T``;
   ``asyncio.sleep`` -> ``time.sleep`` (and ``import asyncio`` -> ``import
   time`` when nothing else of asyncio is used);
 * every function defined in a *section* (below) gets the suffix ``_sync`` (in
@@ -108,6 +109,8 @@ class Unit:
 
 
 UNITS: tuple[Unit, ...] = (
+    Unit("pgdurable/foundation/presence.py"),
+    Unit("pgdurable/foundation/retry.py"),
     Unit("pgdurable/foundation/queries/core.py"),
     Unit("pgdurable/runs/batch_start.py"),
     Unit("pgdurable/runs/children.py"),
@@ -278,6 +281,12 @@ def convert(text: str, names: dict[str, str], *, rename_defs: bool) -> str:
                 ed.replace(a - 1, a, "")  # (await x).f -> x.f
                 ed.replace(b, b + 1, "")
             ed.drop_keyword(a, b"await")
+        elif (isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name)
+              and node.value.id == "Awaitable"):
+            a, b = ed.span(node)
+            sa, sb = ed.span(node.slice)
+            ed.replace(a, sa, "")  # Awaitable[T] -> T
+            ed.replace(sb, b, "")
         elif isinstance(node, ast.Attribute):
             dotted = ast.unparse(node)
             if dotted in DOTTED:

@@ -25,7 +25,9 @@ import pytest
 from pgdurable import Durable, DurableClient
 from pgdurable.app.run_api import AsyncRunAPI
 from pgdurable.app.run_api_sync import RunAPI
+from pgdurable.foundation import pooler
 from pgdurable.foundation.thread_keys import encode_thread_key
+from pgdurable.runs import schedules
 
 ROOT = Path(__file__).resolve().parent.parent
 TOOL = ROOT / "tools" / "async_to_sync.py"
@@ -154,6 +156,17 @@ def f_sync(app: SyncDatabase, a: int,
     with pytest.raises(tool.Unsupported, match="async comprehension"):
         tool.convert("async def f(xs):\n    return [x async for x in xs]\n", tool.NAMES,
                      rename_defs=False)
+
+
+def test_the_names_of_section_twins() -> None:
+    names = _tool().section_names()
+    assert names["fork"] == "fork_sync"  # X -> X_sync
+    assert names["resume_schedule_on"] == "resume_schedule_sync"  # X_on -> X_sync
+    assert names["aconnect"] == "connect"  # (aname -> name)
+    assert names["acheck_pool_schema"] == "check_pool_schema"
+    # each twin is defined where the tool says, and is sync
+    for module, name in ((pooler, "connect"), (schedules, "resume_schedule_sync")):
+        assert not inspect.iscoroutinefunction(getattr(module, name))
 
 
 def test_generated_files_say_so() -> None:

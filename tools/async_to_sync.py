@@ -353,8 +353,10 @@ def _sorted_imports(text: str, path: str) -> str:
     linter, with the project's settings) would."""
     cmd = [sys.executable, "-m", "ruff", "check", "--fix-only", "--exit-zero", "--quiet",
            "--select", "I,F401", "--stdin-filename", str(ROOT / path), "-"]
-    done = subprocess.run(cmd, input=text, capture_output=True, text=True, cwd=ROOT,
-                          check=True)
+    done = subprocess.run(cmd, input=text, capture_output=True, text=True, cwd=ROOT)
+    if done.returncode != 0:
+        raise SystemExit(f"ruff could not sort the imports of {path} (run this tool with the "
+                         f"project's virtualenv, where ruff is installed):\n{done.stderr}")
     return done.stdout
 
 

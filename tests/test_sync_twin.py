@@ -164,6 +164,7 @@ def test_the_names_of_section_twins() -> None:
     assert names["resume_schedule_on"] == "resume_schedule_sync"  # X_on -> X_sync
     assert names["aconnect"] == "connect"  # (aname -> name)
     assert names["acheck_pool_schema"] == "check_pool_schema"
+    assert names["_aloop"] == "_loop"  # private: the a after the underscore
     # each twin is defined where the tool says, and is sync
     for module, name in ((pooler, "connect"), (schedules, "resume_schedule_sync")):
         assert not inspect.iscoroutinefunction(getattr(module, name))

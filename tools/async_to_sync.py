@@ -39,7 +39,8 @@ Two kinds of unit (:data:`UNITS`):
   the text between the second and the third marker is rewritten from the text
   between the first and the second. A section marked ``# async-to-sync: source
   (aname -> name)`` holds async functions named ``aX`` whose twins are ``X``
-  (``aconnect`` -> ``connect``, ``acheck_schema`` -> ``check_schema``).
+  (``aconnect`` -> ``connect``, ``acheck_schema`` -> ``check_schema``, ``_aloop`` ->
+  ``_loop``).
 
 Usage (from the repository's root)::
 
@@ -122,6 +123,8 @@ UNITS: tuple[Unit, ...] = (
     Unit("pgdurable/runs/children.py"),
     Unit("pgdurable/runs/fork.py"),
     Unit("pgdurable/runs/schedules.py"),
+    Unit("pgdurable/ops/retention.py"),
+    Unit("pgdurable/ops/partitions.py"),
     Unit("pgdurable/app/run_api.py", "pgdurable/app/run_api_sync.py"),
 )
 
@@ -180,8 +183,8 @@ def section_names() -> dict[str, str]:
                     continue
                 if not section.a_prefixed:
                     names[node.name] = node.name.removesuffix("_on") + "_sync"
-                elif node.name.startswith("a"):
-                    names[node.name] = node.name[1:]
+                elif m := re.fullmatch(r"(_*)a(\w+)", node.name):
+                    names[node.name] = m[1] + m[2]  # aconnect -> connect, _aloop -> _loop
                 else:
                     raise Unsupported(f"{unit.source}: {node.name} in an (aname -> name) "
                                       "section")

@@ -101,7 +101,6 @@ class AsyncRunAPI(ABC):
     async def _ready(self) -> AsyncConnectionPool[Any]:
         """The pool, opened (and the schema checked) on first use."""
 
-
     async def start(
         self,
         task: str,

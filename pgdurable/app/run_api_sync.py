@@ -103,7 +103,6 @@ class RunAPI(ABC):
     def _ready(self) -> ConnectionPool[Any]:
         """The pool, opened (and the schema checked) on first use."""
 
-
     def start(
         self,
         task: str,

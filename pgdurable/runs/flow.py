@@ -32,8 +32,8 @@ __all__ = ["Rate", "RateLimited", "bucket_params", "queue_params"]
 #: number of tokens per second.
 Rate = tuple[float, timedelta] | float | int
 
-#: The SQL the app and the sync client send (their answers are not read), until their
-#: twin is generated (issue 39): :mod:`pgdurable.foundation.queries.flow`.
+#: The SQL the run API (:mod:`pgdurable.app.run_api`, and its generated sync twin) sends
+#: (its answers are not read): :mod:`pgdurable.foundation.queries.flow`.
 SET_QUEUE = fq.SET_QUEUE.sql
 SET_BUCKET = fq.SET_BUCKET.sql
 #: The wait kind of a run parked by ``ctx.acquire`` (ref: the bucket name).

@@ -28,15 +28,7 @@ NOT_YET = {
     "engine/",  # the engine (every module of the folder)
     "app/durable.py",
     "app/client.py",
-    "foundation/run_queries.py",
-    "runs/stream.py",
     "runs/results.py",
-    "ops/dashboard/_live.py",
-    "foundation/notifications.py",
-    "foundation/presence.py",
-    "runs/live.py",  # the token streams (issue 41): their follow-up converts them
-    "runs/text.py",
-    "ops/http/",
 }
 
 #: Calls whose result is one row / a list (or cursor) of rows.

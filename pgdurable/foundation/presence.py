@@ -30,7 +30,10 @@ from typing import Any
 import psycopg
 import psycopg.errors
 
-__all__ = ["ANNOUNCE", "CHANNELS", "RECHECK", "RENEW", "TTL", "announce", "announce_sync"]
+from .queries import presence as _q
+from .queries.core import first, first_sync
+
+__all__ = ["CHANNELS", "RECHECK", "RENEW", "TTL", "announce", "announce_sync"]
 
 log = logging.getLogger("pgdurable")
 
@@ -42,8 +45,6 @@ TTL = 60
 RENEW = 20.0
 #: Delays (seconds after a listener's first announcement) at which it reads again.
 RECHECK = (0.1, 0.5, 2.0)
-# -- announce a listener on a channel for TTL seconds
-ANNOUNCE = "SELECT pgdurable.listen_presence(%s, %s)"
 
 
 #: A role that may not announce (set up by hand, without ``pgdurable grant``) still
@@ -67,7 +68,7 @@ def _refused(exc: psycopg.Error) -> None:
 async def announce(conn: psycopg.AsyncConnection[Any], channel: str) -> None:
     """Announce a listener on ``channel`` for :data:`TTL` seconds (autocommit ``conn``)."""
     try:
-        await conn.execute(ANNOUNCE, (channel, TTL))
+        await first(conn, _q.ANNOUNCE, (channel, TTL))
     except _REFUSED as exc:
         _refused(exc)
 
@@ -75,6 +76,6 @@ async def announce(conn: psycopg.AsyncConnection[Any], channel: str) -> None:
 def announce_sync(conn: psycopg.Connection[Any], channel: str) -> None:
     """Sync twin of :func:`announce`."""
     try:
-        conn.execute(ANNOUNCE, (channel, TTL))
+        first_sync(conn, _q.ANNOUNCE, (channel, TTL))
     except _REFUSED as exc:
         _refused(exc)

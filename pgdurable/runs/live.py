@@ -44,6 +44,10 @@ import psycopg
 from ..foundation import run_queries as q
 from ..foundation.errors import RunNotFound
 from ..foundation.notifier import Notifier, Wakeup
+from ..foundation.queries import stream as sq
+from ..foundation.queries import threads as tq
+from ..foundation.queries.core import first, many
+from ..foundation.queries.runs import TERMINAL
 from .text import CHANNEL as TAIL_CHANNEL
 from .threads import encode_thread_key
 
@@ -54,37 +58,6 @@ __all__ = ["Item", "TailRouter", "follow_run", "follow_thread", "parse_cursor"]
 
 BATCH = 500
 THREADS_CHANNEL = "pgdurable_threads"
-
-# -- one snapshot: the run's status and its events after a seq
-READ_RUN = """
-SELECT r.status, e.seq, e.event, e.final
-  FROM pgdurable.runs r
-  LEFT JOIN LATERAL (
-    SELECT x.seq, x.event, x.final FROM pgdurable.run_events x
-     WHERE x.run_id = r.id AND x.seq > %s ORDER BY x.seq LIMIT %s) e ON true
- WHERE r.id = %s::uuid
- ORDER BY e.seq
-"""
-# -- a thread's events after (thread_no, seq), in thread order
-READ_THREAD = """
-SELECT r.id, r.thread_no, e.seq, e.event
-  FROM pgdurable.runs r JOIN pgdurable.run_events e ON e.run_id = r.id
- WHERE r.thread_key = %s::text AND (r.thread_no, e.seq) > (%s, %s)
- ORDER BY r.thread_no, e.seq
- LIMIT %s
-"""
-# -- a thread's newest run (id, thread_no, idle: parked on its inbox or finished)
-THREAD_HEAD = """
-SELECT r.id, r.thread_no,
-       r.status IN ('completed', 'failed', 'cancelled', 'incompatible')
-       OR (r.status = 'waiting' AND r.wait_kind = 'inbox')
-  FROM pgdurable.runs r WHERE r.thread_key = %s::text ORDER BY r.thread_no DESC LIMIT 1
-"""
-# -- whether a thread message was answered (consumed or discarded), and where its answer starts
-MESSAGE = """
-SELECT m.consumed_at IS NOT NULL, m.stream_no, m.stream_seq
-  FROM pgdurable.thread_messages m WHERE m.thread_key = %s::text AND m.message_id = %s
-"""
 
 _CURSOR = re.compile(r"(?:(\d+):)?(\d+)(?:\+(\d+))?")
 
@@ -256,24 +229,24 @@ async def follow_run(app: App, run_id: Any, after: str | None = None, *,
         read = True
         while True:
             if read:
-                rows = await app.fetchall(READ_RUN, (r.seq, BATCH, rid))
+                rows = await many(app, sq.LIVE_RUN_EVENTS, (r.seq, BATCH, rid))
                 if not rows:
                     raise RunNotFound(f"no run {rid}")
                 got = False
-                for _status, s, event, final in rows:
-                    if s is None:
+                for ev in rows:
+                    if ev.seq is None:
                         continue
                     got = True
-                    item = r.row(rid, None, int(s), event, bool(final))
+                    item = r.row(rid, None, ev.seq, ev.event, ev.final)
                     if item is not None:
                         yield item
-                    if final:
+                    if ev.final:
                         return
                 if got:
                     continue
-                if rows[0][0] in q.TERMINAL:
+                if rows[0].status in TERMINAL:
                     yield Item("event", _cursor(None, r.seq, 0), rid, final=True, seq=r.seq,
-                               event={"type": "end", "status": rows[0][0]})
+                               event={"type": "end", "status": rows[0].status})
                     return
             for item in r.tails(rid):
                 yield item
@@ -291,44 +264,44 @@ async def follow_thread(app: App, thread_key: str, after: str | None = None, *,
     stored = encode_thread_key(thread_key)
     no, seq, n = parse_cursor(after, thread=True)
     if until is not None and after is None:
-        row = await app.fetchone(MESSAGE, (stored, until))
-        if row is None:
+        answer = await first(app, tq.MESSAGE_ANSWER, (stored, until))
+        if answer is None:
             raise LookupError(f"no message {until!r} in thread {thread_key!r}")
-        no, seq = int(row[1] or 0), int(row[2] or 0)
+        no, seq = answer.stream_no, answer.stream_seq
     r = _Reader(app, no, seq, n)
     notifier = app.notifier()
     threads = Wakeup(notifier, THREADS_CHANNEL, hashlib.md5(stored.encode()).hexdigest())
     events: Wakeup | None = None
     try:
         await threads.listening(poll)
-        head: tuple[Any, ...] | None = None
+        head: tq.Head | None = None
         read = True
         while True:
             if not read:
                 if head is not None:
-                    for item in r.tails(str(head[0])):
+                    for item in r.tails(head.run_id):
                         yield item
                 read = await r.wait(threads, events, poll=poll)
                 continue
-            head = await app.fetchone(THREAD_HEAD, (stored,))
+            head = await first(app, tq.THREAD_HEAD, (stored,))
             if head is not None:
-                rid = str(head[0])
+                rid = head.run_id
                 if rid != r.rid:
                     r.follow_tail(rid)
                     if events is not None:
                         await events.close()
                     events = Wakeup(notifier, "pgdurable_events", rid)
                     await events.listening(poll)
-            rows = await app.fetchall(READ_THREAD, (stored, r.no or 0, r.seq, BATCH))
-            for rid_, no_, seq_, event in rows:
-                got = r.row(str(rid_), int(no_), int(seq_), event)
+            rows = await many(app, sq.THREAD_EVENTS, (stored, r.no or 0, r.seq, BATCH))
+            for ev in rows:
+                got = r.row(ev.run_id, ev.thread_no, ev.seq, ev.event)
                 if got is not None:
                     yield got
             if rows:
                 continue
-            if until is not None and head is not None and head[2]:
-                m = await app.fetchone(MESSAGE, (stored, until))
-                if m is None or m[0]:
+            if until is not None and head is not None and head.idle:
+                m = await first(app, tq.MESSAGE_ANSWER, (stored, until))
+                if m is None or m.answered:
                     return  # answered, every event read
             read = False
     finally:

@@ -10,7 +10,8 @@ from typing import Any, Literal
 from ..thread_keys import decode_thread_key
 from .core import Query, Row, nullable
 
-__all__ = ["RUN_THREAD", "SEND", "SEND_V2", "SET_DOUBLE_TEXT", "TAKE", "Message", "Sent"]
+__all__ = ["LATEST_MESSAGE", "MESSAGE_ANSWER", "RUN_THREAD", "SEND", "SEND_V2", "SET_DOUBLE_TEXT",
+           "TAKE", "THREAD_HEAD", "Answer", "Head", "Latest", "Message", "Sent"]
 
 
 @dataclass(frozen=True)
@@ -76,3 +77,65 @@ TAKE = Query(
 # -- the thread key of a run, decoded (NULL: not a thread run; no row: no such run)
 RUN_THREAD = nullable("SELECT thread_key FROM pgdurable.runs WHERE id = %s::uuid",
                       decode_thread_key)
+
+
+@dataclass(frozen=True, slots=True)
+class Head:
+    """A thread's newest run, its place in the thread, and whether it is idle (parked on
+    its inbox, or ended)."""
+
+    run_id: str
+    thread_no: int
+    idle: bool
+
+
+def _head(r: Row) -> Head:
+    run_id, thread_no, idle = r
+    return Head(str(run_id), int(thread_no), bool(idle))
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """Whether a thread message was answered (consumed or discarded), and where its
+    answer starts in the thread's stream (thread_no, seq; 0 when not known yet)."""
+
+    answered: bool
+    stream_no: int
+    stream_seq: int
+
+
+def _answer(r: Row) -> Answer:
+    answered, stream_no, stream_seq = r
+    return Answer(bool(answered), int(stream_no or 0), int(stream_seq or 0))
+
+
+@dataclass(frozen=True, slots=True)
+class Latest:
+    """A thread's last message and whether it was answered."""
+
+    message_id: str
+    answered: bool
+
+
+def _latest(r: Row) -> Latest:
+    message_id, answered = r
+    return Latest(str(message_id), bool(answered))
+
+
+# -- a thread's newest run (stored key): its Head, no row for a thread without runs
+THREAD_HEAD = Query("""
+SELECT r.id, r.thread_no,
+       r.status IN ('completed', 'failed', 'cancelled', 'incompatible')
+       OR (r.status = 'waiting' AND r.wait_kind = 'inbox')
+  FROM pgdurable.runs r WHERE r.thread_key = %s::text ORDER BY r.thread_no DESC LIMIT 1
+""", _head)
+# -- a thread message (stored key, message id): its Answer, no row if there is none
+MESSAGE_ANSWER = Query("""
+SELECT m.consumed_at IS NOT NULL, m.stream_no, m.stream_seq
+  FROM pgdurable.thread_messages m WHERE m.thread_key = %s::text AND m.message_id = %s
+""", _answer)
+# -- a thread's last message (stored key): Latest, no row for a thread without messages
+LATEST_MESSAGE = Query("""
+SELECT m.message_id, m.consumed_at IS NOT NULL
+  FROM pgdurable.thread_messages m WHERE m.thread_key = %s::text ORDER BY m.seq DESC LIMIT 1
+""", _latest)

@@ -70,6 +70,9 @@ from ...foundation.errors import (
     UnknownTask,
 )
 from ...foundation.ports import App
+from ...foundation.queries import runs as rq
+from ...foundation.queries import threads as tq
+from ...foundation.queries.core import first
 from ...foundation.stream_tokens import Grant, TokenRefused, check_token, make_token, secrets_of
 from ...runs.live import Item, follow_run, follow_thread
 from ...runs.threads import check_double_text, encode_thread_key
@@ -77,15 +80,6 @@ from ...runs.threads import check_double_text, encode_thread_key
 __all__ = ["Access", "create_app"]
 
 log = logging.getLogger("pgdurable.http")
-
-# -- the status, result and error of a run
-RUN = "SELECT status, result, error FROM pgdurable.runs WHERE id = %s::uuid"
-# -- a thread's last message and whether it was answered
-LATEST = """
-SELECT m.message_id, m.consumed_at IS NOT NULL
-  FROM pgdurable.thread_messages m WHERE m.thread_key = %s::text ORDER BY m.seq DESC LIMIT 1
-"""
-
 
 @dataclass(frozen=True)
 class Access:
@@ -170,20 +164,20 @@ class _Api:
     async def run(self, request: Request) -> Response:
         rid = _run_id(request)
         await self._allow(request, Access("read", run_id=rid))
-        row = await self.app.fetchone(RUN, (rid,))
-        if row is None:
+        run = await first(self.app, rq.OUTCOME, (rid,))
+        if run is None:
             raise RunNotFound(f"no run {rid}")
-        error = row[2]
+        error = run.error
         if isinstance(error, dict):
             error = {k: v for k, v in error.items() if k != "traceback"}
-        return JSONResponse({"run_id": rid, "status": row[0], "result": row[1], "error": error})
+        return JSONResponse({"run_id": rid, "status": run.status, "result": run.result,
+                             "error": error})
 
     async def run_stream(self, request: Request) -> Response:
         rid = _run_id(request)
         await self._allow(request, Access("read", run_id=rid))
         after = _after(request)
-        row = await self.app.fetchone(RUN, (rid,))
-        if row is None:
+        if await first(self.app, rq.OUTCOME, (rid,)) is None:
             raise RunNotFound(f"no run {rid}")
         return self._sse(follow_run(self.app, rid, after), done_on_final=True)
 
@@ -207,10 +201,10 @@ class _Api:
         after = _after(request)
         message = request.query_params.get("message")
         if message == "latest":
-            row = await self.app.fetchone(LATEST, (encode_thread_key(key),))
-            if row is None or (row[1] and after is None):
+            latest = await first(self.app, tq.LATEST_MESSAGE, (encode_thread_key(key),))
+            if latest is None or (latest.answered and after is None):
                 return Response(status_code=204)  # nothing to resume
-            message = str(row[0])
+            message = latest.message_id
         return self._sse(follow_thread(self.app, key, after, until=message),
                          done_on_final=False)
 

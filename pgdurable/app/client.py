@@ -9,7 +9,7 @@ use an app's task registry and its ``pooler``.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -26,6 +26,8 @@ from ..foundation.errors import InvalidInput, ProviderClosed, RunNotFound
 from ..foundation.migrations import check_pool_schema
 from ..foundation.pooler import Pooler, configure, listen_conninfo, probe, resolve_pooler
 from ..foundation.ports import AppSettings
+from ..foundation.queries import budgets as bq
+from ..foundation.queries.core import one_sync as one_q_sync
 from ..foundation.registry import TaskRegistry, start_params
 from ..foundation.signals import (
     DEFAULT_MAX_PAYLOAD,
@@ -35,6 +37,7 @@ from ..foundation.signals import (
 )
 from ..runs import flow
 from ..runs.batch_start import Start, start_many_sync
+from ..runs.budgets import budget_params, budget_statement, price_params, split_budget
 from ..runs.children import RUN_TREE, TreeNode, parse_tree
 from ..runs.fork import ForkedRun, fork_failed_sync, fork_sync, rewind_sync
 from ..runs.metadata import start_statement
@@ -164,7 +167,7 @@ class DurableClient:
         priority: int = 0,
         idempotency_key: str | None = None,
         deadline: Any = None,
-        budget: float | None = None,
+        budget: float | Mapping[str, float] | None = None,
         revision: str | None = None,
         max_attempts: int | None = None,
         metadata: dict[str, Any] | None = None,
@@ -173,17 +176,20 @@ class DurableClient:
         at: datetime | None = None,
         delay: timedelta | None = None,
         affinity_of: str | uuid.UUID | None = None,
+        budgets: Iterable[str] | None = None,
     ) -> str:
         """Start a run (see :meth:`Durable.start`); ``conn=`` for a transactional start."""
         if self._closed:
             raise ProviderClosed("this DurableClient is closed")
+        spend_limit, own_budget = split_budget(budget)
         params = start_params(
-            self._registry, task, state, queue, priority, idempotency_key, deadline, budget,
+            self._registry, task, state, queue, priority, idempotency_key, deadline, spend_limit,
             revision, max_attempts,
         )
         sql, params = flow.start_sql(params, key, at, delay)
         # metadata, trace context and affinity
         sql, params = start_statement(sql, params, metadata, affinity_of)
+        sql, params = budget_statement(sql, params, budgets, own_budget)  # runs/budgets.py
         if conn is not None:
             with translated():
                 row = conn.execute(sql, params).fetchone()
@@ -215,6 +221,18 @@ class DurableClient:
         self._fetchone(
             flow.SET_QUEUE, flow.queue_params(name, concurrency, per_key_concurrency, rate, burst)
         )
+
+    def budget(self, key: str, *, limit: Mapping[str, float],
+               window: timedelta | float | None = None, calendar: bool = False,
+               policy: Literal["park", "fail"] = "fail") -> None:
+        """Create or change a named budget (see :meth:`Durable.budget`)."""
+        one_q_sync(self, bq.SET, budget_params(key, limit, window, calendar, policy))
+
+    def set_price(self, model: str, *, usd_per_token_in: float,
+                  usd_per_token_out: float) -> None:
+        """Set a model's price (see :meth:`Durable.set_price`)."""
+        one_q_sync(self, bq.PRICE_SET, price_params(model, usd_per_token_in,
+                                                    usd_per_token_out))
 
     def set_bucket(self, name: str, *, rate: flow.Rate, burst: float | None = None) -> None:
         """Create or change a shared token bucket (see :meth:`Durable.set_bucket`)."""

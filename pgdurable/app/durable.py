@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
@@ -43,6 +43,8 @@ from ..foundation.errors import InvalidInput, ProviderClosed
 from ..foundation.migrations import acheck_pool_schema
 from ..foundation.notifier import Notifier, notifier_for
 from ..foundation.pooler import Pooler, aconfigure, aprobe, listen_conninfo, resolve_pooler
+from ..foundation.queries import budgets as bq
+from ..foundation.queries.core import one as one_q
 from ..foundation.registry import Task, TaskRegistry, start_params
 from ..foundation.signals import (
     DEFAULT_MAX_PAYLOAD,
@@ -57,6 +59,7 @@ from ..models.step_tasks import task_decorator
 from ..models.workflows import workflow_decorator
 from ..runs import flow
 from ..runs.batch_start import Start, start_many
+from ..runs.budgets import budget_params, budget_statement, price_params, split_budget
 from ..runs.children import TreeNode, run_tree
 from ..runs.fork import ForkedRun, fork, fork_failed, rewind
 from ..runs.metadata import start_statement
@@ -341,7 +344,7 @@ class Durable:
         priority: int = 0,
         idempotency_key: str | None = None,
         deadline: Any = None,
-        budget: float | None = None,
+        budget: float | Mapping[str, float] | None = None,
         revision: str | None = None,
         max_attempts: int | None = None,
         metadata: dict[str, Any] | None = None,
@@ -350,6 +353,7 @@ class Durable:
         at: datetime | None = None,
         delay: timedelta | None = None,
         affinity_of: str | uuid.UUID | None = None,
+        budgets: Iterable[str] | None = None,
     ) -> str:
         """Start a run of ``task`` and return its id.
 
@@ -368,13 +372,15 @@ class Durable:
         """
         if self._closed:
             raise ProviderClosed("this Durable app is closed")
+        spend_limit, own_budget = split_budget(budget)
         params = start_params(
-            self._registry, task, state, queue, priority, idempotency_key, deadline, budget,
+            self._registry, task, state, queue, priority, idempotency_key, deadline, spend_limit,
             revision, max_attempts,
         )
         sql, params = flow.start_sql(params, key, at, delay)
         # metadata, trace context and affinity
         sql, params = start_statement(sql, params, metadata, affinity_of)
+        sql, params = budget_statement(sql, params, budgets, own_budget)  # runs/budgets.py
         if conn is not None:
             with translated():
                 cur = await conn.execute(sql, params)
@@ -419,6 +425,29 @@ class Durable:
         await self.fetchone(
             flow.SET_QUEUE, flow.queue_params(name, concurrency, per_key_concurrency, rate, burst)
         )
+
+    async def budget(self, key: str, *, limit: Mapping[str, float],
+                     window: timedelta | float | None = None, calendar: bool = False,
+                     policy: Literal["park", "fail"] = "fail") -> None:
+        """Create or change the named budget ``key`` (spend control, docs/budgets.md).
+
+        ``limit``: ``{unit: amount}`` for units ``usd``, ``tokens``, ``tokens_in``,
+        ``tokens_out``, ``calls``. ``window``: None (for all time), or a timedelta
+        (or seconds): the last ``window`` (rolling), or calendar buckets of it from
+        2000-01-01 UTC with ``calendar=True``. ``policy``: when a reservation cannot
+        be had, ``park`` the run until the window refills or the limit is raised
+        (this call wakes the runs parked on the budget), or ``fail`` it with
+        :class:`~pgdurable.BudgetExceeded`. Runs draw from it when started with
+        ``budgets=[key]``. Bad input: :class:`~pgdurable.InvalidInput`, nothing written.
+        """
+        await one_q(self, bq.SET, budget_params(key, limit, window, calendar, policy))
+
+    async def set_price(self, model: str, *, usd_per_token_in: float,
+                        usd_per_token_out: float) -> None:
+        """Set ``model``'s price: a settlement naming it with ``tokens_in`` /
+        ``tokens_out`` and no ``usd`` is charged in USD from it (docs/budgets.md)."""
+        await one_q(self, bq.PRICE_SET, price_params(model, usd_per_token_in,
+                                                     usd_per_token_out))
 
     async def set_bucket(self, name: str, *, rate: flow.Rate, burst: float | None = None) -> None:
         """Create or change the shared token bucket ``name`` (for ``ctx.acquire``)."""

@@ -81,6 +81,7 @@ import random
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from decimal import Decimal
 from json.encoder import encode_basestring
 from typing import Any, Literal, NoReturn, TypeVar
 
@@ -99,6 +100,7 @@ from ..foundation.ports import App
 from ..foundation.queries.core import first
 from ..foundation.queries.workflows import LOAD_HISTORY, Checkpoint
 from ..foundation.registry import Task, TaskRegistry
+from ..runs.budgets import BudgetExhausted, Reservation
 from ..runs.steps import (
     Done,
     RunContext,
@@ -314,6 +316,13 @@ class WorkflowContext:
             return
         self.run.spend(amount)
 
+    def reserve(self, *, key: str | None = None, **amounts: float | int | Decimal) -> Reservation:
+        """Reserve budget before a model call, inside a step's function: see
+        :meth:`RunContext.reserve`. The reservation is keyed by the step being
+        recorded, so an attempt that crashed before its checkpoint finds its
+        settlement and is not charged again; a recorded step is not run again."""
+        return self.run.reserve(key=key, **amounts)
+
     async def emit(self, event: Any) -> int:
         """Append ``event`` to the run's output stream (fenced); its seq.
 
@@ -504,6 +513,8 @@ class WorkflowContext:
             except EffectFailed as exc:
                 error = {"type": "EffectFailed", "message": str(exc)}
                 continue  # an earlier claim's attempt n failed: not called again
+            except BudgetExhausted:
+                raise  # a budget's park: the run waits, the step runs again on waking
             except Exception as exc:
                 if getattr(exc, "pgdurable_terminal", False):
                     raise  # e.g. ReconcileFailed: never retried

@@ -247,6 +247,10 @@ def _error_body(exc: BaseException) -> dict[str, str]:
     return {"type": _jsonb_str(type(exc).__name__), "message": _exc_message(exc)}
 
 
+#: The name of the wait a step records when a budget parks it (``budget#1``, ...).
+_BUDGET_WAIT = "budget"
+
+
 class WorkflowContext:
     """What a workflow function gets: recorded steps, waits and the run's facilities.
 
@@ -460,6 +464,7 @@ class WorkflowContext:
         self._enter()
         try:
             key = self._claim_name(name, repeat, "step")
+            self._skip_budget_waits()
             entry = self._next("step", key)
             if entry is not None:
                 self._pos += 1
@@ -471,8 +476,18 @@ class WorkflowContext:
             call = functools.partial(fn, *args, **kwargs)
             rec = None if policy.reconcile is None else functools.partial(
                 policy.reconcile, *args, **kwargs)
-            ok, value = await self._attempts(key, call, rec, policy,
-                                             inspect.iscoroutinefunction(fn))
+            while True:
+                try:
+                    ok, value = await self._attempts(key, call, rec, policy,
+                                                     inspect.iscoroutinefunction(fn))
+                    break
+                except BudgetExhausted as exc:
+                    # a budget's park: a recorded wait, then the step again (runs/budgets.py)
+                    kind, ref, wake_in = exc.parking()
+                    assert kind is not None and ref is not None
+                    self._busy = False
+                    await self.park(_BUDGET_WAIT, Wait(signal=(kind, ref), timeout=wake_in))
+                    self._busy = True
             if ok:
                 try:
                     result_json = dumps(value, f"step {key!r} result")
@@ -489,6 +504,17 @@ class WorkflowContext:
             raise mark_terminal(StepFailed(key, value["type"], value["message"], self._rows))
         finally:
             self._busy = False
+
+    def _skip_budget_waits(self) -> None:
+        """Replaying a step: pass the budget waits recorded before it (each one a park
+        of the step on an exhausted budget, woken), as :meth:`park` would."""
+        while self._pos < len(self._entries):
+            e = self._entries[self._pos]
+            if (e.kind != "wait" or not e.name.startswith(_BUDGET_WAIT + "#")
+                    or e.outcome is None):
+                return
+            self._numbered(_BUDGET_WAIT)
+            self._pos += 1
 
     def _check_ended(self) -> None:
         """The code ends here: NonDeterministicWorkflow if the history goes on."""

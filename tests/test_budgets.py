@@ -458,3 +458,27 @@ async def test_workflow_step_reserves_parks_and_is_charged_once(
     assert info.status == "completed", info.error
     assert info.result == ["answer", "answer"]
     assert usage(conn, "wf", "calls") == (2, 0)
+
+
+def test_cli_budgets_shows_usage(dsn: str, conn: psycopg.Connection[Any]) -> None:
+    import json
+
+    from typer.testing import CliRunner
+
+    from pgdurable.ops.cli import app as cli_app
+
+    with pgdurable.DurableClient(dsn) as client:
+        client.budget("tenant:acme", limit={"usd": 50, "calls": 10}, window=86400, policy="park")
+    run = conn.execute("SELECT run_id FROM pgdurable.start_run('t', '1', '{}', 'default', 0, 3, "
+                       "NULL, NULL, NULL, NULL)").fetchone()
+    assert run is not None
+    conn.execute("SELECT pgdurable.budget_started_run(%s, '{}', '{\"usd\": 2}')", (run[0],))
+    conn.commit()
+    out = CliRunner().invoke(cli_app, ["budgets", "--dsn", dsn, "--json"], catch_exceptions=False)
+    assert out.exit_code == 0, out.output
+    rows = json.loads(out.output)
+    assert [(r["budget_key"], r["unit"], r["limit_amount"], r["available"]) for r in rows] == [
+        ("tenant:acme", "calls", 10, 10), ("tenant:acme", "usd", 50, 50)]
+    out = CliRunner().invoke(cli_app, ["budgets", "--dsn", dsn, "--runs"],
+                             catch_exceptions=False)
+    assert out.exit_code == 0 and f"run:{run[0]}" in out.output and "rolling 1d" in out.output

@@ -263,20 +263,21 @@ BEGIN
   FOR b IN
     SELECT x.key, x.policy, x.window_kind, x.window_length, u.unit, u.amount,
            (x.limits ->> u.unit)::numeric AS lim,
-           (SELECT coalesce(sum(l.amount), 0) FROM pgdurable.budget_ledger l
-             WHERE l.budget_key = x.key AND l.unit = u.unit AND l.kind = 'settle'
-               AND l.at >= pgdurable._budget_window_start(x.window_kind, x.window_length)) AS settled,
-           (SELECT min(l.at) FROM pgdurable.budget_ledger l
-             WHERE l.budget_key = x.key AND l.unit = u.unit AND l.kind = 'settle'
-               AND l.at >= pgdurable._budget_window_start(x.window_kind, x.window_length)) AS oldest,
+           s.settled, s.oldest,
            (SELECT coalesce(sum(h.amount), 0) FROM pgdurable.budget_holds h
               JOIN pgdurable.runs q ON q.id = h.run_id AND q.status = 'leased'
                                    AND q.lease_token = h.token
              WHERE h.budget_key = x.key AND h.unit = u.unit
                AND NOT (h.run_id = r.id AND h.step = p_step AND h.rkey = p_rkey)) AS held
       FROM pgdurable.budgets x,
+           LATERAL (SELECT pgdurable._budget_window_start(x.window_kind, x.window_length)
+                             AS window_start) w,
            LATERAL (SELECT e.key AS unit, (e.value #>> '{}')::numeric AS amount
-                      FROM jsonb_each(p_amounts) e) u
+                      FROM jsonb_each(p_amounts) e) u,
+           LATERAL (SELECT coalesce(sum(l.amount), 0) AS settled, min(l.at) AS oldest
+                      FROM pgdurable.budget_ledger l
+                     WHERE l.budget_key = x.key AND l.unit = u.unit AND l.kind = 'settle'
+                       AND l.at >= w.window_start) s
      WHERE x.key = ANY (v_keys) AND x.limits ? u.unit
      ORDER BY (x.policy = 'fail') DESC, x.key, u.unit
   LOOP

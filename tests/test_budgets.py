@@ -482,3 +482,49 @@ def test_cli_budgets_shows_usage(dsn: str, conn: psycopg.Connection[Any]) -> Non
     out = CliRunner().invoke(cli_app, ["budgets", "--dsn", dsn, "--runs"],
                              catch_exceptions=False)
     assert out.exit_code == 0 and f"run:{run[0]}" in out.output and "rolling 1d" in out.output
+
+
+async def test_sync_step_reserves_with_a_plain_with(dsn: str,
+                                                     conn: psycopg.Connection[Any]) -> None:
+    async with pgdurable.Durable(dsn) as app:
+        @app.task("sync")
+        def sync(ctx: RunContext, state: Any) -> Any:
+            with ctx.reserve(tokens=100) as r:
+                r.settle(tokens=40)
+            return Done(r.status)
+
+        await app.budget("b", limit={"tokens": 1000})
+        rid = await app.start("sync", {}, budgets=["b"])
+        async with app_running(app):
+            info = await finished(app, rid)
+    assert info.status == "completed" and info.result == "settled", info.error
+    assert usage(conn, "b", "tokens") == (40, 0)
+
+
+async def test_prometheus_counts_reservations_and_reads_budgets(
+        dsn: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from pgdurable.foundation import metrics
+
+    monkeypatch.setattr(metrics, "_m", None)  # this test's registry and database
+    registry = metrics.enable(dsn, CollectorRegistry())
+    async with pgdurable.Durable(dsn) as app:
+        @app.task("call")
+        async def call(ctx: RunContext, state: Any) -> Any:
+            async with ctx.reserve(usd=0.5) as r:
+                r.settle(usd=0.25)
+            return Done(None)
+
+        await app.budget("tenant:acme", limit={"usd": 0.6})
+        ok = await app.start("call", {}, budgets=["tenant:acme"])
+        async with app_running(app):
+            assert (await finished(app, ok)).status == "completed"
+            over = await app.start("call", {}, budgets=["tenant:acme"])
+            assert (await finished(app, over)).status == "failed"
+    text = generate_latest(registry).decode()
+    assert 'pgdurable_budget_reservations_total{outcome="reserved"} 1.0' in text
+    assert 'pgdurable_budget_reservations_total{outcome="exhausted"} 1.0' in text
+    assert 'pgdurable_budget_limit{budget="tenant:acme",unit="usd"} 0.6' in text
+    assert 'pgdurable_budget_settled{budget="tenant:acme",unit="usd"} 0.25' in text
+    assert 'pgdurable_budget_held{budget="tenant:acme",unit="usd"} 0.0' in text

@@ -38,6 +38,7 @@ from decimal import Decimal
 from types import TracebackType
 from typing import Any
 
+from ..foundation import metrics
 from ..foundation.errors import BudgetExceeded, InvalidInput, LeaseLost, mark_terminal
 from ..foundation.queries import budgets as bq
 from ..foundation.queries.core import one
@@ -200,6 +201,7 @@ class Reservation:
 
     async def __aenter__(self) -> Reservation:
         ans = await one(self._ctx._app, bq.RESERVE, (*self._ident(), self._json))
+        metrics.budget_reserved("replayed" if ans.status == "settled" else ans.status)
         if ans.status in ("reserved", "unbudgeted"):
             self.status = ans.status
             return self

@@ -5,11 +5,12 @@ that attaches budgets, and what the command line shows."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from decimal import Decimal
 
 from .core import Listing, Query, record, scalar, statement
 
-__all__ = ["BUDGET_STARTED", "PRICE_SET", "RELEASE", "RESERVE", "Reserved", "SET", "SETTLE",
-           "USAGE"]
+__all__ = ["BUDGET_STARTED", "GAUGES", "PRICE_SET", "RELEASE", "RESERVE", "Reserved", "SET",
+           "SETTLE", "USAGE", "Usage"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,3 +63,21 @@ SELECT budget_key, unit, limit_amount, window_kind, window_length, policy, settl
  WHERE %s::boolean OR budget_key NOT LIKE 'run:%%'
  ORDER BY budget_key, unit
 """)
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    """One named budget's unit: its limit (None: not limited), settled in the window,
+    held by live reservations."""
+
+    budget_key: str
+    unit: str
+    limit_amount: Decimal | None
+    settled: Decimal
+    held: Decimal
+
+
+# -- the named budgets' units for the Prometheus gauges (foundation/metrics.py)
+GAUGES: Query[Usage] = record(
+    "SELECT budget_key, unit, limit_amount, settled, held FROM pgdurable.budget_usage "
+    "WHERE budget_key NOT LIKE 'run:%' ORDER BY budget_key, unit", Usage)

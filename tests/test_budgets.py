@@ -528,3 +528,45 @@ async def test_prometheus_counts_reservations_and_reads_budgets(
     assert 'pgdurable_budget_limit{budget="tenant:acme",unit="usd"} 0.6' in text
     assert 'pgdurable_budget_settled{budget="tenant:acme",unit="usd"} 0.25' in text
     assert 'pgdurable_budget_held{budget="tenant:acme",unit="usd"} 0.0' in text
+
+
+def test_a_lost_lease_stops_holding_when_its_run_is_reclaimed(
+        conn: psycopg.Connection[Any]) -> None:
+    """Liveness by token: a crashed worker's hold counts until its run is claimed
+    again (the limit errs on the safe side), then not; its settlement is refused."""
+    conn.autocommit = True
+    conn.execute("SELECT pgdurable.budget_set('b', '{\"calls\": 1}', 'none', NULL, 'fail')")
+
+    def start_and_claim(owner: str) -> tuple[Any, int]:
+        rid = scalar(conn, "SELECT run_id FROM pgdurable.start_run('t', '1', '{}', 'default', "
+                           "0, 3, NULL, NULL, NULL, NULL)")
+        conn.execute("SELECT pgdurable.budget_started_run(%s, '{b}', NULL)", (rid,))
+        token = scalar(conn, "SELECT lease_token FROM pgdurable.claim_runs(%s, '{default}', "
+                             "'{t}', '{1}', 1, '1 hour')", owner)
+        return rid, token
+
+    def reserve(rid: Any, token: int, owner: str) -> str:
+        return str(scalar(conn, "SELECT status FROM pgdurable.budget_reserve(%s, %s, %s, 0, "
+                                "'r0', '{\"calls\": 1}')", rid, token, owner))
+
+    crashed, t1 = start_and_claim("w1")
+    assert reserve(crashed, t1, "w1") == "reserved"
+    other, t2 = start_and_claim("w2")
+    assert reserve(other, t2, "w2") == "exhausted"
+    # w1 dies: its lease lapses; until the run is claimed again its hold still counts
+    conn.execute("UPDATE pgdurable.runs SET lease_expires_at = now() - interval '1 s' "
+                 "WHERE id = %s", (crashed,))
+    assert usage(conn, "b", "calls") == (0, 1)
+    assert reserve(other, t2, "w2") == "exhausted"
+    t3 = scalar(conn, "SELECT lease_token FROM pgdurable.claim_runs('w3', '{default}', '{t}', "
+                      "'{1}', 1, '1 hour')")
+    assert t3 > t1
+    assert usage(conn, "b", "calls") == (0, 0)  # the old token's hold is dead
+    assert reserve(other, t2, "w2") == "reserved"
+    assert conn.execute(LEDGER, (crashed,)).fetchall() == [
+        ("reserve", "calls", 1), ("release", "calls", 1)]  # swept by the next reservation
+    with pytest.raises(psycopg.Error) as err:  # the zombie's settlement
+        conn.execute("SELECT pgdurable.budget_settle(%s, %s, 'w1', 0, 'r0', '{}', NULL)",
+                     (crashed, t1))
+    assert err.value.sqlstate == "PD001"
+    assert usage(conn, "b", "calls") == (0, 1)

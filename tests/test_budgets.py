@@ -9,6 +9,7 @@ holds, the runs).
 
 from __future__ import annotations
 
+import re
 import threading
 from datetime import timedelta
 from decimal import Decimal
@@ -570,3 +571,36 @@ def test_a_lost_lease_stops_holding_when_its_run_is_reclaimed(
                      (crashed, t1))
     assert err.value.sqlstate == "PD001"
     assert usage(conn, "b", "calls") == (0, 1)
+
+
+def test_dashboard_shows_budgets_and_a_runs_spend(dsn: str, conn: psycopg.Connection[Any]) -> None:
+    import httpx
+    from _dashboard_server import serving
+
+    from pgdurable.ops.dashboard import create_app
+
+    conn.autocommit = True
+    conn.execute("SELECT pgdurable.budget_set('tenant:acme', '{\"usd\": 5}', 'rolling', "
+                 "'1 day', 'park')")
+    rid = scalar(conn, "SELECT run_id FROM pgdurable.start_run('t', '1', '{}', 'default', 0, 3, "
+                       "NULL, NULL, NULL, NULL)")
+    conn.execute("SELECT pgdurable.budget_started_run(%s, '{tenant:acme}', NULL)", (rid,))
+    token = scalar(conn, "SELECT lease_token FROM pgdurable.claim_runs('w', '{default}', '{t}', "
+                         "'{1}', 1, '1 hour')")
+    conn.execute("SELECT pgdurable.budget_reserve(%s, %s, 'w', 0, 'r0', '{\"usd\": 2}')",
+                 (rid, token))
+    conn.execute("SELECT pgdurable.budget_settle(%s, %s, 'w', 0, 'r0', '{\"usd\": 1.25}', NULL)",
+                 (rid, token))
+    conn.execute("SELECT pgdurable.budget_reserve(%s, %s, 'w', 1, 'r0', '{\"usd\": 0.5}')",
+                 (rid, token))
+    with serving(create_app(dsn)) as base:
+        page = httpx.get(base + "/budgets").text
+        row = page[page.index("tenant:acme"):]
+        row = row[:row.index("</tr>")]
+        # limit 5, settled 1.25, held 0.5 (live), left 3.25
+        assert [c for c in re.findall(r'class="num[^"]*">([^<]*)<', row)] == [
+            "5", "1.25", "0.5", "3.25"], row
+        run_page = httpx.get(f"{base}/runs/{rid}").text
+        spend = run_page[run_page.index('id="spend"'):]
+        assert "tenant:acme" in spend[:spend.index("</table>")]
+        assert ">1.25<" in spend[:spend.index("</table>")]

@@ -72,3 +72,20 @@ COMMENT ON COLUMN pgdurable.budget_model_spend.budget_key IS 'The budget charged
 COMMENT ON COLUMN pgdurable.budget_model_spend.unit IS 'The unit.';
 COMMENT ON COLUMN pgdurable.budget_model_spend.settled IS 'Total settled.';
 COMMENT ON COLUMN pgdurable.budget_model_spend.settlements IS 'How many settlement rows.';
+
+------------------------------------------------------------------------------
+-- pgdurable.budget_run_spend: settled spend per run, budget and unit (the
+-- dashboard's run page; a filter on run_id uses the ledger's run index).
+------------------------------------------------------------------------------
+CREATE VIEW pgdurable.budget_run_spend AS
+SELECT l.run_id, l.budget_key, l.unit,
+       coalesce(sum(l.amount) FILTER (WHERE l.kind = 'settle'), 0) AS settled,
+       count(*) FILTER (WHERE l.kind = 'settle') AS settlements
+  FROM pgdurable.budget_ledger l
+ GROUP BY 1, 2, 3;
+COMMENT ON VIEW pgdurable.budget_run_spend IS 'Settled spend per run, budget and unit.';
+COMMENT ON COLUMN pgdurable.budget_run_spend.run_id IS 'The run charged.';
+COMMENT ON COLUMN pgdurable.budget_run_spend.budget_key IS 'The budget.';
+COMMENT ON COLUMN pgdurable.budget_run_spend.unit IS 'The unit.';
+COMMENT ON COLUMN pgdurable.budget_run_spend.settled IS 'Total settled.';
+COMMENT ON COLUMN pgdurable.budget_run_spend.settlements IS 'How many settlement rows.';

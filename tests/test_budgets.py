@@ -604,3 +604,45 @@ def test_dashboard_shows_budgets_and_a_runs_spend(dsn: str, conn: psycopg.Connec
         spend = run_page[run_page.index('id="spend"'):]
         assert "tenant:acme" in spend[:spend.index("</table>")]
         assert ">1.25<" in spend[:spend.index("</table>")]
+
+
+async def test_pydantic_ai_model_requests_reserve_and_settle_their_usage(
+        dsn: str, conn: psycopg.Connection[Any]) -> None:
+    """PgDurability(reserve=...): each model request of a durable agent run reserves
+    from the run's budgets and settles the usage the model returned."""
+    pytest.importorskip("pydantic_ai")
+    from pydantic_ai import Agent
+    from pydantic_ai.models.test import TestModel
+
+    from pgdurable.contrib.pydantic_ai import PgDurability, start_agent
+
+    app = pgdurable.Durable(dsn)
+    try:
+        with pytest.raises(InvalidInput, match="unknown unit"):
+            PgDurability(app, reserve={"eur": 1})
+        agent = Agent(TestModel(), name="metered", capabilities=[
+            PgDurability(app, stream=False, reserve={"calls": 1, "tokens_in": 5000,
+                                                      "tokens_out": 5000})])
+
+        @agent.tool_plain
+        def double(x: int) -> int:
+            return 2 * x
+
+        await app.budget("tenant:acme", limit={"calls": 10, "tokens_in": 100_000})
+        rid = await start_agent(app, agent, "go", budgets=["tenant:acme"])
+        async with app_running(app):
+            result = await app.result(rid, timeout=60)
+    finally:
+        await app.close()
+    used = result["usage"]
+    assert used["requests"] == 2  # a tool call, then the answer
+    assert usage_of(conn, "calls") == used["requests"]
+    assert usage_of(conn, "tokens_in") == used["input_tokens"] > 0
+    assert usage_of(conn, "tokens_out") == used["output_tokens"] > 0
+    assert usage(conn, "tenant:acme", "calls")[1] == 0  # nothing held after the run
+
+
+def usage_of(conn: psycopg.Connection[Any], unit: str) -> int:
+    return int(scalar(conn, "SELECT sum(amount) FROM pgdurable.budget_ledger "
+                            "WHERE kind = 'settle' AND budget_key = 'tenant:acme' AND unit = %s",
+                      unit))

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import uuid
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime, timedelta
 from typing import Any, Literal
 
@@ -36,6 +36,7 @@ from ..foundation.effects import DEFAULT_LEASE as DEFAULT_IDEMPOTENCY_LEASE
 from ..foundation.effects import DEFAULT_TTL as DEFAULT_IDEMPOTENCY_TTL
 from ..foundation.effects import with_idempotency
 from ..foundation.errors import ProviderClosed
+from ..foundation.queries import budgets as bq
 from ..foundation.registry import TaskRegistry, start_params
 from ..foundation.signals import (
     DEFAULT_MAX_PAYLOAD,
@@ -45,6 +46,7 @@ from ..foundation.signals import (
 )
 from ..runs import flow
 from ..runs.batch_start import Start, start_many
+from ..runs.budgets import budget_params, budget_statement, price_params, split_budget
 from ..runs.children import TreeNode, run_tree
 from ..runs.fork import ForkedRun, fork, fork_failed, rewind
 from ..runs.metadata import start_statement
@@ -110,7 +112,7 @@ class AsyncRunAPI(ABC):
         priority: int = 0,
         idempotency_key: str | None = None,
         deadline: Any = None,
-        budget: float | None = None,
+        budget: float | Mapping[str, float] | None = None,
         revision: str | None = None,
         max_attempts: int | None = None,
         metadata: dict[str, Any] | None = None,
@@ -119,6 +121,7 @@ class AsyncRunAPI(ABC):
         at: datetime | None = None,
         delay: timedelta | None = None,
         affinity_of: str | uuid.UUID | None = None,
+        budgets: Iterable[str] | None = None,
     ) -> str:
         """Start a run of ``task`` and return its id.
 
@@ -133,16 +136,21 @@ class AsyncRunAPI(ABC):
         see :mod:`pgdurable.runs.metadata`). ``affinity_of`` (a run id) starts the run
         with the affinity that run has now: its next claims prefer (or wait for)
         the worker holding that run's service (docs/affinity.md; an unknown id:
-        :class:`RunNotFound`, nothing started).
+        :class:`RunNotFound`, nothing started). Spend control (docs/budgets.md):
+        ``budget`` is the run's own limit, a number (the old spend limit) or
+        ``{unit: amount}`` (a budget of the run and its tree); ``budgets`` names the
+        shared budgets it draws from too (:meth:`budget`).
         """
         self._check_open()
+        spend_limit, own_budget = split_budget(budget)
         params = start_params(
-            self._registry, task, state, queue, priority, idempotency_key, deadline, budget,
+            self._registry, task, state, queue, priority, idempotency_key, deadline, spend_limit,
             revision, max_attempts,
         )
         sql, params = flow.start_sql(params, key, at, delay)
         # metadata, trace context and affinity
         sql, params = start_statement(sql, params, metadata, affinity_of)
+        sql, params = budget_statement(sql, params, budgets, own_budget)  # runs/budgets.py
         if conn is not None:
             with translated():
                 cur = await conn.execute(sql, params)
@@ -186,6 +194,29 @@ class AsyncRunAPI(ABC):
         await self.fetchone(
             flow.SET_QUEUE, flow.queue_params(name, concurrency, per_key_concurrency, rate, burst)
         )
+
+    async def budget(self, key: str, *, limit: Mapping[str, float],
+                     window: timedelta | float | None = None, calendar: bool = False,
+                     policy: Literal["park", "fail"] = "fail") -> None:
+        """Create or change the named budget ``key`` (spend control, docs/budgets.md).
+
+        ``limit``: ``{unit: amount}`` for units ``usd``, ``tokens``, ``tokens_in``,
+        ``tokens_out``, ``calls``. ``window``: None (for all time), or a timedelta
+        (or seconds): the last ``window`` (rolling), or calendar buckets of it from
+        2000-01-01 UTC with ``calendar=True``. ``policy``: when a reservation cannot
+        be had, ``park`` the run until the window refills or the limit is raised
+        (this call wakes the runs parked on the budget), or ``fail`` it with
+        :class:`~pgdurable.BudgetExceeded`. Runs draw from it when started with
+        ``budgets=[key]``. Bad input: :class:`~pgdurable.InvalidInput`, nothing written.
+        """
+        await self.fetchone(bq.SET.sql, budget_params(key, limit, window, calendar, policy))
+
+    async def set_price(self, model: str, *, usd_per_token_in: float,
+                        usd_per_token_out: float) -> None:
+        """Set ``model``'s price: a settlement naming it with ``tokens_in`` /
+        ``tokens_out`` and no ``usd`` is charged in USD from it (docs/budgets.md)."""
+        await self.fetchone(bq.PRICE_SET.sql, price_params(model, usd_per_token_in,
+                                                           usd_per_token_out))
 
     async def set_bucket(self, name: str, *, rate: flow.Rate, burst: float | None = None) -> None:
         """Create or change the shared token bucket ``name`` (for ``ctx.acquire``)."""

@@ -37,7 +37,7 @@ from ..foundation.errors import (
 from ..foundation.jsonb import dumps
 from ..foundation.retry import backoff, is_lost_connection, is_transient
 from ..runs import tracing
-from ..runs.flow import ACQUIRE_KIND, RateLimited
+from ..runs.flow import RateLimited
 from ..runs.liveness import step_guard
 from ..runs.steps import (
     _UNSET,
@@ -131,11 +131,10 @@ class StepExecution(Parking, StepEffects):
                     if await self._step_again(a, window_end, db_delays):
                         continue
                     return
-                if isinstance(outcome, RateLimited):  # flow control: park, step again later
-                    kind = None if outcome.bucket is None else ACQUIRE_KIND
+                if isinstance(outcome, RateLimited):  # flow control, budgets: park, step again
+                    kind, ref, wake_in = outcome.parking()
                     await self._park(a, (a.run_id, a.token, self.worker_id), dumps(state, "state"),
-                                     ctx._pending_spend, kind, outcome.bucket, None,
-                                     timedelta(seconds=outcome.retry_after))
+                                     ctx._pending_spend, kind, ref, None, wake_in)
                     return
                 if isinstance(outcome, BaseException):
                     terminal = isinstance(

@@ -73,6 +73,12 @@ class RateLimited(PgDurableError):
         self.retry_after = max(0.0, secs)
         super().__init__(message or f"rate limited: retry in {self.retry_after:.3f} s")
 
+    def parking(self) -> tuple[str | None, str | None, timedelta | None]:
+        """How the worker parks the run: the wait's ``(kind, ref)`` (a plain timer, or
+        the bucket's reservation) and the timer (``retry_after``)."""
+        kind = None if self.bucket is None else ACQUIRE_KIND
+        return kind, self.bucket, timedelta(seconds=self.retry_after)
+
     @classmethod
     def from_headers(cls, headers: Mapping[str, str], default: float = 1.0) -> RateLimited:
         """A :class:`RateLimited` from an HTTP 429's headers: ``Retry-After``

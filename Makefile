@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 
-.PHONY: demo test lint docs install clean
+.PHONY: demo test lint twins docs install clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -20,8 +20,12 @@ test: install
 	$(PY) -m pytest -q
 
 lint: install
-	$(VENV)/bin/ruff check pgdurable tests benchmarks examples
-	$(VENV)/bin/mypy --strict pgdurable
+	$(VENV)/bin/ruff check pgdurable tests benchmarks examples tools
+	$(VENV)/bin/mypy --strict pgdurable tools/async_to_sync.py
+	$(PY) tools/async_to_sync.py --check
+
+twins: install  # regenerate the sync twins from their async source (docs/architecture.md)
+	$(PY) tools/async_to_sync.py
 
 docs: install  # the documentation site, into ./site (open site/index.html; no network needed)
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict

@@ -17,6 +17,7 @@ from .foundation.effects import with_idempotency, with_idempotency_sync
 from .foundation.errors import (
     AttemptsExhausted,
     BudgetExceeded,
+    BudgetNotFound,
     CorruptCheckpoint,
     DatabaseUnavailable,
     DeadlineExceeded,
@@ -132,6 +133,7 @@ __all__ = [
     "resolve_lease_provider",
     "AttemptsExhausted",
     "BudgetExceeded",
+    "BudgetNotFound",
     "CorruptCheckpoint",
     "DatabaseUnavailable",
     "DeadlineExceeded",

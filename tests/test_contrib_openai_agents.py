@@ -19,6 +19,7 @@ pytest.importorskip("agents")
 
 from _agent_ledger import TABLES, cli_signal
 from _waiting import WAIT_LIMIT, until_sync
+from fix_fleet import Fleet
 
 import pgdurable
 from pgdurable.contrib.openai_agents import PgDurableSession, run_agent
@@ -97,8 +98,11 @@ def _ledger(db: psycopg.Connection[Any], event: str) -> list[tuple[int, str]]:
 
 
 @pytest.mark.crash
+@pytest.mark.fleet("_agents_app:app", ttl=2.0, poll=0.5, grace=5.0, concurrency=16,
+                   env={"OPENAI_AGENTS_DISABLE_TRACING": "1",
+                        "OPENAI_API_KEY": "unused-no-network"})
 def test_sigkill_mid_agent_run_resumes_without_repeating_model_calls_or_tools(
-    dsn: str, db: psycopg.Connection[Any], tmp_path: Path
+    dsn: str, db: psycopg.Connection[Any], fleet: Fleet
 ) -> None:
     from _agents_app import build
 
@@ -113,17 +117,10 @@ def test_sigkill_mid_agent_run_resumes_without_repeating_model_calls_or_tools(
         assert row is not None
         return tuple(row)
 
-    def worker(name: str) -> subprocess.Popen[bytes]:
-        with open(tmp_path / f"{name}.log", "wb") as out:
-            return subprocess.Popen(
-                [sys.executable, "-m", "pgdurable.worker", "_agents_app:app", "--lease-ttl", "2",
-                 "--poll", "0.5", "--grace", "5", "--worker-id", name],
-                env=_env(dsn), cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
-
-    a = worker("a")
+    a = fleet.start("a")
     rid = asyncio.run(start("buy the thing"))
     assert a.wait(timeout=WAIT_LIMIT) == -signal.SIGKILL  # killed itself in tool `crash`
-    b = worker("b")
+    b = fleet.start("b")
     try:
         until_sync(lambda: status(rid)[0] == "completed", "worker b to finish the run")
         # before the kill: model call 1 (-> charge), charge, model call 2 (-> crash): all
@@ -145,8 +142,7 @@ def test_sigkill_mid_agent_run_resumes_without_repeating_model_calls_or_tools(
         assert kinds == turn + turn, kinds
         assert len(_ledger(db, "charge")) == 2
     finally:
-        b.send_signal(signal.SIGKILL)
-        b.wait(timeout=WAIT_LIMIT)
+        b.kill()
 
 
 # -- the SDK's scripted model: SIGKILL, approvals through RunState, run_streamed ---------

@@ -23,6 +23,7 @@ from typing import Any
 import psycopg
 import pytest
 from _dashboard_server import serving
+from fix_fleet import Fleet
 
 from pgdurable import DurableClient
 from pgdurable.ops.dashboard import create_app
@@ -201,24 +202,21 @@ def test_limits_schedules_and_fork_from_the_ui(dsn: str, page: Any, tmp_path: Pa
         _shot(page, tmp_path, "fork-source")
 
 
+#: The worker process's options as before the fleet fixture: the worker's own lease TTL
+#: (60 s), poll (5 s) and grace (30 s).
+@pytest.mark.fleet("tests._ops_procs:app", ttl=60.0, poll=5.0, grace=30.0)
 def test_result_and_workers_pages_with_a_real_worker(dsn: str, page: Any, tmp_path: Path,
-                                                     capsys: pytest.CaptureFixture[str]) -> None:
+                                                     capsys: pytest.CaptureFixture[str],
+                                                     fleet: Fleet) -> None:
     """A worker process runs a run to its end: the run page shows its result, the
     workers page the worker (host, pid, queues, concurrency, revisions), and no
     request of the browser gets a 404. Screenshots: run-result.png, workers.png
     in the test's tmp dir (printed)."""
     import socket
-    import subprocess
-    import sys
 
     missing: list[str] = []
     page.on("response", lambda r: missing.append(r.url) if r.status == 404 else None)
-    env = {**os.environ, "PGDURABLE_DSN": dsn}
-    root = Path(__file__).resolve().parent.parent
-    worker = subprocess.Popen(
-        [sys.executable, "-m", "pgdurable.worker", "tests._ops_procs:app", "--concurrency", "3",
-         "--queues", "default,reports", "--worker-id", "ui-worker-1"],
-        cwd=root, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    worker = fleet.start("ui-worker-1", queues="default,reports", concurrency=3)
     try:
         with DurableClient(dsn) as c:
             rid = c.start("ops.two_steps", {"topic": "pg"}, revision="1")
@@ -237,9 +235,8 @@ def test_result_and_workers_pages_with_a_real_worker(dsn: str, page: Any, tmp_pa
                 assert row.get_by_role("cell", name=cell, exact=True).count() == 1, cell
             _shot(page, tmp_path, "workers")
     finally:
-        worker.terminate()
-        _, err = worker.communicate(timeout=60)
-    assert worker.returncode == 0, err
+        code = worker.terminate()
+    assert code == 0, worker.log()
     assert missing == [], f"404s: {missing}"
     with capsys.disabled():
         print(f"\nscreenshots: {tmp_path / 'run-result.png'} and {tmp_path / 'workers.png'}")

@@ -42,7 +42,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tests"))
 import _effects_app as fx  # noqa: E402
 from _pgnet import Proxy, proxied  # noqa: E402
-from test_effects_crash import kill, spawn_hanging_worker, wait_for  # noqa: E402
+from fix_fleet import Fleet  # noqa: E402
+from test_effects_crash import HANGING, spawn_hanging_worker, wait_for  # noqa: E402
 
 # -- terminate every connection of the library to this database (not the test's own),
 # -- and wait (up to 10 s) until those backends are gone: their sockets are closed
@@ -209,8 +210,9 @@ async def test_effect_survives_lost_connections(
     assert effect_row(conn, rid, "mail") == ("succeeded", {"sent": True}, None)
 
 
-async def test_reconcile_not_performed_runs_fn_once(dsn: str, conn: psycopg.Connection[Any]
-                                                    ) -> None:
+@HANGING
+async def test_reconcile_not_performed_runs_fn_once(dsn: str, conn: psycopg.Connection[Any],
+                                                    fleet: Fleet) -> None:
     """The effect is recorded started, the worker is SIGKILLed before fn
     performed it; on resume reconcile finds no trace and returns
     NOT_PERFORMED: fn runs exactly once, under the new lease token."""
@@ -220,12 +222,12 @@ async def test_reconcile_not_performed_runs_fn_once(dsn: str, conn: psycopg.Conn
         rid = await starter.start("crash_before_send")
     finally:
         await starter.close()
-    proc = spawn_hanging_worker(dsn)
+    proc = spawn_hanging_worker(fleet, dsn)
     try:
         await wait_for(lambda: fx.count(dsn, "entered", rid) == 1, "fn entered", proc)
         assert effect_row(conn, rid, "send") == ("started", None, None)
     finally:
-        kill(proc)
+        proc.kill()  # SIGKILL, reaped
     app = fx.make_app(dsn)
     try:
         async with running(app.worker(poll_interval=0.2)):

@@ -3,7 +3,8 @@ reconcile steps, then resume in another worker.
 
 The subprocess worker runs ``tests/_effects_app.py`` with ``PGD_EFFECTS_HANG=1``:
 the code under test writes a marker row and blocks exactly at the crash point;
-the parent waits for the marker, SIGKILLs the process, and a second (in-process)
+the parent waits for the marker, SIGKILLs the process (the ``fleet`` fixture,
+tests/fix_fleet.py), and a second (in-process)
 worker claims the runs once their 2 s leases expire. Every execution is
 counted in the scratch table ``public.effect_log`` by the code itself.
 """
@@ -12,8 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import signal
-import subprocess
 import sys
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -22,6 +21,7 @@ from typing import Any
 import psycopg
 import pytest
 from _waiting import WAIT_LIMIT, finished
+from fix_fleet import Fleet, WorkerProc
 
 from pgdurable import Durable, Worker
 
@@ -29,21 +29,18 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tests"))
 import _effects_app as fx  # noqa: E402
 
-pytestmark = pytest.mark.crash
+#: The hanging worker: the code under test blocks at its crash point (its options as
+#: before the fleet fixture: the worker's own grace, 30 s).
+HANGING = pytest.mark.fleet("_effects_app:app", ttl=2.0, poll=0.2, concurrency=8,
+                            env={"PGD_EFFECTS_HANG": "1"})
+pytestmark = [pytest.mark.crash, HANGING]
 
 
-def spawn_hanging_worker(dsn: str) -> subprocess.Popen[bytes]:
-    env = dict(os.environ)
-    env.update(PGD_EFFECTS_DSN=dsn, PGD_EFFECTS_HANG="1")
-    env["PYTHONPATH"] = os.path.join(ROOT, "tests") + os.pathsep + env.get("PYTHONPATH", "")
-    return subprocess.Popen(
-        [sys.executable, "-m", "pgdurable.worker", "_effects_app:app", "--lease-ttl", "2",
-         "--poll", "0.2", "--concurrency", "8"],
-        cwd=ROOT, env=env,
-    )
+def spawn_hanging_worker(fleet: Fleet, dsn: str) -> WorkerProc:
+    return fleet.start("hanging", env={"PGD_EFFECTS_DSN": dsn})
 
 
-async def wait_for(pred: Callable[[], bool], what: str, proc: subprocess.Popen[bytes]) -> None:
+async def wait_for(pred: Callable[[], bool], what: str, proc: WorkerProc) -> None:
     loop = asyncio.get_running_loop()
     end = loop.time() + WAIT_LIMIT
     while not pred():
@@ -52,11 +49,6 @@ async def wait_for(pred: Callable[[], bool], what: str, proc: subprocess.Popen[b
         if loop.time() > end:
             raise AssertionError(f"timed out waiting for {what}")
         await asyncio.sleep(0.05)
-
-
-def kill(proc: subprocess.Popen[bytes]) -> None:
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
 
 
 @asynccontextmanager
@@ -78,7 +70,8 @@ def effect_row(conn: psycopg.Connection[Any], rid: str, key: str) -> tuple[Any, 
                         (rid, key)).fetchone()
 
 
-async def test_sigkill_around_effects(dsn: str, conn: psycopg.Connection[Any]) -> None:
+async def test_sigkill_around_effects(dsn: str, conn: psycopg.Connection[Any],
+                                     fleet: Fleet) -> None:
     conn.execute(fx.SCRATCH)
     starter = fx.make_app(dsn)
     try:
@@ -90,7 +83,7 @@ async def test_sigkill_around_effects(dsn: str, conn: psycopg.Connection[Any]) -
     finally:
         await starter.close()
 
-    proc = spawn_hanging_worker(dsn)
+    proc = spawn_hanging_worker(fleet, dsn)
     try:
         await wait_for(lambda: fx.count(dsn, "after-effect", after) == 1
                        and all(fx.count(dsn, "send", r) == 1 for r in (safe, rec, rec_fail)),
@@ -101,7 +94,7 @@ async def test_sigkill_around_effects(dsn: str, conn: psycopg.Connection[Any]) -
         for r in (safe, rec, rec_fail):
             assert effect_row(conn, r, "send") == ("started", None)
     finally:
-        kill(proc)
+        proc.kill()  # SIGKILL, reaped
 
     async with resumed(dsn) as app:
         infos = {r: await finished(app, r) for r in (after, safe, rec, rec_fail)}
@@ -129,7 +122,8 @@ async def test_sigkill_around_effects(dsn: str, conn: psycopg.Connection[Any]) -
 
 
 async def test_sigkill_inside_a_durable_reconcile_step(dsn: str,
-                                                       conn: psycopg.Connection[Any]) -> None:
+                                                       conn: psycopg.Connection[Any],
+                                                       fleet: Fleet) -> None:
     conn.execute(fx.SCRATCH)
     starter = fx.make_app(dsn)
     try:
@@ -138,7 +132,7 @@ async def test_sigkill_inside_a_durable_reconcile_step(dsn: str,
     finally:
         await starter.close()
 
-    proc = spawn_hanging_worker(dsn)
+    proc = spawn_hanging_worker(fleet, dsn)
     try:
         await wait_for(lambda: fx.count(dsn, "commit", ok) == 1 and fx.count(dsn, "commit", bad) == 1,
                        "both runs inside their commit step", proc)
@@ -146,7 +140,7 @@ async def test_sigkill_inside_a_durable_reconcile_step(dsn: str,
                              "ORDER BY run_id").fetchall()
         assert sorted(marks) == sorted([(ok, 1, "commit"), (bad, 1, "commit")])
     finally:
-        kill(proc)
+        proc.kill()  # SIGKILL, reaped
 
     async with resumed(dsn) as app:
         done_ok = await finished(app, ok)

@@ -1,8 +1,8 @@
 """Fork, rewind, bulk fork, step timeouts and hung-step detection (issue 19).
 
 Steps run in real worker subprocesses (``python -m pgdurable.worker
-_fork_app:app``); every assertion is on database state (ledger rows, run
-status, attempts, error type), never on elapsed time.
+_fork_app:app``, the ``fleet`` fixture of tests/fix_fleet.py); every assertion is on
+database state (ledger rows, run status, attempts, error type), never on elapsed time.
 """
 
 from __future__ import annotations
@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import signal
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Iterator
@@ -20,6 +19,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from fix_fleet import Fleet, Proc, WorkerProc
 
 from pgdurable import (
     Durable,
@@ -43,22 +43,19 @@ def scratch(conn: psycopg.Connection[Any]) -> psycopg.Connection[Any]:
     return conn
 
 
+#: The workers' options (as before the fleet fixture: the worker's own grace, 30 s).
+pytestmark = pytest.mark.fleet("_fork_app:app", ttl=5.0, poll=0.2, concurrency=8)
+
+
 @contextmanager
-def worker_proc(dsn: str) -> Iterator[subprocess.Popen[bytes]]:
-    env = dict(os.environ, PGD_FORK_DSN=dsn)
-    env["PYTHONPATH"] = os.path.join(ROOT, "tests") + os.pathsep + env.get("PYTHONPATH", "")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "pgdurable.worker", "_fork_app:app", "--lease-ttl", "5",
-         "--poll", "0.2", "--concurrency", "8"], cwd=ROOT, env=env)
+def worker_proc(fleet: Fleet, dsn: str) -> Iterator[WorkerProc]:
+    """A worker of ``_fork_app`` while the block runs, then a clean stop (SIGTERM: it
+    unregisters its revisions)."""
+    proc = fleet.start(f"w{len(fleet.all) + 1}", env={"PGD_FORK_DSN": dsn})
     try:
         yield proc
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        proc.terminate()
 
 
 @asynccontextmanager
@@ -71,7 +68,7 @@ async def app_for(dsn: str) -> AsyncIterator[Durable]:
 
 
 async def until(conn: psycopg.Connection[Any], sql: str, params: tuple[Any, ...],
-                proc: subprocess.Popen[bytes] | None = None) -> None:
+                proc: Proc | None = None) -> None:
     """Wait until ``sql`` returns true (hang guard: WAIT_LIMIT)."""
     loop = asyncio.get_running_loop()
     end = loop.time() + WAIT_LIMIT
@@ -87,7 +84,7 @@ async def until(conn: psycopg.Connection[Any], sql: str, params: tuple[Any, ...]
 
 
 async def wait_status(conn: psycopg.Connection[Any], rid: str, statuses: list[str],
-                      proc: subprocess.Popen[bytes] | None = None) -> None:
+                      proc: Proc | None = None) -> None:
     await until(conn, "SELECT status = ANY(%s) FROM pgdurable.runs WHERE id = %s::uuid",
                 (statuses, rid), proc)
 
@@ -124,10 +121,11 @@ def counts(conn: psycopg.Connection[Any]) -> tuple[Any, ...]:
     return tuple(row)
 
 
-async def test_fork_at_step_3_repeats_only_effects_4_to_6(dsn: str, scratch: Any) -> None:
+async def test_fork_at_step_3_repeats_only_effects_4_to_6(dsn: str, scratch: Any,
+                                                         fleet: Fleet) -> None:
     conn = scratch
     async with app_for(dsn) as app:
-        with worker_proc(dsn) as proc:
+        with worker_proc(fleet, dsn) as proc:
             src = await app.start("six", {})
             await wait_status(conn, src, ["completed"], proc)
             assert ledger(conn, src) == [1, 2, 3, 4, 5, 6]
@@ -172,12 +170,12 @@ def run_cli(argv: list[str]) -> tuple[int, str]:
     return proc.returncode, proc.stdout + proc.stderr
 
 
-async def test_rewind_in_place_and_bulk_fork(dsn: str, scratch: Any) -> None:
+async def test_rewind_in_place_and_bulk_fork(dsn: str, scratch: Any, fleet: Fleet) -> None:
     conn = scratch
     since = datetime.now(UTC) - timedelta(minutes=5)
     conn.execute("INSERT INTO public.switches VALUES ('fail', 3)")  # step 4 fails
     async with app_for(dsn) as app:
-        with worker_proc(dsn) as proc:
+        with worker_proc(fleet, dsn) as proc:
             a = await app.start("six", {})
             b = await app.start("six", {})
             c = await app.start("six", {})
@@ -214,10 +212,10 @@ async def test_rewind_in_place_and_bulk_fork(dsn: str, scratch: Any) -> None:
                             (b,)).fetchone() == (1,)
 
 
-async def test_fork_bad_input_writes_nothing(dsn: str, scratch: Any) -> None:
+async def test_fork_bad_input_writes_nothing(dsn: str, scratch: Any, fleet: Fleet) -> None:
     conn = scratch
     async with app_for(dsn) as app:
-        with worker_proc(dsn) as proc:
+        with worker_proc(fleet, dsn) as proc:
             src = await app.start("six", {})
             await wait_status(conn, src, ["completed"], proc)
             # a started worker registered revision "1" of its tasks
@@ -276,10 +274,10 @@ def test_negative_or_zero_timeouts_are_refused(dsn: str) -> None:
     assert app.tasks == {}
 
 
-async def test_step_timeout_retries_then_fails(dsn: str, scratch: Any) -> None:
+async def test_step_timeout_retries_then_fails(dsn: str, scratch: Any, fleet: Fleet) -> None:
     conn = scratch
     async with app_for(dsn) as app:
-        with worker_proc(dsn) as proc:
+        with worker_proc(fleet, dsn) as proc:
             rid = await app.start("slow", {})
             sync_rid = await app.start("slow_sync", {})
             await wait_status(conn, rid, ["failed"], proc)
@@ -292,10 +290,11 @@ async def test_step_timeout_retries_then_fails(dsn: str, scratch: Any) -> None:
             assert s["result"] is None  # the thread's late Done("late") was refused
 
 
-async def test_hung_step_cancelled_beating_step_completes(dsn: str, scratch: Any) -> None:
+async def test_hung_step_cancelled_beating_step_completes(dsn: str, scratch: Any,
+                                                         fleet: Fleet) -> None:
     conn = scratch
     async with app_for(dsn) as app:
-        with worker_proc(dsn) as proc:
+        with worker_proc(fleet, dsn) as proc:
             hung = await app.start("hangs", {})
             ok = await app.start("beats", {})
             ok_sync = await app.start("beats_sync", {})

@@ -5,10 +5,7 @@ HTTP and parsed."""
 from __future__ import annotations
 
 import json
-import os
 import signal
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +13,8 @@ import httpx
 import psycopg
 import pytest
 from _dashboard_server import free_port
-from _waiting import WAIT_LIMIT, until_sync
+from _waiting import until_sync
+from fix_fleet import Fleet, WorkerProc
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -24,28 +22,13 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from pgdurable import DurableClient
 
-TESTS = Path(__file__).resolve().parent
-ROOT = TESTS.parent
+#: The workers' options as they were before the fleet fixture (the worker's own default
+#: concurrency, 16).
+pytestmark = pytest.mark.fleet("_otel_app:app", ttl=2.0, poll=0.2, concurrency=16)
 
 
-def _worker(dsn: str, tmp: Path, name: str, *extra: str) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "PYTHONPATH": f"{TESTS}{os.pathsep}{ROOT}", "PGDURABLE_DSN": dsn,
-           "OTEL_SPAN_FILE": str(tmp / "spans.jsonl")}
-    with open(tmp / f"{name}.log", "wb") as out:
-        return subprocess.Popen(
-            [sys.executable, "-m", "pgdurable.worker", "_otel_app:app", "--lease-ttl", "2",
-             "--poll", "0.2", "--worker-id", name, *extra],
-            env=env, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
-
-
-def _stop(p: subprocess.Popen[bytes]) -> None:
-    if p.poll() is None:
-        p.send_signal(signal.SIGTERM)
-        try:
-            p.wait(WAIT_LIMIT)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
+def _worker(fleet: Fleet, tmp: Path, name: str, *extra: str) -> WorkerProc:
+    return fleet.start(name, env={"OTEL_SPAN_FILE": str(tmp / "spans.jsonl")}, args=extra)
 
 
 def _status(dsn: str, rid: str) -> str:
@@ -60,8 +43,8 @@ def _spans(tmp: Path) -> list[dict[str, Any]]:
 
 
 @pytest.mark.crash
-def test_steps_join_the_starters_trace_across_a_park_and_a_crash(dsn: str,
-                                                               tmp_path: Path) -> None:
+def test_steps_join_the_starters_trace_across_a_park_and_a_crash(
+        dsn: str, tmp_path: Path, fleet: Fleet) -> None:
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
@@ -77,20 +60,15 @@ def test_steps_join_the_starters_trace_across_a_park_and_a_crash(dsn: str,
     assert stored is not None and stored[0]["traceparent"].startswith(
         f"00-{trace_id}-{root_id}-")
 
-    w1 = _worker(dsn, tmp_path, "w1")
-    try:
-        until_sync(lambda: _status(dsn, rid) == "waiting", "the run to park")
-        with DurableClient(dsn) as client:
-            assert client.signal("approval", "r1", {"ok": True})
-        until_sync(lambda: w1.poll() is not None, "worker 1 to crash in step 1")
-        assert w1.returncode == -signal.SIGKILL
-        w2 = _worker(dsn, tmp_path, "w2")
-        try:
-            until_sync(lambda: _status(dsn, rid) == "completed", "worker 2 to finish the run")
-        finally:
-            _stop(w2)
-    finally:
-        _stop(w1)
+    w1 = _worker(fleet, tmp_path, "w1")
+    until_sync(lambda: _status(dsn, rid) == "waiting", "the run to park")
+    with DurableClient(dsn) as client:
+        assert client.signal("approval", "r1", {"ok": True})
+    until_sync(lambda: w1.poll() is not None, "worker 1 to crash in step 1")
+    assert w1.returncode == -signal.SIGKILL
+    w2 = _worker(fleet, tmp_path, "w2")
+    until_sync(lambda: _status(dsn, rid) == "completed", "worker 2 to finish the run")
+    assert w2.terminate() == 0  # a clean stop (what it traced is written)
     spans = _spans(tmp_path)
     steps = [s for s in spans if s["name"] == "pgdurable.step traced"]
     effects = [s for s in spans if s["name"] == "pgdurable.effect fetch"]
@@ -107,9 +85,10 @@ def test_steps_join_the_starters_trace_across_a_park_and_a_crash(dsn: str,
     assert effects[0]["attrs"]["pgdurable.effect.key"] == "fetch"
 
 
-def test_worker_metrics_are_scraped_and_parsed(dsn: str, tmp_path: Path) -> None:
+def test_worker_metrics_are_scraped_and_parsed(dsn: str, tmp_path: Path,
+                                               fleet: Fleet) -> None:
     port = free_port()
-    w = _worker(dsn, tmp_path, "wm", "--metrics-port", str(port))
+    w = _worker(fleet, tmp_path, "wm", "--metrics-port", str(port))
     try:
         with DurableClient(dsn) as client:
             ids = [client.start("quick", "x", revision="1"),
@@ -136,7 +115,7 @@ def test_worker_metrics_are_scraped_and_parsed(dsn: str, tmp_path: Path) -> None
                            "samples": []})).samples)
         until_sync(ready, "metrics to show the completed run")
     finally:
-        _stop(w)
+        w.terminate()
 
     def value(name: str, suffix: str = "", **labels: str) -> float:
         return sum(s.value for s in fams[name].samples

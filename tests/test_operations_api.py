@@ -112,6 +112,12 @@ def _count(conn: psycopg.Connection[Any], sql: str, params: Any = None) -> int:
     return int(row[0])
 
 
+# These three tests start their worker by hand, not with the ``fleet`` fixture
+# (tests/fix_fleet.py), on purpose: they assert on each entry point's own command line
+# (``--no-listen`` of ``python -m pgdurable.worker`` and of ``python -m pgdurable
+# worker``, through the same helper, with the worker's own defaults) and on the
+# application_name its connections carry by default ('pgdurable', in LISTENERS), which
+# the fleet replaces with ``fleet-NAME``.
 def _worker_completes_a_run(dsn: str, conn: psycopg.Connection[Any], argv: list[str]) -> None:
     env = {**os.environ, "PGDURABLE_DSN": dsn}
     proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE,

@@ -18,10 +18,6 @@ Skipped when ``pgbouncer`` is not installed (``.ci/run`` installs it).
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
-import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -31,6 +27,7 @@ import psycopg
 import pytest
 from _pgbouncer import PGBOUNCER, PgBouncer
 from _waiting import WAIT_LIMIT, WORKERS_LISTENING, until_sync
+from fix_fleet import Fleet, WorkerProc
 from psycopg.conninfo import conninfo_to_dict
 
 from pgdurable import (
@@ -53,8 +50,6 @@ pytestmark = [
     pytest.mark.crash,
 ]
 
-ROOT = Path(__file__).resolve().parent.parent
-TESTS = ROOT / "tests"
 SHOW = ("SELECT current_setting('application_name'),"
         " current_setting('idle_in_transaction_session_timeout')")
 
@@ -226,43 +221,10 @@ async def test_streams_follow_runs_by_polling_without_a_listen_connection(
 # -- real workers -------------------------------------------------------------------
 
 
-class Worker:
-    """``python -m pgdurable.worker _pgbouncer_app:app`` through PgBouncer."""
-
-    def __init__(self, name: str, log_dir: Path, env: dict[str, str], *, poll: float) -> None:
-        self.log_path = log_dir / f"worker-{name}.log"
-        with open(self.log_path, "wb") as out:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "pgdurable.worker", "_pgbouncer_app:app",
-                 "--lease-ttl", "2", "--poll", str(poll), "--concurrency", "8",
-                 "--grace", "10", "--worker-id", name],
-                env={**os.environ, **env, "PYTHONPATH": f"{TESTS}{os.pathsep}{ROOT}",
-                     "PGDURABLE_LOG": "INFO"},
-                cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-    def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        return self.proc.wait(timeout=WAIT_LIMIT)
-
-
-@pytest.fixture
-def workers(tmp_path: Path) -> Iterator[Callable[..., Worker]]:
-    started: list[Worker] = []
-
-    def start(name: str, env: dict[str, str], poll: float = 0.5) -> Worker:
-        w = Worker(name, tmp_path, env, poll=poll)
-        started.append(w)
-        return w
-
-    yield start
-    for w in started:
-        if w.proc.poll() is None:
-            w.proc.kill()
-            w.proc.wait()
+#: The workers' options (the ``fleet`` fixture, tests/fix_fleet.py); each test gives
+#: them the pooled DSN (and pooler, listen DSN) in their environment.
+WORKERS = pytest.mark.fleet("_pgbouncer_app:app", ttl=2.0, poll=0.5, concurrency=8,
+                            grace=10.0)
 
 
 def count(conn: psycopg.Connection[Any], sql: str, *params: Any) -> int:
@@ -276,8 +238,8 @@ BOTH_REGISTERED = ("SELECT count(DISTINCT worker_id) FROM pgdurable.worker_revis
                    "WHERE worker_id IN ('a', 'b')")
 
 
-def _scenario(dsn: str, b: PgBouncer, workers: Callable[..., Worker], env: dict[str, str],
-              pooler: str | None) -> list[Worker]:
+def _scenario(dsn: str, b: PgBouncer, fleet: Fleet, env: dict[str, str],
+              pooler: str | None) -> list[WorkerProc]:
     """Starts, claims, checkpoints, leases, timers and signals through PgBouncer, with a
     worker SIGKILLed and PgBouncer restarted mid-run. Returns the workers (for their logs)."""
     pooled = b.dsn(dbname(dsn))
@@ -287,8 +249,8 @@ def _scenario(dsn: str, b: PgBouncer, workers: Callable[..., Worker], env: dict[
         rids += [client.start("approve", {"ref": f"r{i}"}, revision="1")
                  for i in range(APPROVALS)]
         rids += [client.start("nap", {"seconds": 0.5}, revision="1") for _ in range(NAPS)]
-    a = workers("a", env)
-    b_ = workers("b", env)
+    a = fleet.start("a", env=env)
+    b_ = fleet.start("b", env=env)
     with psycopg.connect(dsn, autocommit=True) as c:
         until_sync(lambda: count(c, "SELECT count(*) FROM pgdurable.runs WHERE task = 'steps' "
                                  "AND status = 'completed'") >= 5, "some runs to complete")
@@ -297,10 +259,9 @@ def _scenario(dsn: str, b: PgBouncer, workers: Callable[..., Worker], env: dict[
         listening = pooler != "transaction" or "PGDURABLE_LISTEN_DSN" in env
         until_sync(lambda: count(c, WORKERS_LISTENING if listening else BOTH_REGISTERED) == 2,
                    "workers a and b to be up")
-        os.kill(a.proc.pid, signal.SIGKILL)  # its leased runs are reclaimed after the TTL
-        a.proc.wait()
+        a.kill()  # SIGKILL (reaped): its leased runs are reclaimed after the TTL
         b.restart()  # every client connection of every worker is dropped
-        later = workers("c", env)
+        later = fleet.start("c", env=env)
         until_sync(lambda: count(c, "SELECT count(*) FROM pgdurable.runs WHERE task = 'approve' "
                                  "AND status = 'waiting'") == APPROVALS, "approvals to park")
         with DurableClient(pooled, pooler=pooler) as client:  # signals through PgBouncer
@@ -320,45 +281,49 @@ def _scenario(dsn: str, b: PgBouncer, workers: Callable[..., Worker], env: dict[
     assert all(r == {"i": N} for t, r in results if t == "steps")
     assert all(r == {"woke": "timeout"} for t, r in results if t == "nap")
     for w in (b_, later):
-        assert w.stop() == 0, w.log()
+        assert w.terminate() == 0, w.log()
     for w in (a, b_, later):
         assert "prepared statement" not in w.log()
     return [a, b_, later]
 
 
+@WORKERS
 def test_workers_through_pgbouncer_session_mode(dsn: str, bouncer: Bouncers,
-                                                workers: Callable[..., Worker]) -> None:
+                                                fleet: Fleet) -> None:
     b = bouncer("session")
     env = {"PGDURABLE_DSN": b.dsn(dbname(dsn))}
-    ws = _scenario(dsn, b, workers, env, None)
+    ws = _scenario(dsn, b, fleet, env, None)
     assert "reconnecting" in ws[1].log()  # its LISTEN (through PgBouncer) saw the restart
 
 
+@WORKERS
 def test_workers_through_pgbouncer_transaction_mode_listen_direct(
-        dsn: str, bouncer: Bouncers, workers: Callable[..., Worker]) -> None:
+        dsn: str, bouncer: Bouncers, fleet: Fleet) -> None:
     b = bouncer("transaction", pool_size=4)
     env = {"PGDURABLE_DSN": b.dsn(dbname(dsn)), "PGDURABLE_POOLER": "transaction",
            "PGDURABLE_LISTEN_DSN": dsn}
-    ws = _scenario(dsn, b, workers, env, "transaction")
+    ws = _scenario(dsn, b, fleet, env, "transaction")
     assert "polling" not in ws[1].log()
 
 
+@WORKERS
 def test_workers_through_pgbouncer_transaction_mode_poll_only(
-        dsn: str, bouncer: Bouncers, workers: Callable[..., Worker]) -> None:
+        dsn: str, bouncer: Bouncers, fleet: Fleet) -> None:
     b = bouncer("transaction", pool_size=4)
     env = {"PGDURABLE_DSN": b.dsn(dbname(dsn)), "PGDURABLE_POOLER": "transaction"}
-    ws = _scenario(dsn, b, workers, env, "transaction")
+    ws = _scenario(dsn, b, fleet, env, "transaction")
     for w in ws:
         assert "no LISTEN" in w.log()  # the warning at start
 
 
+@WORKERS
 def test_a_transaction_mode_worker_wakes_on_notify_through_its_direct_connection(
-        dsn: str, bouncer: Bouncers, workers: Callable[..., Worker]) -> None:
+        dsn: str, bouncer: Bouncers, fleet: Fleet) -> None:
     """poll=3600: only a NOTIFY, received on the direct listen connection, can wake it."""
     b = bouncer("transaction", pool_size=2)
     pooled = b.dsn(dbname(dsn))
-    w = workers("w", {"PGDURABLE_DSN": pooled, "PGDURABLE_POOLER": "transaction",
-                      "PGDURABLE_LISTEN_DSN": dsn}, poll=3600)
+    w = fleet.start("w", env={"PGDURABLE_DSN": pooled, "PGDURABLE_POOLER": "transaction",
+                              "PGDURABLE_LISTEN_DSN": dsn}, poll=3600)
     with psycopg.connect(dsn, autocommit=True) as c, \
             DurableClient(pooled, pooler="transaction") as client:
         until_sync(lambda: count(c, WORKERS_LISTENING), "the worker's listener")
@@ -366,29 +331,30 @@ def test_a_transaction_mode_worker_wakes_on_notify_through_its_direct_connection
             rid = client.start("steps", {"n": 1}, revision="1")
             until_sync(lambda rid=rid: client.get_run(rid).status == "completed",
                        f"run {i} to be claimed on NOTIFY")
-    assert w.stop() == 0
+    assert w.terminate() == 0
 
 
+@WORKERS
 def test_a_worker_starting_through_a_pgbouncer_restart_declares_again(
-        dsn: str, bouncer: Bouncers, workers: Callable[..., Worker]) -> None:
+        dsn: str, bouncer: Bouncers, fleet: Fleet) -> None:
     """PgBouncer restarts while a starting worker's schedule declaration is under way
     (held on the declaration's advisory lock, taken here first): the declaration is
     asked again on a new connection, and the worker goes on to run runs."""
     b = bouncer("session")
     with psycopg.connect(dsn) as holder, psycopg.connect(dsn, autocommit=True) as c:
         holder.execute(DECLARE_LOCK.sql, (DECLARE_LOCK_KEY,))  # held until holder's commit
-        w = workers("w", {"PGDURABLE_DSN": b.dsn(dbname(dsn))})
+        w = fleet.start("w", env={"PGDURABLE_DSN": b.dsn(dbname(dsn))})
         until_sync(lambda: count(c, "SELECT count(*) FROM pg_stat_activity WHERE datname = "
                                 "current_database() AND wait_event_type = 'Lock' "
                                 "AND query LIKE 'SELECT pg_advisory_xact_lock%%'"),
                    "the worker's declaration to wait on the lock")
         b.restart()  # the declaration's connection is dropped under it
         time.sleep(0.5)
-        assert w.proc.poll() is None, w.log()
+        assert w.poll() is None, w.log()
         holder.commit()
         with DurableClient(b.dsn(dbname(dsn))) as client:
             rid = client.start("steps", {"n": 2}, revision="1")
             until_sync(lambda: client.get_run(rid).status == "completed", "the run to complete")
         assert count(c, "SELECT count(*) FROM pgdurable.worker_revisions "
                      "WHERE worker_id = 'w'") > 0
-    assert w.stop() == 0, w.log()
+    assert w.terminate() == 0, w.log()

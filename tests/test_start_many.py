@@ -134,7 +134,7 @@ def test_each_bad_input_is_a_typed_error_naming_the_start_and_writes_nothing(dsn
         with pytest.raises(TypeError):
             client.start_many("t")  # type: ignore[arg-type]
         with pytest.raises(InvalidInput):  # the SQL function's own checks (PD000)
-            client._fetchall("SELECT * FROM pgdurable.start_runs(ARRAY['t'], ARRAY['1'], "
+            client.fetchall("SELECT * FROM pgdurable.start_runs(ARRAY['t'], ARRAY['1'], "
                              "NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, "
                              "NULL, NULL, NULL)", ())
     assert _count(dsn) == 0

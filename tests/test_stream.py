@@ -6,7 +6,6 @@ import asyncio
 import json
 import logging
 import os
-import signal
 import subprocess
 import sys
 import threading
@@ -18,11 +17,12 @@ import psycopg
 import pytest
 from _waiting import LISTENING, WAIT_LIMIT, finished, until, until_sync
 from _waiting import app_running as running
+from fix_fleet import Fleet
 
 from pgdurable import Continue, Done, Durable, RunContext, RunNotFound
 from pgdurable.runs.stream import StreamEvent
 from tests._thread_procs import EVENTS_PER_STEP, STEPS, create_scratch
-from tests.test_threads import q1, stop, worker_proc
+from tests.test_threads import FLEET, q1, worker_proc
 
 ROOT = Path(__file__).resolve().parent.parent
 #: How many of this database's backends LISTEN (a process's notifier: the one of
@@ -172,14 +172,16 @@ async def test_stream_thread_follows_every_run_of_the_thread(dsn: str) -> None:
 
 @pytest.mark.slow
 @pytest.mark.crash
+@FLEET
 def test_a_follower_in_another_process_sees_every_event_once_across_a_worker_crash(
-    dsn: str, conn: psycopg.Connection[Any], tmp_path: Path
+    dsn: str, conn: psycopg.Connection[Any], tmp_path: Path, fleet: Fleet
 ) -> None:
     create_scratch(dsn)
     block = tmp_path / "block"
     block.write_text("1")
     rid = q1(conn, "SELECT run_id::text FROM pgdurable.start_run('talker', '1', '{}', 'default', "
                    "0, 10, NULL, NULL, NULL, NULL)")
+    # a follower, not a worker: a raw process, read line by line from its stdout as it runs
     follower = subprocess.Popen(
         [sys.executable, "-m", "tests._thread_procs", "follow", dsn, rid], cwd=ROOT,
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=dict(os.environ))
@@ -194,20 +196,19 @@ def test_a_follower_in_another_process_sees_every_event_once_across_a_worker_cra
 
     reader = threading.Thread(target=read, daemon=True)
     reader.start()
-    a = worker_proc(dsn, ttl=1.5, env={"PGD_BLOCK_FILE": str(block)})
+    a = worker_proc(fleet, ttl=1.5, env={"PGD_BLOCK_FILE": str(block)})
     try:
         # worker A is inside step 2 after emitting 3 of its events
         until_sync(lambda: len(lines) >= 2 * EVENTS_PER_STEP + 3, "events of step 2")
     finally:
-        a.send_signal(signal.SIGKILL)
-        a.wait()
+        a.kill()  # SIGKILL, reaped
     block.unlink()
-    b = worker_proc(dsn, ttl=1.5)
+    b = worker_proc(fleet, ttl=1.5)
     try:
         follower.wait(timeout=WAIT_LIMIT)
         reader.join(timeout=WAIT_LIMIT)
     finally:
-        stop(b)
+        b.terminate()
         if follower.poll() is None:
             follower.kill()
     assert follower.returncode == 0, follower.stderr.read() if follower.stderr else ""

@@ -438,27 +438,35 @@ def _rows(dsn: str, sql: str, params: tuple[Any, ...]) -> list[tuple[Any, ...]]:
 
 
 def test_rollback_stream_says_what_to_discard(dsn: str, fleet: Any, tmp_path: Path) -> None:
+    """m0's stream ends at the rollback marker that discards its answer: once what the
+    marker says is dropped, nothing of it is left; the answer that followed is in the
+    answered message's own stream, exactly."""
     fleet.ready(fleet.start("a", env={"STREAM_DELAY": "0.01"}))
     thread = "chat:rb-stream"
     _race(dsn, fleet, tmp_path, thread, "rollback")
     until_sync(lambda: _idle(dsn, thread), "the thread idle again")
+    last = _history(dsn, thread)[-1][0]
 
-    async def main() -> str:
+    async def main() -> tuple[str, list[str], tuple[str, list[str]]]:
         app = Durable(dsn)
         shown: list[tuple[str, str]] = []  # (cursor, text) as a client would keep them
+        kinds: list[str] = []
         async with app:
             async for item in follow_thread(app, thread, until="m0"):
                 if item.kind == "text":
                     shown.append((item.cursor, item.text))
-                elif isinstance(item.event, dict) and item.event.get("type") == "rollback":
+                    continue
+                kinds.append(str(item.event.get("type")))
+                if item.event.get("type") == "rollback":
                     after = int(item.event["discard_after"])
                     shown = [(c, t) for c, t in shown if (int(c.split(":")[1].split("+")[0]) <= after
                              and "+" not in c.split(":")[1]) or
                              int(c.split(":")[1].split("+")[0]) < after]
-        return "".join(t for _, t in shown)
+            return "".join(t for _, t in shown), kinds, await _answer(app, thread, last)
 
-    last = _history(dsn, thread)[-1][0]
-    assert asyncio.run(main()) == script(last, 60)
+    text0, kinds0, answer = asyncio.run(main())
+    assert (text0, kinds0) == ("", ["rollback"])
+    assert answer == (script(last, 60), [])
 
 
 def test_stream_tick_is_one_statement_for_many_streams(dsn: str) -> None:
@@ -488,3 +496,95 @@ def test_stream_tick_is_one_statement_for_many_streams(dsn: str) -> None:
                 assert await collect(app, rid) == "".join(f" t{i}" for i in range(40))
 
     asyncio.run(main())
+
+
+def _send(dsn: str, thread: str, mid: str, words: int, strategy: str | None = None) -> None:
+    payload = json.dumps({"text": mid, "words": words})
+    task = thread.split(":")[0]  # chat: or once: (tests/_stream_app.py's routes)
+    with psycopg.connect(dsn, autocommit=True) as c:
+        c.execute("SELECT * FROM pgdurable.send_message_v2(%s, %s, %s, NULL, %s, '1', "
+                  "'default', 0, 3, NULL, NULL, %s, NULL)", (thread, mid, payload, task, strategy))
+
+
+async def _answer(app: Durable, thread: str, mid: str) -> tuple[str, list[str]]:
+    """The text of message ``mid``'s stream and the types of its other events."""
+    text, kinds = [], []
+    async for item in follow_thread(app, thread, until=mid):
+        if item.kind == "text":
+            text.append(item.text)
+        else:
+            kinds.append(str(item.event.get("type")))
+    return "".join(text), kinds
+
+
+def _done(dsn: str, thread: str) -> bool:
+    """Every message of the thread answered and its owner idle (parked or finished)."""
+    return bool(q1(dsn, "SELECT bool_and(m.consumed_at IS NOT NULL) AND (SELECT r.status IN "
+                        "('completed', 'waiting') FROM pgdurable.runs r WHERE r.thread_key = %s "
+                        "ORDER BY r.thread_no DESC LIMIT 1) FROM pgdurable.thread_messages m "
+                        "WHERE m.thread_key = %s", (thread, thread)))
+
+
+def _thread_text(dsn: str, thread: str, before_marker: bool = False) -> str:
+    """Every text row of the thread, in order (``before_marker``: those before its first
+    ``interrupted`` marker)."""
+    return str(q1(dsn, "SELECT coalesce(string_agg(e.event->>'text', '' ORDER BY r.thread_no, e.seq),"
+                       " '') FROM pgdurable.run_events e JOIN pgdurable.runs r ON r.id = e.run_id"
+                       " WHERE r.thread_key = %s AND e.event->>'type' = 'text' AND (NOT %s OR"
+                       " e.seq < (SELECT min(x.seq) FROM pgdurable.run_events x WHERE x.run_id ="
+                       " e.run_id AND x.event->>'type' = 'interrupted'))",
+                  (thread, before_marker)))
+
+
+@pytest.mark.parametrize("strategy", ["enqueue", "interrupt", "follow-up"])
+def test_each_messages_stream_is_exactly_its_own_answer(dsn: str, fleet: Any,
+                                                        strategy: str) -> None:
+    """m1 is sent while m0's answer streams. Each message's stream (``until=``), read
+    live from before m1 was sent and replayed after, carries exactly its own answer:
+    enqueue, m0's whole answer then m1's (the run's next step); interrupt, m0's text up
+    to its ``interrupted`` marker (where m0's stream ends), and the re-run step's answer
+    to m0+m1 in m1's stream; follow-up (enqueue to a task whose run ends after each
+    answer), m0's answer and its run's ``end``, then m1's from the run the thread's lease
+    was transferred to, with that run's ``end``. Nothing of one answer is in the other's
+    stream."""
+    fleet.ready(fleet.start("a", env={"STREAM_DELAY": "0.01"}))
+    thread = f"once:own-{strategy}" if strategy == "follow-up" else f"chat:own-{strategy}"
+
+    async def main() -> list[tuple[str, list[str]]]:
+        app = Durable(dsn)
+        async with app:
+            _send(dsn, thread, "m0", 150)
+            live0 = asyncio.create_task(_answer(app, thread, "m0"))
+            await asyncio.to_thread(until_sync, lambda: len(_thread_text(dsn, thread)) > 40,
+                                    "m0's answer streaming")
+            _send(dsn, thread, "m1", 40, "enqueue" if strategy == "follow-up" else strategy)
+            live1 = asyncio.create_task(_answer(app, thread, "m1"))
+            got = [await asyncio.wait_for(t, WAIT_LIMIT) for t in (live0, live1)]
+            await asyncio.to_thread(until_sync, lambda: _done(dsn, thread), "the thread idle")
+            for mid in ("m0", "m1"):  # replayed from the start once answered
+                got.append(await asyncio.wait_for(_answer(app, thread, mid), WAIT_LIMIT))
+            return got
+
+    live0, live1, again0, again1 = asyncio.run(main())
+    assert (again0, again1) == (live0, live1)
+    (text0, kinds0), (text1, kinds1) = live0, live1
+    if strategy == "follow-up":
+        runs = _rows(dsn, "SELECT result FROM pgdurable.runs WHERE thread_key = %s "
+                          "ORDER BY thread_no", (thread,))
+        assert [r[0]["answered"] for r in runs] == [["m0"], ["m1"]]  # two runs, one each
+        assert text0 == script("m0", 150) and kinds0 == ["end"]
+        assert text1 == script("m1", 40) and kinds1 == ["end"]
+        assert text0 + text1 == _thread_text(dsn, thread)
+        return
+    if strategy == "enqueue":
+        assert _history(dsn, thread) == [["m0"], ["m1"]]
+        assert text0 == script("m0", 150) and kinds0 == []
+        assert text1 == script("m1", 40) and kinds1 == []
+    else:
+        assert _history(dsn, thread) == [["m0", "m1"]]
+        cut = _thread_text(dsn, thread, before_marker=True)
+        assert text0 == cut and kinds0 == ["interrupted"]  # ends at its marker
+        assert 0 < len(cut) < len(script("m0", 150)) and script("m0", 150).startswith(cut)
+        assert text1 == script("m0+m1", 40) and kinds1 == []
+    assert text0 + text1 == _thread_text(dsn, thread)  # each answer once, none lost
+    _one_run(dsn, thread)

@@ -8,9 +8,11 @@ mid-answer (a second worker takes the run over when the lease ends), and reloads
 page mid-answer, twice: the text on the page ends equal to the expected answer, in ONE
 assistant message, with no gap and no duplicate. Then a finished answer the page kept
 only in part is completed on load, and a second turn stays its own message through a
-reload. A screenshot is saved (its path printed). The Node client (clients/client/test/live.test.mjs, ``node --test``) runs
+reload. A second message sent while the first answer streams (enqueue) gets its own
+assistant message, each exact, while they stream and through reloads mid-answer. A screenshot is saved (its path printed). The Node client (clients/client/test/live.test.mjs, ``node --test``) runs
 start/run/result/send/stream against the same server, a stream through a database
-blip, and the AI SDK's chat when a second message rolls the first answer back. Skipped, with the reason, without the client's node_modules, and the browser
+blip, and the AI SDK's chat when a second message rolls the first answer back or (from the
+same chat) interrupts it. Skipped, with the reason, without the client's node_modules, and the browser
 test without Chromium or Playwright, the Node one without node."""
 
 from __future__ import annotations
@@ -231,6 +233,73 @@ def test_reload_and_sigkill_mid_answer_leave_the_exact_answer(
           f"second reload mid-answer: {mid}")
 
 
+def test_a_second_message_mid_answer_is_its_own_message_through_a_reload(
+        dsn: str, fleet: Any, browser: Any, tmp_path: Path) -> None:
+    """The user sends a second message while the first answer streams (double-texting
+    ``enqueue``, the default): the page shows two assistant messages, each exactly its
+    own answer (the first ends where it was answered, the second starts where its own
+    step began), while they stream, after a reload mid-answer (the transport replays
+    each unfinished answer into its own message) and after a reload once both are
+    answered."""
+    thread, words = "chat:browser-two", 150
+    first, second = script("first", words), script("second", words)
+    static = bundle(tmp_path / "page")
+    fleet.ready(fleet.start("a"))
+    base = serve(fleet, static)
+    app = Durable(dsn)
+    app.stream_secrets = [SECRET]
+    token = app.stream_token(thread=thread, scope="write")
+    ctx = browser.new_context(viewport={"width": 1000, "height": 900})
+    errors: list[str] = []
+
+    def consumed(mid_text: str) -> bool:
+        return bool(q1(dsn, "SELECT consumed_at IS NOT NULL FROM pgdurable.thread_messages "
+                            "WHERE thread_key = %s AND payload->>'text' = %s", (thread, mid_text)))
+
+    def both(page: Any) -> None:
+        page.wait_for_function(
+            "want => { const t = [...document.querySelectorAll('.message.assistant')]"
+            ".map(e => e.textContent); return document.body.dataset.status === 'ready' && "
+            "t.length === 2 && t[0] === want[0] && t[1] === want[1]; }", arg=[first, second])
+
+    try:
+        page = ctx.new_page()
+        page.set_default_timeout(WAIT_LIMIT * 1000)
+        page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        page.goto(f"{base}/page/#thread={thread}&token={token}&words={words}")
+        page.locator("body[data-resumed=yes][data-status=ready]").wait_for()
+        page.get_by_role("textbox", name="Message").fill("first")
+        page.get_by_role("button", name="Send").click()
+        shows_at_least(page, 40)
+        page.get_by_role("textbox", name="Message").fill("second")
+        page.get_by_role("button", name="Send").click()
+        until_sync(lambda: q1(dsn, "SELECT count(*) FROM pgdurable.thread_messages "
+                                   "WHERE thread_key = %s", (thread,)) == 2, "the second message")
+        mid = [not consumed("first")]
+        page.reload()  # mid-answer (the first's, unless it just ended): replayed, then the second
+        # while they stream, the first never shows text of the second, nor the second of the first
+        page.wait_for_function(
+            "want => { const t = [...document.querySelectorAll('.message.assistant')]"
+            ".map(e => e.textContent); return t.length === 2 && want[0].startsWith(t[0]) && "
+            "want[1].startsWith(t[1]) && t[1].length > 0; }", arg=[first, second])
+        mid.append(not consumed("second"))
+        page.reload()  # mid-answer (the second's): both replayed, each in its own message
+        both(page)
+        page.reload()  # both answered: kept, the last replayed whole
+        both(page)
+        users = page.eval_on_selector_all(".message.user", "els => els.map(e => e.textContent)")
+        assert users == ["first", "second"]
+        history = q1(dsn, "SELECT state->'history' FROM pgdurable.runs WHERE thread_key = %s",
+                     (thread,))
+        assert [h["prompt"] for h in history] == ["first", "second"]  # two steps, one each
+    finally:
+        ctx.close()
+    assert not errors, errors
+    print(f"two answers of {len(first)} and {len(second)} chars; unanswered at the first reload "
+          f"(the first answer), at the second (the second answer): {mid}")
+
+
 def blip(dsn: str, rid: str) -> int:
     """A database blip under a live stream of run ``rid``: its events table locked, the
     server's statements that wait on the lock (pg_stat_activity) terminated mid-statement,
@@ -271,6 +340,9 @@ def test_the_node_client_against_the_real_endpoints(dsn: str, fleet: Any, tmp_pa
                    "expected": script("hello", 30)},
         "rollback": {"key": "chat:rollback", "words": 300, "expected": script("r1", 30),
                      "token": app.stream_token(thread="chat:rollback", scope="write")},
+        "interrupt": {"key": "chat:interrupt", "words": 300, "first": script("i0", 300),
+                      "expected": script("i0+i1", 30),
+                      "token": app.stream_token(thread="chat:interrupt", scope="write")},
         "blip": {"state": {"prompt": "blip", "words": 300, "delay": 0.01},
                  "expected": script("blip", 300), "ready": str(ready), "done": str(done)},
     }
@@ -291,6 +363,6 @@ def test_the_node_client_against_the_real_endpoints(dsn: str, fleet: Any, tmp_pa
             proc.wait()
     print(out)
     assert proc.returncode == 0, out
-    assert "# pass 4" in out and "# skipped 0" in out, out
+    assert "# pass 5" in out and "# skipped 0" in out, out
     assert killed >= 1
     assert "stream ended by an error" in http.log()  # the transient error frame was sent

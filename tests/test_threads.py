@@ -6,7 +6,6 @@ import asyncio
 import itertools
 import json
 import os
-import signal
 import subprocess
 import sys
 from collections.abc import Callable
@@ -18,6 +17,7 @@ import psycopg
 import pytest
 from _waiting import WAIT_LIMIT, finished, until, until_sync
 from _waiting import app_running as running
+from fix_fleet import Fleet, WorkerProc
 
 from pgdurable import (
     Continue,
@@ -43,6 +43,8 @@ def q1(conn: psycopg.Connection[Any], sql: str, params: tuple[Any, ...] = ()) ->
 
 
 def proc(dsn: str, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    # a sender, not a worker: a raw process because the test reads its answer from its
+    # stdout (last_json), which the fleet merges with stderr into a log file
     return subprocess.Popen(
         [sys.executable, "-m", "tests._thread_procs", args[0], dsn, *args[1:]],
         cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -50,23 +52,15 @@ def proc(dsn: str, *args: str, env: dict[str, str] | None = None) -> subprocess.
     )
 
 
-def worker_proc(dsn: str, ttl: float = 2.0, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "pgdurable.worker", "tests._thread_procs:app",
-         "--lease-ttl", str(ttl), "--poll", "0.5", "--grace", "1"],
-        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-        env={**os.environ, "PGDURABLE_DSN": dsn, **(env or {})},
-    )
+#: The workers of the process tests (the ``fleet`` fixture, tests/fix_fleet.py), with
+#: their options as before it (the worker's own concurrency, 16).
+FLEET = pytest.mark.fleet("tests._thread_procs:app", ttl=2.0, poll=0.5, grace=1.0,
+                          concurrency=16)
 
 
-def stop(p: subprocess.Popen[str]) -> None:
-    if p.poll() is None:
-        p.send_signal(signal.SIGTERM)
-        try:
-            p.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
+def worker_proc(fleet: Fleet, ttl: float = 2.0, env: dict[str, str] | None = None
+                ) -> WorkerProc:
+    return fleet.start(f"w{len(fleet.all) + 1}", ttl=ttl, env=env)
 
 
 def last_json(p: subprocess.Popen[str]) -> Any:
@@ -396,8 +390,9 @@ def test_s12_a_stale_attempt_cannot_release_its_successors_lease(conn: psycopg.C
 
 
 @pytest.mark.slow
+@FLEET
 def test_s1_three_processes_on_an_idle_thread_start_exactly_one_run(
-    dsn: str, conn: psycopg.Connection[Any]
+    dsn: str, conn: psycopg.Connection[Any], fleet: Fleet
 ) -> None:
     create_scratch(dsn)
     conn.execute("INSERT INTO pgdurable.threads (thread_key) VALUES ('s1')")
@@ -414,12 +409,12 @@ def test_s1_three_processes_on_an_idle_thread_start_exactly_one_run(
     assert actions == ["deliver", "deliver", "wake"]
     assert len({r["run_id"] for r in results}) == 1
     winner = results[0]["run_id"]
-    w = worker_proc(dsn)
+    w = worker_proc(fleet)
     try:
         until_sync(thread_idle(conn, "s1"), "thread idle")
         until_sync(all_consumed(conn, "s1", 3), "all consumed")
     finally:
-        stop(w)
+        w.terminate()
     assert q1(conn, "SELECT count(DISTINCT consumed_by) FROM pgdurable.thread_messages") == 1
     assert q1(conn, "SELECT min(consumed_by::text) FROM pgdurable.thread_messages") == winner
     assert q1(conn, "SELECT count(*) FROM pgdurable.runs") == 1
@@ -427,25 +422,27 @@ def test_s1_three_processes_on_an_idle_thread_start_exactly_one_run(
 
 
 @pytest.mark.slow
+@FLEET
 def test_s2_a_sender_that_exits_right_after_send_is_still_consumed(
-    dsn: str, conn: psycopg.Connection[Any]
+    dsn: str, conn: psycopg.Connection[Any], fleet: Fleet
 ) -> None:
     create_scratch(dsn)
     p = proc(dsn, "send", "s2", "only", '"durable"')
     d = last_json(p)
     assert d["action"] == "wake"
-    w = worker_proc(dsn)
+    w = worker_proc(fleet)
     try:
         until_sync(all_consumed(conn, "s2", 1), "consumed")
     finally:
-        stop(w)
+        w.terminate()
     assert q1(conn, "SELECT payload FROM public.t_consumed") == "durable"
 
 
 @pytest.mark.slow
 @pytest.mark.crash
+@FLEET
 def test_s8_owner_sigkilled_the_thread_moves_and_queued_messages_are_consumed(
-    dsn: str, conn: psycopg.Connection[Any], tmp_path: Path
+    dsn: str, conn: psycopg.Connection[Any], tmp_path: Path, fleet: Fleet
 ) -> None:
     create_scratch(dsn)
     block = tmp_path / "block"
@@ -453,7 +450,7 @@ def test_s8_owner_sigkilled_the_thread_moves_and_queued_messages_are_consumed(
     env = {"PGD_BLOCK_FILE": str(block)}
     with DurableClient(dsn, app=procs_app) as client:
         first = client.send("s8", "one")
-        a = worker_proc(dsn, ttl=1.5, env=env)
+        a = worker_proc(fleet, ttl=1.5, env=env)
         try:
             # wait until the step has recorded "one" (it then blocks): killing it
             # any earlier would make "step 0 saw one twice" a matter of timing
@@ -463,15 +460,14 @@ def test_s8_owner_sigkilled_the_thread_moves_and_queued_messages_are_consumed(
             second = client.send("s8", "two")
             assert (second.action, second.run_id) == ("deliver", first.run_id)
         finally:
-            a.kill()
-            a.wait()
+            a.kill()  # SIGKILL, reaped
     block.unlink()
-    b = worker_proc(dsn, ttl=1.5)
+    b = worker_proc(fleet, ttl=1.5)
     try:
         until_sync(all_consumed(conn, "s8", 2), "queued messages consumed")
         until_sync(thread_idle(conn, "s8"), "thread idle")
     finally:
-        stop(b)
+        b.terminate()
     rows = conn.execute("SELECT consumed_by::text FROM pgdurable.thread_messages").fetchall()
     assert rows == [(first.run_id,), (first.run_id,)]
     assert q1(conn, "SELECT count(*) FROM pgdurable.runs") == 1
@@ -483,15 +479,14 @@ def test_s8_owner_sigkilled_the_thread_moves_and_queued_messages_are_consumed(
 
 
 @pytest.mark.slow
+@FLEET
 def test_eight_senders_fifty_messages_one_run_at_a_time(
-    dsn: str, conn: psycopg.Connection[Any]
+    dsn: str, conn: psycopg.Connection[Any], fleet: Fleet
 ) -> None:
     create_scratch(dsn)
-    workers = [worker_proc(dsn, ttl=5.0) for _ in range(2)]
+    workers = [worker_proc(fleet, ttl=5.0) for _ in range(2)]
     try:
-        until_sync(lambda: q1(conn, "SELECT count(*) FROM pg_stat_activity WHERE datname = "
-                                    "current_database() AND query LIKE 'LISTEN%%'") >= 2,
-                   "workers listening")
+        fleet.ready(*workers)  # both listening
         senders = [proc(dsn, "sender", "busy", f"s{i}", "50") for i in range(8)]
         results = [last_json(p) for p in senders]
         assert sum(r["wake"] + r["deliver"] for r in results) == 400
@@ -499,7 +494,7 @@ def test_eight_senders_fifty_messages_one_run_at_a_time(
         until_sync(thread_idle(conn, "busy"), "thread idle")
     finally:
         for w in workers:
-            stop(w)
+            w.terminate()
     # at most one run active at any instant (recorded step intervals never overlap)
     steps = conn.execute("SELECT run_id, started_at, ended_at FROM public.t_steps "
                          "ORDER BY started_at").fetchall()

@@ -20,7 +20,7 @@ from _waiting import finished, running, until
 
 from pgdurable import Done, Durable, RunContext, Worker
 from pgdurable.engine.services import LoopService, Service
-from pgdurable.foundation.queries.engine import next_wakeup
+from pgdurable.foundation.queries.claim import next_wakeup
 from pgdurable.runs.fork import ServedRevisions
 from pgdurable.runs.schedules import Ticker
 

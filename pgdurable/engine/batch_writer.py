@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..foundation.errors import LeaseLost
-from ..foundation.queries import engine as eq
+from ..foundation.queries import steps as sq
 from ..foundation.queries.core import Database, first
 from ..foundation.retry import backoff, is_transient
 
@@ -68,7 +68,7 @@ class StepWriter:
         while True:
             try:
                 if sent:
-                    now = await first(self._db, eq.RUN_STEP, (run_id,))
+                    now = await first(self._db, sq.RUN_STEP, (run_id,))
                     status = self._applied(now, token, step)
                     if status is not None:
                         return self._checked(status, run_id, token)
@@ -86,7 +86,7 @@ class StepWriter:
                 delays = backoff()
             await asyncio.sleep(next(delays))
 
-    def _applied(self, now: eq.RunStep | None, token: int, step: int) -> str | None:
+    def _applied(self, now: sq.RunStep | None, token: int, step: int) -> str | None:
         """The status if the lost write of ``step`` applied, None if it did not, else 'lost'."""
         if now is None or now.lease_token != token:
             return "lost"
@@ -114,11 +114,11 @@ class StepWriter:
         # shielded: a write that was sent is awaited to its end (it is fenced anyway)
         return await asyncio.shield(fut)
 
-    async def _send(self, batch: list[_Write]) -> list[eq.StepWritten]:
+    async def _send(self, batch: list[_Write]) -> list[sq.StepWritten]:
         params = batch_params(self._owner, batch)
         self.count += 1
         async with self._lock:
-            return eq.WRITE_STEPS.all(await self._db.fetchall(eq.WRITE_STEPS.sql, params))
+            return sq.WRITE_STEPS.all(await self._db.fetchall(sq.WRITE_STEPS.sql, params))
 
     async def _flush(self) -> None:
         try:
@@ -157,7 +157,7 @@ class StepWriter:
 
 
 def batch_params(owner: str, batch: list[_Write]) -> tuple[Any, ...]:
-    """The parameters of :data:`~pgdurable.foundation.queries.engine.WRITE_STEPS` for ``batch``.
+    """The parameters of :data:`~pgdurable.foundation.queries.steps.WRITE_STEPS` for ``batch``.
 
     The states and results are JSON texts already (encoded and validated by the
     worker): joined into one JSON array each, they cost one parameter and no
@@ -177,11 +177,11 @@ def batch_params(owner: str, batch: list[_Write]) -> tuple[Any, ...]:
     )
 
 
-def _answer(batch: list[_Write], written: list[eq.StepWritten]) -> None:
-    got = {w.id: w.status for w in written}
+def _answer(batch: list[_Write], written: list[sq.StepWritten]) -> None:
+    got = {w.run_id: w.status for w in written}  # by the run id's text
     for b in batch:
         if not b.done.done():
-            b.done.set_result(got.get(b.run_id, "lost"))
+            b.done.set_result(got.get(str(b.run_id), "lost"))
 
 
 def _settle(batch: list[_Write], exc: Exception) -> None:

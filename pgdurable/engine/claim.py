@@ -1,7 +1,7 @@
 """The claim loop: when to claim, how many runs, and starting their tasks.
 
 :meth:`Claimer.run` claims up to the number of free slots with ONE
-``pgdurable.claim_runs`` call (``queries.engine.CLAIM``), when woken by a NOTIFY on
+``pgdurable.claim_runs`` call (``queries.claim.CLAIM``), when woken by a NOTIFY on
 ``pgdurable_wake`` for one of its queues (:mod:`~pgdurable.engine.listener`),
 a freed slot while work may remain, a known due time (timer, retry, lease
 expiry) or a slow jittered poll. When nothing is known to be due, the poll
@@ -37,7 +37,7 @@ from datetime import timedelta
 from ..foundation import metrics
 from ..foundation.aio import wait_set
 from ..foundation.hints import WakeLimiter
-from ..foundation.queries import engine as eq
+from ..foundation.queries import claim as cq
 from ..foundation.queries.core import Database, first, many
 from ..foundation.registry import Task
 from .execute import Executor
@@ -61,7 +61,7 @@ class Claimer:
         self.services = list(services)
         probes = [svc.probe for svc in self.services if svc.probe is not None]
         self._probed = [svc for svc in self.services if svc.probe is not None]
-        self._wakeup = eq.next_wakeup(probes)
+        self._wakeup = cq.next_wakeup(probes)
         self.tasks: list[Task] = []  # the tasks served, set when the worker runs
         self.count = 0  # claim statements issued (tests, metrics)
         self._asked_at = -float("inf")  # when next_wakeup last answered (monotonic)
@@ -75,7 +75,7 @@ class Claimer:
         if self.state.due_at is None:
             return
         try:
-            await many(self.db, eq.NOTIFY_QUEUES, (self.settings.queues,))
+            await many(self.db, cq.NOTIFY_QUEUES, (self.settings.queues,))
         except DB_ERRORS as exc:
             log.warning("hand-off notify failed: %s", exc)
 
@@ -106,7 +106,7 @@ class Claimer:
         answers = wakeup.probes if wakeup is not None else (None,) * len(self._probed)
         for svc, seconds in zip(self._probed, answers, strict=True):
             svc.note(seconds)
-        secs = None if wakeup is None else wakeup.seconds
+        secs = None if wakeup is None else wakeup.work_in
         if secs is None:
             state.due_at = None
         else:
@@ -196,13 +196,13 @@ class Claimer:
         start = time.monotonic()
         try:
             self.count += 1
-            rows = await self.db.fetchall(eq.CLAIM.sql, params)
+            rows = await self.db.fetchall(cq.CLAIM.sql, params)
             metrics.claim_done(time.monotonic() - start)
         except DB_ERRORS as exc:
             log.warning("claim failed: %s", exc)
             await asyncio.sleep(min(1.0, s.poll_interval))
             return 0
-        for run in eq.CLAIM.all(rows):
+        for run in cq.CLAIM.all(rows):
             if run.status != "leased":
                 continue  # a poison or cancelled reclaim, settled by the claim itself
             held = Held(run.id, run.lease_token, run.queue, start + s.ttl - s.safety_margin)

@@ -36,11 +36,11 @@ from ..foundation.errors import (
 )
 from ..foundation.jsonb import dumps
 from ..foundation.queries import affinity as aq
-from ..foundation.queries import engine as eq
+from ..foundation.queries.claim import ClaimedRun
 from ..foundation.queries.core import Database, first
 from ..foundation.retry import backoff, is_lost_connection, is_transient
 from ..runs import tracing
-from ..runs.flow import ACQUIRE_KIND, RateLimited
+from ..runs.flow import RateLimited
 from ..runs.liveness import step_guard
 from ..runs.steps import (
     _UNSET,
@@ -115,7 +115,7 @@ class Executor:
         self.step_app = step_app
         self.tasks: dict[str, Task] = {}  # the app's tasks, set when the worker runs
 
-    def _lease(self, a: Held, row: eq.ClaimedRun, claimed_at: float) -> _Lease:
+    def _lease(self, a: Held, row: ClaimedRun, claimed_at: float) -> _Lease:
         return _Lease(
             a=a, task=self.tasks[row.task], state=row.state, step=row.step,
             attempts=row.attempts, wake=row.wake, deadline_at=row.deadline_at,
@@ -143,7 +143,7 @@ class Executor:
         return RunIO(checkpoint=checkpoint, release=lambda: self.parking.release(a),
                      should_yield=should_yield, pin=pin)
 
-    async def execute(self, a: Held, row: eq.ClaimedRun, claimed_at: float) -> None:
+    async def execute(self, a: Held, row: ClaimedRun, claimed_at: float) -> None:
         """Run one claimed run: step after step within the lease window, then let go."""
         run = self._lease(a, row, claimed_at)
         io = self._io(run)
@@ -218,11 +218,11 @@ class Executor:
         return await self._step_again(run)
 
     async def _on_rate_limited(self, run: _Lease, ctx: RunContext, limited: RateLimited) -> bool:
-        """Flow control: park the run, run the same step again later (its bucket's
-        acquire signal or the retry timer wakes it)."""
-        kind = None if limited.bucket is None else ACQUIRE_KIND
+        """Flow control, budgets: park the run, run the same step again later (what it
+        waits for, as ``RateLimited.parking()`` says, or the retry timer wakes it)."""
+        kind, ref, wake_in = limited.parking()
         await self.parking.park(run.a, dumps(run.state, "state"), ctx._pending_spend, kind,
-                                limited.bucket, None, timedelta(seconds=limited.retry_after))
+                                ref, None, wake_in)
         return False
 
     async def _on_error(self, run: _Lease, ctx: RunContext, exc: BaseException) -> bool:

@@ -19,7 +19,7 @@ import time
 from datetime import timedelta
 
 from ..foundation.aio import wait_set
-from ..foundation.queries import engine as eq
+from ..foundation.queries import steps as sq
 from ..foundation.queries.core import Database
 from .settings import Settings
 from .state import DB_ERRORS, Held, WorkerState, log
@@ -70,20 +70,21 @@ class Heartbeat:
             except (TimeoutError, *DB_ERRORS) as exc:
                 log.warning("heartbeat failed: %s", exc)
                 continue
-            cancel = {r.id: r.cancel_requested for r in renewed}
+            cancel = {r.run_id: r.cancel_requested for r in renewed}  # by the id's text
             for a in live:
                 if not state.held(a):
                     continue
-                if a.run_id in cancel:
+                rid = str(a.run_id)
+                if rid in cancel:
                     a.trust_until = sent + s.ttl - s.safety_margin
-                    if cancel[a.run_id]:
+                    if cancel[rid]:
                         state.stop_run(a, "cancel")
                 else:
                     state.stop_run(a, "lease_lost")
 
-    async def renew(self, live: list[Held], ttl: timedelta) -> list[eq.Renewed]:
+    async def renew(self, live: list[Held], ttl: timedelta) -> list[sq.Renewal]:
         """ONE ``renew_runs`` for ``live``: the leases still held."""
         async with self._write_lock:
-            rows = await self.db.fetchall(eq.RENEW.sql, (
+            rows = await self.db.fetchall(sq.RENEW.sql, (
                 self.settings.worker_id, [a.run_id for a in live], [a.token for a in live], ttl))
-            return eq.RENEW.all(rows)
+            return sq.RENEW.all(rows)

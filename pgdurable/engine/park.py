@@ -22,7 +22,9 @@ from ..foundation.errors import InvalidInput, recorded_checkpoint
 from ..foundation.jsonb import dumps
 from ..foundation.jsonb import exc_message as _exc_message
 from ..foundation.jsonb import jsonb_str as _jsonb_str
-from ..foundation.queries import engine as eq
+from ..foundation.queries import cancel as cancel_q
+from ..foundation.queries import run_end as end_q
+from ..foundation.queries import signals as signal_q
 from ..foundation.queries.core import Database
 from ..foundation.retry import retry_while
 from ..runs.children import park_children
@@ -55,11 +57,11 @@ class Parking:
     async def release(self, a: Held) -> Any:
         """Give the run back runnable (the lease window is over, or a shutdown); its
         status."""
-        return await fenced(self.db, a, eq.RELEASE, a.ident(self.owner))
+        return await fenced(self.db, a, end_q.RELEASE, a.ident(self.owner))
 
     async def ack_cancel(self, a: Held, spend: float) -> None:
         """Record the run cancelled (its cancel request was seen)."""
-        await fenced(self.db, a, eq.ACK_CANCEL, (*a.ident(self.owner), spend))
+        await fenced(self.db, a, cancel_q.ACK_CANCEL, (*a.ident(self.owner), spend))
 
     async def park(
         self,
@@ -74,11 +76,11 @@ class Parking:
         """ONE fenced ``park_run``: wait for a signal ``(kind, ref)`` and/or a timer."""
         self.state.finishing_now(a)  # this lease's last write: the slot is free (claim.py)
         parked = await fenced(
-            self.db, a, eq.PARK,
+            self.db, a, signal_q.PARK,
             (*a.ident(self.owner), state_json, spend, kind, ref, until, wake_in))
         self._timer(parked)
 
-    def _timer(self, parked: eq.Parked | None) -> None:
+    def _timer(self, parked: signal_q.Parked | None) -> None:
         if parked is not None and parked.status == "waiting" and parked.wake_at is not None \
                 and parked.wake_in is not None:
             # our own timer: wake for it without waiting for the poll
@@ -112,7 +114,7 @@ class Parking:
         delay *= random.uniform(0.5, 1.5)
         err = _error_json(exc)
         status = await fenced(
-            self.db, a, eq.FAIL,
+            self.db, a, end_q.FAIL,
             (*a.ident(self.owner), err, spend, timedelta(seconds=delay), terminal),
         )
         if status is not None:

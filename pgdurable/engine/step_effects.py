@@ -20,7 +20,7 @@ from ..foundation.errors import EffectFailed, ReconcileFailed, mark_terminal
 from ..foundation.jsonb import dumps
 from ..foundation.jsonb import exc_message as _exc_message
 from ..foundation.jsonb import jsonb_str as _jsonb_str
-from ..foundation.queries import engine as eq
+from ..foundation.queries import effects as eq
 from ..foundation.queries.core import Database
 from ..runs.steps import EffectFn, in_thread
 from .state import Held, fenced

@@ -90,7 +90,7 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 
 from ..foundation.hints import WakeLimiter
-from ..foundation.queries import engine as eq
+from ..foundation.queries import run_end as end_q
 from ..foundation.queries.core import Database, first
 from ..foundation.registry import TaskRegistry
 from ..foundation.retry import for_seconds, retry_while
@@ -403,7 +403,7 @@ class Worker:
         owner = self.settings.worker_id
         for a in list(self.state.active.values()):
             try:
-                await first(self.db, eq.RELEASE, a.ident(owner))
+                await first(self.db, end_q.RELEASE, a.ident(owner))
             except Exception as exc:  # lost meanwhile, or no database: its lease lapses
                 log.warning("worker %s: run %s not given back (%s); its lease lapses",
                             owner, a.run_id, exc)

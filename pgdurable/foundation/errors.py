@@ -20,6 +20,7 @@ __all__ = [
     "mark_terminal",
     "AttemptsExhausted",
     "BudgetExceeded",
+    "BudgetNotFound",
     "CorruptCheckpoint",
     "DatabaseUnavailable",
     "DeadlineExceeded",
@@ -129,9 +130,18 @@ class DeadlineExceeded(PgDurableError):
 
 
 class BudgetExceeded(PgDurableError):
-    """The run spent more than its budget."""
+    """The run spent more than its budget, or a reservation could not be had
+    from a budget whose policy is ``fail`` (``budget`` names it)."""
 
     sqlstate = "PD007"
+    #: The budget's key when a ledger budget decided (``ctx.reserve``), else None.
+    budget: str | None = None
+
+
+class BudgetNotFound(PgDurableError, LookupError):
+    """No budget has this key (``start(budgets=[...])``): nothing was written."""
+
+    sqlstate = "PD016"
 
 
 class SignalConflict(PgDurableError):

@@ -13,7 +13,13 @@ Every hook here is a no-op until :func:`enable` is called (``pgdurable worker
 * ``lease_losses_total``: runs a worker stopped because it lost the lease;
 * ``queue_depth{queue,status}`` and ``queue_oldest_runnable_age_seconds{queue}``:
   read from ``pgdurable.queue_stats`` at each scrape (the read-only role may
-  read it), when a DSN is given to :func:`enable`.
+  read it), when a DSN is given to :func:`enable`;
+* ``budget_reservations_total{outcome}``: ``ctx.reserve`` calls of this process by
+  outcome (reserved, replayed, unbudgeted, exhausted, too_large);
+* ``budget_limit{budget,unit}``, ``budget_settled{budget,unit}`` (in the current
+  window) and ``budget_held{budget,unit}`` (live reservations): read from
+  ``pgdurable.budget_usage`` at each scrape, for the named budgets (not the runs'
+  own), when a DSN is given to :func:`enable`.
 """
 
 from __future__ import annotations
@@ -22,12 +28,13 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
+from .queries.budgets import GAUGES as BUDGET_GAUGES
 from .queries.core import many_sync
 from .queries.metrics import QUEUE_STATS
 
 __all__ = [
-    "claim_done", "enable", "enabled", "lease_lost", "registry", "run_finished",
-    "run_started", "serve", "step_done",
+    "budget_reserved", "claim_done", "enable", "enabled", "lease_lost", "registry",
+    "run_finished", "run_started", "serve", "step_done",
 ]
 
 _STATUSES = ("runnable", "leased", "waiting", "completed", "failed", "cancelled")
@@ -51,6 +58,9 @@ class _Metrics:
                                buckets=(.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5))
         self.lost = Counter("pgdurable_lease_losses", "Runs stopped on a lost lease.",
                             registry=registry)
+        self.reservations = Counter("pgdurable_budget_reservations",
+                                    "Budget reservations (ctx.reserve) by outcome.", ["outcome"],
+                                    registry=registry)
 
 
 class _QueueCollector:
@@ -74,6 +84,34 @@ class _QueueCollector:
                 oldest.add_metric([q.queue], float(q.oldest_runnable_age or 0.0))
         yield depth
         yield oldest
+
+
+class _BudgetCollector:
+    """The named budgets' limits, settled spend and live holds, read from SQL at scrape time."""
+
+    def __init__(self, dsn: str) -> None:
+        self._dsn = dsn
+
+    def collect(self) -> Iterator[Any]:
+        import psycopg
+        from prometheus_client.core import GaugeMetricFamily
+
+        labels = ["budget", "unit"]
+        limit = GaugeMetricFamily("pgdurable_budget_limit", "A budget's limit per unit.",
+                                  labels=labels)
+        settled = GaugeMetricFamily("pgdurable_budget_settled",
+                                    "Spend settled in the budget's current window.", labels=labels)
+        held = GaugeMetricFamily("pgdurable_budget_held",
+                                 "Capacity held by live reservations.", labels=labels)
+        with psycopg.connect(self._dsn, autocommit=True, connect_timeout=5) as conn:
+            for b in many_sync(conn, BUDGET_GAUGES):
+                if b.limit_amount is not None:
+                    limit.add_metric([b.budget_key, b.unit], float(b.limit_amount))
+                settled.add_metric([b.budget_key, b.unit], float(b.settled))
+                held.add_metric([b.budget_key, b.unit], float(b.held))
+        yield limit
+        yield settled
+        yield held
 
 
 _m: _Metrics | None = None
@@ -100,6 +138,7 @@ def enable(dsn: str | None = None, registry: Any = None) -> Any:
             _m = _Metrics(registry if registry is not None else CollectorRegistry())
             if dsn is not None:
                 _m.registry.register(_QueueCollector(dsn))
+                _m.registry.register(_BudgetCollector(dsn))
         return _m.registry
 
 
@@ -147,3 +186,9 @@ def lease_lost() -> None:
     """Count a run stopped on a lost lease."""
     if _m is not None:
         _m.lost.inc()
+
+
+def budget_reserved(outcome: str) -> None:
+    """Count a ``ctx.reserve`` by its outcome."""
+    if _m is not None:
+        _m.reservations.labels(outcome).inc()

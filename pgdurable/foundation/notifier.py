@@ -51,8 +51,17 @@ Everything that can go wrong with a LISTEN connection is handled here, once:
 
 Behind a transaction-mode pooler without ``listen_dsn`` there is no notifier
 (``Durable.notifier()`` is ``None``): LISTEN does not work through it, and
-everything polls. The sync client's ``result()`` has no event loop to share:
-it keeps its own connection while it waits (:func:`pgdurable.runs.results.result_sync`).
+everything polls.
+
+**The accepted exception**: the sync client's ``result()``
+(:func:`pgdurable.runs.results.result_sync`) opens a LISTEN connection of its
+own for each call and closes it when the call returns. It runs in a thread with
+no event loop, so it cannot subscribe here (the notifier lives in a loop and
+fans out in it); it does by itself, on that one connection, what this module
+does for its subscribers: LISTEN ``pgdurable_done``, announce its presence and
+renew it, read again at each recheck delay, poll. A process that waits on many
+runs at once through the sync client therefore holds one listening connection
+per waiting thread; the async ``await app.result()`` shares this notifier.
 """
 
 from __future__ import annotations

@@ -65,9 +65,13 @@ class AppSettings(Protocol):
 class SyncDatabase(Protocol):
     """The sync twin of :class:`Database` (:class:`pgdurable.DurableClient` is one)."""
 
-    def _fetchall(self, sql: str, params: tuple[Any, ...]) -> list[tuple[Any, ...]]: ...
+    def fetchone(
+        self, sql: str, params: tuple[Any, ...], *, prepare: bool | None = True
+    ) -> tuple[Any, ...] | None: ...
 
-    def _fetchone(self, sql: str, params: tuple[Any, ...]) -> tuple[Any, ...] | None: ...
+    def fetchall(
+        self, sql: str, params: tuple[Any, ...], *, prepare: bool | None = True
+    ) -> list[tuple[Any, ...]]: ...
 
 
 class StepContext(Protocol):

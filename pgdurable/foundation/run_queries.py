@@ -1,68 +1,66 @@
-"""Private: every query the run engine issues, its argument validation and row
-parsing, shared by the async app, the sync client and the worker (one copy)."""
+"""Private: the checks of a run's arguments (names, ids, start parameters), shared by
+the async app, the sync client and the worker (one copy).
+
+The statements the run engine sends live in :mod:`pgdurable.foundation.queries`
+(``start``, ``runs``, ``cancel``, ``signals``, ``claim``, ``steps``, ``run_end``,
+``effects``) with their typed rows; this module re-exports their SQL text and records
+under the old names (``CLAIM``, ``RENEW``, ``GET_RUN``, ``ClaimedRun``, ``RunInfo``, ...)."""
 
 from __future__ import annotations
 
 import math
 import traceback as _tb
 import uuid
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
 from . import jsonb as _json
-from .affinity import Affinity
 from .errors import RunNotFound, recorded_checkpoint
-from .queries import engine as _eq
-from .queries import schedules as _sq
+from .queries import cancel as _cancel
+from .queries import claim as _claim
+from .queries import effects as _effects
+from .queries import run_end as _run_end
+from .queries import runs as _runs
+from .queries import signals as _signals
+from .queries import start as _start
+from .queries import steps as _steps
+from .queries.claim import ClaimedRun
+from .queries.runs import TERMINAL, RunInfo
 
-# -- start a run; returns (run_id, created)
-START = (
-    "SELECT run_id, created FROM pgdurable.start_run(%s::text, %s::text, %s::jsonb, %s::text, "
-    "%s::integer, %s::integer, %s::text, %s::interval, %s::timestamptz, %s::numeric)"
-)
-# -- one run by id (RunInfo columns)
-GET_RUN = """
-SELECT id, task, revision, queue, priority, status, state, step, attempts, max_attempts,
-       claims, idempotency_key, available_at, deadline_at, budget, spent, lease_owner,
-       lease_token, lease_expires_at, wait_kind, wait_ref, wait_since, wake_at, wake,
-       result, error, cancel_requested_at, created_at, updated_at, finished_at, reclaims,
-       parent_run_id, root_run_id, child_key, parent_policy,
-       ARRAY(SELECT c.id::text FROM pgdurable.runs c WHERE c.parent_run_id = r.id
-              ORDER BY c.created_at, c.id),
-       affinity_worker, affinity_instance, affinity_mode,
-       extract(epoch FROM affinity_wait)::float8, affinity_info, affinity_since
-  FROM pgdurable.runs r WHERE id = %s::uuid
-"""
-# -- cancel; returns the resulting status (PD002 if unknown)
-CANCEL = "SELECT pgdurable.cancel_run(%s::uuid)"
-# -- send a signal (0005: dedup by signal_id, PD008 on conflict); returns the woken run ids
-SIGNAL = "SELECT pgdurable.send_signal(%s::text, %s::text, %s::jsonb, %s::text, %s::interval)"
-# -- signal one run (0005); returns its id if it woke (PD002 if unknown)
-SIGNAL_RUN = "SELECT pgdurable.signal_run(%s::uuid, %s::text, %s::jsonb, %s::text, %s::interval)"
-# -- operator opt-in: end unheld runs of (task, revision) as incompatible; returns the count
-MARK_INCOMPATIBLE = "SELECT pgdurable.mark_incompatible(%s::text, %s::text, %s::text)"
-# -- fenced transitions of the sync client; each returns the resulting status
-CHECKPOINT = "SELECT pgdurable.checkpoint_run(%s::uuid, %s::bigint, %s::text, %s::jsonb, %s::numeric)"
-COMPLETE = "SELECT pgdurable.complete_run(%s::uuid, %s::bigint, %s::text, %s::jsonb, %s::jsonb, %s::numeric)"
-#: The engine's statements (their SQL text, under the names tests and tools match on):
-#: :mod:`pgdurable.foundation.queries.engine` holds them with their typed rows.
-CLAIM = _eq.CLAIM.sql
-RENEW = _eq.RENEW.sql
-NEXT_WAKEUP = _eq.next_wakeup([_sq.WAKEUP_PROBE]).sql  # as the app's worker sends it
-WRITE_STEPS = _eq.WRITE_STEPS.sql
-RUN_STEP = _eq.RUN_STEP.sql
-PARK = _eq.PARK.sql
-RELEASE = _eq.RELEASE.sql
-FAIL = _eq.FAIL.sql
-ACK_CANCEL = _eq.ACK_CANCEL.sql
-EFFECT_BEGIN = _eq.EFFECT_BEGIN.sql
-EFFECT_FINISH = _eq.EFFECT_FINISH.sql
-NOTIFY_QUEUES = _eq.NOTIFY_QUEUES.sql
+__all__ = [
+    "ACK_CANCEL", "CANCEL", "CHECKPOINT", "CLAIM", "COMPLETE", "EFFECT_BEGIN", "EFFECT_FINISH",
+    "FAIL", "GET_RUN", "MARK_INCOMPATIBLE", "MAX_ATTEMPTS", "MAX_DEADLINE", "MAX_NAME_BYTES",
+    "NEXT_WAKEUP", "NOTIFY_QUEUES", "PARK", "RELEASE", "RENEW", "RUN_STEP", "SIGNAL",
+    "SIGNAL_RUN", "START", "TERMINAL", "WRITE_STEPS", "ClaimedRun", "RunInfo",
+    "check_max_attempts", "check_name", "check_run_id", "check_size", "error_record",
+    "jsonb_text", "parse_run", "start_params",
+]
 
-
-TERMINAL = frozenset({"completed", "failed", "cancelled", "incompatible"})
+#: The statements of the run engine, named in :mod:`pgdurable.foundation.queries` (one
+#: module per noun, each with its typed row): their SQL text stays importable here under
+#: the old names for the modules that still send it themselves (the engine, the app)
+#: until their branches of issue 39 land.
+START = _start.START.sql
+GET_RUN = _runs.GET_RUN.sql
+CANCEL = _cancel.CANCEL.sql
+ACK_CANCEL = _cancel.ACK_CANCEL.sql
+SIGNAL = _signals.SIGNAL.sql
+SIGNAL_RUN = _signals.SIGNAL_RUN.sql
+PARK = _signals.PARK.sql
+CLAIM = _claim.CLAIM.sql
+NEXT_WAKEUP = _claim.NEXT_WAKEUP.sql
+NOTIFY_QUEUES = _claim.NOTIFY_QUEUES.sql
+RENEW = _steps.RENEW.sql
+CHECKPOINT = _steps.CHECKPOINT.sql
+WRITE_STEPS = _steps.WRITE_STEPS.sql
+RUN_STEP = _steps.RUN_STEP.sql
+COMPLETE = _run_end.COMPLETE.sql
+RELEASE = _run_end.RELEASE.sql
+FAIL = _run_end.FAIL.sql
+MARK_INCOMPATIBLE = _run_end.MARK_INCOMPATIBLE.sql
+EFFECT_BEGIN = _effects.EFFECT_BEGIN.sql
+EFFECT_FINISH = _effects.EFFECT_FINISH.sql
 
 
 MAX_NAME_BYTES = 1000
@@ -169,80 +167,12 @@ def start_params(
     )
 
 
-@dataclass(frozen=True)
-class RunInfo:
-    """A snapshot of one run (``get_run``)."""
-
-    id: str
-    task: str
-    revision: str
-    queue: str
-    priority: int
-    status: str
-    state: Any
-    step: int
-    attempts: int
-    max_attempts: int
-    claims: int
-    idempotency_key: str | None
-    available_at: datetime
-    deadline_at: datetime | None
-    budget: float | None
-    spent: float
-    lease_owner: str | None
-    lease_token: int
-    lease_expires_at: datetime | None
-    wait_kind: str | None
-    wait_ref: str | None
-    wait_since: datetime | None
-    wake_at: datetime | None
-    wake: dict[str, Any] | None
-    result: Any
-    error: dict[str, Any] | None
-    cancel_requested_at: datetime | None
-    created_at: datetime
-    updated_at: datetime
-    finished_at: datetime | None
-    reclaims: int = 0  # expired-lease reclaims since the last checkpoint
-    #: The run whose step started this one (``ctx.start_child``), else None.
-    parent_run_id: str | None = None
-    #: The top-level run of its tree (None for a top-level run).
-    root_run_id: str | None = None
-    #: Its key within its parent.
-    child_key: str | None = None
-    #: What happens to it when its parent ends first: "cancel" | "abandon".
-    parent_policy: str | None = None
-    #: Ids of its children, oldest first.
-    children: tuple[str, ...] = ()
-    #: Its affinity to the worker holding its service (pgdurable.affinity), or None.
-    affinity: Affinity | None = None
-
-    @property
-    def terminal(self) -> bool:
-        """True when the run is completed, failed, cancelled or incompatible."""
-        return self.status in TERMINAL
-
-
-def _num(v: Any) -> float | None:
-    return None if v is None else float(v)
-
-
 def parse_run(row: tuple[Any, ...] | None, run_id: uuid.UUID) -> RunInfo:
-    """A GET_RUN row as RunInfo; RunNotFound for no row."""
-    if row is None:
+    """A :data:`GET_RUN` row as :class:`RunInfo`; RunNotFound for no row."""
+    info = _runs.GET_RUN.first(row)
+    if info is None:
         raise RunNotFound(f"no run {run_id}")
-    v = list(row)
-    v[0] = str(v[0])
-    v[14] = _num(v[14])
-    v[15] = float(v[15])
-    if len(v) > 31:
-        v[31] = None if v[31] is None else str(v[31])
-        v[32] = None if v[32] is None else str(v[32])
-        v[35] = tuple(v[35] or ())
-    if len(v) > 36:
-        worker, instance, mode, wait, info, since = v[36:42]
-        v[36:42] = [None if worker is None else Affinity(worker, instance, mode, wait, info, since)]
-    return RunInfo(*v)
+    return info
 
 
 def error_record(exc: BaseException) -> dict[str, Any]:

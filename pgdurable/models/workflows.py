@@ -81,6 +81,7 @@ import random
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from decimal import Decimal
 from json.encoder import encode_basestring
 from typing import Any, Literal, NoReturn, TypeVar
 
@@ -99,6 +100,7 @@ from ..foundation.ports import App
 from ..foundation.queries.core import first
 from ..foundation.queries.workflows import LOAD_HISTORY, Checkpoint
 from ..foundation.registry import Task, TaskRegistry
+from ..runs.budgets import BudgetExhausted, Reservation
 from ..runs.steps import (
     Done,
     RunContext,
@@ -245,6 +247,10 @@ def _error_body(exc: BaseException) -> dict[str, str]:
     return {"type": _jsonb_str(type(exc).__name__), "message": _exc_message(exc)}
 
 
+#: The name of the wait a step records when a budget parks it (``budget#1``, ...).
+_BUDGET_WAIT = "budget"
+
+
 class WorkflowContext:
     """What a workflow function gets: recorded steps, waits and the run's facilities.
 
@@ -313,6 +319,13 @@ class WorkflowContext:
         if self.replaying:
             return
         self.run.spend(amount)
+
+    def reserve(self, *, key: str | None = None, **amounts: float | int | Decimal) -> Reservation:
+        """Reserve budget before a model call, inside a step's function: see
+        :meth:`RunContext.reserve`. The reservation is keyed by the step being
+        recorded, so an attempt that crashed before its checkpoint finds its
+        settlement and is not charged again; a recorded step is not run again."""
+        return self.run.reserve(key=key, **amounts)
 
     async def emit(self, event: Any) -> int:
         """Append ``event`` to the run's output stream (fenced); its seq.
@@ -451,6 +464,7 @@ class WorkflowContext:
         self._enter()
         try:
             key = self._claim_name(name, repeat, "step")
+            self._skip_budget_waits()
             entry = self._next("step", key)
             if entry is not None:
                 self._pos += 1
@@ -462,8 +476,18 @@ class WorkflowContext:
             call = functools.partial(fn, *args, **kwargs)
             rec = None if policy.reconcile is None else functools.partial(
                 policy.reconcile, *args, **kwargs)
-            ok, value = await self._attempts(key, call, rec, policy,
-                                             inspect.iscoroutinefunction(fn))
+            while True:
+                try:
+                    ok, value = await self._attempts(key, call, rec, policy,
+                                                     inspect.iscoroutinefunction(fn))
+                    break
+                except BudgetExhausted as exc:
+                    # a budget's park: a recorded wait, then the step again (runs/budgets.py)
+                    kind, ref, wake_in = exc.parking()
+                    assert kind is not None and ref is not None
+                    self._busy = False
+                    await self.park(_BUDGET_WAIT, Wait(signal=(kind, ref), timeout=wake_in))
+                    self._busy = True
             if ok:
                 try:
                     result_json = dumps(value, f"step {key!r} result")
@@ -480,6 +504,17 @@ class WorkflowContext:
             raise mark_terminal(StepFailed(key, value["type"], value["message"], self._rows))
         finally:
             self._busy = False
+
+    def _skip_budget_waits(self) -> None:
+        """Replaying a step: pass the budget waits recorded before it (each one a park
+        of the step on an exhausted budget, woken), as :meth:`park` would."""
+        while self._pos < len(self._entries):
+            e = self._entries[self._pos]
+            if (e.kind != "wait" or not e.name.startswith(_BUDGET_WAIT + "#")
+                    or e.outcome is None):
+                return
+            self._numbered(_BUDGET_WAIT)
+            self._pos += 1
 
     def _check_ended(self) -> None:
         """The code ends here: NonDeterministicWorkflow if the history goes on."""
@@ -504,6 +539,8 @@ class WorkflowContext:
             except EffectFailed as exc:
                 error = {"type": "EffectFailed", "message": str(exc)}
                 continue  # an earlier claim's attempt n failed: not called again
+            except BudgetExhausted:
+                raise  # a budget's park: the run waits, the step runs again on waking
             except Exception as exc:
                 if getattr(exc, "pgdurable_terminal", False):
                     raise  # e.g. ReconcileFailed: never retried

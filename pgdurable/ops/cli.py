@@ -41,6 +41,7 @@ from rich.text import Text
 from ..foundation import migrations
 from ..foundation.db import connect, resolve_dsn, translated
 from ..foundation.errors import PgDurableError
+from ..foundation.queries import budgets as BQ
 from ..foundation.queries import cli as Q
 from ..foundation.queries.clock import NOW
 from ..foundation.queries.core import first_sync, listing_sync, many_sync
@@ -562,6 +563,34 @@ def buckets(dsn: DsnOption = None, as_json: JsonOption = False) -> None:
         print_json(rows)
         return
     _flow_tables(dsn)
+
+
+def _num(value: Any) -> str:
+    return "-" if value is None else f"{value:g}"
+
+
+@app.command()
+def budgets(
+    dsn: DsnOption = None,
+    as_json: JsonOption = False,
+    runs: Annotated[bool, typer.Option("--runs", help="Show runs' own budgets (run:<id>) too.")] = False,
+) -> None:
+    """Spend budgets (docs/budgets.md): per budget and unit, the limit, the window,
+    what is settled in the window, what live reservations hold and what is left."""
+    with database(dsn) as conn:
+        rows = listing_sync(conn, BQ.USAGE, (runs,))
+    if as_json:
+        print_json(rows)
+        return
+    t = Table("budget", "unit", "limit", "window", "policy", "settled", "held", "available",
+              title=f"{len({r['budget_key'] for r in rows})} budget(s)", box=box.SIMPLE_HEAD,
+              pad_edge=False)
+    for r in rows:
+        window = ("-" if r["window_kind"] == "none"
+                  else f"{r['window_kind']} {human_age(r['window_length'])}")
+        _row(t, one_line(r["budget_key"]), r["unit"], _num(r["limit_amount"]), window,
+             r["policy"], _num(r["settled"]), _num(r["held"]), _num(r["available"]))
+    show(t)
 
 
 @app.command()

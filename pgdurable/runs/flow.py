@@ -32,8 +32,8 @@ __all__ = ["Rate", "RateLimited", "bucket_params", "queue_params"]
 #: number of tokens per second.
 Rate = tuple[float, timedelta] | float | int
 
-#: The SQL the app and the sync client send (their answers are not read), until their
-#: twin is generated (issue 39): :mod:`pgdurable.foundation.queries.flow`.
+#: The SQL the run API (:mod:`pgdurable.app.run_api`, and its generated sync twin) sends
+#: (its answers are not read): :mod:`pgdurable.foundation.queries.flow`.
 SET_QUEUE = fq.SET_QUEUE.sql
 SET_BUCKET = fq.SET_BUCKET.sql
 #: The wait kind of a run parked by ``ctx.acquire`` (ref: the bucket name).
@@ -72,6 +72,12 @@ class RateLimited(PgDurableError):
         #: Seconds to wait (>= 0).
         self.retry_after = max(0.0, secs)
         super().__init__(message or f"rate limited: retry in {self.retry_after:.3f} s")
+
+    def parking(self) -> tuple[str | None, str | None, timedelta | None]:
+        """How the worker parks the run: the wait's ``(kind, ref)`` (a plain timer, or
+        the bucket's reservation) and the timer (``retry_after``)."""
+        kind = None if self.bucket is None else ACQUIRE_KIND
+        return kind, self.bucket, timedelta(seconds=self.retry_after)
 
     @classmethod
     def from_headers(cls, headers: Mapping[str, str], default: float = 1.0) -> RateLimited:

@@ -23,12 +23,35 @@ stored again (a non-text event comes first) is dropped from the count.
 Items are :class:`Item`: ``kind`` ``"text"`` (``text``: a delta) or
 ``"event"`` (``event``: any other stored event, markers and the final
 ``{"type": "end"}`` included); the reader of a run ends after its final
-event. A thread reader with ``until=message_id`` ends when that message was
-answered: consumed (or discarded) and the thread's owner idle (parked on its
-inbox, or finished), with every event read; with ``end_on_rollback``, when a
-rollback discarded that message, right after the rollback marker (what follows
-answers the message that rolled it back: a UI that shows each answer in its own
-message reads it from that message's reader, not twice).
+event.
+
+**One message's answer** (``until=message_id``). Every event of a thread
+belongs to the answer of ONE message, its *owner*: the latest message the
+step that wrote it had taken (``ctx.inbox()``: ``thread_messages.taken_step``,
+then ``consumed_step`` once its checkpoint committed); an event of a step
+that took none belongs to the latest message the run took before (a tool
+step, the run's final ``end``; none before the run took any: no message's).
+A step stopped by an interrupt or a rollback
+names its generation's owner in its marker (``"answering"``: the message's
+thread seq): the step's next attempt takes the newer message too, so what it
+writes belongs to the newer one. The reader of ``until`` delivers the events
+it owns, from where that message was sent, and ends: after a marker that
+stops its answer (``interrupted``, ``rollback``); at the first event of a
+later message's answer; or once it is consumed and every event is read, when
+a later message has been taken or the thread is idle (parked on its inbox,
+or finished). So with ``enqueue`` an earlier message's stream ends with the
+step(s) that answered it and the next starts at the step that took it (in
+the same run, or in the follow-up run a lease transfer started); with
+``interrupt`` the earlier one ends at its ``interrupted`` marker and the
+step's re-run (answering both) is the later one's; messages taken together
+by one step are answered by it, in the stream of the latest of them (the
+others' streams are empty). While the run's current step has taken nothing
+and messages wait for it (before its ``ctx.inbox()``, or a new attempt
+after a crash, before it takes again), whose answer its events are is not
+known: the reader waits for the take. A step that takes a newer message itself
+mid-answer (a second ``ctx.inbox()``) makes its whole generation the newer
+message's: a live reader of the older one has shown part of it, a replay
+does not.
 """
 
 from __future__ import annotations
@@ -68,13 +91,51 @@ SELECT r.status, e.seq, e.event, e.final
  WHERE r.id = %s::uuid
  ORDER BY e.seq
 """
-# -- a thread's events after (thread_no, seq), in thread order
+# -- a thread's events after (thread_no, seq), in thread order, each with the thread seq
+# -- of the message whose answer it is (owner; NULL: none) and whether that is not known
+# -- yet (unknown: the run's current step has taken nothing while messages wait for it)
 READ_THREAD = """
-SELECT r.id, r.thread_no, e.seq, e.event
-  FROM pgdurable.runs r JOIN pgdurable.run_events e ON e.run_id = r.id
- WHERE r.thread_key = %s::text AND (r.thread_no, e.seq) > (%s, %s)
- ORDER BY r.thread_no, e.seq
- LIMIT %s
+WITH ev AS MATERIALIZED (
+  SELECT r.id, r.thread_no, e.seq, e.step, e.event, r.step AS at_step,
+         r.status IN ('completed', 'failed', 'cancelled', 'incompatible') AS done
+    FROM pgdurable.runs r JOIN pgdurable.run_events e ON e.run_id = r.id
+   WHERE r.thread_key = %s::text AND (r.thread_no, e.seq) > (%s, %s)
+   ORDER BY r.thread_no, e.seq
+   LIMIT %s),
+st AS (SELECT DISTINCT ev.id, ev.step, ev.at_step, ev.done FROM ev),
+own AS (
+  SELECT st.id, st.step,
+         (SELECT max(m.seq) FROM pgdurable.thread_messages m
+           WHERE m.thread_key = %s::text AND m.discarded_at IS NULL AND st.step IS NOT NULL
+             AND ((m.consumed_by = st.id AND m.consumed_step = st.step)
+                  OR (m.taken_by = st.id AND m.taken_step = st.step AND m.consumed_at IS NULL))
+         ) AS took,
+         (SELECT max(m.seq) FROM pgdurable.thread_messages m
+           WHERE m.thread_key = %s::text AND m.discarded_at IS NULL AND m.consumed_by = st.id
+             AND (st.step IS NULL OR m.consumed_step < st.step)) AS before,
+         NOT st.done AND st.step = st.at_step AND EXISTS (
+           SELECT FROM pgdurable.thread_messages m
+            WHERE m.thread_key = %s::text AND m.run_id = st.id AND m.consumed_at IS NULL
+              AND m.taken_by IS NULL) AS pending
+    FROM st),
+mk AS (
+  SELECT x.run_id, x.step, x.seq, (x.event->>'answering')::bigint AS answering
+    FROM pgdurable.run_events x
+    JOIN (SELECT DISTINCT st.id, st.step FROM st WHERE st.step IS NOT NULL) s
+      ON x.run_id = s.id AND x.step = s.step
+   WHERE x.idx IS NULL AND x.event->>'type' IN ('interrupted', 'rollback'))
+SELECT ev.id, ev.thread_no, ev.seq, ev.event,
+       CASE WHEN k.seq IS NOT NULL THEN coalesce(k.answering, own.before)
+            ELSE coalesce(own.took, CASE WHEN own.pending THEN NULL ELSE own.before END)
+       END AS owner,
+       k.seq IS NULL AND own.took IS NULL AND own.pending AS unknown
+  FROM ev
+  JOIN own ON own.id = ev.id AND own.step IS NOT DISTINCT FROM ev.step
+  LEFT JOIN LATERAL (
+    SELECT mk.seq, mk.answering FROM mk
+     WHERE mk.run_id = ev.id AND mk.step = ev.step AND mk.seq >= ev.seq
+     ORDER BY mk.seq LIMIT 1) k ON true
+ ORDER BY ev.thread_no, ev.seq
 """
 # -- a thread's newest run (id, thread_no, idle: parked on its inbox or finished)
 THREAD_HEAD = """
@@ -84,9 +145,13 @@ SELECT r.id, r.thread_no,
   FROM pgdurable.runs r WHERE r.thread_key = %s::text ORDER BY r.thread_no DESC LIMIT 1
 """
 # -- whether a thread message was answered (consumed or discarded), where its answer
-# -- starts, and whether it was discarded (a rollback)
+# -- starts, whether it was discarded (a rollback), its thread seq, and whether a later
+# -- message was taken since (the next answer has begun)
 MESSAGE = """
-SELECT m.consumed_at IS NOT NULL, m.stream_no, m.stream_seq, m.discarded_at IS NOT NULL
+SELECT m.consumed_at IS NOT NULL, m.stream_no, m.stream_seq, m.discarded_at IS NOT NULL, m.seq,
+       EXISTS (SELECT FROM pgdurable.thread_messages n
+                WHERE n.thread_key = m.thread_key AND n.seq > m.seq AND n.discarded_at IS NULL
+                  AND (n.taken_by IS NOT NULL OR n.consumed_at IS NOT NULL))
   FROM pgdurable.thread_messages m WHERE m.thread_key = %s::text AND m.message_id = %s
 """
 
@@ -247,8 +312,9 @@ class _Reader:
         return not self.tail.chunks or any(f in done for f in db)
 
 
-def _rollback(event: Any) -> bool:
-    return isinstance(event, dict) and event.get("type") == "rollback"
+def _stops(event: Any) -> bool:
+    """Whether an event is a marker that stops a step's answer (an interrupt, a rollback)."""
+    return isinstance(event, dict) and event.get("type") in ("interrupted", "rollback")
 
 
 async def follow_run(app: App, run_id: Any, after: str | None = None, *,
@@ -293,18 +359,26 @@ async def follow_run(app: App, run_id: Any, after: str | None = None, *,
 
 async def follow_thread(app: App, thread_key: str, after: str | None = None, *,
                         until: str | None = None, poll: float = 1.0,
-                        end_on_rollback: bool = False) -> AsyncIterator[Item]:
+                        end_on_rollback: bool = True) -> AsyncIterator[Item]:
     """Items of every run of ``thread_key`` after ``after``, live (see the module
-    docstring); with ``until`` (a message id) from where that message's answer
-    starts (when ``after`` is None) until it is answered."""
+    docstring); with ``until`` (a message id) only that message's answer: from
+    where it starts (when ``after`` is None) until it is answered.
+    ``end_on_rollback`` is kept for callers of earlier releases: a message's
+    stream now always ends at the marker that stops its answer."""
+    del end_on_rollback
     stored = encode_thread_key(thread_key)
     no, seq, n = parse_cursor(after, thread=True)
-    if until is not None and after is None:
+    me = 0
+    if until is not None:
         row = await app.fetchone(MESSAGE, (stored, until))
         if row is None:
             raise LookupError(f"no message {until!r} in thread {thread_key!r}")
-        no, seq = int(row[1] or 0), int(row[2] or 0)
+        me = int(row[4])
+        if after is None:
+            no, seq = int(row[1] or 0), int(row[2] or 0)
     r = _Reader(app, no, seq, n)
+    # with until: whether the last event read was this message's (a resumed cursor is)
+    mine = after is not None
     notifier = app.notifier()
     threads = Wakeup(notifier, THREADS_CHANNEL, hashlib.md5(stored.encode()).hexdigest())
     events: Wakeup | None = None
@@ -314,7 +388,7 @@ async def follow_thread(app: App, thread_key: str, after: str | None = None, *,
         read = True
         while True:
             if not read:
-                if head is not None:
+                if head is not None and (until is None or mine):
                     for item in r.tails(str(head[0])):
                         yield item
                 read = await r.wait(threads, events, poll=poll)
@@ -328,21 +402,28 @@ async def follow_thread(app: App, thread_key: str, after: str | None = None, *,
                         await events.close()
                     events = Wakeup(notifier, "pgdurable_events", rid)
                     await events.listening(poll)
-            rows = await app.fetchall(READ_THREAD, (stored, r.no or 0, r.seq, BATCH))
-            for rid_, no_, seq_, event in rows:
+            # read before the events: what it says holds for every event read after it
+            m = None if until is None else await app.fetchone(MESSAGE, (stored, until))
+            rows = await app.fetchall(READ_THREAD, (stored, r.no or 0, r.seq, BATCH,
+                                                    stored, stored, stored))
+            waiting = False
+            for rid_, no_, seq_, event, owner, unknown in rows:
+                if until is not None and unknown:
+                    waiting = True  # its step has not taken its messages yet: whose is it?
+                    break
+                if until is not None and owner is not None and int(owner) > me:
+                    return  # a later message's answer: this one's is over
                 got = r.row(str(rid_), int(no_), int(seq_), event)
-                if got is not None:
+                mine = until is None or (owner is not None and int(owner) == me)
+                if got is not None and mine:
                     yield got
-                if until is not None and end_on_rollback and _rollback(event):
-                    m = await app.fetchone(MESSAGE, (stored, until))
-                    if m is None or m[3]:
-                        return  # its answer was rolled back: what follows answers another
-            if rows:
+                if until is not None and mine and _stops(event):
+                    return  # interrupted or rolled back: what follows answers a later one
+            if rows and not waiting:
                 continue
-            if until is not None and head is not None and head[2]:
-                m = await app.fetchone(MESSAGE, (stored, until))
-                if m is None or m[0]:
-                    return  # answered, every event read
+            if until is not None and not waiting and (m is None or (m[0] and (
+                    m[5] or (head is not None and head[2])))):
+                return  # answered (and the next answer begun, or the thread idle): all read
             read = False
     finally:
         r.close_tail()

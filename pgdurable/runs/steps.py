@@ -33,8 +33,9 @@ from decimal import Decimal
 from typing import Any
 
 from ..foundation.affinity import Affinity, Mode, pin_params, same_pin
-from ..foundation.errors import BudgetExceeded
+from ..foundation.errors import BudgetExceeded, InvalidInput
 from ..foundation.run_queries import check_name, check_size
+from .budgets import Reservation
 from .children import ChildPolicy, _ids, check_children, need_of, start_child
 from .flow import acquire, reserved
 from .liveness import heartbeat
@@ -243,6 +244,7 @@ class RunContext:
     _io: Any = field(default=None, repr=False)
     _reservation_used: bool = field(default=False, repr=False)  # acquire's wake consumed
     _liveness: Any = field(default=None, repr=False)  # the step's liveness.StepGuard
+    _reserves: dict[int, int] = field(default_factory=dict, repr=False)  # reserve keys per step
     #: The run's thread key (thread runs), known after ``await ctx.inbox()``.
     thread_key: str | None = None
     #: The run's affinity (:mod:`pgdurable.foundation.affinity`) as claimed, then as this step
@@ -330,6 +332,31 @@ class RunContext:
                 f"run {self.run_id} spent {self.spent + self._pending_spend:g} "
                 f"of budget {self.budget:g}"
             )
+
+    def reserve(self, *, key: str | None = None, **amounts: float | int | Decimal) -> Reservation:
+        """Reserve ``amounts`` (``usd=``, ``tokens=``, ``tokens_in=``, ``tokens_out=``,
+        ``calls=``) of every budget the run draws from, before a model call::
+
+            async with ctx.reserve(usd=0.40, tokens=30_000) as r:
+                reply = await model(...)
+                r.settle(usd=reply.cost, tokens=reply.usage.total)
+
+        (``with`` in a sync step.) Entering holds the amounts, fenced by the lease;
+        a budget that cannot give them parks the run (policy ``park``) or raises
+        :class:`~pgdurable.BudgetExceeded` naming it (``fail``). Leaving settles
+        what ``r.settle`` recorded and returns the rest; an exception releases it.
+        ``key`` names the reservation within the step (default ``r0``, ``r1``, ...
+        in call order): a replayed step finds its settlement and is not charged
+        again. Bad amounts or units: :class:`~pgdurable.InvalidInput`, nothing
+        written. See :mod:`pgdurable.runs.budgets` and docs/budgets.md.
+        """
+        if key is None:
+            n = self._reserves.get(self.step, 0)
+            self._reserves[self.step] = n + 1
+            key = f"r{n}"
+        elif not isinstance(key, str) or not key or len(key) > 200:
+            raise InvalidInput(f"reserve(key=...) must be a str of 1 to 200 characters, not {key!r}")
+        return Reservation(self, amounts, key)
 
     def heartbeat(self, progress: Any = None) -> None:
         """Report that this step is alive, with optional JSON ``progress``.

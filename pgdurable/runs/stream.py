@@ -43,6 +43,9 @@ from ..foundation import run_queries as q
 from ..foundation.errors import RunNotFound
 from ..foundation.jsonb import dumps
 from ..foundation.notifier import Wakeup
+from ..foundation.queries import stream as sq
+from ..foundation.queries.core import many, one
+from ..foundation.queries.runs import TERMINAL
 from .threads import encode_thread_key
 
 if TYPE_CHECKING:
@@ -54,28 +57,6 @@ log = logging.getLogger("pgdurable.stream")
 
 CHANNEL = "pgdurable_events"
 BATCH = 500
-
-# -- fenced append/overwrite of the idx-th event of the current step; returns seq
-EMIT = "SELECT pgdurable.emit_event(%s::uuid, %s::bigint, %s::text, %s::integer, %s::jsonb)"
-# -- one snapshot: the run's status/result/error and its events after a cursor
-READ_RUN = """
-SELECT r.status, r.result, r.error, e.seq, e.event, e.final, e.created_at
-  FROM pgdurable.runs r
-  LEFT JOIN LATERAL (
-    SELECT x.seq, x.event, x.final, x.created_at FROM pgdurable.run_events x
-     WHERE x.run_id = r.id AND x.seq > %s ORDER BY x.seq LIMIT %s) e ON true
- WHERE r.id = %s::uuid
- ORDER BY e.seq
-"""
-# -- a thread's events after a (thread_no, seq) cursor, in thread order
-READ_THREAD = """
-SELECT r.id, r.thread_no, e.seq, e.event, e.final, e.created_at
-  FROM pgdurable.runs r JOIN pgdurable.run_events e ON e.run_id = r.id
- WHERE r.thread_key = %s::text AND (r.thread_no, e.seq) > (%s, %s)
- ORDER BY r.thread_no, e.seq
- LIMIT %s
-"""
-
 
 @dataclass(frozen=True)
 class StreamEvent:
@@ -108,9 +89,7 @@ async def emit(ctx: StepContext, event: Any) -> int:
     app, owner = ctx._attached()
     idx = ctx._emitted
     ctx._emitted += 1
-    row = await app.fetchone(EMIT, (q.check_run_id(ctx.run_id), ctx.token, owner, idx, text))
-    assert row is not None
-    return int(row[0])
+    return await one(app, sq.EMIT, (q.check_run_id(ctx.run_id), ctx.token, owner, idx, text))
 
 
 def _check_after(after: object) -> int:
@@ -170,23 +149,23 @@ async def stream_run(
     try:
         await follower.listening(poll)
         while True:
-            rows = await app.fetchall(READ_RUN, (cursor, BATCH, rid))
+            rows = await many(app, sq.RUN_EVENTS, (cursor, BATCH, rid))
             if not rows:
                 raise RunNotFound(f"no run {rid}")
-            status, result, error = rows[0][0], rows[0][1], rows[0][2]
+            status, result, error = rows[0].status, rows[0].result, rows[0].error
             got = False
             for row in rows:
-                if row[3] is None:
+                if row.seq is None:
                     continue
                 got = True
-                ev = StreamEvent(str(rid), int(row[3]), row[4], bool(row[5]), row[6])
+                ev = StreamEvent(str(rid), row.seq, row.event, row.final, row.created_at)
                 cursor = ev.seq
                 yield ev
                 if ev.final:
                     return
             if got:
                 continue
-            if status in q.TERMINAL:
+            if status in TERMINAL:
                 if cursor == 0:  # a run that never emitted (no final row written)
                     # as run_end.sql's end event: a completed run ended without error
                     err = None if error is None or status == "completed" else {
@@ -216,10 +195,10 @@ async def stream_thread(
         if follower is not None:
             await follower.listening(poll)
         while True:
-            rows = await app.fetchall(READ_THREAD, (stored_key, no, seq, BATCH))
+            rows = await many(app, sq.THREAD_EVENTS, (stored_key, no, seq, BATCH))
             for row in rows:
-                ev = StreamEvent(str(row[0]), int(row[2]), row[3], bool(row[4]), row[5],
-                                 int(row[1]))
+                ev = StreamEvent(row.run_id, row.seq, row.event, row.final, row.created_at,
+                                 row.thread_no)
                 no, seq = ev.thread_no or 0, ev.seq
                 yield ev
             if rows:

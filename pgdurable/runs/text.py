@@ -42,8 +42,9 @@ durable flush found, for the step's thread, a newer message sent with
 ``double_text="interrupt"`` or ``"rollback"`` while the step was answering an
 older one. Then ONE fenced ``pgdurable.stop_step`` keeps (interrupt) or
 discards (rollback) the step's answer, writes a marker event
-(``{"type": "interrupted"}`` / ``{"type": "rollback", "discard_after": seq}``)
-and releases the run, and the step's call raises
+(``{"type": "interrupted"}`` / ``{"type": "rollback", "discard_after": seq}``,
+each with ``"answering"``: the thread seq of the latest message the step took,
+whose answer the marker ends; :mod:`pgdurable.runs.live`) and releases the run, and the step's call raises
 :class:`~pgdurable.runs.steps.RunSettled` (the worker writes nothing more);
 the run's next attempt takes the messages again (:func:`stop_step`).
 """
@@ -60,6 +61,8 @@ from typing import TYPE_CHECKING, Any
 
 from ..foundation import run_queries as q
 from ..foundation.errors import InvalidInput, LeaseLost
+from ..foundation.queries import text_stream as tq
+from ..foundation.queries.core import first, many
 from .settled import RunSettled
 
 if TYPE_CHECKING:
@@ -82,28 +85,6 @@ TAIL_BYTES = 7000
 BACKPRESSURE = 8 * FLUSH_BYTES
 
 CHANNEL = "pgdurable_text"
-
-# -- one tick: durable rows and live tails of many streams (fenced); per run: status, seq, have
-TICK_SQL = (
-    "SELECT run_id, status, seq, have, interrupt FROM pgdurable.stream_tick("
-    "%s::uuid[], %s::bigint[], %s::text[], %s::integer[], %s::integer[], %s::text[], "
-    "%s::boolean[], %s::bigint[])"
-)
-# -- fenced: stop the step (interrupt keeps its text, rollback discards it), release the run
-STOP_SQL = (
-    "SELECT pgdurable.stop_step(%s::uuid, %s::bigint, %s::text, %s::integer, %s::text, "
-    "%s::integer, %s::text)"
-)
-# -- the step's text so far (its generation: after its last marker), in order
-TEXT_SO_FAR = """
-SELECT coalesce(string_agg(e.event->>'text', '' ORDER BY e.seq), '')
-  FROM pgdurable.runs r JOIN pgdurable.run_events e ON e.run_id = r.id
- WHERE r.id = %s::uuid AND e.step = %s AND e.idx IS NULL AND e.event->>'type' = 'text'
-   AND e.seq > (SELECT coalesce(max(m.seq), 0) FROM pgdurable.run_events m
-                 WHERE m.run_id = r.id AND m.step = %s AND m.idx IS NULL
-                   AND m.event->>'type' IN ('interrupted', 'rollback'))
-"""
-
 
 def check_delta(delta: object) -> str:
     """A text delta: a ``str`` without NUL or lone surrogates (JSONB holds neither)."""
@@ -277,7 +258,7 @@ class TextWriter:
         self._inflight = done
         self.ticks += 1
         try:
-            rows = await self.app.fetchall(TICK_SQL, params)
+            rows = await many(self.app, tq.TICK, params)
         except Exception as exc:  # the database, not one stream: try again next tick
             log.warning("text streams: tick failed (%s); retrying", exc)
             await asyncio.sleep(TICK)
@@ -287,7 +268,7 @@ class TextWriter:
             done.set_result(None)
             self._inflight = None
         for (s, durable, count, text), row in zip(batch, rows, strict=True):
-            status = row[1]
+            status = row.status
             if status == "lost":
                 s.fail(LeaseLost(f"lease lost on run {s.run_id} (text stream)"))
             elif status == "gap":
@@ -296,10 +277,11 @@ class TextWriter:
             elif status == "busy":
                 self._wake.set()
             elif durable:
-                s.flushed(count, int(row[2]), int(row[3]))
+                assert row.seq is not None and row.have is not None  # a durable flush's
+                s.flushed(count, row.seq, row.have)
                 s.force = False
-                if row[4] is not None:
-                    s.interrupt = row[4]
+                if row.interrupt is not None:
+                    s.interrupt = row.interrupt
             else:
                 s.tail = max(s.tail, count + len(text))
 
@@ -411,7 +393,7 @@ async def stop_step(ctx: StepContext, s: StepText) -> None:
     ctx._text = None
     app, owner = ctx._attached()
     try:
-        await app.fetchone(STOP_SQL, (s.run_id, s.token, owner, s.step, mode, s.base,
+        await first(app, tq.STOP, (s.run_id, s.token, owner, s.step, mode, s.base,
                                       s.buf if mode == "interrupt" else ""))
     except LeaseLost:
         pass  # not ours any more: nothing to write either way
@@ -425,8 +407,7 @@ async def text_so_far(ctx: StepContext) -> str:
     s = _stream(ctx)
     app, _ = ctx._attached()
     await _until_stored(ctx, s)
-    row = await app.fetchone(TEXT_SO_FAR, (s.run_id, s.step, s.step))
-    stored = "" if row is None or row[0] is None else str(row[0])
+    stored = await first(app, tq.TEXT_SO_FAR, (s.run_id, s.step, s.step)) or ""
     if s.emitted < len(stored):
         s.emitted = len(stored)
     s.durable = max(s.durable, len(stored))

@@ -79,10 +79,10 @@ __all__ = [
     "thread_lease_key",
 ]
 
-#: The SQL of a send, for the app and the sync client until their twin is generated
-#: (issue 39); they decode its row with :func:`parse_delivery`.
+#: The SQL of a send (``send_message``); its row is decoded with :func:`parse_delivery`.
 SEND = tq.SEND.sql
-#: The SQL of a send with double-texting (``send_message_v2``), decoded by
+#: The SQL of a send with double-texting (``send_message_v2``), which the run API
+#: (:mod:`pgdurable.app.run_api`, and its generated sync twin) sends, decoded by
 #: :func:`parse_delivery` too; :data:`SET_DOUBLE_TEXT` sets a thread's strategy.
 SEND_V2 = tq.SEND_V2.sql
 SET_DOUBLE_TEXT = tq.SET_DOUBLE_TEXT.sql

@@ -215,6 +215,10 @@ COMMENT ON FUNCTION pgdurable.stream_tick(uuid[], bigint[], text[], integer[], i
 --   "step", "discard_after": seq} says that every event after that seq (the
 --   step's generation: its unfinished answer) is discarded; the messages the
 --   step took are consumed as discarded (thread_messages.discarded_at).
+-- Either way the marker names the message whose answer the stopped generation
+-- was, "answering": the thread seq of the latest message the step had taken
+-- (absent for a run without a thread or a step that took none): a thread
+-- stream of one message (pgdurable/runs/live.py, until=) ends at its marker.
 -- Either way the step's earlier events stop being overwritten by a retry
 -- (their idx is cleared): the step's next attempt emits a new answer after
 -- the marker. Then the run is released (release_run: runnable, NOTIFY; a
@@ -232,6 +236,7 @@ DECLARE
   s record;
   v_first bigint;
   v_marker jsonb;
+  v_answering bigint;
 BEGIN
   IF p_mode IS NULL OR p_mode NOT IN ('interrupt', 'rollback') OR p_step IS NULL
      OR p_at IS NULL OR p_at < 0 THEN
@@ -246,6 +251,10 @@ BEGIN
     PERFORM pgdurable._append_text(r, p_step, p_at, p_text, p_token);
   END IF;
   SELECT * INTO s FROM pgdurable._step_text(r, p_step);
+  -- the message whose answer this generation was: the latest the step took
+  SELECT max(m.seq) INTO v_answering FROM pgdurable.thread_messages m
+   WHERE r.thread_key IS NOT NULL AND m.thread_key = r.thread_key AND m.taken_by = r.id
+     AND m.consumed_at IS NULL;
   IF p_mode = 'interrupt' THEN
     v_marker := jsonb_build_object('type', 'interrupted', 'step', p_step);
   ELSE
@@ -260,6 +269,9 @@ BEGIN
            discarded_at = pgdurable.now()
      WHERE r.thread_key IS NOT NULL AND m.thread_key = r.thread_key AND m.taken_by = r.id
        AND m.consumed_at IS NULL;
+  END IF;
+  IF v_answering IS NOT NULL THEN
+    v_marker := v_marker || jsonb_build_object('answering', v_answering);
   END IF;
   UPDATE pgdurable.run_events e SET idx = NULL
    WHERE e.run_id = r.id AND e.step = p_step AND e.idx IS NOT NULL

@@ -17,7 +17,10 @@ import type { ChatTransport, UIMessage, UIMessageChunk } from "ai";
 export type StreamItem =
   | { kind: "text"; cursor: string; runId: string; text: string }
   | { kind: "event"; cursor: string; runId: string; seq: number; event: unknown }
-  | { kind: "done" };
+  | { kind: "done"; next?: string | null };
+
+/** In a chain of answers (`reconnectToStream`): the answer to message `id` follows. */
+export type AnswerItem = { kind: "answer"; id: string };
 
 export interface ClientOptions {
   /** Where the endpoints are mounted, e.g. "/agent" or "https://host/agent". */
@@ -189,15 +192,18 @@ export class PgDurableClient {
   }
 
   /**
-   * A thread's stream: with `message`, from where that message's answer starts
-   * until it is answered (`"latest"`: the thread's last message; nothing when
-   * it is answered already: `onAnswered` is told its id). `onMessage` is told
-   * the id of the message whose answer this is (the server's
-   * `X-PgDurable-Message`: `"latest"` resolved), before the first item; a
-   * reconnect follows that message, not a newer one. `endOnRollback`: when a
-   * rollback discards that message, end right after the rollback marker (what
-   * follows answers the message that rolled it back; the transport sets it, so
-   * that answer is shown once, in its own message).
+   * A thread's stream: with `message`, exactly that message's answer, from
+   * where it starts until it is answered (it ends at an `interrupted` or
+   * `rollback` marker that stops it, or where a later message's answer
+   * begins; its `done` item names the message sent after it, `next`).
+   * `"latest"`: the thread's last message (nothing when it is answered
+   * already: `onAnswered` is told its id); `"pending"`: the message before the
+   * first unanswered one (the last when all are answered, as `"latest"`).
+   * `onMessage` is told the id of the message whose answer this is (the
+   * server's `X-PgDurable-Message`: `"latest"` / `"pending"` resolved), before
+   * the first item; a reconnect follows that message, not a newer one.
+   * `endOnRollback` is kept for callers of earlier releases: a message's
+   * stream now always ends at the rollback marker that discards its answer.
    */
   streamThread(thread: string, opts: { message?: string; endOnRollback?: boolean } & StreamOptions = {}): AsyncGenerator<StreamItem> {
     const params: Record<string, string> = {};
@@ -243,7 +249,12 @@ export class PgDurableClient {
         }
         for await (const f of parseSSE(r.body)) {
           if (f.event !== "error") { failures = 0; wait = first; }
-          if (f.event === "done") { yield { kind: "done" }; return; }
+          if (f.event === "done") {  // a message's answer: the id of the message after it
+            let next: string | null | undefined;
+            try { next = (JSON.parse(f.data) as { next?: string | null }).next; } catch { next = undefined; }
+            yield next === undefined ? { kind: "done" } : { kind: "done", next };
+            return;
+          }
           if (f.event === "error") {
             const e = JSON.parse(f.data) as { error?: string; terminal?: boolean };
             // terminal: the run or message does not exist, the cursor is bad; anything
@@ -337,8 +348,10 @@ export class PgDurableChatTransport<UI_MESSAGE extends UIMessage = UIMessage> im
     const signal = options.abortSignal ? { signal: options.abortSignal } : {};
     let following: string | undefined;
     let answered: string | undefined;
+    // every answer from the one before the first unanswered message, each replayed
+    // whole into its own assistant message (answerId), one after the other
     let items = this.client.streamThread(thread, {
-      message: "latest", endOnRollback: true, ...signal,
+      message: "pending", endOnRollback: true, ...signal,
       onMessage: (id) => { following = id; },
       onAnswered: (id) => { answered = id; },
     });
@@ -349,13 +362,30 @@ export class PgDurableChatTransport<UI_MESSAGE extends UIMessage = UIMessage> im
       first = await items.next();
     }
     if (first.done) return null;  // nothing to resume
+    const client = this.client;
     const rest = items;
     const head = first.value;
-    async function* again(): AsyncGenerator<StreamItem> {
+    const id = following;
+    async function* chain(): AsyncGenerator<StreamItem | AnswerItem> {
+      if (id !== undefined) yield { kind: "answer", id };
+      let next: string | null | undefined;
+      if (head.kind === "done") next = head.next;
       yield head;
-      yield* rest;
+      for await (const item of rest) {
+        if (item.kind === "done") next = item.next;
+        yield item;
+      }
+      while (next) {  // the answer to the message sent after it, in its own message
+        const current: string = next;
+        next = undefined;
+        yield { kind: "answer", id: current };
+        for await (const item of client.streamThread(thread, { message: current, ...signal })) {
+          if (item.kind === "done") next = item.next;
+          yield item;
+        }
+      }
     }
-    return this.chunks(again(), following === undefined ? undefined : answerId(following));
+    return this.chunks(chain());
   }
 
   /**
@@ -364,21 +394,36 @@ export class PgDurableChatTransport<UI_MESSAGE extends UIMessage = UIMessage> im
    * replay of its answer, so that a replay after a reload replaces the message a
    * page kept (useChat's stored messages) instead of adding a second one.
    */
-  chunks(items: AsyncGenerator<StreamItem>, messageId?: string): ReadableStream<UIMessageChunk> {
+  chunks(items: AsyncGenerator<StreamItem | AnswerItem>, messageId?: string): ReadableStream<UIMessageChunk> {
     let part = 0;
     let open: string | null = null;
+    let started = false;
     const closeText = (out: UIMessageChunk[]) => {
       if (open) out.push({ type: "text-end", id: open });
       open = null;
     };
+    const begin = (out: UIMessageChunk[], id?: string) => {
+      out.push(id === undefined ? { type: "start" } : { type: "start", messageId: id }, { type: "start-step" });
+      started = true;
+    };
     return new ReadableStream<UIMessageChunk>({
       async start(controller) {
-        controller.enqueue(messageId === undefined ? { type: "start" } : { type: "start", messageId });
-        controller.enqueue({ type: "start-step" });
+        const head: UIMessageChunk[] = [];
+        if (messageId !== undefined) begin(head, messageId);
+        for (const c of head) controller.enqueue(c);
         try {
           for await (const item of items) {
             const out: UIMessageChunk[] = [];
-            if (item.kind === "text") {
+            if (item.kind === "answer") {
+              // the next answer of a chain: the AI SDK starts a new message on a new id
+              if (started) { closeText(out); out.push({ type: "finish-step" }); }
+              begin(out, answerId(item.id));
+            } else if (!started) {
+              begin(out);
+            }
+            if (item.kind === "answer") {
+              // nothing more
+            } else if (item.kind === "text") {
               if (!open) { open = `text-${++part}`; out.push({ type: "text-start", id: open }); }
               out.push({ type: "text-delta", id: open, delta: item.text });
             } else if (item.kind === "event") {
@@ -399,6 +444,7 @@ export class PgDurableChatTransport<UI_MESSAGE extends UIMessage = UIMessage> im
             for (const c of out) controller.enqueue(c);
           }
           const out: UIMessageChunk[] = [];
+          if (!started) begin(out);
           closeText(out);
           for (const c of out) controller.enqueue(c);
           controller.enqueue({ type: "finish-step" });

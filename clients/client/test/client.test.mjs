@@ -1,9 +1,11 @@
 // @pgdurable/client without a server: SSE parsing, resume with Last-Event-ID after a
 // dropped connection or a transient error frame (a terminal one and a 4xx end it), the
 // ChatTransport's UI message chunks (a rollback is a reset-step), its stable answer id and
-// the replay of a finished last answer. Against the real endpoints: live.test.mjs.
+// the replay of a finished last answer, and a reload's replay of two answers (enqueue), each
+// into its own assistant message. Against the real endpoints: live.test.mjs.
 import { test } from "node:test";
 import assert from "node:assert/strict";
+import { AbstractChat } from "ai";
 import { PgDurableClient, PgDurableChatTransport, parseSSE } from "../dist/index.js";
 
 const enc = new TextEncoder();
@@ -91,7 +93,7 @@ test("reconnectToStream: the answer's stable id; a finished last answer replayed
   const urls = [];
   const fetch = async (url) => {
     urls.push(url);
-    if (url.includes("message=latest")) return new Response(null, { status: 204, headers: { "X-PgDurable-Message": "u1" } });
+    if (url.includes("message=pending")) return new Response(null, { status: 204, headers: { "X-PgDurable-Message": "u1" } });
     return new Response(body("id: 1:3\nevent: text\ndata: {\"run_id\":\"r\",\"text\":\"whole\"}\n\nevent: done\ndata: {}\n\n"));
   };
   const t = new PgDurableChatTransport({ api: "/agent", threadId: "chat:1", fetch });
@@ -102,4 +104,63 @@ test("reconnectToStream: the answer's stable id; a finished last answer replayed
   assert.ok(urls[1].endsWith("/threads/chat%3A1/stream?message=u1&rollback=end"), urls[1]);
   const off = new PgDurableChatTransport({ api: "/agent", threadId: "chat:1", fetch, resumeFinished: false });
   assert.equal(await off.reconnectToStream({ chatId: "c" }), null);
+});
+
+const sse = (...frames) => frames.map(([event, id, data]) => `${id ? `id: ${id}\n` : ""}event: ${event}\ndata: ${JSON.stringify(data)}\n\n`).join("");
+
+test("a message's stream ends with done naming the next message", async () => {
+  const client = new PgDurableClient({ api: "/agent", fetch: async () => new Response(body(sse(
+    ["text", "1:1", { run_id: "r", text: "a0" }], ["done", null, { next: "u2" }]))) });
+  const items = [];
+  for await (const item of client.streamThread("chat:1", { message: "u1" })) items.push(item);
+  assert.deepEqual(items.map((i) => i.kind), ["text", "done"]);
+  assert.equal(items[1].next, "u2");
+});
+
+/** The AI SDK's chat without a UI framework (as live.test.mjs's). */
+class NodeChat extends AbstractChat {
+  constructor(init) {
+    const state = {
+      status: "ready", error: undefined, messages: init.messages ?? [],
+      pushMessage(m) { this.messages = this.messages.concat(m); },
+      popMessage() { this.messages = this.messages.slice(0, -1); },
+      replaceMessage(i, m) { this.messages = this.messages.map((x, j) => (j === i ? structuredClone(m) : x)); },
+      snapshot: (x) => structuredClone(x),
+    };
+    super({ ...init, state });
+  }
+}
+const textOf = (m) => m.parts.filter((p) => p.type === "text").map((p) => p.text).join("");
+
+test("reconnectToStream after a reload with two answers: each replayed into its own message", async () => {
+  // the page kept u1's answer cut and none of u2's (enqueued while u1's streamed)
+  const urls = [];
+  const fetch = async (url) => {
+    urls.push(url);
+    if (url.includes("message=pending")) {  // the server resolves it to u1 (its answer unfinished)
+      return new Response(body(sse(["text", "1:2", { run_id: "r", text: "first " }],
+        ["text", "1:3", { run_id: "r", text: "answer" }], ["done", null, { next: "u2" }])),
+      { headers: { "X-PgDurable-Message": "u1" } });
+    }
+    assert.ok(url.includes("message=u2"), url);
+    return new Response(body(sse(["text", "1:5", { run_id: "r", text: "second" }],
+      ["event", "1:6", { run_id: "r", seq: 6, event: { type: "end" } }], ["done", null, { next: null }])),
+    { headers: { "X-PgDurable-Message": "u2" } });
+  };
+  const t = new PgDurableChatTransport({ api: "/agent", threadId: "chat:1", fetch });
+  const chunks = [];
+  for await (const c of await t.reconnectToStream({ chatId: "c" })) chunks.push(c.type === "text-delta" ? `delta:${c.delta}` : c.type === "start" ? `start:${c.messageId}` : c.type);
+  assert.deepEqual(chunks, ["start:answer-u1", "start-step", "text-start", "delta:first ", "delta:answer",
+    "text-end", "finish-step", "start:answer-u2", "start-step", "text-start", "delta:second", "text-end",
+    "finish-step", "finish"]);
+  assert.equal(urls.length, 2);
+
+  const user = (id, text) => ({ id, role: "user", parts: [{ type: "text", text }] });
+  const kept = [user("u1", "one"), { id: "answer-u1", role: "assistant", parts: [{ type: "text", text: "fir", state: "streaming" }] }, user("u2", "two")];
+  const chat = new NodeChat({ id: "chat:1", messages: kept, transport: t });
+  await chat.resumeStream();
+  assert.equal(chat.status, "ready");
+  assert.deepEqual(chat.messages.map((m) => [m.id, m.role, textOf(m)]), [
+    ["u1", "user", "one"], ["answer-u1", "assistant", "first answer"],
+    ["u2", "user", "two"], ["answer-u2", "assistant", "second"]]);
 });

@@ -2,7 +2,8 @@
 // send (and its duplicate), streamThread, and a stream that outlives a database blip
 // (the server's statements terminated mid-read: a transient `error` frame, then a
 // reconnect from the last cursor, exact to the character), and the AI SDK's chat over the
-// transport when a second message rolls the first answer back (double-texting).
+// transport when a second message rolls the first answer back, or interrupts it from the
+// same chat (double-texting).
 //
 // Run by tests/test_streams_browser.py, which serves tests/_stream_http.py with a real
 // worker, bundles this file from the client's source (esbuild) and passes what to
@@ -118,4 +119,20 @@ test("double-texting rollback in the AI SDK's chat: the first answer is discarde
   assert.equal(chat2.status, "ready");
   assert.equal(text(chat2.messages[1]), live.rollback.expected);  // r1's answer, without r0's
   assert.equal(text(chat.messages[1]), "", "r0's answer was discarded: nothing of it, nor of r1's, stays");
+});
+
+test("double-texting interrupt in one AI SDK chat: each answer in its own assistant message", { skip }, async () => {
+  const it = live.interrupt;
+  const transport = new PgDurableChatTransport({ api: live.api, threadId: it.key, token: it.token, doubleText: "interrupt",
+    toMessage: (m) => ({ text: text(m), id: m.id, words: text(m) === "i0" ? it.words : 30 }) });
+  const chat = new NodeChat({ id: it.key, transport });
+  const answering = chat.sendMessage({ text: "i0" });
+  while (!(chat.messages.length === 2 && text(chat.messages[1]).length > 40)) await sleep(10);
+  // the second message, sent from the same chat while the first is answered
+  await Promise.all([answering, chat.sendMessage({ text: "i1" })]);
+  assert.deepEqual(chat.messages.map((m) => m.role), ["user", "assistant", "user", "assistant"]);
+  const first = text(chat.messages[1]);
+  // i0's answer up to the interrupt, nothing of the answer that followed
+  assert.ok(first.length >= 40 && first.length < it.first.length && it.first.startsWith(first), first);
+  assert.equal(text(chat.messages[3]), it.expected);  // the re-run step's answer to i0 and i1, once
 });

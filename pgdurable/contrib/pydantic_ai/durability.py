@@ -59,6 +59,7 @@ from pydantic_ai.durable_exec import (
     ExternalEventError,
     ExternalEventWaiter,
     JournalCallableOperationBackend,
+    ModelRequestId,
     RoleBasedOperationConfig,
     ToolsetCallToolId,
     ToolsetKind,
@@ -91,6 +92,7 @@ from pydantic_ai.tools import (
 
 from ...foundation.effects import NOT_PERFORMED
 from ...models.workflows import StepPolicy, WaitTimeout
+from ...runs.budgets import amounts_json
 from ...runs.steps import in_thread
 from .scope import SCOPE, Scope, event_json
 from .workflow import register
@@ -143,8 +145,26 @@ async def _reconcile_tool(reconcile: Callable[..., Any], args: dict[str, Any]) -
     return JSON_CODEC.dump(CallToolResult, await wrap_tool_call_result(returned()))
 
 
+def _usage_amounts(result: object, reserved: Mapping[str, float]) -> dict[str, float]:
+    """What a model request spent, from the usage of its (JSON) response: the token
+    units the reservation named (``tokens`` = in + out) and ``calls`` = 1."""
+    usage = result.get("usage") if isinstance(result, Mapping) else getattr(result, "usage", None)
+    if isinstance(usage, Mapping):
+        tin, tout = usage.get("input_tokens", 0), usage.get("output_tokens", 0)
+    else:
+        tin, tout = getattr(usage, "input_tokens", 0), getattr(usage, "output_tokens", 0)
+    measured = {"tokens_in": float(tin or 0), "tokens_out": float(tout or 0),
+                "tokens": float((tin or 0) + (tout or 0)), "calls": 1.0}
+    return {u: v for u, v in measured.items() if u in reserved}
+
+
 class _Backend(JournalCallableOperationBackend[StepPolicy]):
     """Each durable unit is one recorded step of the run's workflow."""
+
+    def __init__(self, *args: Any, reserve: Mapping[str, float] | None = None,
+                 **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._reserve = reserve
 
     async def execute(self, *, operation_id: DurableOperationId, name: str,
                       body: Callable[[], Awaitable[object]], cache_key: tuple[object, ...],
@@ -177,6 +197,19 @@ class _Backend(JournalCallableOperationBackend[StepPolicy]):
                 run._text.emitted = first_text
             return await body()
 
+        reserve = self._reserve
+        if reserve is not None and isinstance(operation_id, ModelRequestId):
+            async def charged() -> object:
+                # a budget reservation around the model request (docs/budgets.md),
+                # settled from the usage it returns; usd from the price table
+                amounts: dict[str, Any] = dict(reserve)  # units only (checked at __init__)
+                async with run.reserve(**amounts) as r:
+                    result = await unit()
+                    r.settle(model=operation_id.model_name if "usd" in reserve else None,
+                             **_usage_amounts(result, reserve))
+                return result
+
+            return await scope.ctx.step(name, charged, policy=policy, repeat=True)
         return await scope.ctx.step(name, unit, policy=policy, repeat=True)
 
 
@@ -305,6 +338,7 @@ class PgDurability(BaseDurabilityCapability[AgentDepsT]):
         stream: bool = True,
         approvals: bool = True,
         approval_timeout: timedelta | None = None,
+        reserve: Mapping[str, float] | None = None,
     ) -> None:
         for what, policy in (("model_policy", model_policy), ("tool_policy", tool_policy)):
             if policy is not None and not isinstance(policy, StepPolicy):
@@ -321,6 +355,11 @@ class PgDurability(BaseDurabilityCapability[AgentDepsT]):
         self._tool_policy = tool_policy or StepPolicy()
         self._approvals = approvals
         self._approval_timeout = approval_timeout
+        if reserve is not None:
+            amounts_json(reserve, "PgDurability(reserve=...)", empty=False)  # InvalidInput
+        #: Reserved before each model request from the run's budgets, settled from
+        #: its usage (docs/budgets.md); None: no budget is charged.
+        self.reserve = None if reserve is None else dict(reserve)
 
     # -- binding -------------------------------------------------------------
 
@@ -348,7 +387,7 @@ class PgDurability(BaseDurabilityCapability[AgentDepsT]):
                 tool, tool_name)  # type: ignore[arg-type]
             return False if config is False else _policy(config, self._tool_policy, tool_name)
 
-        return _Backend(agent_name=self.name, config=RoleBasedOperationConfig(
+        return _Backend(agent_name=self.name, reserve=self.reserve, config=RoleBasedOperationConfig(
             model=self._model_policy, event=self._tool_policy, capability=self._tool_policy,
             tool=self._tool_policy, resolve_tool=tool_config))
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -46,8 +47,9 @@ async def start_agent(
     queue: str = "default",
     priority: int = 0,
     deadline: timedelta | datetime | None = None,
-    budget: float | None = None,
+    budget: float | Mapping[str, float] | None = None,
     usage_limits: UsageLimits | None = None,
+    budgets: Iterable[str] | None = None,
 ) -> str:
     """Start a durable run of ``agent`` on ``prompt``; return the run id.
 
@@ -57,7 +59,10 @@ async def start_agent(
     JSON, e.g. a previous run's ``result["messages"]``); ``deps``: JSON for the
     agent's ``deps_type``; ``model``: a model name (or a ``models=`` key) for this
     run; ``usage_limits``: the run's :class:`~pydantic_ai.usage.UsageLimits` (Pydantic
-    AI's default allows 50 requests). The other options are :meth:`Durable.start`'s. Bad input (no capability,
+    AI's default allows 50 requests); ``budgets`` and ``budget`` as for
+    :meth:`Durable.start` (docs/budgets.md: with ``PgDurability(reserve=...)`` each
+    model request reserves from them and settles its usage). The other options are
+    :meth:`Durable.start`'s. Bad input (no capability,
     a ``model`` that is not a str, values that are not JSON) raises here and
     starts nothing.
     """
@@ -75,4 +80,4 @@ async def start_agent(
              "usage_limits": None if usage_limits is None else to_jsonable_python(usage_limits)}
     return await app.start(cap.task_name, state, revision=cap.revision, metadata=metadata,
                            idempotency_key=idempotency_key, queue=queue, priority=priority,
-                           deadline=deadline, budget=budget)
+                           deadline=deadline, budget=budget, budgets=budgets)

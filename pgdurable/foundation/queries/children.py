@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from .core import Query, Row, column
+from .signals import Parked, _parked
 from .start import Started, started
 
 __all__ = ["CHILDREN_OF", "PARK_CHILDREN", "RUN_TREE", "START_CHILD", "Parked", "Started",
@@ -32,21 +33,6 @@ class TreeNode:
 def _tree_node(r: Row) -> TreeNode:
     return TreeNode(str(r[0]), None if r[1] is None else str(r[1]), int(r[2]), r[3], r[4], r[5],
                     r[6], r[7], r[8], r[9])
-
-
-@dataclass(frozen=True, slots=True)
-class Parked:
-    """What a fenced park answers (``park_run``, ``park_children``): the resulting status,
-    the wake time and the seconds until it on the database clock (both None without a
-    timer)."""
-
-    status: str
-    wake_at: datetime | None
-    wake_in: float | None
-
-
-def _parked(r: Row) -> Parked:
-    return Parked(r[0], r[1], None if r[2] is None else float(r[2]))
 
 
 # -- fenced by the parent's token: start child (parent, key) once; returns (run_id, created)

@@ -13,9 +13,9 @@ from .retry import RETRY
 from .schedules import PAUSE, TRIGGER
 from .signals import SIGNAL_RUN
 
-__all__ = ["BUCKETS", "CANCEL", "CAN_READ_TABLES", "CHILDREN", "EFFECTS", "FORK", "FORKED_AT",
+__all__ = ["BUCKETS", "BUDGETS", "CANCEL", "CAN_READ_TABLES", "CHILDREN", "EFFECTS", "FORK", "FORKED_AT",
            "FORKS", "FULL_CHANGES", "FULL_EVENTS", "FULL_RESULT", "LEASED_RUNS", "LEASES", "LINEAGE", "PAUSE",
-           "QUEUES", "QUEUE_KEYS", "QUEUE_LIMITS", "RETRY", "RUN", "SCHEDULES", "SCHEDULE_RUNS",
+           "QUEUES", "QUEUE_KEYS", "QUEUE_LIMITS", "RETRY", "RUN", "RUN_SPEND", "SCHEDULES", "SCHEDULE_RUNS",
            "SIGNAL_RUN", "STEPS", "THREADS", "TRIGGER", "WORKERS"]
 
 # -- can this role read states, results and payloads (the tables)?
@@ -159,4 +159,16 @@ WORKERS = Listing("""
 SELECT worker_id, host, pid, queues, concurrency, since, renewed_at, until, alive, runs_held,
        revisions, extract(epoch FROM pgdurable.now() - renewed_at)::float8 AS heartbeat_age
   FROM pgdurable.worker_list ORDER BY alive DESC, worker_id LIMIT 500
+""")
+# -- the named budgets per unit: limit, window, settled in the window, held now (views only)
+BUDGETS = Listing("""
+SELECT budget_key, unit, limit_amount::float8 AS limit_amount, window_kind, window_length,
+       policy, settled::float8 AS settled, held::float8 AS held
+  FROM pgdurable.budget_usage WHERE budget_key NOT LIKE 'run:%%'
+ ORDER BY budget_key, unit LIMIT 500
+""")
+# -- what one run was charged, per budget and unit
+RUN_SPEND = Listing("""
+SELECT budget_key, unit, settled::float8 AS settled, settlements
+  FROM pgdurable.budget_run_spend WHERE run_id = %s ORDER BY budget_key, unit
 """)

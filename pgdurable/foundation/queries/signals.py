@@ -1,17 +1,42 @@
-"""Signals (``sql/functions/signals.sql``) as the operator surfaces and the SQLAlchemy
-integration send them: the same statements as the app's
-(:mod:`pgdurable.foundation.run_queries`), with typed answers."""
+"""Signals and waits (``sql/functions/signals.sql``): send a signal (to a wait, or to one
+run), and park a run until a signal or a timer."""
 
 from __future__ import annotations
 
-from .. import run_queries as rq
-from .core import scalar
+from dataclasses import dataclass
+from datetime import datetime
 
-__all__ = ["SIGNAL", "SIGNAL_RUN"]
+from .core import Query, Row, scalar
+
+__all__ = ["PARK", "SIGNAL", "SIGNAL_RUN", "Parked"]
+
+
+@dataclass(frozen=True, slots=True)
+class Parked:
+    """A park's answer: the resulting status, and the wake time with the seconds until
+    it on the database's clock (both None without a timer)."""
+
+    status: str
+    wake_at: datetime | None
+    wake_in: float | None
+
+
+def _parked(r: Row) -> Parked:
+    status, wake_at, wake_in = r
+    return Parked(status, wake_at, None if wake_in is None else float(wake_in))
+
 
 # -- send a signal (dedup by signal_id, PD008 on conflict): the ids of the runs it woke,
 # -- one per row (none: kept pending)
-SIGNAL = scalar(rq.SIGNAL, str)
+SIGNAL = scalar(
+    "SELECT pgdurable.send_signal(%s::text, %s::text, %s::jsonb, %s::text, %s::interval)", str)
 # -- signal one run (PD002 if unknown): its id if it woke, no row if the signal is kept
 # -- pending for it
-SIGNAL_RUN = scalar(rq.SIGNAL_RUN, str)
+SIGNAL_RUN = scalar(
+    "SELECT pgdurable.signal_run(%s::uuid, %s::text, %s::jsonb, %s::text, %s::interval)", str)
+# -- fenced: park the run (id, token, owner, state, spend, kind, ref, wake_at, wake_in)
+# -- until a signal (kind, ref) or a timer; a Parked
+PARK = Query(
+    "SELECT status, wake_at, extract(epoch FROM wake_at - pgdurable.now())::float8 "
+    "FROM pgdurable.park_run(%s::uuid, %s::bigint, %s::text, %s::jsonb, %s::numeric, "
+    "%s::text, %s::text, %s::timestamptz, %s::interval)", _parked)

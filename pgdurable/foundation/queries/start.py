@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from .core import Query, Row
 
-__all__ = ["Started", "started"]
+__all__ = ["START", "Started", "started"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,3 +28,11 @@ def _started(r: Row) -> Started:
 def started(sql: str) -> Query[Started]:
     """A start statement (columns: run id, created) as a named query."""
     return Query(sql, _started)
+
+
+# -- start a run (task, revision, state, queue, priority, max_attempts, idempotency key,
+# -- deadline in, deadline at, budget): Started (created False: an earlier start with the
+# -- same idempotency key made it)
+START = started(
+    "SELECT run_id, created FROM pgdurable.start_run(%s::text, %s::text, %s::jsonb, %s::text, "
+    "%s::integer, %s::integer, %s::text, %s::interval, %s::timestamptz, %s::numeric)")

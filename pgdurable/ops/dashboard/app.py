@@ -348,7 +348,11 @@ class _Dashboard:
             running=running, lineage=lineage[0] if lineage else None, pages=pages,
             forks=await self.rows(Q.FORKS, (rid,)) if lineage and lineage[0]["forks"] else [],
             children=await self.rows(Q.CHILDREN, (rid,)), live=rid,
+            spend=await self.rows(Q.RUN_SPEND, (rid,)),
             message=request.query_params.get("done"))
+
+    async def budgets(self, request: Request) -> Response:
+        return self.page(request, "budgets.html", budgets=await self.rows(Q.BUDGETS), live="all")
 
     async def workers(self, request: Request) -> Response:
         return self.page(request, "workers.html", workers=await self.rows(Q.WORKERS), live="all")
@@ -696,7 +700,7 @@ def create_app(
             Route("/runs/{run_id}/{action}", d.act, methods=["POST"]),
             Route("/schedules", d.schedules),
             Route("/schedules/{action}", d.act_schedule, methods=["POST"]),
-            Route("/workers", d.workers), Route("/leases", d.leases), Route("/events", d.events),
+            Route("/workers", d.workers), Route("/leases", d.leases), Route("/budgets", d.budgets), Route("/events", d.events),
             Route("/favicon.ico", _favicon),
             Route("/metrics", d.metrics), Mount("/static", StaticFiles(directory=static)),
         ],

@@ -12,13 +12,18 @@ or serve it (``uvicorn mymodule:api``). Paths (thread keys percent-encoded):
 ``POST /threads/{key}/messages``            ``{"message", "message_id"?, "double_text"?}`` ->
                                             ``{"action", "run_id", "seq", "message_id",
                                             "duplicate", "cursor", "token"}``
-``GET /threads/{key}/stream``               the thread's stream as SSE; ``?message=ID``: from
-                                            where that message's answer starts until it is
-                                            answered (``?message=latest``: the thread's last
+``GET /threads/{key}/stream``               the thread's stream as SSE; ``?message=ID``:
+                                            exactly that message's answer, until it is
+                                            answered (:mod:`pgdurable.runs.live`;
+                                            ``?message=latest``: the thread's last
                                             message; 204 when it is answered already).
                                             ``X-PgDurable-Message``: the message followed
-                                            (on a 204: the answered one); ``&rollback=end``:
-                                            end after the rollback marker that discards it
+                                            (on a 204: the answered one); ``?message=pending``:
+                                            the message before the first unanswered one
+                                            (the last one when all are answered). Its
+                                            ``done`` names the next message: ``{"next"}``.
+                                            ``&rollback=end`` (earlier clients): accepted,
+                                            a message's stream always ends so now
 =========================================  ======================================================
 
 **Who may do what.** Every request is allowed by a **stream token**
@@ -37,8 +42,9 @@ browser: the endpoints use the app's pool.
 ``data: <JSON>``: ``text`` ``{"run_id", "text"}`` (a delta of streamed text),
 ``event`` ``{"run_id", "seq", "event"}`` (any other stored event: markers
 ``{"type": "interrupted" | "rollback"}``, the final ``{"type": "end",
-"status", "result", "error"}``), ``done`` ``{}`` (a message's answer is
-complete, or the run ended), ``error`` ``{"error", "terminal"}`` (the stream
+"status", "result", "error"}``), ``done`` (a message's answer is
+complete: ``{"next": id | null}``, the message sent after it; or the run
+ended: ``{}``), ``error`` ``{"error", "terminal"}`` (the stream
 cannot go on: ``terminal`` when the run or message does not exist or the cursor
 is bad; else transient, e.g. the database unreachable: reconnect from the
 cursor). A reconnect with ``Last-Event-ID`` (or
@@ -90,6 +96,20 @@ RUN = "SELECT status, result, error FROM pgdurable.runs WHERE id = %s::uuid"
 LATEST = """
 SELECT m.message_id, m.consumed_at IS NOT NULL
   FROM pgdurable.thread_messages m WHERE m.thread_key = %s::text ORDER BY m.seq DESC LIMIT 1
+"""
+# -- the message before a thread's first unanswered one (or that one, if it is the first)
+PENDING = """
+SELECT m.message_id FROM pgdurable.thread_messages m
+ WHERE m.thread_key = %s::text AND m.seq >= (
+   SELECT min(u.seq) FROM pgdurable.thread_messages u
+    WHERE u.thread_key = %s::text AND u.consumed_at IS NULL) - 1
+ ORDER BY m.seq LIMIT 1
+"""
+# -- the message sent after a thread's message (none: NULL)
+NEXT = """
+SELECT n.message_id FROM pgdurable.thread_messages m JOIN pgdurable.thread_messages n
+    ON n.thread_key = m.thread_key AND n.seq > m.seq
+ WHERE m.thread_key = %s::text AND m.message_id = %s ORDER BY n.seq LIMIT 1
 """
 
 
@@ -212,20 +232,30 @@ class _Api:
         await self._allow(request, Access("read", thread=key))
         after = _after(request)
         message = request.query_params.get("message")
+        stored = encode_thread_key(key)
+        if message == "pending":  # every answer from the one before the first unanswered
+            row = await self.app.fetchone(PENDING, (stored, stored))
+            message = "latest" if row is None else str(row[0])
         if message == "latest":
-            row = await self.app.fetchone(LATEST, (encode_thread_key(key),))
+            row = await self.app.fetchone(LATEST, (stored,))
             if row is None or (row[1] and after is None):  # nothing to resume
                 return Response(status_code=204, headers={} if row is None else {
                     "X-PgDurable-Message": str(row[0])})
             message = str(row[0])
         headers = {"X-PgDurable-Message": message} if message is not None else {}
-        end = request.query_params.get("rollback") == "end"
-        return self._sse(follow_thread(self.app, key, after, until=message, end_on_rollback=end),
-                         done_on_final=False, headers=headers)
+        followed = message
+
+        async def done() -> dict[str, Any]:  # the next message's id: its answer follows
+            row = None if followed is None else await self.app.fetchone(NEXT, (stored, followed))
+            return {} if followed is None else {"next": None if row is None else str(row[0])}
+
+        return self._sse(follow_thread(self.app, key, after, until=message),
+                         done_on_final=False, headers=headers, done=done)
 
     # -- SSE --------------------------------------------------------------------
     def _sse(self, items: AsyncIterator[Item], *, done_on_final: bool,
-             headers: dict[str, str] | None = None) -> StreamingResponse:
+             headers: dict[str, str] | None = None,
+             done: Callable[[], Awaitable[dict[str, Any]]] | None = None) -> StreamingResponse:
         heartbeat = self.heartbeat
 
         async def body() -> AsyncIterator[bytes]:
@@ -250,7 +280,7 @@ class _Api:
                         yield b": heartbeat\n\n"
                         continue
                     if got is None:
-                        yield b"event: done\ndata: {}\n\n"
+                        yield _frame("done", None, {} if done is None else await done())
                         return
                     if isinstance(got, BaseException):
                         log.warning("stream ended by an error: %s", got)

@@ -1,0 +1,134 @@
+"""Spend control overhead (issue 42): a step with a reserve + settle against the same
+step without a budget, in the same run of the benchmark, and reservation throughput on
+one hot budget key at 8 and 32 concurrent callers.
+
+One command::
+
+    .venv/bin/python benchmarks/budgets.py [--dsn postgresql://postgres@127.0.0.1:5432/postgres]
+        [--steps 200] [--rounds 3] [--seconds 5] [--async-commit]
+
+``--dsn`` names a maintenance database; the benchmark creates (and afterwards drops)
+its scratch database ``pgdurable_bench_budgets`` and migrates it.
+
+1. Per step: one in-process worker runs one run of ``--steps`` steps of task
+   ``plain`` (Continue, nothing else) or ``budgeted`` (the same step inside
+   ``async with ctx.reserve(usd=0.01, calls=1) as r: r.settle(usd=0.005)``, the run
+   drawing from a named budget and its own); rounds alternate. Reported: ms per step
+   (database clock, first checkpoint to last) and the extra statements per step.
+2. Hot key: ``N`` runs (8, then 32) on a worker of concurrency ``N``, each looping
+   steps of one reserve + settle on the same budget (limit high enough never to
+   refuse) for ``--seconds``; reported: reservations/s from the ledger's settle rows
+   (their database-clock times).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+from typing import Any
+
+import psycopg
+from _scratch import drop_scratch, scratch_dsn
+
+import pgdurable
+from pgdurable import Continue, Done, RunContext
+
+DB = "pgdurable_bench_budgets"
+
+
+def build(dsn: str, steps: int) -> pgdurable.Durable:
+    app = pgdurable.Durable(dsn, pool_size=40)
+
+    @app.task("plain", revision="1")
+    async def plain(ctx: RunContext, state: Any) -> Any:
+        return Done(None) if ctx.step >= steps else Continue(state)
+
+    @app.task("budgeted", revision="1")
+    async def budgeted(ctx: RunContext, state: Any) -> Any:
+        if ctx.step >= steps:
+            return Done(None)
+        async with ctx.reserve(usd=0.01, calls=1) as r:
+            r.settle(usd=0.005)
+        return Continue(state)
+
+    @app.task("hot", revision="1")
+    async def hot(ctx: RunContext, state: Any) -> Any:
+        if state.get("stop"):
+            return Done(None)
+        async with ctx.reserve(usd=0.01, calls=1) as r:
+            r.settle(usd=0.005)
+        return Continue(state)
+
+    return app
+
+
+async def one_run(app: pgdurable.Durable, conn: psycopg.AsyncConnection[Any], task: str,
+                  steps: int, **start: Any) -> float:
+    rid = await app.start(task, {}, **start)
+    w = app.worker(concurrency=1, poll_interval=0.05)
+    running = asyncio.create_task(w.run())
+    await app.result(rid)
+    await w.stop()
+    await running
+    cur = await conn.execute("SELECT extract(epoch FROM max(created_at) - min(created_at)) "
+                             "FROM pgdurable.checkpoints WHERE run_id = %s", (rid,))
+    row = await cur.fetchone()
+    assert row is not None
+    return float(row[0]) * 1000 / (steps - 1)
+
+
+async def hot_key(app: pgdurable.Durable, conn: psycopg.AsyncConnection[Any], n: int,
+                  seconds: float) -> float:
+    await conn.execute("TRUNCATE pgdurable.budget_ledger")
+    ids = [await app.start("hot", {}, budgets=["hot"]) for _ in range(n)]
+    w = app.worker(concurrency=n, poll_interval=0.05)
+    running = asyncio.create_task(w.run())
+    await asyncio.sleep(seconds)
+    await w.stop()
+    await running
+    cur = await conn.execute(
+        "SELECT count(*), extract(epoch FROM max(at) - min(at)) FROM pgdurable.budget_ledger "
+        "WHERE kind = 'settle' AND unit = 'calls'")
+    row = await cur.fetchone()
+    assert row is not None
+    await conn.execute("UPDATE pgdurable.runs SET status = 'cancelled' WHERE id = ANY(%s)", (ids,))
+    return float(row[0]) / float(row[1])
+
+
+async def main(dsn: str, steps: int, rounds: int, seconds: float) -> None:
+    app = build(dsn, steps)
+    async with app, await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        await app.budget("tenant", limit={"usd": 1e9, "calls": 1e9})
+        await app.budget("hot", limit={"usd": 1e9, "calls": 1e9})
+        plain: list[float] = []
+        budgeted: list[float] = []
+        for _ in range(rounds):
+            plain.append(await one_run(app, conn, "plain", steps))
+            budgeted.append(await one_run(app, conn, "budgeted", steps, budgets=["tenant"],
+                                          budget={"usd": 1e6}))
+        p, b = statistics.median(plain), statistics.median(budgeted)
+        print(f"per step: plain {p:.2f} ms, with reserve + settle {b:.2f} ms "
+              f"(+{b - p:.2f} ms, x{b / p:.2f}); 2 extra statements per step")
+        for n in (8, 32):
+            print(f"hot key, {n} concurrent callers: {await hot_key(app, conn, n, seconds):.0f} "
+                  "reservations/s (each a reserve + settle)")
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--dsn", default="postgresql://postgres@127.0.0.1:5432/postgres")
+    ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--seconds", type=float, default=5.0)
+    ap.add_argument("--async-commit", action="store_true",
+                    help="synchronous_commit = off in the scratch database")
+    args = ap.parse_args()
+    bench = scratch_dsn(args.dsn, DB)
+    if args.async_commit:  # separates the cost of the commits (fsync) from the statements'
+        with psycopg.connect(bench, autocommit=True) as c:
+            c.execute(f"ALTER DATABASE {DB} SET synchronous_commit = off")
+    try:
+        asyncio.run(main(bench, args.steps, args.rounds, args.seconds))
+    finally:
+        drop_scratch(args.dsn, DB)

@@ -1,0 +1,415 @@
+-- functions/budgets.sql: the current body of each function below (the budget
+-- ledger, sql/0036_budgets.sql; docs/budgets.md).
+
+------------------------------------------------------------------------------
+-- pgdurable._budget_units() -> text[]
+-- Internal: the units a budget, a reservation or a settlement may name.
+------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION pgdurable._budget_units() RETURNS text[]
+LANGUAGE sql IMMUTABLE
+SET search_path = pg_catalog, pgdurable, pg_temp AS $$
+  SELECT ARRAY['usd', 'tokens', 'tokens_in', 'tokens_out', 'calls']::text[]
+$$;
+COMMENT ON FUNCTION pgdurable._budget_units() IS
+  'Internal: the budget units (usd, tokens, tokens_in, tokens_out, calls).';
+
+------------------------------------------------------------------------------
+-- pgdurable._budget_amounts(amounts, what) -> jsonb
+-- Internal: check a {unit: amount} object (PD000 naming `what` unless every
+-- key is a known unit and every value a JSON number >= 0) and return it.
+------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION pgdurable._budget_amounts(p_amounts jsonb, p_what text) RETURNS jsonb
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pgdurable, pg_temp AS $$
+DECLARE
+  e record;
+BEGIN
+  IF p_amounts IS NULL OR jsonb_typeof(p_amounts) <> 'object' THEN
+    RAISE EXCEPTION '%: amounts must be a JSON object of unit -> number', p_what
+      USING ERRCODE = 'PD000';
+  END IF;
+  FOR e IN SELECT x.key, x.value FROM jsonb_each(p_amounts) x LOOP
+    IF NOT e.key = ANY (pgdurable._budget_units()) THEN
+      RAISE EXCEPTION '%: unknown unit % (known: %)', p_what, e.key,
+        array_to_string(pgdurable._budget_units(), ', ') USING ERRCODE = 'PD000';
+    END IF;
+    IF jsonb_typeof(e.value) <> 'number' OR (e.value #>> '{}')::numeric < 0 THEN
+      RAISE EXCEPTION '%: % must be a number >= 0, not %', p_what, e.key, e.value
+        USING ERRCODE = 'PD000';
+    END IF;
+  END LOOP;
+  RETURN p_amounts;
+END
+$$;
+COMMENT ON FUNCTION pgdurable._budget_amounts(jsonb, text) IS
+  'Internal: check {unit: amount >= 0} (known units only) or raise PD000.';
+
+------------------------------------------------------------------------------
+-- pgdurable._budget_window_start(kind, length) -> timestamptz
+-- Internal: where the budget's current window began (database clock): none
+-- -> -infinity, fixed -> the calendar bucket of `length` from 2000-01-01 UTC,
+-- rolling -> now() - length.
+------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION pgdurable._budget_window_start(p_kind text, p_length interval)
+RETURNS timestamptz
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pgdurable, pg_temp AS $$
+  SELECT CASE p_kind
+    WHEN 'fixed' THEN date_bin(p_length, pgdurable.now(), timestamptz '2000-01-01 00:00:00+00')
+    WHEN 'rolling' THEN pgdurable.now() - p_length
+    ELSE timestamptz '-infinity' END
+$$;
+COMMENT ON FUNCTION pgdurable._budget_window_start(text, interval) IS
+  'Internal: the start of a budget''s current window (-infinity without a window).';
+
+------------------------------------------------------------------------------
+-- pgdurable._budget_keys(run_id) -> text[]
+-- Internal: the budgets a run draws from, sorted: those attached to the run,
+-- else those of its nearest ancestor with any (children share their parent's
+-- budgets unless given their own); NULL when none in its tree.
+------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION pgdurable._budget_keys(p_run_id uuid) RETURNS text[]
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pgdurable, pg_temp AS $$
+  WITH RECURSIVE up (id, parent, depth) AS (
+    SELECT r.id, r.parent_run_id, 0 FROM pgdurable.runs r WHERE r.id = p_run_id
+    UNION ALL
+    SELECT r.id, r.parent_run_id, u.depth + 1
+      FROM up u JOIN pgdurable.runs r ON r.id = u.parent
+     WHERE u.depth < 1000)
+  SELECT array_agg(rb.budget_key ORDER BY rb.budget_key)
+    FROM pgdurable.run_budgets rb
+   WHERE rb.run_id = (SELECT u.id FROM up u
+                       WHERE EXISTS (SELECT 1 FROM pgdurable.run_budgets x WHERE x.run_id = u.id)
+                       ORDER BY u.depth LIMIT 1)
+$$;
+COMMENT ON FUNCTION pgdurable._budget_keys(uuid) IS
+  'Internal: the budgets a run draws from (its own attachments, else its nearest ancestor''s).';
+
+------------------------------------------------------------------------------
+-- pgdurable._budget_key(key) -> text
+-- Internal: check a budget key (non-empty, at most 200 characters) or PD000.
+------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION pgdurable._budget_key(p_key text) RETURNS text
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pgdurable, pg_temp AS $$
+BEGIN
+  IF p_key IS NULL OR p_key = '' OR length(p_key) > 200 THEN
+    RAISE EXCEPTION 'a budget key must be 1 to 200 characters' USING ERRCODE = 'PD000';
+  END IF;
+  RETURN p_key;
+END
+$$;
+COMMENT ON FUNCTION pgdurable._budget_key(text) IS
+  'Internal: check a budget key or raise PD000.';
+
+------------------------------------------------------------------------------
+-- pgdurable.budget_set(key, limits, window_kind, window_length, policy) -> void
+-- Create or change the named budget: limits {unit: number >= 0}, window
+-- none|fixed|rolling (length > 0 for fixed and rolling, NULL for none; no
+-- months for fixed), policy park|fail. Bad input: PD000, nothing written.
+-- Then signals ('pgdurable.budget', key) with no TTL: the runs parked on
+-- this budget wake and try again (a raised limit lets them go on).
+------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION pgdurable.budget_set(p_key text, p_limits jsonb, p_window_kind text,
+                                                p_window_length interval, p_policy text)
+RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pgdurable, pg_temp AS $$
+BEGIN
+  PERFORM pgdurable._budget_key(p_key);
+  PERFORM pgdurable._budget_amounts(p_limits, 'budget limit');
+  IF p_window_kind IS NULL OR p_window_kind NOT IN ('none', 'fixed', 'rolling') THEN
+    RAISE EXCEPTION 'budget window must be none, fixed or rolling, not %', p_window_kind
+      USING ERRCODE = 'PD000';
+  END IF;
+  IF (p_window_kind = 'none') <> (p_window_length IS NULL)
+     OR p_window_length <= interval '0'
+     OR (p_window_kind = 'fixed' AND extract(month FROM p_window_length) <> 0) THEN
+    RAISE EXCEPTION 'budget window %: length % (> 0 for fixed/rolling, without months for fixed, '
+      'none without)', p_window_kind, p_window_length USING ERRCODE = 'PD000';
+  END IF;
+  IF p_policy IS NULL OR p_policy NOT IN ('park', 'fail') THEN
+    RAISE EXCEPTION 'budget policy must be park or fail, not %', p_policy USING ERRCODE = 'PD000';
+  END IF;
+  INSERT INTO pgdurable.budgets AS b (key, limits, window_kind, window_length, policy)
+  VALUES (p_key, p_limits, p_window_kind, p_window_length, p_policy)
+  ON CONFLICT (key) DO UPDATE SET limits = excluded.limits, window_kind = excluded.window_kind,
+         window_length = excluded.window_length, policy = excluded.policy,
+         updated_at = pgdurable.now();
+  PERFORM pgdurable.send_signal('pgdurable.budget', p_key,
+                                jsonb_build_object('budget', p_key), NULL, interval '0');
+END
+$$;
+COMMENT ON FUNCTION pgdurable.budget_set(text, jsonb, text, interval, text) IS
+  'Create or change a named budget (limits, window, policy) and wake the runs parked on it.';
+
+------------------------------------------------------------------------------
+-- pgdurable.budget_price_set(model, usd_per_token_in, usd_per_token_out) -> void
+-- Set a model's price (>= 0 each, else PD000).
+------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION pgdurable.budget_price_set(p_model text, p_in numeric, p_out numeric)
+RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pgdurable, pg_temp AS $$
+BEGIN
+  IF p_model IS NULL OR p_model = '' OR length(p_model) > 200
+     OR p_in IS NULL OR p_in < 0 OR p_out IS NULL OR p_out < 0 THEN
+    RAISE EXCEPTION 'budget_price_set: model 1 to 200 characters, prices >= 0'
+      USING ERRCODE = 'PD000';
+  END IF;
+  INSERT INTO pgdurable.budget_prices AS p (model, usd_per_token_in, usd_per_token_out)
+  VALUES (p_model, p_in, p_out)
+  ON CONFLICT (model) DO UPDATE SET usd_per_token_in = excluded.usd_per_token_in,
+         usd_per_token_out = excluded.usd_per_token_out, updated_at = pgdurable.now();
+END
+$$;
+COMMENT ON FUNCTION pgdurable.budget_price_set(text, numeric, numeric) IS
+  'Set a model''s price per input and output token in USD (the price table of settlements).';
+
+------------------------------------------------------------------------------
+-- pgdurable.budget_started_run(run_id, keys, own) -> uuid
+-- Attach budgets to a run just started (start(budgets=..., budget=...), in
+-- the start's statement): every named key must exist (else PD016,
+-- BudgetNotFound: the start is rolled back with it); `own` (limits, or NULL)
+-- creates the run's own budget run:<id> (no window, policy fail). Attaching
+-- again (an idempotent start) changes nothing. Returns the run id.
+------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION pgdurable.budget_started_run(p_run_id uuid, p_keys text[], p_own jsonb)
+RETURNS uuid
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pgdurable, pg_temp AS $$
+DECLARE
+  v_missing text;
+BEGIN
+  SELECT k INTO v_missing FROM unnest(coalesce(p_keys, '{}'::text[])) k
+   WHERE NOT EXISTS (SELECT 1 FROM pgdurable.budgets b WHERE b.key = k) LIMIT 1;
+  IF FOUND THEN
+    RAISE EXCEPTION 'no budget %', v_missing USING ERRCODE = 'PD016';
+  END IF;
+  IF p_own IS NOT NULL THEN
+    PERFORM pgdurable._budget_amounts(p_own, 'start(budget=...)');
+    INSERT INTO pgdurable.budgets (key, limits, window_kind, window_length, policy, run_id)
+    VALUES ('run:' || p_run_id::text, p_own, 'none', NULL, 'fail', p_run_id)
+    ON CONFLICT (key) DO NOTHING;
+    INSERT INTO pgdurable.run_budgets (run_id, budget_key)
+    VALUES (p_run_id, 'run:' || p_run_id::text) ON CONFLICT DO NOTHING;
+  END IF;
+  INSERT INTO pgdurable.run_budgets (run_id, budget_key)
+  SELECT DISTINCT p_run_id, k FROM unnest(coalesce(p_keys, '{}'::text[])) k
+  ON CONFLICT DO NOTHING;
+  RETURN p_run_id;
+END
+$$;
+COMMENT ON FUNCTION pgdurable.budget_started_run(uuid, text[], jsonb) IS
+  'Attach named budgets (PD016 for an unknown key) and the run''s own budget to a run just started.';
+
+------------------------------------------------------------------------------
+-- pgdurable.budget_reserve(id, token, owner, step, rkey, amounts)
+--   -> TABLE(status text, budget_key text, policy text, retry_at timestamptz,
+--            detail text)
+-- FENCED (PD001): a zombie's reservation is refused. Hold `amounts`
+-- ({unit: number >= 0}; else PD000, nothing written) of every budget the run
+-- draws from (pgdurable._budget_keys). The budget rows are locked FOR UPDATE
+-- (in key order) and the used total is read in ONE statement after the lock:
+-- settled in the window + live holds (their run leased under their token) +
+-- the amount never passes a limit, under any concurrency. Status:
+--   'reserved'   held (the holds and a 'reserve' ledger row per budget and unit);
+--   'settled'    this (run, step, rkey) was settled by an earlier attempt:
+--                nothing is held or charged again (a replayed step);
+--   'unbudgeted' the run's tree has no budget: nothing written;
+--   'exhausted'  a limit would be passed: nothing held; budget_key and its
+--                policy say which, retry_at when capacity is expected back
+--                (the window's refill; 5 s when live holds block; NULL when
+--                only a raised limit helps), detail says how much;
+--   'too_large'  the amount alone passes the limit (detail): never fits.
+-- Holds of these budgets whose run is no longer leased under their token
+-- (lost lease reclaimed, run ended) are deleted with a 'release' ledger row.
+------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION pgdurable.budget_reserve(p_id uuid, p_token bigint, p_owner text,
+                                                    p_step integer, p_rkey text, p_amounts jsonb)
+RETURNS TABLE (status text, budget_key text, policy text, retry_at timestamptz, detail text)
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pgdurable, pg_temp AS $$
+DECLARE
+  r pgdurable.runs := pgdurable._fenced(p_id, p_token, p_owner);
+  v_keys text[];
+  b record;
+BEGIN
+  PERFORM pgdurable._budget_amounts(p_amounts, 'reserve');
+  IF p_step IS NULL OR p_step < 0 OR p_rkey IS NULL OR p_rkey = '' OR length(p_rkey) > 200 THEN
+    RAISE EXCEPTION 'reserve: step >= 0 and a key of 1 to 200 characters' USING ERRCODE = 'PD000';
+  END IF;
+  IF EXISTS (SELECT 1 FROM pgdurable.budget_ledger l
+              WHERE l.run_id = r.id AND l.step = p_step AND l.rkey = p_rkey AND l.kind = 'settle') THEN
+    RETURN QUERY SELECT 'settled'::text, NULL::text, NULL::text, NULL::timestamptz, NULL::text;
+    RETURN;
+  END IF;
+  v_keys := pgdurable._budget_keys(r.id);
+  IF v_keys IS NULL THEN
+    RETURN QUERY SELECT 'unbudgeted'::text, NULL::text, NULL::text, NULL::timestamptz, NULL::text;
+    RETURN;
+  END IF;
+  PERFORM 1 FROM pgdurable.budgets x WHERE x.key = ANY (v_keys) ORDER BY x.key FOR UPDATE;
+  WITH dead AS (
+    DELETE FROM pgdurable.budget_holds h
+     WHERE h.budget_key = ANY (v_keys)
+       AND NOT EXISTS (SELECT 1 FROM pgdurable.runs q WHERE q.id = h.run_id
+                          AND q.status = 'leased' AND q.lease_token = h.token)
+    RETURNING h.*)
+  INSERT INTO pgdurable.budget_ledger (run_id, step, rkey, budget_key, unit, kind, amount, token)
+  SELECT d.run_id, d.step, d.rkey, d.budget_key, d.unit, 'release', d.amount, d.token FROM dead d;
+  -- one statement, one snapshot: settled and held are read together
+  FOR b IN
+    SELECT x.key, x.policy, x.window_kind, x.window_length, u.unit, u.amount,
+           (x.limits ->> u.unit)::numeric AS lim,
+           s.settled, s.oldest,
+           (SELECT coalesce(sum(h.amount), 0) FROM pgdurable.budget_holds h
+              JOIN pgdurable.runs q ON q.id = h.run_id AND q.status = 'leased'
+                                   AND q.lease_token = h.token
+             WHERE h.budget_key = x.key AND h.unit = u.unit
+               AND NOT (h.run_id = r.id AND h.step = p_step AND h.rkey = p_rkey)) AS held
+      FROM pgdurable.budgets x,
+           LATERAL (SELECT pgdurable._budget_window_start(x.window_kind, x.window_length)
+                             AS window_start) w,
+           LATERAL (SELECT e.key AS unit, (e.value #>> '{}')::numeric AS amount
+                      FROM jsonb_each(p_amounts) e) u,
+           LATERAL (SELECT coalesce(sum(l.amount), 0) AS settled, min(l.at) AS oldest
+                      FROM pgdurable.budget_ledger l
+                     WHERE l.budget_key = x.key AND l.unit = u.unit AND l.kind = 'settle'
+                       AND l.at >= w.window_start) s
+     WHERE x.key = ANY (v_keys) AND x.limits ? u.unit
+     ORDER BY (x.policy = 'fail') DESC, x.key, u.unit
+  LOOP
+    IF b.amount > b.lim THEN
+      RETURN QUERY SELECT 'too_large'::text, b.key, b.policy, NULL::timestamptz,
+        format('%s %s asked, the limit is %s', b.amount, b.unit, b.lim);
+      RETURN;
+    END IF;
+    IF b.settled + b.held + b.amount > b.lim THEN
+      RETURN QUERY SELECT 'exhausted'::text, b.key, b.policy,
+        CASE WHEN b.settled + b.amount <= b.lim THEN pgdurable.now() + interval '5 seconds'
+             WHEN b.window_kind = 'fixed'
+               THEN pgdurable._budget_window_start(b.window_kind, b.window_length) + b.window_length
+             WHEN b.window_kind = 'rolling' THEN b.oldest + b.window_length
+        END,
+        format('%s %s asked: %s settled in the window and %s held of %s', b.amount, b.unit,
+               b.settled, b.held, b.lim);
+      RETURN;
+    END IF;
+  END LOOP;
+  DELETE FROM pgdurable.budget_holds h
+   WHERE h.run_id = r.id AND h.step = p_step AND h.rkey = p_rkey;
+  INSERT INTO pgdurable.budget_holds (run_id, step, rkey, budget_key, unit, amount, token)
+  SELECT r.id, p_step, p_rkey, k, e.key, (e.value #>> '{}')::numeric, p_token
+    FROM unnest(v_keys) k, jsonb_each(p_amounts) e;
+  INSERT INTO pgdurable.budget_ledger (run_id, step, rkey, budget_key, unit, kind, amount, token)
+  SELECT r.id, p_step, p_rkey, k, e.key, 'reserve', (e.value #>> '{}')::numeric, p_token
+    FROM unnest(v_keys) k, jsonb_each(p_amounts) e;
+  RETURN QUERY SELECT 'reserved'::text, NULL::text, NULL::text, NULL::timestamptz, NULL::text;
+END
+$$;
+COMMENT ON FUNCTION pgdurable.budget_reserve(uuid, bigint, text, integer, text, jsonb) IS
+  'Fenced: hold amounts of every budget the run draws from, never past a limit (status: reserved, '
+  'settled, unbudgeted, exhausted, too_large).';
+
+------------------------------------------------------------------------------
+-- pgdurable.budget_settle(id, token, owner, step, rkey, amounts, model) -> text
+-- FENCED (PD001). Charge the actual spend of the reservation (run, step,
+-- rkey) held under this token: per budget it holds, a 'settle' ledger row for
+-- every unit held or named (a unit held and not named settles at the amount
+-- held), a 'release' row for what was held and not spent, and the holds go.
+-- With `model` and no usd, usd = tokens_in * usd_per_token_in + tokens_out *
+-- usd_per_token_out from pgdurable.budget_prices (unknown model: PD000).
+-- Returns 'settled' (also when an earlier attempt settled it: charged once),
+-- or 'none' (no live reservation: an unbudgeted run; nothing written). Bad
+-- amounts: PD000, nothing written. A settlement above its reservation is
+-- recorded as it is: the spend happened.
+------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION pgdurable.budget_settle(p_id uuid, p_token bigint, p_owner text,
+                                                   p_step integer, p_rkey text, p_amounts jsonb,
+                                                   p_model text)
+RETURNS text
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pgdurable, pg_temp AS $$
+DECLARE
+  r pgdurable.runs := pgdurable._fenced(p_id, p_token, p_owner);
+  v_amounts jsonb := pgdurable._budget_amounts(p_amounts, 'settle');
+  p pgdurable.budget_prices;
+BEGIN
+  IF p_model IS NOT NULL AND NOT v_amounts ? 'usd'
+     AND (v_amounts ? 'tokens_in' OR v_amounts ? 'tokens_out') THEN
+    SELECT * INTO p FROM pgdurable.budget_prices x WHERE x.model = p_model;
+    IF NOT FOUND THEN
+      RAISE EXCEPTION 'settle: no price for model %', p_model USING ERRCODE = 'PD000';
+    END IF;
+    v_amounts := v_amounts || jsonb_build_object('usd',
+      coalesce((v_amounts ->> 'tokens_in')::numeric, 0) * p.usd_per_token_in
+      + coalesce((v_amounts ->> 'tokens_out')::numeric, 0) * p.usd_per_token_out);
+  END IF;
+  IF EXISTS (SELECT 1 FROM pgdurable.budget_ledger l
+              WHERE l.run_id = r.id AND l.step = p_step AND l.rkey = p_rkey AND l.kind = 'settle') THEN
+    RETURN 'settled';
+  END IF;
+  IF NOT EXISTS (SELECT 1 FROM pgdurable.budget_holds h WHERE h.run_id = r.id
+                    AND h.step = p_step AND h.rkey = p_rkey AND h.token = p_token) THEN
+    RETURN 'none';
+  END IF;
+  WITH held AS (
+    SELECT h.budget_key, h.unit, h.amount FROM pgdurable.budget_holds h
+     WHERE h.run_id = r.id AND h.step = p_step AND h.rkey = p_rkey AND h.token = p_token),
+  cells AS (
+    SELECT k.budget_key, u.unit,
+           coalesce((v_amounts ->> u.unit)::numeric,
+                    (SELECT x.amount FROM held x WHERE x.budget_key = k.budget_key
+                        AND x.unit = u.unit), 0) AS actual,
+           coalesce((SELECT x.amount FROM held x WHERE x.budget_key = k.budget_key
+                        AND x.unit = u.unit), 0) AS reserved
+      FROM (SELECT DISTINCT h.budget_key FROM held h) k,
+           (SELECT h.unit FROM held h UNION SELECT e FROM jsonb_object_keys(v_amounts) e) u)
+  INSERT INTO pgdurable.budget_ledger (run_id, step, rkey, budget_key, unit, kind, amount, token,
+                                       model)
+  SELECT r.id, p_step, p_rkey, c.budget_key, c.unit, 'settle', c.actual, p_token, p_model
+    FROM cells c
+  UNION ALL
+  SELECT r.id, p_step, p_rkey, c.budget_key, c.unit, 'release', c.reserved - c.actual, p_token,
+         p_model
+    FROM cells c WHERE c.reserved > c.actual;
+  DELETE FROM pgdurable.budget_holds h
+   WHERE h.run_id = r.id AND h.step = p_step AND h.rkey = p_rkey;
+  RETURN 'settled';
+END
+$$;
+COMMENT ON FUNCTION pgdurable.budget_settle(uuid, bigint, text, integer, text, jsonb, text) IS
+  'Fenced: charge a reservation''s actual spend once (the rest is released); usd from the price '
+  'table when a model is named.';
+
+------------------------------------------------------------------------------
+-- pgdurable.budget_release(id, token, owner, step, rkey) -> integer
+-- FENCED (PD001). Give back the reservation (run, step, rkey) held under
+-- this token, with a 'release' ledger row per budget and unit; returns how
+-- many holds were released (0: none, nothing written).
+------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION pgdurable.budget_release(p_id uuid, p_token bigint, p_owner text,
+                                                    p_step integer, p_rkey text)
+RETURNS integer
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pgdurable, pg_temp AS $$
+DECLARE
+  r pgdurable.runs := pgdurable._fenced(p_id, p_token, p_owner);
+  v_n integer;
+BEGIN
+  WITH gone AS (
+    DELETE FROM pgdurable.budget_holds h
+     WHERE h.run_id = r.id AND h.step = p_step AND h.rkey = p_rkey AND h.token = p_token
+    RETURNING h.*),
+  logged AS (
+    INSERT INTO pgdurable.budget_ledger (run_id, step, rkey, budget_key, unit, kind, amount, token)
+    SELECT g.run_id, g.step, g.rkey, g.budget_key, g.unit, 'release', g.amount, g.token
+      FROM gone g RETURNING 1)
+  SELECT count(*) INTO v_n FROM logged;
+  RETURN v_n;
+END
+$$;
+COMMENT ON FUNCTION pgdurable.budget_release(uuid, bigint, text, integer, text) IS
+  'Fenced: give back a reservation (the release is in the ledger); returns the holds released.';

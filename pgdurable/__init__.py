@@ -21,6 +21,7 @@ from .foundation.errors import (
     DatabaseUnavailable,
     DeadlineExceeded,
     EffectFailed,
+    EventConflict,
     IncompatibleCheckpoint,
     InvalidInput,
     LeaseLost,
@@ -84,6 +85,7 @@ from .models.workflows import (
 from .ops.roles import grant_roles
 from .runs.batch_start import Start
 from .runs.children import TreeNode
+from .runs.events import Event, EventTrigger, SentEvent
 from .runs.flow import RateLimited
 from .runs.fork import ForkedRun
 from .runs.schedules import Schedule, ScheduleInfo
@@ -136,6 +138,10 @@ __all__ = [
     "DatabaseUnavailable",
     "DeadlineExceeded",
     "EffectFailed",
+    "Event",
+    "EventConflict",
+    "EventTrigger",
+    "SentEvent",
     "IncompatibleCheckpoint",
     "InvalidInput",
     "LeaseLost",

@@ -36,6 +36,12 @@ from ..foundation.signals import (
 from ..runs import flow
 from ..runs.batch_start import Start, start_many_sync
 from ..runs.children import RUN_TREE, TreeNode, parse_tree
+from ..runs.events import (
+    DEFAULT_MAX_EVENT_DATA,
+    SentEvent,
+    cancel_on_statement,
+    send_event_sync,
+)
 from ..runs.fork import ForkedRun, fork_failed_sync, fork_sync, rewind_sync
 from ..runs.metadata import start_statement
 from ..runs.results import result_sync
@@ -58,6 +64,8 @@ class DurableClient:
 
     #: Largest signal payload (bytes of JSON) :meth:`signal` accepts.
     max_signal_payload: int = DEFAULT_MAX_PAYLOAD
+    #: Largest event data (bytes of JSON) :meth:`send_event` accepts.
+    max_event_data: int = DEFAULT_MAX_EVENT_DATA
     #: Seconds :meth:`open` waits for the database before it raises (and retries next time).
     open_timeout: float = 30.0
 
@@ -173,6 +181,7 @@ class DurableClient:
         at: datetime | None = None,
         delay: timedelta | None = None,
         affinity_of: str | uuid.UUID | None = None,
+        cancel_on: Iterable[tuple[str, str, Any]] | None = None,
     ) -> str:
         """Start a run (see :meth:`Durable.start`); ``conn=`` for a transactional start."""
         if self._closed:
@@ -184,6 +193,7 @@ class DurableClient:
         sql, params = flow.start_sql(params, key, at, delay)
         # metadata, trace context and affinity
         sql, params = start_statement(sql, params, metadata, affinity_of)
+        sql, params = cancel_on_statement(sql, params, cancel_on)
         if conn is not None:
             with translated():
                 row = conn.execute(sql, params).fetchone()
@@ -286,6 +296,15 @@ class DurableClient:
         """Send a signal (see :meth:`Durable.signal`); returns the woken run ids."""
         params = signal_params(kind, ref, payload, signal_id, ttl, self.max_signal_payload)
         return ids(self._fetchall(q.SIGNAL, params))
+
+    def send_event(
+        self, name: str, data: dict[str, Any] | None = None, *, id: str | None = None,
+        conn: psycopg.Connection[Any] | None = None,
+    ) -> SentEvent:
+        """Send an event (see :meth:`Durable.send_event`); ``conn=`` inside your transaction."""
+        if self._closed:
+            raise ProviderClosed("this DurableClient is closed")
+        return send_event_sync(self, name, data, id, conn=conn, max_bytes=self.max_event_data)
 
     def signal_run(
         self,

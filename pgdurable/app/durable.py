@@ -58,6 +58,17 @@ from ..models.workflows import workflow_decorator
 from ..runs import flow
 from ..runs.batch_start import Start, start_many
 from ..runs.children import TreeNode, run_tree
+from ..runs.events import (
+    DEFAULT_MAX_EVENT_DATA,
+    Handler,
+    SentEvent,
+    cancel_on_statement,
+    declare_trigger,
+    declare_triggers,
+    make_trigger,
+    send_event,
+    trigger_step,
+)
 from ..runs.fork import ForkedRun, fork, fork_failed, rewind
 from ..runs.metadata import start_statement
 from ..runs.results import await_result
@@ -110,6 +121,8 @@ class Durable:
 
     #: Largest signal payload (bytes of JSON) :meth:`signal` accepts; set it on the app.
     max_signal_payload: int = DEFAULT_MAX_PAYLOAD
+    #: Largest event data (bytes of JSON) :meth:`send_event` accepts; set it on the app.
+    max_event_data: int = DEFAULT_MAX_EVENT_DATA
     #: Seconds :meth:`open` waits for the database before it raises (and retries next time).
     open_timeout: float = 30.0
     #: The secrets of :meth:`stream_token` (the first signs, all verify: rotation);
@@ -350,6 +363,7 @@ class Durable:
         at: datetime | None = None,
         delay: timedelta | None = None,
         affinity_of: str | uuid.UUID | None = None,
+        cancel_on: Iterable[tuple[str, str, Any]] | None = None,
     ) -> str:
         """Start a run of ``task`` and return its id.
 
@@ -364,7 +378,10 @@ class Durable:
         see :mod:`pgdurable.runs.metadata`). ``affinity_of`` (a run id) starts the run
         with the affinity that run has now: its next claims prefer (or wait for)
         the worker holding that run's service (docs/affinity.md; an unknown id:
-        :class:`RunNotFound`, nothing started).
+        :class:`RunNotFound`, nothing started). ``cancel_on`` (a list of ``(event name,
+        "data.path", value)``): an event of that name whose path equals the value,
+        sent after the start, cancels the run (:meth:`cancel`; also while it is parked;
+        see docs/events.md), registered in the same statement.
         """
         if self._closed:
             raise ProviderClosed("this Durable app is closed")
@@ -375,6 +392,7 @@ class Durable:
         sql, params = flow.start_sql(params, key, at, delay)
         # metadata, trace context and affinity
         sql, params = start_statement(sql, params, metadata, affinity_of)
+        sql, params = cancel_on_statement(sql, params, cancel_on)
         if conn is not None:
             with translated():
                 cur = await conn.execute(sql, params)
@@ -558,6 +576,73 @@ class Durable:
         """
         params = signal_run_params(run_id, kind, payload, signal_id, ttl, self.max_signal_payload)
         return ids(await self.fetchall(q.SIGNAL_RUN, params))
+
+    async def send_event(
+        self, name: str, data: dict[str, Any] | None = None, *, id: str | None = None,
+        conn: psycopg.AsyncConnection[Any] | None = None,
+    ) -> SentEvent:
+        """Send an event: ``name``, ``data`` (a JSON object), ``id`` for deduplication.
+
+        ONE statement (``pgdurable.send_event``; with ``conn=``, inside the caller's
+        transaction: nothing happens unless it commits) stores the event, cancels the
+        runs whose ``cancel_on`` it matches, wakes the runs parked on a matching
+        ``wait_event`` and adds it to the windows of the triggers on ``name``
+        (:meth:`on_event`). The same ``id`` again with the same data does nothing and
+        answers the first event's number with ``created=False``; with other data it
+        raises :class:`~pgdurable.EventConflict`. Bad input (empty name, data that is
+        not a dict or not JSON, over :attr:`max_event_data` bytes): TypeError/
+        ValueError, nothing written. See docs/events.md.
+        """
+        if self._closed:
+            raise ProviderClosed("this Durable app is closed")
+        return await send_event(self, name, data, id, conn=conn, max_bytes=self.max_event_data)
+
+    def on_event(
+        self,
+        event: str,
+        *,
+        key: str | None = None,
+        debounce: timedelta | None = None,
+        max_wait: timedelta | None = None,
+        leading: bool = False,
+        batch: int | None = None,
+        batch_timeout: timedelta | None = None,
+        name: str | None = None,
+        queue: str = "default",
+        revision: str = "1",
+        max_attempts: int = 3,
+    ) -> Callable[[Handler], Handler]:
+        """Register ``handler(ctx, events)`` (async, or sync: run in a thread) to run on
+        events named ``event``: a task named ``name`` (default: the function's name).
+
+        Without ``debounce`` or ``batch``: one run per event. ``debounce``: one run per
+        burst of events with the same ``key`` (a path, e.g. ``"data.thread_id"``;
+        None: one key), started ``debounce`` after the burst's last event, or
+        ``max_wait`` after its first (a steady stream still runs); ``leading=True``
+        also runs the first event of a quiet period at once, alone. ``batch``: at most
+        ``batch`` events per run, started when full or ``batch_timeout`` after the
+        first. The handler gets every event of its window, oldest first
+        (:class:`~pgdurable.Event`); its return value is the run's result. Exactly
+        one run per window (the database decides). The trigger is written when a
+        worker of this app starts (or by :meth:`declare_triggers`); events sent
+        before that start nothing. Bad options: TypeError/ValueError here.
+        """
+
+        def decorate(fn: Handler) -> Handler:
+            task_name = name if name is not None else getattr(fn, "__name__", "")
+            trigger = make_trigger(task_name, event, task_name, revision, queue, max_attempts,
+                                   key, debounce, max_wait, leading, batch, batch_timeout)
+            task_decorator(self._registry, task_name, revision, max_attempts, 1.0, 300.0)(
+                trigger_step(fn))
+            declare_trigger(self, trigger)
+            return fn
+
+        return decorate
+
+    async def declare_triggers(self) -> list[str]:
+        """Write this app's triggers (:meth:`on_event`) now, as a starting worker does;
+        what each write answered (``"created"``, ``"updated"``, ``"unchanged"``)."""
+        return await declare_triggers(self)
 
     async def with_idempotency(
         self,

@@ -228,7 +228,7 @@ BEGIN
     -- its run was claimed (or ended): that window is over
     UPDATE pgdurable.event_windows SET closed_at = v_now WHERE id = w.id;
   END IF;
-  v_alone := t.debounce IS NULL AND t.batch IS NULL OR t.batch = 1;
+  v_alone := (t.debounce IS NULL AND t.batch IS NULL) OR coalesce(t.batch = 1, false);
   IF t.leading_edge AND NOT v_alone THEN
     SELECT x.last_event_at INTO v_last FROM pgdurable.event_windows x
      WHERE x.trigger = t.name AND x.key = v_key ORDER BY x.id DESC LIMIT 1;

@@ -1,0 +1,497 @@
+"""Events (issue 43): send_event with dedup and typed errors, in the caller's
+transaction; wait_event (tasks and workflows) woken by an indexed lookup and
+which events a wait sees; cancel_on while parked and racing completion;
+triggers: one run per event, per debounce window (timing from the database
+clock), per batch (size bound), leading debounce."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from collections.abc import AsyncIterator, Callable
+from datetime import timedelta
+from typing import Any
+
+import psycopg
+import pytest
+from _waiting import app_running, finished, until
+
+from pgdurable import (
+    Continue,
+    Done,
+    Durable,
+    DurableClient,
+    Event,
+    EventConflict,
+    InvalidInput,
+    RunContext,
+    Wait,
+    WorkflowContext,
+)
+from pgdurable.foundation.errors import translate
+
+
+def sql(conn: psycopg.Connection[Any], query: str, *params: Any) -> list[tuple[Any, ...]]:
+    try:
+        return conn.execute(query, params).fetchall()
+    except psycopg.Error as exc:
+        raise translate(exc) from exc
+
+
+def count(conn: psycopg.Connection[Any], table: str, where: str = "true") -> int:
+    return int(sql(conn, f"SELECT count(*) FROM pgdurable.{table} WHERE {where}")[0][0])
+
+
+@pytest.fixture
+async def app(dsn: str) -> AsyncIterator[Durable]:
+    a = Durable(dsn)
+    yield a
+    await a.close()
+
+
+# -- events as rows: dedup, bad input, the caller's transaction ------------------------
+
+
+async def test_send_event_dedup_and_conflict(app: Durable, conn: psycopg.Connection[Any]) -> None:
+    first = await app.send_event("order.paid", {"order_id": "o-1"}, id="evt-1")
+    again = await app.send_event("order.paid", {"order_id": "o-1"}, id="evt-1")
+    assert first.created and not again.created and again.id == first.id
+    with pytest.raises(EventConflict):
+        await app.send_event("order.paid", {"order_id": "o-2"}, id="evt-1")
+    # the id is scoped by name; no id: never deduplicated
+    other = await app.send_event("order.shipped", {"order_id": "o-1"}, id="evt-1")
+    assert other.created and other.id != first.id
+    await app.send_event("order.paid", {"order_id": "o-1"})
+    await app.send_event("order.paid", {"order_id": "o-1"})
+    rows = sql(conn, "SELECT name, data, event_key, created_at <= pgdurable.now() "
+               "FROM pgdurable.events ORDER BY id")
+    assert rows == [("order.paid", {"order_id": "o-1"}, "evt-1", True),
+                    ("order.shipped", {"order_id": "o-1"}, "evt-1", True),
+                    ("order.paid", {"order_id": "o-1"}, None, True),
+                    ("order.paid", {"order_id": "o-1"}, None, True)]
+    # from SQL, one round trip, the same contract
+    assert sql(conn, "SELECT event_id, created FROM pgdurable.send_event("
+               "'order.paid', '{\"order_id\": \"o-1\"}', 'evt-1')") == [(first.id, False)]
+
+
+async def test_bad_input_writes_nothing(app: Durable, conn: psycopg.Connection[Any]) -> None:
+    app.max_event_data = 100
+    cases: list[tuple[type[BaseException], Callable[[], Any]]] = [
+        (ValueError, lambda: app.send_event("", {})),
+        (ValueError, lambda: app.send_event("a\x00b", {})),
+        (TypeError, lambda: app.send_event(1, {})),  # type: ignore[arg-type]
+        (TypeError, lambda: app.send_event("e", [1, 2])),  # type: ignore[arg-type]
+        (TypeError, lambda: app.send_event("e", "text")),  # type: ignore[arg-type]
+        (ValueError, lambda: app.send_event("e", {"x": float("nan")})),
+        (TypeError, lambda: app.send_event("e", {"x": {1, 2}})),
+        (ValueError, lambda: app.send_event("e", {"x": "y" * 200})),
+        (ValueError, lambda: app.send_event("e", {}, id="")),
+        (TypeError, lambda: app.start("t", revision="1", cancel_on=[("e", "data.x")])),
+        (ValueError, lambda: app.start("t", revision="1", cancel_on=[("e", "x", 1)])),
+        (ValueError, lambda: app.start("t", revision="1", cancel_on=[("e", "data.", 1)])),
+        (TypeError, lambda: app.start("t", revision="1", cancel_on=[("e", "data.x", [1])])),
+        (TypeError, lambda: app.start("t", revision="1", cancel_on="e")),
+    ]
+    for exc_type, call in cases:
+        with pytest.raises(exc_type):
+            await call()
+    for bad in ({}, {"x": 1}, {"data.x": [1]}, {"data.x": None}, {"data..y": 1}):
+        with pytest.raises((TypeError, ValueError)):
+            Wait.for_event("e", bad)
+    with pytest.raises(ValueError):
+        Wait.for_event("", {"data.x": 1})
+    # the database checks again (psql callers): typed, nothing written
+    for query in ("SELECT * FROM pgdurable.send_event('', '{}', NULL)",
+                  "SELECT * FROM pgdurable.send_event('e', '[1]', NULL)",
+                  "SELECT * FROM pgdurable.send_event('e', '{}', '')",
+                  "SELECT pgdurable.cancel_on_events(gen_random_uuid(), '{e}', '{x}', '[1]')",
+                  "SELECT pgdurable.cancel_on_events(gen_random_uuid(), '{e}', '{data.x}', "
+                  "'[[1]]')",
+                  "SELECT pgdurable.upsert_event_trigger('t', 'e', 't', '1', 'default', 3, NULL, "
+                  "NULL, NULL, true, NULL, NULL)",
+                  "SELECT pgdurable.upsert_event_trigger('t', 'e', 't', '1', 'default', 3, NULL, "
+                  "NULL, NULL, false, 5, NULL)"):
+        with pytest.raises(InvalidInput):
+            sql(conn, query)
+    for table in ("events", "runs", "event_cancels", "event_triggers", "event_paths"):
+        assert count(conn, table) == 0, table
+
+
+async def test_send_event_in_the_callers_transaction(app: Durable, dsn: str,
+                                                     conn: psycopg.Connection[Any]) -> None:
+    async with await psycopg.AsyncConnection.connect(dsn) as c:
+        async with c.transaction(force_rollback=True):
+            await app.send_event("e", {"n": 1}, conn=c)
+            assert count(conn, "events") == 0  # not committed: nobody sees it
+    assert count(conn, "events") == 0
+    async with await psycopg.AsyncConnection.connect(dsn) as c:
+        async with c.transaction():
+            await app.send_event("e", {"n": 2}, conn=c)
+    with DurableClient(dsn) as client:
+        sent = client.send_event("e", {"n": 3}, id="s-1")
+        assert client.send_event("e", {"n": 3}, id="s-1") == sent.__class__(sent.id, False)
+        with pytest.raises(EventConflict):
+            client.send_event("e", {"n": 4}, id="s-1")
+        with psycopg.connect(dsn) as sc:
+            with sc.transaction(force_rollback=True):
+                client.send_event("e", {"n": 5}, conn=sc)
+    assert [r[0] for r in sql(conn, "SELECT data->>'n' FROM pgdurable.events ORDER BY id")] == \
+        ["2", "3"]
+
+
+# -- wait_event -------------------------------------------------------------------------
+
+
+def _waiter(app: Durable, name: str = "waiter", *, before: Any = None) -> None:
+    @app.task(name)
+    async def waiter(ctx: RunContext, state: Any) -> Any:
+        if ctx.step == 0 and before is not None:
+            await before(ctx, state)
+            return Continue(state)
+        if ctx.wake is None:
+            return ctx.wait_event("payment.succeeded", {"data.order_id": state["order"]},
+                                  timeout=state.get("timeout", 60))
+        return Done({"event": ctx.event, "wake": ctx.wake["type"]})
+
+
+async def test_wait_event_parks_and_a_matching_event_wakes_it(
+        app: Durable, conn: psycopg.Connection[Any]) -> None:
+    _waiter(app)
+    async with app_running(app):
+        rid = await app.start("waiter", {"order": "o-1"})
+
+        async def parked() -> bool:
+            return (await app.get_run(rid)).status == "waiting"
+
+        await until(parked, "park")
+        assert sql(conn, "SELECT wait_kind, wait_ref = pgdurable.event_ref('payment.succeeded', "
+                   "'data.order_id', '\"o-1\"') FROM pgdurable.runs") == [("event", True)]
+        # other orders, other names, a non-matching type: nothing wakes it
+        await app.send_event("payment.succeeded", {"order_id": "o-2"})
+        await app.send_event("payment.failed", {"order_id": "o-1"})
+        await app.send_event("payment.succeeded", {"order_id": 1})
+        await app.send_event("payment.succeeded", {"other": "o-1"})
+        assert (await app.get_run(rid)).status == "waiting"
+        sent = await app.send_event("payment.succeeded", {"order_id": "o-1", "amount": 42},
+                                    id="pay-1")
+        info = await finished(app, rid)
+    assert info.status == "completed"
+    assert info.result["wake"] == "event"
+    event = info.result["event"]
+    assert (event["id"], event["name"], event["data"], event["event_id"]) == \
+        (sent.id, "payment.succeeded", {"order_id": "o-1", "amount": 42}, "pay-1")
+
+
+async def test_an_event_sent_before_the_park_is_not_lost(
+        app: Durable, conn: psycopg.Connection[Any]) -> None:
+    """The previous step causes the event (say, it charges a card and the webhook
+    is quick): the event is stored before the run parks, and the park finds it.
+    An event sent before the run started is not one the wait sees."""
+
+    async def charge(ctx: RunContext, state: Any) -> None:
+        if state.get("charge", True):
+            await app.send_event("payment.succeeded", {"order_id": state["order"], "n": 2})
+
+    _waiter(app, before=charge)
+    await app.send_event("payment.succeeded", {"order_id": "o-9", "n": 1})  # before the start
+    async with app_running(app):
+        rid = await app.start("waiter", {"order": "o-9"})
+        info = await finished(app, rid)
+        assert info.status == "completed" and info.result["event"]["data"]["n"] == 2
+        # the events sent before its start are not seen: this one times out
+        rid2 = await app.start("waiter", {"order": "o-9", "timeout": 0.3, "charge": False})
+        info2 = await finished(app, rid2)
+    assert info2.status == "completed"
+    assert info2.result == {"event": None, "wake": "timeout"}
+
+
+async def test_consecutive_waits_each_get_the_next_event(app: Durable) -> None:
+    """A run waiting again sees the events sent since the one that ended its previous
+    wait (none is returned twice, none skipped), oldest first."""
+
+    @app.task("reader")
+    async def reader(ctx: RunContext, state: Any) -> Any:
+        got = state.get("got", [])
+        if ctx.event is not None:
+            got = [*got, ctx.event["data"]["n"]]
+        if len(got) == 3:
+            return Done(got)
+        return ctx.wait_event("tick", {"data.k": "a"}, timeout=30, state={"got": got})
+
+    rid = await app.start("reader", {})
+    for n in range(3):  # all three sent before the run ever parks
+        await app.send_event("tick", {"k": "a", "n": n})
+    async with app_running(app):
+        info = await finished(app, rid)
+    assert info.status == "completed" and info.result == [0, 1, 2]
+
+
+async def test_workflow_wait_event(app: Durable) -> None:
+    @app.workflow("checkout")
+    async def checkout(ctx: WorkflowContext, order: str) -> Any:
+        paid = await ctx.wait_event("payment.succeeded", {"data.order_id": order},
+                                    timeout=timedelta(seconds=30))
+        late = await ctx.wait_event("refund", {"data.order_id": order}, timeout=0.2)
+        assert paid is not None
+        return {"paid": paid["data"], "late": late}
+
+    async with app_running(app):
+        rid = await app.start("checkout", "o-5")
+
+        async def parked() -> bool:
+            return (await app.get_run(rid)).status == "waiting"
+
+        await until(parked, "park")
+        await app.send_event("payment.succeeded", {"order_id": "o-5", "ok": True})
+        info = await finished(app, rid)
+    assert info.status == "completed", info.error
+    assert info.result == {"paid": {"order_id": "o-5", "ok": True}, "late": None}
+
+
+def _seed_leased(conn: psycopg.Connection[Any], n: int) -> list[uuid.UUID]:
+    rows = sql(conn, "INSERT INTO pgdurable.runs (task, revision, status, lease_owner, "
+               "lease_token, lease_expires_at) SELECT 't', '1', 'leased', 'w', 1, "
+               "pgdurable.now() + interval '1 hour' FROM generate_series(1, %s) RETURNING id", n)
+    return [r[0] for r in rows]
+
+
+def test_a_matching_wait_among_1000_is_woken_by_an_index_lookup(
+        conn: psycopg.Connection[Any]) -> None:
+    ids = _seed_leased(conn, 1000)
+    for i, rid in enumerate(ids):
+        status = sql(conn, "SELECT status FROM pgdurable.park_event(%s, 1, 'w', '{}', 0, "
+                     "'payment.succeeded', %s::jsonb, NULL)", rid,
+                     json.dumps({"data.order_id": f"o-{i}"}))
+        assert status == [("waiting",)]
+    conn.execute("ANALYZE pgdurable.runs")
+    # the statement send_event wakes waiters with (sql/functions/events.sql), for one
+    # (name, path, value): its plan reaches the run through runs_waiting_signal_idx
+    plan = "\n".join(r[0] for r in sql(conn, """
+        EXPLAIN SELECT r.id FROM pgdurable.runs r JOIN pgdurable.event_waits ew ON ew.run_id = r.id
+         WHERE r.status = 'waiting' AND r.wait_kind = 'event'
+           AND r.wait_ref = pgdurable.event_ref('payment.succeeded', 'data.order_id', '"o-500"')
+           AND ew.ref = r.wait_ref""", ))
+    print(plan)
+    assert "runs_waiting_signal_idx" in plan and "Seq Scan on runs" not in plan, plan
+    sent = sql(conn, "SELECT event_id FROM pgdurable.send_event('payment.succeeded', "
+               "'{\"order_id\": \"o-500\"}', NULL)")
+    woken = sql(conn, "SELECT id, wake->'event'->>'id' FROM pgdurable.runs "
+                "WHERE status = 'runnable'")
+    assert woken == [(ids[500], str(sent[0][0]))]
+    assert count(conn, "runs", "status = 'waiting'") == 999
+
+
+# -- cancel_on --------------------------------------------------------------------------
+
+
+async def test_cancel_on_cancels_a_parked_run(app: Durable, conn: psycopg.Connection[Any]) -> None:
+    @app.task("checkout")
+    async def checkout(ctx: RunContext, state: Any) -> Any:
+        if ctx.wake is None:
+            return Wait(signal=("payment", state["order"]), timeout=60)
+        return Done("paid")
+
+    async with app_running(app):
+        rid = await app.start("checkout", {"order": "o-7"},
+                              cancel_on=[("order.cancelled", "data.order_id", "o-7")])
+        keep = await app.start("checkout", {"order": "o-8"},
+                               cancel_on=[("order.cancelled", "data.order_id", "o-8")])
+
+        async def parked() -> bool:
+            return all([(await app.get_run(r)).status == "waiting" for r in (rid, keep)])
+
+        await until(parked, "park")
+        await app.send_event("order.cancelled", {"order_id": "o-6"})
+        await app.send_event("order.updated", {"order_id": "o-7"})
+        assert (await app.get_run(rid)).status == "waiting"
+        await app.send_event("order.cancelled", {"order_id": "o-7", "why": "customer"})
+        info = await app.get_run(rid)  # parked: cancelled in the event's transaction
+        assert info.status == "cancelled" and info.error["type"] == "RunCancelled"
+        assert (await app.get_run(keep)).status == "waiting"
+        await app.signal("payment", "o-8")
+        assert (await finished(app, keep)).status == "completed"
+
+
+async def test_cancel_on_racing_completion_ends_in_one_state(
+        app: Durable, conn: psycopg.Connection[Any]) -> None:
+    @app.task("quick")
+    async def quick(ctx: RunContext, state: Any) -> Any:
+        await asyncio.sleep(state["sleep"])
+        return Done("done")
+
+    async with app_running(app, concurrency=64):
+        ids = await asyncio.gather(*[
+            app.start("quick", {"sleep": (i % 10) * 0.06}, cancel_on=[("stop", "data.n", i)])
+            for i in range(60)])
+
+        async def busy() -> bool:  # most of them in a step: the cancels race the steps' ends
+            return count(conn, "runs", "status = 'leased'") >= 20
+
+        await until(busy, "runs in their step")
+        await asyncio.gather(*[app.send_event("stop", {"n": i}) for i in range(60)])
+        infos = [await finished(app, r) for r in ids]
+    outcomes = {i.status for i in infos}
+    assert outcomes == {"completed", "cancelled"}, outcomes
+    for i in infos:
+        if i.status == "completed":
+            assert i.result == "done" and i.error is None
+        else:
+            assert i.result is None and i.error["type"] == "RunCancelled"
+    print({s: sum(1 for i in infos if i.status == s) for s in outcomes})
+    # one end per run: the completion and the cancel never both applied
+    assert sql(conn, "SELECT count(*) FROM pgdurable.runs WHERE result IS NOT NULL "
+               "AND error IS NOT NULL") == [(0,)]
+
+
+# -- triggers ---------------------------------------------------------------------------
+
+
+async def test_one_run_per_event_without_debounce_or_batch(app: Durable) -> None:
+    got: list[list[Any]] = []
+
+    @app.on_event("signup")
+    async def welcome(ctx: RunContext, events: list[Event]) -> int:
+        got.append([e.data["user"] for e in events])
+        return len(events)
+
+    await app.declare_triggers()
+    async with app_running(app):
+        for u in ("a", "b", "c"):
+            await app.send_event("signup", {"user": u})
+
+        async def three() -> bool:
+            return len(got) == 3
+
+        await until(three, "three runs")
+    assert sorted(got) == [["a"], ["b"], ["c"]]
+
+
+async def test_debounce_one_run_per_burst_and_timing_on_the_db_clock(
+        app: Durable, conn: psycopg.Connection[Any]) -> None:
+    got: dict[str, list[int]] = {}
+
+    @app.on_event("message.received", key="data.thread_id", debounce=timedelta(seconds=0.4),
+                  max_wait=timedelta(seconds=3))
+    async def reply(ctx: RunContext, events: list[Event]) -> int:
+        key = events[0].data["thread_id"]
+        assert key not in got, "two runs for one window"
+        got[key] = [e.data["n"] for e in events]
+        return len(events)
+
+    await app.declare_triggers()  # (a worker declares them as it starts, maybe later)
+    async with app_running(app):
+        for n in range(6):  # a burst on t-1, interleaved with t-2
+            await app.send_event("message.received", {"thread_id": "t-1", "n": n})
+            if n % 2:
+                await app.send_event("message.received", {"thread_id": "t-2", "n": n})
+            await asyncio.sleep(0.05)
+
+        async def both() -> bool:
+            return len(got) == 2
+
+        await until(both, "two runs")
+        await asyncio.sleep(0.6)
+    assert got == {"t-1": [0, 1, 2, 3, 4, 5], "t-2": [1, 3, 5]}
+    assert count(conn, "runs", "task = 'reply'") == 2
+    # bounds from the database clock: the window was due debounce after its last event
+    # (max_wait after its first at the latest), and its run read it after that
+    rows = sql(conn, """
+        SELECT w.key, w.due_at = least(max(e.created_at) + interval '0.4 s',
+                                       w.opened_at + interval '3 s'),
+               w.opened_at = min(e.created_at), w.taken_at >= w.due_at,
+               extract(epoch FROM w.taken_at - w.due_at), count(*) = w.events
+          FROM pgdurable.event_windows w
+          JOIN pgdurable.event_window_events we ON we.window_id = w.id
+          JOIN pgdurable.events e ON e.id = we.event_id
+         GROUP BY w.id ORDER BY w.key""")
+    assert [r[:4] for r in rows] == [("t-1", True, True, True), ("t-2", True, True, True)]
+    assert all(r[4] < 5 and r[5] for r in rows), rows
+
+
+async def test_debounce_max_wait_runs_a_steady_stream(
+        app: Durable, conn: psycopg.Connection[Any]) -> None:
+    got: list[list[int]] = []
+
+    @app.on_event("tick", debounce=timedelta(seconds=0.5), max_wait=timedelta(seconds=0.8))
+    async def ticks(ctx: RunContext, events: list[Event]) -> None:
+        got.append([e.data["n"] for e in events])
+
+    await app.declare_triggers()
+    async with app_running(app):
+        for n in range(20):  # every 0.1 s for 2 s: never quiet for 0.5 s
+            await app.send_event("tick", {"n": n})
+            await asyncio.sleep(0.1)
+
+        async def all_seen() -> bool:
+            return sum(len(g) for g in got) == 20
+
+        await until(all_seen, "every event")
+    assert len(got) >= 2  # max_wait cut the stream into windows
+    assert sorted(n for g in got for n in g) == list(range(20))
+    spans = sql(conn, "SELECT extract(epoch FROM w.due_at - w.opened_at) "
+                "FROM pgdurable.event_windows w")
+    assert all(s[0] <= 0.8 + 1e-6 for s in spans), spans
+
+
+async def test_batches_never_exceed_their_size(app: Durable, conn: psycopg.Connection[Any]) -> None:
+    got: list[list[int]] = []
+
+    @app.on_event("webhook.delivery", key="data.tenant", batch=10,
+                  batch_timeout=timedelta(seconds=0.5))
+    async def ingest(ctx: RunContext, events: list[Event]) -> int:
+        got.append([e.data["n"] for e in events])
+        return len(events)
+
+    await app.declare_triggers()
+    # 25 events before any worker runs: two full batches, one left for the timeout
+    for n in range(25):
+        await app.send_event("webhook.delivery", {"tenant": "x", "n": n})
+    assert sql(conn, "SELECT events, closed_at IS NOT NULL, due_at <= pgdurable.now() "
+               "FROM pgdurable.event_windows ORDER BY id") == \
+        [(10, True, True), (10, True, True), (5, False, False)]
+    async with app_running(app):
+        async def all_seen() -> bool:
+            return sum(len(g) for g in got) == 25
+
+        await until(all_seen, "every event")
+    assert sorted(len(g) for g in got) == [5, 10, 10]
+    assert sorted(n for g in got for n in g) == list(range(25))
+
+
+async def test_leading_debounce_runs_the_first_event_at_once(
+        app: Durable, conn: psycopg.Connection[Any]) -> None:
+    got: list[list[int]] = []
+
+    @app.on_event("ping", debounce=timedelta(seconds=0.5), leading=True)
+    async def pong(ctx: RunContext, events: list[Event]) -> None:
+        got.append([e.data["n"] for e in events])
+
+    await app.declare_triggers()
+    for n in range(4):
+        await app.send_event("ping", {"n": n})
+    assert sql(conn, "SELECT events, due_at = opened_at FROM pgdurable.event_windows "
+               "ORDER BY id") == [(1, True), (3, False)]
+    async with app_running(app):
+        async def all_seen() -> bool:
+            return sum(len(g) for g in got) == 4
+
+        await until(all_seen, "every event")
+    assert sorted(got) == [[0], [1, 2, 3]]
+
+
+async def test_trigger_options_are_checked(app: Durable) -> None:
+    async def h(ctx: RunContext, events: list[Event]) -> None:
+        return None
+
+    for kwargs, exc in (({"max_wait": timedelta(seconds=1)}, ValueError),
+                        ({"leading": True}, ValueError),
+                        ({"batch": 5}, ValueError),
+                        ({"batch": 0, "batch_timeout": timedelta(seconds=1)}, ValueError),
+                        ({"batch_timeout": timedelta(seconds=1)}, ValueError),
+                        ({"debounce": 3}, TypeError),
+                        ({"debounce": timedelta(0)}, ValueError),
+                        ({"key": "thread_id"}, ValueError)):
+        with pytest.raises(exc):
+            app.on_event("e", **kwargs)(h)
+    assert "h" not in app.tasks

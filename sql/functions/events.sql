@@ -177,7 +177,7 @@ COMMENT ON FUNCTION pgdurable._event_check(text, jsonb, text) IS
 -- unclaimed (status runnable, claims 0: checked under the run's row lock, so
 -- that no claim takes the run before this transaction commits); its due
 -- time (the run's available_at) becomes
---   debounce: least(now + debounce, opened_at + max_wait);
+--   debounce: least(last_event_at + debounce, opened_at + max_wait);
 --   batch:    now when this event fills it, else opened_at + batch_timeout;
 --   both:     the earlier of the two.
 -- A full batch is closed. Otherwise (no open window, or its run already
@@ -201,6 +201,7 @@ DECLARE
   v_queue text;
   v_run uuid;
   v_last timestamptz;
+  v_open timestamptz;
   v_alone boolean;
 BEGIN
   IF t.key_path IS NOT NULL THEN
@@ -210,18 +211,23 @@ BEGIN
   SELECT * INTO w FROM pgdurable.event_windows x
    WHERE x.trigger = t.name AND x.key = v_key AND x.closed_at IS NULL;
   IF FOUND THEN
+    -- a sender's time is its transaction's start: an older transaction can take the
+    -- lock after a younger one; the window's first and last event times are kept
+    -- as the earliest and the latest of its events' times
+    v_open := least(w.opened_at, v_now);
+    v_last := greatest(w.last_event_at, v_now);
     v_full := t.batch IS NOT NULL AND w.events + 1 >= t.batch;
     v_due := CASE WHEN v_full THEN v_now
                   ELSE least(CASE WHEN t.debounce IS NOT NULL
-                                  THEN least(v_now + t.debounce, w.opened_at + t.max_wait) END,
-                             w.opened_at + t.batch_timeout) END;
+                                  THEN least(v_last + t.debounce, v_open + t.max_wait) END,
+                             v_open + t.batch_timeout) END;
     UPDATE pgdurable.runs r SET available_at = v_due, updated_at = v_now
      WHERE r.id = w.run_id AND r.status = 'runnable' AND r.claims = 0
     RETURNING r.queue INTO v_queue;
     IF FOUND THEN
       INSERT INTO pgdurable.event_window_events (window_id, event_id) VALUES (w.id, e.id);
-      UPDATE pgdurable.event_windows SET events = events + 1, last_event_at = v_now,
-             due_at = v_due, closed_at = CASE WHEN v_full THEN v_now END
+      UPDATE pgdurable.event_windows SET events = events + 1, opened_at = v_open,
+             last_event_at = v_last, due_at = v_due, closed_at = CASE WHEN v_full THEN v_now END
        WHERE id = w.id;
       RETURN CASE WHEN v_due <= v_now THEN v_queue END;
     END IF;

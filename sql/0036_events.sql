@@ -192,3 +192,5 @@ INSERT INTO pgdurable.security_api (routine, readonly) VALUES
   ('pgdurable.upsert_event_trigger(text,text,text,text,text,integer,text,interval,interval,'
    'boolean,integer,interval)', false),
   ('pgdurable.take_event_window(uuid)', false);
+INSERT INTO pgdurable.security_api (routine, readonly) VALUES
+  ('pgdurable.prune_events(interval,integer)', false);

@@ -495,3 +495,37 @@ async def test_trigger_options_are_checked(app: Durable) -> None:
         with pytest.raises(exc):
             app.on_event("e", **kwargs)(h)
     assert "h" not in app.tasks
+
+
+# -- retention --------------------------------------------------------------------------
+
+
+async def test_prune_events_keeps_what_unfinished_runs_need(
+        app: Durable, conn: psycopg.Connection[Any]) -> None:
+    got: list[int] = []
+
+    @app.on_event("job", batch=3, batch_timeout=timedelta(hours=1))
+    async def jobs(ctx: RunContext, events: list[Event]) -> None:
+        got.extend(e.data["n"] for e in events)
+
+    await app.declare_triggers()
+    for n in range(4):  # a full batch (runs now), and one event whose batch waits an hour
+        await app.send_event("job", {"n": n}, id=f"j-{n}")
+    await app.send_event("other", {"n": 9}, id="o-9")  # no trigger: nobody needs it
+    async with app_running(app):
+        async def three() -> bool:
+            return len(got) == 3
+
+        await until(three, "the full batch")
+    with pytest.raises(ValueError):
+        await app.prune_events(timedelta(seconds=-1))
+    with pytest.raises(InvalidInput):
+        sql(conn, "SELECT pgdurable.prune_events('1 day', 0)")
+    assert await app.prune_events(timedelta(hours=1)) == 0  # nothing that old
+    # everything older than now: the finished batch's events and window, "other"; the
+    # waiting batch keeps its event and window
+    assert await app.prune_events(timedelta(0), batch=2) == 3 + 1 + 1
+    assert sql(conn, "SELECT event_key FROM pgdurable.events") == [("j-3",)]
+    assert sql(conn, "SELECT events FROM pgdurable.event_windows") == [(1,)]
+    # a pruned id deduplicates no more
+    assert (await app.send_event("job", {"n": 0}, id="j-0")).created

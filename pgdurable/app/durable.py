@@ -66,6 +66,7 @@ from ..runs.events import (
     declare_trigger,
     declare_triggers,
     make_trigger,
+    prune_events,
     send_event,
     trigger_step,
 )
@@ -638,6 +639,13 @@ class Durable:
             return fn
 
         return decorate
+
+    async def prune_events(self, older_than: timedelta, *, batch: int = 1000) -> int:
+        """Retention for events: delete those older than ``older_than`` (database
+        clock) that no unfinished run still needs, with the emptied windows of
+        finished runs, ``batch`` rows a transaction; how many rows. A deleted
+        event's id no longer deduplicates (``pgdurable.prune_events`` in SQL)."""
+        return await prune_events(self, older_than, batch)
 
     async def declare_triggers(self) -> list[str]:
         """Write this app's triggers (:meth:`on_event`) now, as a starting worker does;

@@ -79,6 +79,7 @@ __all__ = [
     "event_params",
     "make_trigger",
     "match_json",
+    "prune_events",
     "send_event",
     "send_event_sync",
     "take_window",
@@ -230,6 +231,21 @@ async def declare_triggers(app: App) -> list[str]:
         return []
     await app.open()
     return [await one(app, eq.UPSERT_TRIGGER, t.params()) for t in mine]
+
+
+async def prune_events(app: App, older_than: timedelta, batch: int = 1000) -> int:
+    """Delete events older than ``older_than`` that no unfinished run needs (and the
+    emptied windows of finished runs), in batches of short transactions; how many rows."""
+    if not isinstance(older_than, timedelta) or older_than < timedelta(0):
+        raise ValueError("older_than must be a timedelta >= 0")
+    if isinstance(batch, bool) or not isinstance(batch, int) or not 1 <= batch <= 100_000:
+        raise ValueError("batch must be an int between 1 and 100000")
+    total = 0
+    while True:
+        n = await one(app, eq.PRUNE_EVENTS, (older_than, batch))
+        total += n
+        if n < batch:
+            return total
 
 
 async def take_window(app: App, run_id: str) -> list[Event]:

@@ -607,3 +607,64 @@ END
 $$;
 COMMENT ON FUNCTION pgdurable.take_event_window(uuid) IS
   'The events of the trigger window that started a run, oldest first; closes the window.';
+
+------------------------------------------------------------------------------
+-- pgdurable.prune_events(older_than, batch) -> bigint (rows deleted)
+-- Retention for events, ONE short transaction: delete up to `batch` events
+-- older than `older_than` (database clock) that no unfinished run still needs
+-- (in a window whose run is not terminal), with their window links, then up
+-- to `batch` windows opened before the cut-off whose run is finished or gone
+-- and which hold no event any more. Rows locked by someone else are skipped.
+-- A deleted event's id no longer deduplicates. Call it until it returns 0.
+-- older_than < 0 or batch outside 1..100000: PD000.
+------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION pgdurable.prune_events(p_older_than interval,
+                                                  p_batch integer DEFAULT 1000)
+RETURNS bigint
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pgdurable, pg_temp AS $$
+DECLARE
+  v_cut timestamptz;
+  v_events bigint;
+  v_windows bigint;
+BEGIN
+  IF p_older_than IS NULL OR p_older_than < interval '0' OR p_batch IS NULL
+     OR p_batch < 1 OR p_batch > 100000 THEN
+    RAISE EXCEPTION 'prune_events: older_than >= 0 and batch in 1..100000 required'
+      USING ERRCODE = 'PD000';
+  END IF;
+  v_cut := pgdurable.now() - p_older_than;
+  WITH doomed AS MATERIALIZED (
+    SELECT e.id FROM pgdurable.events e
+     WHERE e.created_at < v_cut
+       AND NOT EXISTS (
+         SELECT 1 FROM pgdurable.event_window_events we
+           JOIN pgdurable.event_windows w ON w.id = we.window_id
+           JOIN pgdurable.runs r ON r.id = w.run_id
+          WHERE we.event_id = e.id
+            AND r.status NOT IN ('completed', 'failed', 'cancelled', 'incompatible'))
+     ORDER BY e.created_at
+     LIMIT p_batch
+       FOR UPDATE OF e SKIP LOCKED
+  ), links AS (
+    DELETE FROM pgdurable.event_window_events we USING doomed d WHERE we.event_id = d.id
+  )
+  DELETE FROM pgdurable.events e USING doomed d WHERE e.id = d.id;
+  GET DIAGNOSTICS v_events = ROW_COUNT;
+  WITH gone AS MATERIALIZED (
+    SELECT w.id FROM pgdurable.event_windows w
+     WHERE w.opened_at < v_cut
+       AND NOT EXISTS (SELECT 1 FROM pgdurable.runs r WHERE r.id = w.run_id
+                          AND r.status NOT IN ('completed', 'failed', 'cancelled', 'incompatible'))
+       AND NOT EXISTS (SELECT 1 FROM pgdurable.event_window_events we WHERE we.window_id = w.id)
+     LIMIT p_batch
+       FOR UPDATE OF w SKIP LOCKED
+  )
+  DELETE FROM pgdurable.event_windows w USING gone g WHERE w.id = g.id;
+  GET DIAGNOSTICS v_windows = ROW_COUNT;
+  RETURN v_events + v_windows;
+END
+$$;
+COMMENT ON FUNCTION pgdurable.prune_events(interval, integer) IS
+  'Retention for events: delete up to batch events older than older_than that no unfinished run '
+  'needs, then emptied windows of finished runs; returns rows deleted (call until 0).';

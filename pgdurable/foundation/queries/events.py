@@ -10,7 +10,7 @@ from typing import Any
 from .children import Parked
 from .core import Query, Row, record, scalar
 
-__all__ = ["CANCEL_ON", "PARK_EVENT", "SEND_EVENT", "TAKE_WINDOW", "UPSERT_TRIGGER",
+__all__ = ["CANCEL_ON", "PARK_EVENT", "PRUNE_EVENTS", "SEND_EVENT", "TAKE_WINDOW", "UPSERT_TRIGGER",
            "Event", "SentEvent", "WindowEvent"]
 
 
@@ -73,6 +73,9 @@ UPSERT_TRIGGER = scalar(
     "SELECT pgdurable.upsert_event_trigger(%s::text, %s::text, %s::text, %s::text, %s::text, "
     "%s::integer, %s::text, %s::interval, %s::interval, %s::boolean, %s::integer, "
     "%s::interval)", str)
+# -- retention: one batch of old events no unfinished run needs, and emptied windows;
+# -- rows deleted
+PRUNE_EVENTS = scalar("SELECT pgdurable.prune_events(%s::interval, %s::integer)", int)
 # -- the events of the window that started a run, oldest first; one WindowEvent per row
 TAKE_WINDOW = Query(
     "SELECT window_id, trigger, key, id, name, data, event_id, created_at "

@@ -16,6 +16,7 @@ from typing import Any
 import psycopg
 import pytest
 from _waiting import app_running, finished, until
+from typer.testing import CliRunner
 
 from pgdurable import (
     Continue,
@@ -30,6 +31,7 @@ from pgdurable import (
     WorkflowContext,
 )
 from pgdurable.foundation.errors import translate
+from pgdurable.ops.cli import app as cli_app
 
 
 def sql(conn: psycopg.Connection[Any], query: str, *params: Any) -> list[tuple[Any, ...]]:
@@ -457,6 +459,28 @@ async def test_batches_never_exceed_their_size(app: Durable, conn: psycopg.Conne
         await until(all_seen, "every event")
     assert sorted(len(g) for g in got) == [5, 10, 10]
     assert sorted(n for g in got for n in g) == list(range(25))
+
+
+async def test_cli_lists_events_and_what_they_triggered(app: Durable, dsn: str) -> None:
+    @app.on_event("signup", batch=2, batch_timeout=timedelta(hours=1))
+    async def onboard(ctx: RunContext, events: list[Event]) -> None:
+        return None
+
+    await app.declare_triggers()
+    await app.send_event("signup", {"user": "a"}, id="u-a")
+    await app.send_event("login", {"user": "a"})
+    runner = CliRunner()
+    res = runner.invoke(cli_app, ["events", "--dsn", dsn, "--json"], catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    rows = json.loads(res.output)
+    assert [(r["name"], r["event_key"], r["data"]) for r in rows] == \
+        [("login", None, {"user": "a"}), ("signup", "u-a", {"user": "a"})]
+    assert rows[0]["triggered"] == []
+    (t,) = rows[1]["triggered"]
+    assert (t["trigger"], t["status"]) == ("onboard", "runnable")
+    res = runner.invoke(cli_app, ["events", "--dsn", dsn, "--name", "signup"],
+                        catch_exceptions=False)
+    assert res.exit_code == 0 and "onboard" in res.output and "login" not in res.output
 
 
 async def test_leading_debounce_runs_the_first_event_at_once(

@@ -41,6 +41,7 @@ from ..foundation import migrations
 from ..foundation.db import connect, resolve_dsn, translated
 from ..foundation.errors import PgDurableError
 from ..foundation.queries import cli as Q
+from ..foundation.queries import events as EQ
 from ..foundation.queries.clock import NOW
 from ..foundation.queries.core import first_sync, listing_sync, many_sync
 from ..foundation.signals import DEFAULT_SIGNAL_TTL, parse_payload, signal_params
@@ -424,6 +425,30 @@ def retry(run_id: Annotated[str, typer.Argument(help="The run's id.")], dsn: Dsn
         out.print(f"run {rid} waits again for the failed children it retried (attempts reset)")
     else:
         out.print(f"run {rid} is runnable again (attempts reset)")
+
+
+@app.command()
+def events(
+    dsn: DsnOption = None,
+    name: Annotated[str | None, typer.Option("--name", help="Only events of this name.")] = None,
+    limit: Annotated[int, typer.Option("--limit", min=1, max=1000, help="At most this many (newest first).")] = 50,
+    as_json: JsonOption = False,
+) -> None:
+    """List events, newest first, and the trigger runs each one joined (docs/events.md)."""
+    with database(dsn) as conn:
+        rows = listing_sync(conn, EQ.LIST_EVENTS, {"name": name, "limit": limit})  # type: ignore[arg-type]
+    if as_json:
+        print_json(rows)
+        return
+    t = Table("id", "name", "event id", "time", "data", "triggered",
+              title="events (docs/events.md)", box=box.SIMPLE_HEAD, pad_edge=False)
+    for r in rows:
+        runs = ", ".join(f"{x['trigger']} {str(x['run_id'])[:8]} {x['status'] or 'pruned'}"
+                         for x in r["triggered"])
+        _row(t, str(r["id"]), r["name"], r["event_key"] or "",
+             r["created_at"].isoformat(timespec="seconds"),
+             _short(json.dumps(r["data"])), runs)
+    show(t)
 
 
 @app.command()

@@ -8,9 +8,9 @@ from datetime import datetime
 from typing import Any
 
 from .children import Parked
-from .core import Query, Row, record, scalar
+from .core import Listing, Query, Row, record, scalar
 
-__all__ = ["CANCEL_ON", "PARK_EVENT", "PRUNE_EVENTS", "SEND_EVENT", "TAKE_WINDOW", "UPSERT_TRIGGER",
+__all__ = ["CANCEL_ON", "LIST_EVENTS", "PARK_EVENT", "PRUNE_EVENTS", "SEND_EVENT", "TAKE_WINDOW", "UPSERT_TRIGGER",
            "Event", "SentEvent", "WindowEvent"]
 
 
@@ -80,3 +80,10 @@ PRUNE_EVENTS = scalar("SELECT pgdurable.prune_events(%s::interval, %s::integer)"
 TAKE_WINDOW = Query(
     "SELECT window_id, trigger, key, id, name, data, event_id, created_at "
     "FROM pgdurable.take_event_window(%s::uuid)", _window_event)
+# -- the newest events (of one name, or all: NULL), with what each triggered (the view
+# -- event_list, which the read-only role may read)
+LIST_EVENTS = Listing("""
+SELECT id, name, event_key, created_at, data, triggered FROM pgdurable.event_list
+ WHERE %(name)s::text IS NULL OR name = %(name)s::text
+ ORDER BY id DESC LIMIT %(limit)s::integer
+""")

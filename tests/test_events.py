@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import uuid
 from collections.abc import AsyncIterator, Callable
 from datetime import timedelta
@@ -75,6 +76,29 @@ async def test_send_event_dedup_and_conflict(app: Durable, conn: psycopg.Connect
     # from SQL, one round trip, the same contract
     assert sql(conn, "SELECT event_id, created FROM pgdurable.send_event("
                "'order.paid', '{\"order_id\": \"o-1\"}', 'evt-1')") == [(first.id, False)]
+
+
+def test_concurrent_senders_of_one_id_store_one_event(dsn: str,
+                                                     conn: psycopg.Connection[Any]) -> None:
+    answers: list[tuple[Any, ...]] = []
+    barrier = threading.Barrier(8)
+
+    def send() -> None:
+        with psycopg.connect(dsn, autocommit=True) as c:
+            barrier.wait()
+            row = c.execute("SELECT event_id, created FROM pgdurable.send_event("
+                            "'order.paid', '{\"order_id\": \"o-1\"}', 'same')").fetchone()
+            assert row is not None
+            answers.append(tuple(row))
+
+    threads = [threading.Thread(target=send) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(answers) == 8 and len({a[0] for a in answers}) == 1
+    assert sorted(a[1] for a in answers) == [False] * 7 + [True]
+    assert count(conn, "events") == 1
 
 
 async def test_bad_input_writes_nothing(app: Durable, conn: psycopg.Connection[Any]) -> None:

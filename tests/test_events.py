@@ -14,9 +14,12 @@ from collections.abc import AsyncIterator, Callable
 from datetime import timedelta
 from typing import Any
 
+import httpx
 import psycopg
 import pytest
+from _dashboard_server import serving
 from _waiting import app_running, finished, until
+from test_security_boundary import _as, _grant, roles
 from typer.testing import CliRunner
 
 from pgdurable import (
@@ -33,6 +36,7 @@ from pgdurable import (
 )
 from pgdurable.foundation.errors import translate
 from pgdurable.ops.cli import app as cli_app
+from pgdurable.ops.dashboard import create_app
 
 
 def sql(conn: psycopg.Connection[Any], query: str, *params: Any) -> list[tuple[Any, ...]]:
@@ -592,3 +596,25 @@ async def test_prune_events_keeps_what_unfinished_runs_need(
     assert sql(conn, "SELECT events FROM pgdurable.event_windows") == [(1,)]
     # a pruned id deduplicates no more
     assert (await app.send_event("job", {"n": 0}, id="j-0")).created
+
+
+# -- the dashboard's events page ----------------------------------------------------------
+
+
+def test_dashboard_lists_events_for_the_readonly_role(dsn: str) -> None:
+    with psycopg.connect(dsn, autocommit=True) as c:
+        c.execute("SELECT pgdurable.upsert_event_trigger('onboard', 'signup', 'onboard', '1', "
+                  "'default', 3, NULL, NULL, NULL, false, NULL, NULL)")
+        c.execute("SELECT * FROM pgdurable.send_event('signup', '{\"user\": \"<b>a</b>\"}', "
+                  "'u-1')")
+        c.execute("SELECT * FROM pgdurable.send_event('login', '{}', NULL)")
+        (rid,) = c.execute("SELECT run_id FROM pgdurable.event_windows").fetchone() or ()
+    with roles(dsn, "NOLOGIN", "LOGIN", "LOGIN") as (owner, app_role, ro):
+        _grant(dsn, owner, app_role, ro)
+        with serving(create_app(_as(dsn, ro))) as base:
+            page = httpx.get(base + "/event-log")
+            assert page.status_code == 200, page.text
+            assert "signup" in page.text and "login" in page.text and "u-1" in page.text
+            assert f"/runs/{rid}" in page.text and "<b>a</b>" not in page.text  # escaped
+            only = httpx.get(base + "/event-log", params={"name": "login"}).text
+            assert "login" in only and "u-1" not in only

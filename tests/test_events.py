@@ -159,7 +159,9 @@ async def test_send_event_in_the_callers_transaction(app: Durable, dsn: str,
         async with c.transaction():
             await app.send_event("e", {"n": 2}, conn=c)
     with DurableClient(dsn) as client:
+        rid = client.start("t", revision="1", cancel_on=[("e", "data.n", 3)])
         sent = client.send_event("e", {"n": 3}, id="s-1")
+        assert client.get_run(rid).status == "cancelled"  # runnable: cancelled at once
         assert client.send_event("e", {"n": 3}, id="s-1") == sent.__class__(sent.id, False)
         with pytest.raises(EventConflict):
             client.send_event("e", {"n": 4}, id="s-1")
@@ -396,7 +398,7 @@ async def test_one_run_per_event_without_debounce_or_batch(app: Durable) -> None
     got: list[list[Any]] = []
 
     @app.on_event("signup")
-    async def welcome(ctx: RunContext, events: list[Event]) -> int:
+    def welcome(ctx: RunContext, events: list[Event]) -> int:  # a sync handler: in a thread
         got.append([e.data["user"] for e in events])
         return len(events)
 

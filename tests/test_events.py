@@ -37,6 +37,7 @@ from pgdurable import (
 from pgdurable.foundation.errors import translate
 from pgdurable.ops.cli import app as cli_app
 from pgdurable.ops.dashboard import create_app
+from pgdurable.ops.retention import prune
 
 
 def sql(conn: psycopg.Connection[Any], query: str, *params: Any) -> list[tuple[Any, ...]]:
@@ -598,6 +599,31 @@ async def test_prune_events_keeps_what_unfinished_runs_need(
     assert sql(conn, "SELECT events FROM pgdurable.event_windows") == [(1,)]
     # a pruned id deduplicates no more
     assert (await app.send_event("job", {"n": 0}, id="j-0")).created
+
+
+async def test_pgdurable_prune_prunes_sent_events_after_their_runs(
+        app: Durable, conn: psycopg.Connection[Any]) -> None:
+    got: list[int] = []
+
+    @app.on_event("job")
+    async def job(ctx: RunContext, events: list[Event]) -> None:
+        got.extend(e.data["n"] for e in events)
+
+    await app.declare_triggers()
+    for n in range(3):
+        await app.send_event("job", {"n": n})
+    async with app_running(app):
+        async def three() -> bool:
+            return len(got) == 3
+
+        await until(three, "three runs")
+    preview = await prune(app, timedelta(0), dry_run=True)
+    assert (preview.runs, preview.sent_events) == (3, 3)  # their runs are finished
+    done = await prune(app, timedelta(0), batch=2)
+    assert (done.runs, done.sent_events) == (3, 3 + 3)  # 3 events, then their 3 windows
+    assert done.as_dict()["sent_events"] == 6
+    for table in ("events", "event_windows", "event_window_events", "runs"):
+        assert count(conn, table) == 0, table
 
 
 # -- the dashboard's events page ----------------------------------------------------------

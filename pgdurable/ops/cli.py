@@ -510,7 +510,8 @@ def prune(
         f"{verb} {result.runs} run(s) finished more than {older_than} ago, with "
         f"{result.checkpoints} checkpoint(s), {result.effects} effect(s), {result.events} "
         f"event(s), {result.signals} signal(s), {result.messages} consumed thread "
-        f"message(s), {result.graph_checkpoints} LangGraph checkpoint(s)"
+        f"message(s), {result.graph_checkpoints} LangGraph checkpoint(s), "
+        f"{result.sent_events} sent event(s)"
         + ("" if dry_run else f" in {result.batches} batch(es)"),
         highlight=False,
     )

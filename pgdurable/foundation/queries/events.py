@@ -10,7 +10,7 @@ from typing import Any
 from .children import Parked
 from .core import Listing, Query, Row, record, scalar
 
-__all__ = ["CANCEL_ON", "LIST_EVENTS", "PARK_EVENT", "PRUNE_EVENTS", "SEND_EVENT", "TAKE_WINDOW", "UPSERT_TRIGGER",
+__all__ = ["CANCEL_ON", "LIST_EVENTS", "PARK_EVENT", "PRUNABLE_EVENTS", "PRUNE_EVENTS", "SEND_EVENT", "TAKE_WINDOW", "UPSERT_TRIGGER",
            "Event", "SentEvent", "WindowEvent"]
 
 
@@ -76,6 +76,16 @@ UPSERT_TRIGGER = scalar(
 # -- retention: one batch of old events no unfinished run needs, and emptied windows;
 # -- rows deleted
 PRUNE_EVENTS = scalar("SELECT pgdurable.prune_events(%s::interval, %s::integer)", int)
+# -- dry run of PRUNE_EVENTS: how many events it would delete (windows not counted)
+PRUNABLE_EVENTS = scalar("""
+SELECT count(*) FROM pgdurable.events e
+ WHERE e.created_at < pgdurable.now() - %s::interval
+   AND NOT EXISTS (
+     SELECT 1 FROM pgdurable.event_window_events we
+       JOIN pgdurable.event_windows w ON w.id = we.window_id
+       JOIN pgdurable.runs r ON r.id = w.run_id
+      WHERE we.event_id = e.id
+        AND r.status NOT IN ('completed', 'failed', 'cancelled', 'incompatible'))""", int)
 # -- the events of the window that started a run, oldest first; one WindowEvent per row
 TAKE_WINDOW = Query(
     "SELECT window_id, trigger, key, id, name, data, event_id, created_at "

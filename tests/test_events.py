@@ -328,6 +328,21 @@ def test_a_matching_wait_among_1000_is_woken_by_an_index_lookup(
                 "WHERE status = 'runnable'")
     assert woken == [(ids[500], str(sent[0][0]))]
     assert count(conn, "runs", "status = 'waiting'") == 999
+    if not plans:
+        return  # no auto_explain: the park's own lookup is not shown
+    # the other way round: a park finds its stored event among 5,000 by the GIN index
+    (late,) = _seed_leased(conn, 1)
+    conn.execute("INSERT INTO pgdurable.events (name, data) SELECT 'payment.succeeded', "
+                 "jsonb_build_object('order_id', 'x-' || g) FROM generate_series(1, 5000) g")
+    conn.execute("ANALYZE pgdurable.events")
+    conn.execute("SET client_min_messages = notice")
+    status = sql(conn, "SELECT status FROM pgdurable.park_event(%s, 1, 'w', '{}', 0, "
+                 "'payment.succeeded', '{\"data.order_id\": \"x-4321\"}', NULL)", late)
+    conn.execute("RESET client_min_messages")
+    assert status == [("runnable",)]
+    (lookup,) = [n for n in notices if "FROM pgdurable.events e" in n and "LIMIT 1" in n]
+    print(lookup)
+    assert "Bitmap Index Scan on events_data_idx" in lookup and "Seq Scan" not in lookup, lookup
 
 
 # -- cancel_on --------------------------------------------------------------------------

@@ -35,6 +35,7 @@ from pgdurable import (
     WorkflowContext,
 )
 from pgdurable.foundation.errors import translate
+from pgdurable.ops import webhooks
 from pgdurable.ops.cli import app as cli_app
 from pgdurable.ops.dashboard import create_app
 from pgdurable.ops.retention import prune
@@ -661,3 +662,61 @@ def test_dashboard_lists_events_for_the_readonly_role(dsn: str) -> None:
             assert f"/runs/{rid}" in page.text and "<b>a</b>" not in page.text  # escaped
             only = httpx.get(base + "/event-log", params={"name": "login"}).text
             assert "login" in only and "u-1" not in only
+
+
+# -- the signed webhook endpoint ------------------------------------------------------------
+
+
+async def _post(asgi: Any, path: str, headers: dict[str, str], body: bytes) -> tuple[int, Any]:
+    sent: list[dict[str, Any]] = []
+    inbox = [{"type": "http.request", "body": body, "more_body": False}]
+
+    async def receive() -> dict[str, Any]:
+        return inbox.pop(0) if inbox else {"type": "http.disconnect"}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    scope = {"type": "http", "method": "POST", "path": path, "raw_path": path.encode(),
+             "root_path": "", "query_string": b"",
+             "headers": [(k.lower().encode(), v.encode()) for k, v in headers.items()]}
+    await asgi(scope, receive, send)
+    return sent[0]["status"], json.loads(b"".join(m.get("body", b"") for m in sent[1:]))
+
+
+async def test_signed_webhook_sends_events(app: Durable, conn: psycopg.Connection[Any]) -> None:
+    event_secret, signal_secret = "e" * 40, "s" * 40
+    hooks = webhooks.app(app, secrets={"ci": signal_secret},
+                         events={"order.paid": event_secret})
+    path = webhooks.event_path("order.paid")
+    body = b'{"order_id": "o-1"}'
+    status, answer = await _post(hooks, path, webhooks.sign_event_request(
+        event_secret, "order.paid", body, event_id="stripe-1"), body)
+    assert (status, answer["created"]) == (200, True)
+    # the same delivery again: the same event, nothing done again
+    status, again = await _post(hooks, path, webhooks.sign_event_request(
+        event_secret, "order.paid", body, event_id="stripe-1"), body)
+    assert (status, again) == (200, {"event": answer["event"], "created": False})
+    # the same id with other data; a signal secret; no secret for the name; not an object
+    other = b'{"order_id": "o-2"}'
+    assert (await _post(hooks, path, webhooks.sign_event_request(
+        event_secret, "order.paid", other, event_id="stripe-1"), other))[0] == 409
+    assert (await _post(hooks, path, webhooks.sign_event_request(
+        signal_secret, "order.paid", body), body))[0] == 401
+    assert (await _post(hooks, webhooks.event_path("order.refunded"),
+                        webhooks.sign_event_request(event_secret, "order.refunded", body),
+                        body))[0] == 403
+    assert (await _post(hooks, path, webhooks.sign_event_request(
+        event_secret, "order.paid", b"[1]"), b"[1]"))[0] == 400
+    # a signature of one path does not verify another
+    headers = webhooks.sign_event_request(event_secret, "order.paid", body)
+    assert (await _post(hooks, webhooks.request_path("ci", "x"), headers, body))[0] == 401
+    # without an id, a replay of the same signed request is deduplicated
+    headers = webhooks.sign_event_request(event_secret, "order.paid", b'{"n": 1}')
+    first = await _post(hooks, path, headers, b'{"n": 1}')
+    assert first[0] == 200 and first[1]["created"]
+    assert (await _post(hooks, path, headers, b'{"n": 1}'))[1] == {**first[1], "created": False}
+    assert sql(conn, "SELECT name, data FROM pgdurable.events ORDER BY id") == \
+        [("order.paid", {"order_id": "o-1"}), ("order.paid", {"n": 1})]
+    # signals go on as before on the same app; an events-only app takes no signals
+    assert webhooks.app(app, events={"order.paid": event_secret}).kinds == frozenset()

@@ -581,6 +581,10 @@ async def test_trigger_options_are_checked(app: Durable) -> None:
         with pytest.raises(exc):
             app.on_event("e", **kwargs)(h)
     assert "h" not in app.tasks
+    app.on_event("e")(h)
+    with pytest.raises(ValueError, match="declared differently"):
+        app.on_event("other")(h)
+    assert app.tasks["h"] is not None
 
 
 # -- retention --------------------------------------------------------------------------

@@ -65,6 +65,7 @@ from ..runs.events import (
     cancel_on_statement,
     declare_trigger,
     declare_triggers,
+    declared_triggers,
     make_trigger,
     prune_events,
     send_event,
@@ -633,6 +634,9 @@ class Durable:
             task_name = name if name is not None else getattr(fn, "__name__", "")
             trigger = make_trigger(task_name, event, task_name, revision, queue, max_attempts,
                                    key, debounce, max_wait, leading, batch, batch_timeout)
+            known = declared_triggers(self).get(task_name)
+            if known is not None and known != trigger:  # before registering anything
+                raise ValueError(f"event trigger {task_name!r} is already declared differently")
             task_decorator(self._registry, task_name, revision, max_attempts, 1.0, 300.0)(
                 trigger_step(fn))
             declare_trigger(self, trigger)

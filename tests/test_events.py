@@ -457,7 +457,8 @@ async def test_debounce_one_run_per_burst_and_timing_on_the_db_clock(
         await until(both, "two runs")
         await asyncio.sleep(0.6)
     assert got == {"t-1": [0, 1, 2, 3, 4, 5], "t-2": [1, 3, 5]}
-    assert count(conn, "runs", "task = 'reply'") == 2
+    assert sql(conn, "SELECT concurrency_key FROM pgdurable.runs WHERE task = 'reply' "
+               "ORDER BY 1") == [("t-1",), ("t-2",)]  # the flow-control key
     # bounds from the database clock: the window was due debounce after its last event
     # (max_wait after its first at the latest), and its run read it after that
     rows = sql(conn, """
@@ -471,6 +472,41 @@ async def test_debounce_one_run_per_burst_and_timing_on_the_db_clock(
          GROUP BY w.id ORDER BY w.key""")
     assert [r[:4] for r in rows] == [("t-1", True, True, True), ("t-2", True, True, True)]
     assert all(r[4] < 5 and r[5] for r in rows), rows
+
+
+async def test_one_turn_per_thread_at_a_time_gathers_what_came_meanwhile(
+        app: Durable, conn: psycopg.Connection[Any]) -> None:
+    """per_key_concurrency=1: while a thread's turn runs, its next window is due but not
+    claimed, so it keeps taking the thread's new events: the next turn sees them all."""
+    release = asyncio.Event()
+    got: list[list[int]] = []
+
+    @app.on_event("msg", key="data.t", debounce=timedelta(seconds=0.1))
+    async def turn(ctx: RunContext, events: list[Event]) -> None:
+        got.append([e.data["n"] for e in events])
+        if len(got) == 1:
+            await release.wait()
+
+    await app.declare_triggers()
+    await app.set_queue("default", per_key_concurrency=1)
+    async with app_running(app):
+        await app.send_event("msg", {"t": "a", "n": 0})
+
+        async def first() -> bool:
+            return len(got) == 1
+
+        await until(first, "the first turn")
+        for n in (1, 2, 3):  # each one after the debounce: the window is due, the key busy
+            await app.send_event("msg", {"t": "a", "n": n})
+            await asyncio.sleep(0.15)
+        assert len(got) == 1 and count(conn, "event_windows") == 2
+        release.set()
+
+        async def second() -> bool:
+            return len(got) == 2
+
+        await until(second, "the second turn")
+    assert got == [[0], [1, 2, 3]]
 
 
 async def test_debounce_max_wait_runs_a_steady_stream(

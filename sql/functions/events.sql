@@ -185,7 +185,9 @@ COMMENT ON FUNCTION pgdurable._event_check(text, jsonb, text) IS
 -- run (start_run_flow, delayed to the due time). Leading debounce: when no
 -- event of (trigger, key) came within the last `debounce`, the new window is
 -- due at once and closed (this event alone); later ones open a trailing one.
--- A trigger with neither debounce nor batch: one run per event.
+-- A trigger with neither debounce nor batch: one run per event. The run's
+-- flow-control key (runs.concurrency_key) is the window's key: a queue's
+-- per_key_concurrency bounds the runs of one key (docs/flow_control.md).
 ------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION pgdurable._event_window_add(t pgdurable.event_triggers,
                                                        e pgdurable.events)
@@ -247,8 +249,8 @@ BEGIN
   SELECT s.run_id INTO v_run
     FROM pgdurable.start_run_flow(t.task, t.revision,
                                   jsonb_build_object('trigger', t.name, 'key', v_key),
-                                  t.queue, 0, t.max_attempts, NULL, NULL, NULL, NULL, NULL,
-                                  v_due, NULL) s;
+                                  t.queue, 0, t.max_attempts, NULL, NULL, NULL, NULL,
+                                  nullif(v_key, ''), v_due, NULL) s;
   INSERT INTO pgdurable.event_windows AS x (trigger, key, run_id, opened_at, last_event_at,
                                             due_at, events, closed_at)
   VALUES (t.name, v_key, v_run, v_now, v_now, v_due, 1, CASE WHEN v_alone THEN v_now END)

@@ -76,9 +76,21 @@ def test_every_event_is_seen_by_exactly_one_run_under_sigkill(
     assert one(conn, "SELECT count(*) FROM pgdurable.event_triggers") == 2
     kills = {N // 3: ("a", "e"), 2 * N // 3: ("b", "f")}
 
+    held: dict[str, int] = {}
+
     def progress(sent: int) -> None:
         for at, (victim, fresh) in list(kills.items()):
             if sent >= at:
+                # kill it while it holds trigger runs (a handler mid-way), if it does
+                # within a second: their leases lapse and other workers take them over
+                end = time.monotonic() + 1.0
+                while time.monotonic() < end:
+                    held[victim] = one(conn, "SELECT count(*) FROM pgdurable.runs "
+                                             "WHERE status = 'leased' AND lease_owner = %s",
+                                       victim)
+                    if held[victim]:
+                        break
+                    time.sleep(0.005)
                 next(w for w in workers if w.name == victim).kill()
                 workers.append(fleet.start(fresh))
                 del kills[at]
@@ -141,3 +153,7 @@ def test_every_event_is_seen_by_exactly_one_run_under_sigkill(
     late = one(conn, "SELECT max(extract(epoch FROM taken_at - due_at)) "
                "FROM pgdurable.event_windows")
     print(f"latest start after a window's due time: {late:.2f} s (killed workers' leases: 2 s)")
+    # the SIGKILLs landed on runs in flight, which other workers finished
+    taken_over = one(conn, "SELECT count(*) FROM pgdurable.runs WHERE claims > 1")
+    print(f"runs held by the killed workers: {held}; runs claimed more than once: {taken_over}")
+    assert sum(held.values()) == 0 or taken_over > 0

@@ -11,7 +11,7 @@ import json
 import threading
 import uuid
 from collections.abc import AsyncIterator, Callable
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import httpx
@@ -507,6 +507,41 @@ async def test_one_turn_per_thread_at_a_time_gathers_what_came_meanwhile(
 
         await until(second, "the second turn")
     assert got == [[0], [1, 2, 3]]
+
+
+def _at(conn: psycopg.Connection[Any], when: datetime, query: str, *params: Any) -> Any:
+    """Run ``query`` in one transaction whose pgdurable.now() is ``when``."""
+    with conn.transaction():
+        conn.execute("SELECT set_config('pgdurable.now', %s, true)", (when.isoformat(),))
+        return sql(conn, query, *params)
+
+
+def test_debounce_due_times_on_the_database_clock_boundary_pairs(
+        conn: psycopg.Connection[Any]) -> None:
+    """debounce 3 s, max_wait 4 s: each event moves the due time to 3 s after it, never
+    past 4 s after the first; a claim 1 ms before the due time takes nothing, one at it
+    takes the run; an event after the claim opens a new window."""
+    t0 = datetime(2030, 1, 1, tzinfo=UTC)
+    sql(conn, "SELECT pgdurable.upsert_event_trigger('reply', 'msg', 'reply', '1', 'default', "
+        "3, 'data.t', '3 s', '4 s', false, NULL, NULL)")
+    send = "SELECT event_id FROM pgdurable.send_event('msg', %s::jsonb, NULL)"
+    claim = ("SELECT id FROM pgdurable.claim_runs('w', ARRAY['default'], ARRAY['reply'], "
+             "ARRAY['1'], 10, '1 minute'::interval)")
+    due = "SELECT due_at, events FROM pgdurable.event_windows ORDER BY id"
+    ms = timedelta(milliseconds=1)
+    _at(conn, t0, send, '{"t": "a", "n": 1}')
+    assert sql(conn, due) == [(t0 + timedelta(seconds=3), 1)]
+    _at(conn, t0 + timedelta(seconds=2), send, '{"t": "a", "n": 2}')
+    assert sql(conn, due) == [(t0 + timedelta(seconds=4), 2)]  # 5 s, but max_wait 4 s
+    _at(conn, t0 + timedelta(seconds=3.5), send, '{"t": "a", "n": 3}')
+    assert sql(conn, due) == [(t0 + timedelta(seconds=4), 3)]
+    assert _at(conn, t0 + timedelta(seconds=4) - ms, claim) == []
+    (run,) = _at(conn, t0 + timedelta(seconds=4), claim)
+    _at(conn, t0 + timedelta(seconds=4.5), send, '{"t": "a", "n": 4}')  # the run is claimed
+    assert sql(conn, due) == [(t0 + timedelta(seconds=4), 3),
+                              (t0 + timedelta(seconds=7.5), 1)]
+    assert [r[0] for r in sql(conn, "SELECT data->>'n' FROM pgdurable.take_event_window(%s)",
+                              run[0])] == ["1", "2", "3"]
 
 
 async def test_debounce_max_wait_runs_a_steady_stream(

@@ -346,6 +346,40 @@ def test_a_matching_wait_among_1000_is_woken_by_an_index_lookup(
     assert "Bitmap Index Scan on events_data_idx" in lookup and "Seq Scan" not in lookup, lookup
 
 
+def test_which_events_a_wait_sees_boundary_pairs(conn: psycopg.Connection[Any]) -> None:
+    """since = the run's creation, then the time of the event that ended the previous
+    event wait; an event at exactly since is seen, 1 ms before it is not; an event a
+    wait returned is never returned again, another one of the same time is."""
+    t0 = datetime(2030, 1, 1, tzinfo=UTC)
+    ms = timedelta(milliseconds=1)
+    (rid,) = [r[0] for r in sql(conn, "INSERT INTO pgdurable.runs (task, revision, status, "
+              "lease_owner, lease_token, lease_expires_at, created_at) VALUES ('t', '1', "
+              "'leased', 'w', 1, '2030-01-01 01:00+00', %s) RETURNING id", t0)]
+    ins = ("INSERT INTO pgdurable.events (name, data, created_at) VALUES ('paid', "
+           "'{\"o\": 1}', %s) RETURNING id")
+    (before,) = sql(conn, ins, t0 - ms)
+    (at_start,) = sql(conn, ins, t0)
+    park = ("SELECT status FROM pgdurable.park_event(%s, %s, 'w', '{}', 0, 'paid', "
+            "'{\"data.o\": 1}', NULL)")
+    woke = "SELECT (wake->'event'->>'id')::bigint FROM pgdurable.runs WHERE id = %s"
+
+    def relay(token: int) -> None:  # a worker claims the run again
+        conn.execute("UPDATE pgdurable.runs SET status = 'leased', lease_owner = 'w', "
+                     "lease_token = %s, lease_expires_at = '2030-01-01 01:00+00' "
+                     "WHERE id = %s", (token, rid))
+
+    assert _at(conn, t0 + ms, park, rid, 1) == [("runnable",)]
+    assert sql(conn, woke, rid) == [(at_start[0],)]  # not the one 1 ms before the start
+    relay(2)
+    assert _at(conn, t0 + 2 * ms, park, rid, 2) == [("waiting",)]  # at_start is used up
+    # another event of the very same time as the one that ended the last wait: seen
+    (same_time,) = _at(conn, t0, "SELECT event_id FROM pgdurable.send_event('paid', "
+                       "'{\"o\": 1}', NULL)")
+    assert sql(conn, "SELECT status FROM pgdurable.runs WHERE id = %s", rid) == [("runnable",)]
+    assert sql(conn, woke, rid) == [(same_time[0],)]
+    assert before[0] not in (at_start[0], same_time[0])
+
+
 # -- cancel_on --------------------------------------------------------------------------
 
 

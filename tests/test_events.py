@@ -648,6 +648,19 @@ async def test_cli_lists_events_and_what_they_triggered(app: Durable, dsn: str) 
     res = runner.invoke(cli_app, ["events", "--dsn", dsn, "--name", "signup"],
                         catch_exceptions=False)
     assert res.exit_code == 0 and "onboard" in res.output and "login" not in res.output
+    # send-event: its number; a repeated id acts once; other data or a non-object: exit 2
+    res = runner.invoke(cli_app, ["send-event", "signup", "--data", '{"user": "b"}', "--id",
+                                  "u-b", "--dsn", dsn], catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    again = runner.invoke(cli_app, ["send-event", "signup", "--data", '{"user": "b"}', "--id",
+                                    "u-b", "--dsn", dsn], catch_exceptions=False)
+    assert again.exit_code == 0 and again.stdout.split()[0] == res.stdout.split()[0]
+    for data in ('{"user": "c"}', "[1]", "{"):
+        bad = runner.invoke(cli_app, ["send-event", "signup", "--data", data, "--id", "u-b",
+                                      "--dsn", dsn], catch_exceptions=False)
+        assert bad.exit_code == 2, (data, bad.output)
+    with psycopg.connect(dsn) as c:
+        assert c.execute("SELECT count(*) FROM pgdurable.events").fetchone() == (3,)
 
 
 async def test_leading_debounce_runs_the_first_event_at_once(

@@ -40,10 +40,11 @@ from rich.text import Text
 from ..foundation import migrations
 from ..foundation.db import connect, resolve_dsn, translated
 from ..foundation.errors import PgDurableError
+from ..foundation.events import event_params
 from ..foundation.queries import cli as Q
 from ..foundation.queries import events as EQ
 from ..foundation.queries.clock import NOW
-from ..foundation.queries.core import first_sync, listing_sync, many_sync
+from ..foundation.queries.core import first_sync, listing_sync, many_sync, one_sync
 from ..foundation.signals import DEFAULT_SIGNAL_TTL, parse_payload, signal_params
 from ..foundation.text import escape_controls, plain
 from ..runs.search import list_runs_query, make_page
@@ -449,6 +450,26 @@ def events(
              r["created_at"].isoformat(timespec="seconds"),
              _short(json.dumps(r["data"])), runs)
     show(t)
+
+
+@app.command("send-event")
+def send_event(
+    name: Annotated[str, typer.Argument(help="Event name, e.g. order.paid.")],
+    data: Annotated[str | None, typer.Option("--data", help="The event's data, a JSON object (default: {}).")] = None,
+    event_id: Annotated[str | None, typer.Option("--id", help="Deduplication id: the same id and data act once.")] = None,
+    dsn: DsnOption = None,
+) -> None:
+    """Send an event (docs/events.md): its waits, cancel_on and triggers act on it; prints its number."""
+    try:
+        params = event_params(name, parse_payload(data or "{}"), event_id)
+    except (TypeError, ValueError) as exc:
+        fail(str(exc))
+    with database(dsn) as conn:
+        sent = one_sync(conn, EQ.SEND_EVENT, params)
+    sys.stdout.write(f"{sent.id}\n")
+    if not sent.created:
+        err.print("an event of this name was sent with this id before: nothing was done again",
+                  highlight=False, markup=False)
 
 
 @app.command()

@@ -1,4 +1,4 @@
--- functions/events.sql: the current body of each function below (0036_events).
+-- functions/events.sql: the current body of each function below (0037_events).
 
 ------------------------------------------------------------------------------
 -- pgdurable.event_ref(name, path, value) -> text

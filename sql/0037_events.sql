@@ -1,4 +1,4 @@
--- 0036_events: events that start runs, wake waits and cancel runs (issue 43).
+-- 0037_events: events that start runs, wake waits and cancel runs (issue 43).
 --
 -- AN EVENT is a row of pgdurable.events: a name, JSON data, an optional id
 -- for deduplication (unique per name, as signal ids are per kind) and its

@@ -174,6 +174,9 @@ class StepExecution(Parking, StepEffects):
                     )
                     metrics.run_finished(task.name, st)
                     return
+                if isinstance(result, Wait) and result.event_name is not None:
+                    await self._park_event(a, task, attempts, ident, state_json, spend, result)
+                    return
                 if isinstance(result, Wait) and result.child_ids:
                     await self._park_children(a, task, attempts, ident, state_json, spend, result)
                     return

@@ -22,6 +22,8 @@ from ..foundation.errors import InvalidInput, recorded_checkpoint
 from ..foundation.jsonb import dumps
 from ..foundation.jsonb import exc_message as _exc_message
 from ..foundation.jsonb import jsonb_str as _jsonb_str
+from ..foundation.queries import events as eq
+from ..foundation.queries.core import one
 from ..foundation.retry import retry_while
 from ..runs.children import park_children
 from ..runs.steps import Wait
@@ -82,6 +84,25 @@ class Parking(WorkerBase):
             return
         if row[0] == "waiting" and row[1] is not None:
             self._note_due(float(row[2]))
+
+    async def _park_event(
+        self, a: _Active, task: Task, attempts: int, ident: tuple[Any, ...], state_json: str,
+        spend: float, wait: Wait,
+    ) -> None:
+        """Wait.for_event: the fenced park of pgdurable.park_event (sent again after a
+        transient error while the lease is trusted); a match the database refuses
+        fails the run (InvalidInput, nothing written)."""
+        self._finishing_now(a)
+        params = (*ident, state_json, spend, wait.event_name, wait.event_match,
+                  _as_timedelta(wait.timeout))
+        try:
+            parked = await retry_while(lambda: one(self.app, eq.PARK_EVENT, params),
+                                       lambda: self._trusted(a))
+        except InvalidInput as exc:
+            await self._fail(a, task, attempts, exc, spend, True)
+            return
+        if parked.status == "waiting" and parked.wake_at is not None:
+            self._note_due(float(parked.wake_in))
 
     async def _fail(
         self, a: _Active, task: Task, attempts: int, exc: BaseException, spend: float,

@@ -80,6 +80,7 @@ from datetime import timedelta
 
 from ..foundation import run_queries as q
 from ..foundation.retry import for_seconds, retry_while
+from ..runs.events import declare_triggers
 from ..runs.fork import register_worker, unregister_worker
 from ..runs.steps import STEP_EXECUTOR
 from .base import log
@@ -138,6 +139,7 @@ class Worker(ClaimLoop, Listener, Heartbeat):
         # idempotent: asked again if the connection is lost under it (a server or a
         # pooler restarting as the worker starts), as the schema check was
         await retry_while(self._ticker.declare, for_seconds(self.app.open_timeout))
+        await retry_while(lambda: declare_triggers(self.app), for_seconds(self.app.open_timeout))
         await register_worker(self.app, self.worker_id, self.app.tasks)
         self._presence.reopen()
         await self._presence.start()  # a failure is logged: only a pin needs the row

@@ -196,21 +196,9 @@ def sign_request(
     key = _key(secret)
     check_name(kind, "kind")
     check_name(ref, "ref")
-    if signal_id is not None:
-        check_name(signal_id, "signal_id")
-        if any(c in signal_id for c in "\r\n"):
-            raise ValueError("signal_id cannot hold CR or LF (it is sent as a header)")
-    if not isinstance(body, bytes):
-        raise TypeError(f"body must be bytes, not {type(body).__name__}")
-    ts = int(time.time()) if timestamp is None else timestamp
-    if isinstance(ts, bool) or not isinstance(ts, int):
-        raise TypeError("timestamp must be an int (Unix seconds)")
-    canonical = canonical_string(timestamp=ts, method="POST", kind=kind, ref=ref,
-                                 signal_id=signal_id, body=body)
-    headers = {TIMESTAMP_HEADER: str(ts), SIGNATURE_HEADER: signature(key, canonical)}
-    if signal_id is not None:
-        headers["Idempotency-Key"] = signal_id
-    return headers
+    _check_idempotency_key(signal_id, "signal_id")
+    return _signed_headers(key, body, timestamp, signal_id, lambda ts: canonical_string(
+        timestamp=ts, method="POST", kind=kind, ref=ref, signal_id=signal_id, body=body))
 
 
 def event_path(name: str) -> str:
@@ -238,19 +226,31 @@ def sign_event_request(
     object): as :func:`sign_request`, ``Idempotency-Key`` being the event id."""
     key = _key(secret)
     check_name(name, "event name")
-    if event_id is not None:
-        check_name(event_id, "event_id")
-        if any(c in event_id for c in "\r\n"):
-            raise ValueError("event_id cannot hold CR or LF (it is sent as a header)")
+    _check_idempotency_key(event_id, "event_id")
+    return _signed_headers(key, body, timestamp, event_id, lambda ts: event_canonical_string(
+        timestamp=ts, name=name, event_id=event_id, body=body))
+
+
+def _check_idempotency_key(value: str | None, what: str) -> None:
+    """A signal or event id sent as the ``Idempotency-Key`` header: a name, one line."""
+    if value is not None:
+        check_name(value, what)
+        if any(c in value for c in "\r\n"):
+            raise ValueError(f"{what} cannot hold CR or LF (it is sent as a header)")
+
+
+def _signed_headers(key: bytes, body: object, timestamp: object, idempotency_key: str | None,
+                    canonical: Callable[[int], bytes]) -> dict[str, str]:
+    """The headers of a signed request: its time (``timestamp``, default now), the
+    signature of ``canonical(time)`` and the ``Idempotency-Key``, if any."""
     if not isinstance(body, bytes):
         raise TypeError(f"body must be bytes, not {type(body).__name__}")
     ts = int(time.time()) if timestamp is None else timestamp
     if isinstance(ts, bool) or not isinstance(ts, int):
         raise TypeError("timestamp must be an int (Unix seconds)")
-    canonical = event_canonical_string(timestamp=ts, name=name, event_id=event_id, body=body)
-    headers = {TIMESTAMP_HEADER: str(ts), SIGNATURE_HEADER: signature(key, canonical)}
-    if event_id is not None:
-        headers["Idempotency-Key"] = event_id
+    headers = {TIMESTAMP_HEADER: str(ts), SIGNATURE_HEADER: signature(key, canonical(ts))}
+    if idempotency_key is not None:
+        headers["Idempotency-Key"] = idempotency_key
     return headers
 
 

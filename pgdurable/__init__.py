@@ -22,6 +22,7 @@ from .foundation.errors import (
     DatabaseUnavailable,
     DeadlineExceeded,
     EffectFailed,
+    EventConflict,
     IncompatibleCheckpoint,
     InvalidInput,
     LeaseLost,
@@ -85,6 +86,7 @@ from .models.workflows import (
 from .ops.roles import grant_roles
 from .runs.batch_start import Start
 from .runs.children import TreeNode
+from .runs.events import Event, EventTrigger, SentEvent
 from .runs.flow import RateLimited
 from .runs.fork import ForkedRun
 from .runs.schedules import Schedule, ScheduleInfo
@@ -138,6 +140,10 @@ __all__ = [
     "DatabaseUnavailable",
     "DeadlineExceeded",
     "EffectFailed",
+    "Event",
+    "EventConflict",
+    "EventTrigger",
+    "SentEvent",
     "IncompatibleCheckpoint",
     "InvalidInput",
     "LeaseLost",

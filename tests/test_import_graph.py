@@ -198,12 +198,13 @@ def test_engine_imports_no_model_or_app() -> None:
 
 def test_the_engine_imports_no_plug_in_service() -> None:
     """Periodic duties are services the app plugs into the worker (engine/services.py):
-    no module of the engine imports the schedules or the fork registration, and the
+    no module of the engine imports the schedules, the event triggers or the fork
+    registration, and the
     engine takes no app object (the ports' ``App``)."""
     graph, _ = _graph()
     engine = [m for m in graph if m.startswith("pgdurable.engine")]
     assert "pgdurable.engine.services" in engine
-    services = {"pgdurable.runs.schedules", "pgdurable.runs.fork"}
+    services = {"pgdurable.runs.schedules", "pgdurable.runs.fork", "pgdurable.runs.events"}
     bad = {m: sorted(graph[m] & services) for m in engine if graph[m] & services}
     assert not bad, f"engine modules importing a service they should be handed: {bad}"
     # and the app plugs them in where it builds the worker

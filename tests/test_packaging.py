@@ -103,9 +103,11 @@ def test_wheel_migrates_an_empty_database_from_a_fresh_venv(
     fresh_venv: Path, empty_dsn: str, tmp_path: Path
 ) -> None:
     py = fresh_venv / "bin" / "python"
-    # Run from a directory without the source tree so that only the wheel is importable.
+    # Run from a directory without the source tree, and without a PYTHONPATH that names
+    # one, so that only the wheel is importable.
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     r = subprocess.run([str(fresh_venv / "bin" / "pgdurable"), "migrate", "--dsn", empty_dsn],
-                       cwd=tmp_path, capture_output=True, text=True, timeout=120)
+                       cwd=tmp_path, capture_output=True, text=True, timeout=120, env=env)
     assert r.returncode == 0, r.stderr
     with psycopg.connect(empty_dsn) as c:
         versions = [v for (v,) in c.execute("SELECT version FROM pgdurable.schema_migrations")]
@@ -114,7 +116,8 @@ def test_wheel_migrates_an_empty_database_from_a_fresh_venv(
         paths = [p for (p,) in c.execute("SELECT path FROM pgdurable.schema_definitions ORDER BY 1")]
     assert paths == sorted(d.path for d in migrations.load_definitions())
     where = subprocess.run([str(py), "-c", "import pgdurable, sys; print(pgdurable.__file__)"],
-                           cwd=tmp_path, capture_output=True, text=True, check=True).stdout
+                           cwd=tmp_path, capture_output=True, text=True, check=True,
+                           env=env).stdout
     assert str(fresh_venv) in where
 
 

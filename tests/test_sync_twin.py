@@ -182,10 +182,11 @@ def test_generated_files_say_so() -> None:
 
 # -- the sync client's API is the app's run API -----------------------------------------
 
-#: What only the async app offers (registering code, workers, streams, its notifier).
+#: What only the async app offers (registering code and its event triggers, workers,
+#: streams, its notifier, the events' retention beside the workers').
 ASYNC_ONLY = {"task", "workflow", "register", "schedule", "tasks", "worker", "stream",
               "stream_thread", "stream_token", "notifier", "listen_conninfo", "pool",
-              "stream_secrets"}
+              "stream_secrets", "on_event", "declare_triggers", "prune_events"}
 #: What each class has of its own, kept by hand (``result`` waits differently: the
 #: app's notifier, the client's own connection); compared below all the same.
 OWN = {"open", "close", "result", "open_timeout"}

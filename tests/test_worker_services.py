@@ -1,8 +1,8 @@
 """Plug-in services (``pgdurable/engine/services.py``): the periodic duties a worker runs
 without the engine importing them.
 
-``Durable.worker()`` plugs in the schedule ticker and the registration of the revisions
-the worker serves; any object with the protocol's methods can be plugged in the same way.
+``Durable.worker()`` plugs in the schedule ticker, the writing of the app's event triggers
+and the registration of the revisions the worker serves; any object with the protocol's methods can be plugged in the same way.
 A real worker on a real database: a service is started (with the worker's id) before the
 first claim and stopped after the last, a loop service's probe rides on the one idle
 query per poll and its answer reaches ``note``, its ``timeout`` bounds the claim loop's
@@ -21,6 +21,7 @@ from _waiting import finished, running, until
 from pgdurable import Done, Durable, RunContext, Worker
 from pgdurable.engine.services import LoopService, Service
 from pgdurable.foundation.queries.claim import next_wakeup
+from pgdurable.runs.events import EventTriggers
 from pgdurable.runs.fork import ServedRevisions
 from pgdurable.runs.schedules import Ticker
 
@@ -77,13 +78,13 @@ def worker_with(app: Durable, *services: Any, **options: Any) -> Worker:
                   open_timeout=app.open_timeout, step_app=app, services=services, **options)
 
 
-async def test_the_app_plugs_in_the_ticker_and_the_revisions(app: Durable) -> None:
+async def test_the_app_plugs_in_the_ticker_the_triggers_and_the_revisions(app: Durable) -> None:
     worker = app.worker()
     kinds = [type(s) for s in worker.services]
-    assert kinds == [Ticker, ServedRevisions]
+    assert kinds == [Ticker, EventTriggers, ServedRevisions]
     assert all(isinstance(s, Service) for s in worker.services)
     assert isinstance(worker.services[0], LoopService)  # it rides on the claim loop
-    assert not isinstance(worker.services[1], LoopService)  # only started and stopped
+    assert not any(isinstance(s, LoopService) for s in worker.services[1:])  # start, stop
     assert worker.claimer.services == [worker.services[0]]
 
 

@@ -91,7 +91,8 @@ NAMES: dict[str, str] = {
 #: Functions with a sync twin of another name, renamed where they are called or
 #: imported, never where a method of that name is defined (the functions of
 #: sections are added by :func:`section_names`).
-CALLS: dict[str, str] = {"with_idempotency": "with_idempotency_sync"}
+CALLS: dict[str, str] = {"with_idempotency": "with_idempotency_sync",
+                         "send_event": "send_event_sync"}
 
 #: Dotted names replaced whole.
 DOTTED: dict[str, str] = {"asyncio.sleep": "time.sleep"}

@@ -46,6 +46,16 @@ from ..models.durable_runs import durable_task_spec
 from ..models.durable_tasks import DurableTask
 from ..models.step_tasks import task_decorator
 from ..models.workflows import workflow_decorator
+from ..runs.events import (
+    EventTriggers,
+    Handler,
+    declare_trigger,
+    declare_triggers,
+    declared_triggers,
+    make_trigger,
+    prune_events,
+    trigger_step,
+)
 from ..runs.fork import ServedRevisions
 from ..runs.results import await_result
 from ..runs.schedules import Schedule, Ticker, declare
@@ -325,6 +335,63 @@ class Durable(AsyncRunAPI):
 
     # -- threads and the output stream (pgdurable.threads, pgdurable.stream) --
 
+    def on_event(
+        self,
+        event: str,
+        *,
+        key: str | None = None,
+        debounce: timedelta | None = None,
+        max_wait: timedelta | None = None,
+        leading: bool = False,
+        batch: int | None = None,
+        batch_timeout: timedelta | None = None,
+        name: str | None = None,
+        queue: str = "default",
+        revision: str = "1",
+        max_attempts: int = 3,
+    ) -> Callable[[Handler], Handler]:
+        """Register ``handler(ctx, events)`` (async, or sync: run in a thread) to run on
+        events named ``event``: a task named ``name`` (default: the function's name).
+
+        Without ``debounce`` or ``batch``: one run per event. ``debounce``: one run per
+        burst of events with the same ``key`` (a path, e.g. ``"data.thread_id"``;
+        None: one key), started ``debounce`` after the burst's last event, or
+        ``max_wait`` after its first (a steady stream still runs); ``leading=True``
+        also runs the first event of a quiet period at once, alone. ``batch``: at most
+        ``batch`` events per run, started when full or ``batch_timeout`` after the
+        first. The handler gets every event of its window, oldest first
+        (:class:`~pgdurable.Event`); its return value is the run's result. Exactly
+        one run per window (the database decides). The trigger is written when a
+        worker of this app starts (or by :meth:`declare_triggers`); events sent
+        before that start nothing. Bad options: TypeError/ValueError here.
+        """
+
+        def decorate(fn: Handler) -> Handler:
+            task_name = name if name is not None else getattr(fn, "__name__", "")
+            trigger = make_trigger(task_name, event, task_name, revision, queue, max_attempts,
+                                   key, debounce, max_wait, leading, batch, batch_timeout)
+            known = declared_triggers(self).get(task_name)
+            if known is not None and known != trigger:  # before registering anything
+                raise ValueError(f"event trigger {task_name!r} is already declared differently")
+            task_decorator(self._registry, task_name, revision, max_attempts, 1.0, 300.0)(
+                trigger_step(fn))
+            declare_trigger(self, trigger)
+            return fn
+
+        return decorate
+
+    async def prune_events(self, older_than: timedelta, *, batch: int = 1000) -> int:
+        """Retention for events: delete those older than ``older_than`` (database
+        clock) that no unfinished run still needs, with the emptied windows of
+        finished runs, ``batch`` rows a transaction; how many rows. A deleted
+        event's id no longer deduplicates (``pgdurable.prune_events`` in SQL)."""
+        return await prune_events(self, older_than, batch)
+
+    async def declare_triggers(self) -> list[str]:
+        """Write this app's triggers (:meth:`on_event`) now, as a starting worker does;
+        what each write answered (``"created"``, ``"updated"``, ``"unchanged"``)."""
+        return await declare_triggers(self)
+
     def stream_token(self, *, run_id: Any = None, thread: str | None = None,
                      scope: Scope = "read", ttl: timedelta | float = timedelta(minutes=10)) -> str:
         """A signed token for ONE run or thread, ``"read"`` or ``"write"``, for ``ttl``.
@@ -361,9 +428,10 @@ class Durable(AsyncRunAPI):
         The engine gets what it needs of the app, not the app: its statements go to
         :meth:`fetchone`/:meth:`fetchall` (the pool, errors translated), its tasks come
         from the registry, and the periodic duties are plugged in as services: the
-        schedule ticker of its queues and the registration of the task revisions it
-        serves (:mod:`pgdurable.engine.services`)."""
-        services: list[Service] = [Ticker(self, queues), ServedRevisions(self, self.tasks)]
+        schedule ticker of its queues, the writing of the app's event triggers and the
+        registration of the task revisions it serves (:mod:`pgdurable.engine.services`)."""
+        services: list[Service] = [Ticker(self, queues), EventTriggers(self),
+                                   ServedRevisions(self, self.tasks)]
         return Worker(self, self._registry, open=self.open, listen_conninfo=self.listen_conninfo,
                       open_timeout=self.open_timeout, step_app=self, services=services,
                       pooler=self.pooler,

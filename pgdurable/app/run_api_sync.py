@@ -50,6 +50,7 @@ from ..runs import flow
 from ..runs.batch_start import Start, start_many_sync
 from ..runs.budgets import budget_params, budget_statement, price_params, split_budget
 from ..runs.children import TreeNode, run_tree_sync
+from ..runs.events import DEFAULT_MAX_EVENT_DATA, SentEvent, cancel_on_statement, send_event_sync
 from ..runs.fork import ForkedRun, fork_failed_sync, fork_sync, rewind_sync
 from ..runs.metadata import start_statement
 from ..runs.search import Page, list_runs_query, make_page
@@ -80,6 +81,8 @@ class RunAPI(ABC):
 
     #: Largest signal payload (bytes of JSON) :meth:`signal` accepts; set it on the app.
     max_signal_payload: int = DEFAULT_MAX_PAYLOAD
+    #: Largest event data (bytes of JSON) :meth:`send_event` accepts; set it on the app.
+    max_event_data: int = DEFAULT_MAX_EVENT_DATA
     #: What a call after ``close()`` says is closed.
     _what: str = "app"
     _registry: TaskRegistry
@@ -124,6 +127,7 @@ class RunAPI(ABC):
         delay: timedelta | None = None,
         affinity_of: str | uuid.UUID | None = None,
         budgets: Iterable[str] | None = None,
+        cancel_on: Iterable[tuple[str, str, Any]] | None = None,
     ) -> str:
         """Start a run of ``task`` and return its id.
 
@@ -141,7 +145,10 @@ class RunAPI(ABC):
         :class:`RunNotFound`, nothing started). Spend control (docs/budgets.md):
         ``budget`` is the run's own limit, a number (the old spend limit) or
         ``{unit: amount}`` (a budget of the run and its tree); ``budgets`` names the
-        shared budgets it draws from too (:meth:`budget`).
+        shared budgets it draws from too (:meth:`budget`). ``cancel_on`` (a list of
+        ``(event name, "data.path", value)``): an event of that name whose path equals the
+        value, sent after the start, cancels the run (:meth:`cancel`; also while it is
+        parked; see docs/events.md), registered in the same statement.
         """
         self._check_open()
         spend_limit, own_budget = split_budget(budget)
@@ -153,6 +160,7 @@ class RunAPI(ABC):
         # metadata, trace context and affinity
         sql, params = start_statement(sql, params, metadata, affinity_of)
         sql, params = budget_statement(sql, params, budgets, own_budget)  # runs/budgets.py
+        sql, params = cancel_on_statement(sql, params, cancel_on)  # runs/events.py
         if conn is not None:
             with translated():
                 cur = conn.execute(sql, params)
@@ -346,6 +354,25 @@ class RunAPI(ABC):
         """
         params = signal_run_params(run_id, kind, payload, signal_id, ttl, self.max_signal_payload)
         return common.ids(self.fetchall(q.SIGNAL_RUN, params))
+
+    def send_event(
+        self, name: str, data: dict[str, Any] | None = None, *, id: str | None = None,
+        conn: psycopg.Connection[Any] | None = None,
+    ) -> SentEvent:
+        """Send an event: ``name``, ``data`` (a JSON object), ``id`` for deduplication.
+
+        ONE statement (``pgdurable.send_event``; with ``conn=``, inside the caller's
+        transaction: nothing happens unless it commits) stores the event, cancels the
+        runs whose ``cancel_on`` it matches, wakes the runs parked on a matching
+        ``wait_event`` and adds it to the windows of the triggers on ``name``
+        (``on_event``). The same ``id`` again with the same data does nothing and
+        answers the first event's number with ``created=False``; with other data it
+        raises :class:`~pgdurable.EventConflict`. Bad input (empty name, data that is
+        not a dict or not JSON, over :attr:`max_event_data` bytes): TypeError/
+        ValueError, nothing written. See docs/events.md.
+        """
+        self._check_open()
+        return send_event_sync(self, name, data, id, conn=conn, max_bytes=self.max_event_data)
 
     def with_idempotency(
         self,

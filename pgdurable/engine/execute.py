@@ -268,7 +268,11 @@ class Executor:
         return False
 
     async def _on_wait(self, run: _Lease, ctx: RunContext, wait: Wait, state_json: str) -> bool:
-        """Park until a signal (or its children, or a timeout)."""
+        """Park until a signal (or an event, or its children, or a timeout)."""
+        if wait.event_name is not None:
+            await self.parking.park_event(run.a, run.task, run.attempts, state_json,
+                                          ctx._pending_spend, wait)
+            return False
         if wait.child_ids:
             await self.parking.park_children(run.a, run.task, run.attempts, state_json,
                                              ctx._pending_spend, wait)

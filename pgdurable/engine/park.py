@@ -23,9 +23,10 @@ from ..foundation.jsonb import dumps
 from ..foundation.jsonb import exc_message as _exc_message
 from ..foundation.jsonb import jsonb_str as _jsonb_str
 from ..foundation.queries import cancel as cancel_q
+from ..foundation.queries import events as event_q
 from ..foundation.queries import run_end as end_q
 from ..foundation.queries import signals as signal_q
-from ..foundation.queries.core import Database
+from ..foundation.queries.core import Database, one
 from ..foundation.retry import retry_while
 from ..runs.children import park_children
 from ..runs.steps import Wait
@@ -99,6 +100,23 @@ class Parking:
                                       wait.child_ids, wait.need, as_timedelta(wait.timeout)),
                 a.trusted,
             )
+        except InvalidInput as exc:
+            await self.fail(a, task, attempts, exc, spend, True)
+            return
+        self._timer(parked)
+
+    async def park_event(
+        self, a: Held, task: Task, attempts: int, state_json: str, spend: float, wait: Wait,
+    ) -> None:
+        """Wait.for_event: the fenced park of pgdurable.park_event (sent again after a
+        transient error while the lease is trusted); a match the database refuses
+        fails the run (InvalidInput, nothing written)."""
+        self.state.finishing_now(a)
+        params = (*a.ident(self.owner), state_json, spend, wait.event_name, wait.event_match,
+                  as_timedelta(wait.timeout))
+        try:
+            parked = await retry_while(lambda: one(self.db, event_q.PARK_EVENT, params),
+                                       a.trusted)
         except InvalidInput as exc:
             await self.fail(a, task, attempts, exc, spend, True)
             return

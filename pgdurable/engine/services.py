@@ -1,10 +1,11 @@
 """Plug-in services: the periodic duties a worker runs that the engine does not know.
 
 The layer that builds a worker (``Durable.worker()`` in ``app/durable.py``) hands it
-services: the schedule ticker (``runs/schedules.py``) and the registration of the task
-revisions it serves (``runs/fork.py``) today. The engine imports neither; it only calls
-the protocols below (``tests/test_import_graph.py`` checks that it imports no
-``runs.schedules`` or ``runs.fork``).
+services: the schedule ticker (``runs/schedules.py``), the writing of the app's event
+triggers (``runs/events.py``) and the registration of the task revisions it serves
+(``runs/fork.py``) today. The engine imports none of them; it only calls the protocols
+below (``tests/test_import_graph.py`` checks that it imports no ``runs.schedules``,
+``runs.events`` or ``runs.fork``).
 
 A :class:`Service` is started when the worker starts, in order, before its first claim
 (a start that raises a transient database error is asked again for the app's

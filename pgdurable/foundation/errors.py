@@ -25,6 +25,7 @@ __all__ = [
     "DatabaseUnavailable",
     "DeadlineExceeded",
     "EffectFailed",
+    "EventConflict",
     "IncompatibleCheckpoint",
     "InvalidInput",
     "LeaseLost",
@@ -190,6 +191,13 @@ class ThreadBusy(PgDurableError):
     answering (unfinished and not parked on its inbox): nothing was stored."""
 
     sqlstate = "PD014"
+
+
+class EventConflict(PgDurableError):
+    """An event was sent with the id of an earlier event of the same name but other
+    data: nothing was stored (a resend with the same data is a no-op)."""
+
+    sqlstate = "PD015"
 
 
 class PermissionDenied(PgDurableError):

@@ -677,6 +677,24 @@ class WorkflowContext:
         raise mark_terminal(WaitTimeout(
             f"workflow {self.task!r}: no signal ({kind!r}, {ref!r}) within {timeout}"))
 
+    async def wait_event(self, name: str, match: dict[str, Any], *,
+                         timeout: timedelta | float | None = None,  # noqa: ASYNC109
+                         ) -> dict[str, Any] | None:
+        """Park until an event ``name`` whose data matches ``match``
+        (``{"data.order_id": x}``); return it (``{"id", "name", "data", "event_id",
+        "time"}``), or None after ``timeout``.
+
+        Recorded: a replay returns the same event (or None). An event sent after
+        the run started (or after the event that ended its previous wait_event)
+        and before it parks is returned at once, not lost (see
+        :mod:`pgdurable.runs.events` for exactly which events a wait sees).
+        """
+        wake = await self.park(f"event:{name}", Wait.for_event(name, match, timeout=timeout))
+        if wake.get("type") == "event":
+            event = wake.get("event")
+            return dict(event) if isinstance(event, dict) else None
+        return None
+
     async def approval(self, ref: str, *,
                        timeout: timedelta | float | None = None,  # noqa: ASYNC109
                        ) -> Any:

@@ -41,10 +41,12 @@ from rich.text import Text
 from ..foundation import migrations
 from ..foundation.db import connect, resolve_dsn, translated
 from ..foundation.errors import PgDurableError
+from ..foundation.events import event_params
 from ..foundation.queries import budgets as BQ
 from ..foundation.queries import cli as Q
+from ..foundation.queries import events as EQ
 from ..foundation.queries.clock import NOW
-from ..foundation.queries.core import first_sync, listing_sync, many_sync
+from ..foundation.queries.core import first_sync, listing_sync, many_sync, one_sync
 from ..foundation.signals import DEFAULT_SIGNAL_TTL, parse_payload, signal_params
 from ..foundation.text import escape_controls, plain
 from ..runs.search import list_runs_query, make_page
@@ -429,6 +431,50 @@ def retry(run_id: Annotated[str, typer.Argument(help="The run's id.")], dsn: Dsn
 
 
 @app.command()
+def events(
+    dsn: DsnOption = None,
+    name: Annotated[str | None, typer.Option("--name", help="Only events of this name.")] = None,
+    limit: Annotated[int, typer.Option("--limit", min=1, max=1000, help="At most this many (newest first).")] = 50,
+    as_json: JsonOption = False,
+) -> None:
+    """List events, newest first, and the trigger runs each one joined (docs/events.md)."""
+    with database(dsn) as conn:
+        rows = listing_sync(conn, EQ.LIST_EVENTS, {"name": name, "limit": limit})  # type: ignore[arg-type]
+    if as_json:
+        print_json(rows)
+        return
+    t = Table("id", "name", "event id", "time", "data", "triggered",
+              title="events (docs/events.md)", box=box.SIMPLE_HEAD, pad_edge=False)
+    for r in rows:
+        runs = ", ".join(f"{x['trigger']} {str(x['run_id'])[:8]} {x['status'] or 'pruned'}"
+                         for x in r["triggered"])
+        _row(t, str(r["id"]), r["name"], r["event_key"] or "",
+             r["created_at"].isoformat(timespec="seconds"),
+             _short(json.dumps(r["data"])), runs)
+    show(t)
+
+
+@app.command("send-event")
+def send_event(
+    name: Annotated[str, typer.Argument(help="Event name, e.g. order.paid.")],
+    data: Annotated[str | None, typer.Option("--data", help="The event's data, a JSON object (default: {}).")] = None,
+    event_id: Annotated[str | None, typer.Option("--id", help="Deduplication id: the same id and data act once.")] = None,
+    dsn: DsnOption = None,
+) -> None:
+    """Send an event (docs/events.md): its waits, cancel_on and triggers act on it; prints its number."""
+    try:
+        params = event_params(name, parse_payload(data or "{}"), event_id)
+    except (TypeError, ValueError) as exc:
+        fail(str(exc))
+    with database(dsn) as conn:
+        sent = one_sync(conn, EQ.SEND_EVENT, params)
+    sys.stdout.write(f"{sent.id}\n")
+    if not sent.created:
+        err.print("an event of this name was sent with this id before: nothing was done again",
+                  highlight=False, markup=False)
+
+
+@app.command()
 def signal(
     kind: Annotated[str, typer.Argument(help="Signal kind, e.g. ci, approval.")],
     ref: Annotated[str, typer.Argument(help="Signal reference, e.g. a build id.")],
@@ -487,7 +533,8 @@ def prune(
         f"{verb} {result.runs} run(s) finished more than {older_than} ago, with "
         f"{result.checkpoints} checkpoint(s), {result.effects} effect(s), {result.events} "
         f"event(s), {result.signals} signal(s), {result.messages} consumed thread "
-        f"message(s), {result.graph_checkpoints} LangGraph checkpoint(s)"
+        f"message(s), {result.graph_checkpoints} LangGraph checkpoint(s), "
+        f"{result.sent_events} sent event(s)"
         + ("" if dry_run else f" in {result.batches} batch(es)"),
         highlight=False,
     )

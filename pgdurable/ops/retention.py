@@ -51,7 +51,7 @@ import re
 import threading
 import time
 from collections.abc import Callable, Generator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import Any
 
@@ -65,6 +65,7 @@ from ..foundation.errors import InvalidInput, PgDurableError
 from ..foundation.migrations import acheck_schema, check_schema
 from ..foundation.pooler import aconnect
 from ..foundation.pooler import connect as pooler_connect
+from ..foundation.queries import events as eq
 from ..foundation.queries import retention as rq
 from ..foundation.queries.core import Query, one, one_sync
 
@@ -131,12 +132,16 @@ class PruneResult:
     #: Whole history partitions dropped (their rows are counted in
     #: ``checkpoints``, ``events`` and ``signals``).
     partitions: int = 0
+    #: Sent events (``pgdurable.events``, docs/events.md) no unfinished run needs, and
+    #: the emptied trigger windows of finished runs (``prune_events``); a dry run counts
+    #: the events only.
+    sent_events: int = 0
 
     @property
     def rows(self) -> int:
         """All rows deleted (runs and their history, thread messages, pubsub rows)."""
         return (self.runs + self.checkpoints + self.effects + self.events + self.signals
-                + self.messages + self.pubsub + self.graph_checkpoints)
+                + self.messages + self.pubsub + self.graph_checkpoints + self.sent_events)
 
     def as_dict(self) -> dict[str, Any]:
         """The counts as a JSON-ready dict."""
@@ -144,7 +149,8 @@ class PruneResult:
             "runs": self.runs, "checkpoints": self.checkpoints, "effects": self.effects,
             "events": self.events, "signals": self.signals, "messages": self.messages,
             "pubsub": self.pubsub, "graph_checkpoints": self.graph_checkpoints,
-            "partitions": self.partitions, "batches": self.batches,
+            "partitions": self.partitions, "sent_events": self.sent_events,
+            "batches": self.batches,
             "dry_run": self.dry_run, "skipped": self.skipped,
         }
 
@@ -213,7 +219,8 @@ def _plan(
     Yields each statement to run, receives its decoded row, returns the total.
     """
     if dry_run:
-        return _preview((yield _Statement(rq.PREVIEW, (age, age, age))))
+        preview = _preview((yield _Statement(rq.PREVIEW, (age, age, age))))
+        return replace(preview, sent_events=(yield _Statement(eq.PRUNABLE_EVENTS, (age,))))
     dropped = yield _Statement(rq.DROP_PARTITIONS, (age,))
     total = PruneResult(checkpoints=dropped.checkpoints, events=dropped.events,
                         signals=dropped.signals, partitions=dropped.partitions)
@@ -224,8 +231,17 @@ def _plan(
         if on_batch is not None:
             on_batch(this)
         if _finished(this, size):
-            return total
+            break
         batch = yield _Statement(rq.PRUNE, params, pause_first=True)
+    if total.skipped:
+        return total
+    # then sent events: those of the runs just pruned are no longer needed
+    n = yield _Statement(eq.PRUNE_EVENTS, (age, size))
+    sent = n
+    while n >= size:
+        n = yield _Statement(eq.PRUNE_EVENTS, (age, size), pause_first=True)
+        sent += n
+    return replace(total, sent_events=sent)
 
 
 async def prune(

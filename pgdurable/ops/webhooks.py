@@ -45,6 +45,19 @@ at least 32 bytes (``secrets.token_hex(32)``); a shorter one is a
 Path segments are percent-decoded as UTF-8 (``/signals/ci/feature%2Fx`` is
 ref ``feature/x``). An empty body is the payload ``null``.
 
+**Events** (docs/events.md): with ``events={name: secret}``, the app also maps
+
+    POST /events/{name}             (body: a JSON object, the event's data)
+
+to ``await durable.send_event(name, data, id=...)``, signed the same way over
+the path ``/events/<name>`` (:func:`event_path`, :func:`sign_event_request`);
+the ``Idempotency-Key`` is the event's id (else ``v1:<signature hex>``). An
+event name's secret is its own: a signal kind's secret never signs an event,
+nor the other way round. Answers ``200 {"event": <number>, "created": bool}``
+(``created`` false: a repeated id, nothing done again), ``409`` for an id sent
+before with other data, ``400`` for a body that is not a JSON object, ``403``
+for a name without a secret; the other statuses as for signals.
+
 Responses (JSON):
 
 * ``200 {"woken": [run ids], "pending": false}`` -- runs were woken;
@@ -83,7 +96,13 @@ from urllib.parse import quote, unquote_to_bytes
 import psycopg
 
 from ..app.durable import Durable
-from ..foundation.errors import DatabaseUnavailable, PgDurableError, ProviderClosed, SignalConflict
+from ..foundation.errors import (
+    DatabaseUnavailable,
+    EventConflict,
+    PgDurableError,
+    ProviderClosed,
+    SignalConflict,
+)
 from ..foundation.run_queries import check_name
 from ..foundation.signals import DEFAULT_MAX_PAYLOAD, parse_payload
 
@@ -96,7 +115,10 @@ __all__ = [
     "WebhookApp",
     "app",
     "canonical_string",
+    "event_canonical_string",
+    "event_path",
     "request_path",
+    "sign_event_request",
     "sign_request",
     "signature",
 ]
@@ -174,20 +196,61 @@ def sign_request(
     key = _key(secret)
     check_name(kind, "kind")
     check_name(ref, "ref")
-    if signal_id is not None:
-        check_name(signal_id, "signal_id")
-        if any(c in signal_id for c in "\r\n"):
-            raise ValueError("signal_id cannot hold CR or LF (it is sent as a header)")
+    _check_idempotency_key(signal_id, "signal_id")
+    return _signed_headers(key, body, timestamp, signal_id, lambda ts: canonical_string(
+        timestamp=ts, method="POST", kind=kind, ref=ref, signal_id=signal_id, body=body))
+
+
+def event_path(name: str) -> str:
+    """The canonical path ``/events/<name>`` (``name`` encoded as in :func:`request_path`)."""
+    return f"/events/{quote(name, safe='')}"
+
+
+def event_canonical_string(*, timestamp: int, name: str, event_id: str | None,
+                           body: bytes) -> bytes:
+    """The bytes a ``v1`` signature of an event covers: as :func:`canonical_string`,
+    with :func:`event_path` for the path and the event id for the signal id."""
+    head = "\n".join((VERSION, str(timestamp), "POST", event_path(name), event_id or ""))
+    return head.encode("utf-8") + b"\n" + body
+
+
+def sign_event_request(
+    secret: str | bytes,
+    name: str,
+    body: bytes = b"{}",
+    *,
+    event_id: str | None = None,
+    timestamp: int | None = None,
+) -> dict[str, str]:
+    """The headers a sender adds to ``POST event_path(name)`` with ``body`` (a JSON
+    object): as :func:`sign_request`, ``Idempotency-Key`` being the event id."""
+    key = _key(secret)
+    check_name(name, "event name")
+    _check_idempotency_key(event_id, "event_id")
+    return _signed_headers(key, body, timestamp, event_id, lambda ts: event_canonical_string(
+        timestamp=ts, name=name, event_id=event_id, body=body))
+
+
+def _check_idempotency_key(value: str | None, what: str) -> None:
+    """A signal or event id sent as the ``Idempotency-Key`` header: a name, one line."""
+    if value is not None:
+        check_name(value, what)
+        if any(c in value for c in "\r\n"):
+            raise ValueError(f"{what} cannot hold CR or LF (it is sent as a header)")
+
+
+def _signed_headers(key: bytes, body: object, timestamp: object, idempotency_key: str | None,
+                    canonical: Callable[[int], bytes]) -> dict[str, str]:
+    """The headers of a signed request: its time (``timestamp``, default now), the
+    signature of ``canonical(time)`` and the ``Idempotency-Key``, if any."""
     if not isinstance(body, bytes):
         raise TypeError(f"body must be bytes, not {type(body).__name__}")
     ts = int(time.time()) if timestamp is None else timestamp
     if isinstance(ts, bool) or not isinstance(ts, int):
         raise TypeError("timestamp must be an int (Unix seconds)")
-    canonical = canonical_string(timestamp=ts, method="POST", kind=kind, ref=ref,
-                                 signal_id=signal_id, body=body)
-    headers = {TIMESTAMP_HEADER: str(ts), SIGNATURE_HEADER: signature(key, canonical)}
-    if signal_id is not None:
-        headers["Idempotency-Key"] = signal_id
+    headers = {TIMESTAMP_HEADER: str(ts), SIGNATURE_HEADER: signature(key, canonical(ts))}
+    if idempotency_key is not None:
+        headers["Idempotency-Key"] = idempotency_key
     return headers
 
 
@@ -254,10 +317,18 @@ class WebhookApp:
         tolerance: timedelta = DEFAULT_TOLERANCE,
         max_payload: int = DEFAULT_MAX_PAYLOAD,
         close_on_shutdown: bool = False,
+        events: Mapping[str, Secret] | None = None,
     ) -> None:
         if not isinstance(durable, Durable):
             raise TypeError("webhooks.app needs a pgdurable.Durable")
-        self._keys_by_kind = _secrets_by_kind(secret, kinds, secrets)
+        if events is not None and (not isinstance(events, Mapping) or not events):
+            raise TypeError("events must be a non-empty mapping {event name: secret}")
+        self._keys_by_event = {check_name(n, "event name"): _keys(k)
+                               for n, k in (events or {}).items()}
+        if events is not None and secret is None and secrets is None and kinds is None:
+            self._keys_by_kind: dict[str, tuple[bytes, ...]] = {}  # events only
+        else:
+            self._keys_by_kind = _secrets_by_kind(secret, kinds, secrets)
         if not isinstance(tolerance, timedelta) or tolerance <= timedelta(0):
             raise ValueError("tolerance must be a positive timedelta")
         if isinstance(max_payload, bool) or not isinstance(max_payload, int) or max_payload < 1:
@@ -306,7 +377,9 @@ class WebhookApp:
                 await send({"type": "lifespan.shutdown.complete"})
                 return
 
-    def _route(self, scope: Scope) -> tuple[str, str]:
+    def _route(self, scope: Scope) -> tuple[str, str, bool]:
+        """(kind, ref, False) of ``/signals/{kind}/{ref}``, or ("", name, True) of
+        ``/events/{name}`` (when the app takes events)."""
         raw = scope.get("raw_path")
         if raw:  # bytes as received: split first, so %2F stays inside a segment
             raw_parts = bytes(raw).split(b"?", 1)[0].split(b"/")
@@ -320,11 +393,16 @@ class WebhookApp:
         if len(root) > 1 and parts[:len(root)] == root:
             parts = parts[len(root) - 1:]
             parts[0] = ""
+        if (len(parts) == 3 and parts[0] == "" and parts[1] == "events"
+                and self._keys_by_event):
+            if scope.get("method") != "POST":
+                raise _HTTPError(405, "method not allowed: use POST", [(b"allow", b"POST")])
+            return "", parts[2], True
         if len(parts) != 4 or parts[0] != "" or parts[1] != "signals":
             raise _HTTPError(404, "not found: POST /signals/{kind}/{ref}")
         if scope.get("method") != "POST":
             raise _HTTPError(405, "method not allowed: use POST", [(b"allow", b"POST")])
-        return parts[2], parts[3]
+        return parts[2], parts[3], False
 
     async def _read_body(self, scope: Scope, receive: Receive) -> bytes:
         for name, value in scope.get("headers", []):
@@ -390,7 +468,9 @@ class WebhookApp:
         return given.decode("ascii")
 
     async def _handle(self, scope: Scope, receive: Receive) -> tuple[int, dict[str, Any]]:
-        kind, ref = self._route(scope)
+        kind, ref, is_event = self._route(scope)
+        if is_event:
+            return await self._handle_event(scope, receive, ref)
         if not kind or not ref:
             raise _HTTPError(400, "kind and ref must be non-empty")
         keys = self._keys_by_kind.get(kind)
@@ -431,6 +511,47 @@ class WebhookApp:
         return 202, {"woken": [], "pending": True}
 
 
+    async def _handle_event(self, scope: Scope, receive: Receive,
+                            name: str) -> tuple[int, dict[str, Any]]:
+        """``POST /events/{name}``: verified as a signal is, then ``send_event``."""
+        if not name:
+            raise _HTTPError(400, "the event name must be non-empty")
+        keys = self._keys_by_event.get(name)
+        if keys is None:
+            raise _HTTPError(403, "this endpoint accepts no events of this name")
+        body = await self._read_body(scope, receive)
+        raw_headers = [(bytes(n), bytes(v)) for n, v in scope.get("headers", [])]
+        headers = dict(raw_headers)
+        ts = self._timestamp(headers)
+        event_id = self._signal_id(raw_headers)
+        canonical = event_canonical_string(timestamp=ts, name=name, event_id=event_id,
+                                           body=body)
+        signed = self._verify(keys, headers.get(_SIG), canonical)
+        if event_id is None:  # a replay of this very request is the same event
+            event_id = f"{VERSION}:" + signed.partition("=")[2]
+        try:
+            data = parse_payload(body, self.max_payload)
+        except ValueError as exc:
+            raise _HTTPError(400, str(exc)) from None
+        if not isinstance(data, dict):
+            raise _HTTPError(400, "the event's data must be a JSON object")
+        try:
+            sent = await self.durable.send_event(name, data, id=event_id)
+        except EventConflict as exc:
+            raise _HTTPError(409, str(exc)) from None
+        except (DatabaseUnavailable, ProviderClosed, psycopg.OperationalError) as exc:
+            log.warning("webhook event %r (id %r): database unavailable or busy: %s",
+                        name, event_id, exc)
+            raise _HTTPError(503, f"database unavailable or busy; {_UNKNOWN_OUTCOME}",
+                             [(b"retry-after", b"1")]) from None
+        except (TypeError, ValueError) as exc:  # includes InvalidInput
+            raise _HTTPError(400, str(exc)) from None
+        except PgDurableError:
+            log.exception("webhook event %r (id %r) failed", name, event_id)
+            raise _HTTPError(500, f"internal error; {_UNKNOWN_OUTCOME}") from None
+        return 200, {"event": sent.id, "created": sent.created}
+
+
 async def _respond(
     send: Send, status: int, body: dict[str, Any], headers: list[tuple[bytes, bytes]] | None = None
 ) -> None:
@@ -453,6 +574,7 @@ def app(
     tolerance: timedelta = DEFAULT_TOLERANCE,
     max_payload: int = DEFAULT_MAX_PAYLOAD,
     close_on_shutdown: bool = False,
+    events: Mapping[str, Secret] | None = None,
 ) -> WebhookApp:
     """An ASGI app mapping signed ``POST /signals/{kind}/{ref}`` to ``durable.signal``.
 
@@ -462,7 +584,10 @@ def app(
     (any of them verifies). Secrets are at least :data:`MIN_SECRET_BYTES`
     bytes (``ValueError``). ``tolerance`` bounds the clock skew and the
     replay window; ``max_payload`` bounds the body in bytes (413 above it).
-    See the module docstring for the protocol and the responses.
+    ``events={name: secret}`` also accepts signed ``POST /events/{name}`` (the
+    event's data as the body) for ``durable.send_event``; with only ``events=``,
+    no signals. See the module docstring for the protocol and the responses.
     """
     return WebhookApp(durable, secret=secret, kinds=kinds, secrets=secrets, tolerance=tolerance,
-                      max_payload=max_payload, close_on_shutdown=close_on_shutdown)
+                      max_payload=max_payload, close_on_shutdown=close_on_shutdown,
+                      events=events)

@@ -34,6 +34,7 @@ from typing import Any
 
 from ..foundation.affinity import Affinity, Mode, pin_params, same_pin
 from ..foundation.errors import BudgetExceeded, InvalidInput
+from ..foundation.events import match_json
 from ..foundation.run_queries import check_name, check_size
 from .budgets import Reservation
 from .children import ChildPolicy, _ids, check_children, need_of, start_child
@@ -93,6 +94,10 @@ class Wait:
     child_ids: tuple[str, ...] = ()
     #: How many of ``child_ids`` must finish before the run wakes.
     need: int = 0
+    #: The event name of a wait_event (:meth:`for_event`); None for a signal wait.
+    event_name: str | None = None
+    #: The wait_event's match as JSON text (``{"data.path": value}``).
+    event_match: str | None = None
 
     def __post_init__(self) -> None:
         sig = self.signal
@@ -137,6 +142,23 @@ class Wait:
         need = need_of(uids, any, at_least)
         return cls(signal=("children", "*"), timeout=timeout, state=state,
                    child_ids=tuple(str(u) for u in uids), need=need)
+
+    @classmethod
+    def for_event(
+        cls, name: str, match: dict[str, Any], *, timeout: timedelta | float | None = None,
+        state: Any = _UNSET,
+    ) -> Wait:
+        """Park until an event ``name`` whose data matches ``match`` (``{"data.order_id":
+        x}``: every path equals its value; values are str, int, float or bool), or
+        ``timeout``. The next step finds ``ctx.wake`` = ``{"type": "event", "name",
+        "event": {"id", "name", "data", "event_id", "time"}}`` (or a timeout's
+        ``{"type": "timeout", ...}``). Which events a wait sees: see
+        :mod:`pgdurable.runs.events` (an event sent after the run started or after the
+        event that ended its previous event wait, before it parks, is found: not lost).
+        Bad input: TypeError/ValueError here, nothing written."""
+        check_name(name, "wait_event name")
+        return cls(signal=("event", name), timeout=timeout, state=state, event_name=name,
+                   event_match=match_json(match))
 
     @classmethod
     def approval(
@@ -407,6 +429,23 @@ class RunContext:
                 raise TypeError("effect reconcile must be callable or None")
             return await self._effect(key, fn, reconcile=reconcile)
         return await self._effect(key, fn)
+
+    def wait_event(self, name: str, match: dict[str, Any], *,
+                   timeout: timedelta | float | None = None, state: Any = _UNSET) -> Wait:
+        """Return this from a step to park until an event ``name`` matching ``match``
+        arrives (or ``timeout``): :meth:`Wait.for_event`. The next step reads it
+        with ``ctx.event`` (None after a timeout)."""
+        return Wait.for_event(name, match, timeout=timeout, state=state)
+
+    @property
+    def event(self) -> dict[str, Any] | None:
+        """The event that woke this run from a ``wait_event`` (``{"id", "name", "data",
+        "event_id", "time"}``), else None (a timeout, or not woken by an event)."""
+        wake = self.wake
+        if wake is None or wake.get("type") != "event":
+            return None
+        event = wake.get("event")
+        return dict(event) if isinstance(event, dict) else None
 
     async def acquire(self, name: str, cost: float = 1) -> None:
         """Take ``cost`` tokens from the shared token bucket ``name``

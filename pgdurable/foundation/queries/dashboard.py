@@ -15,7 +15,7 @@ from .signals import SIGNAL_RUN
 
 __all__ = ["BUCKETS", "BUDGETS", "CANCEL", "CAN_READ_TABLES", "CHILDREN", "EFFECTS", "FORK", "FORKED_AT",
            "FORKS", "FULL_CHANGES", "FULL_EVENTS", "FULL_RESULT", "LEASED_RUNS", "LEASES", "LINEAGE", "PAUSE",
-           "QUEUES", "QUEUE_KEYS", "QUEUE_LIMITS", "RETRY", "RUN", "RUN_SPEND", "SCHEDULES", "SCHEDULE_RUNS",
+           "QUEUES", "QUEUE_KEYS", "QUEUE_LIMITS", "RETRY", "RUN", "RUN_SPEND", "EVENTS", "SCHEDULES", "SCHEDULE_RUNS",
            "SIGNAL_RUN", "STEPS", "THREADS", "TRIGGER", "WORKERS"]
 
 # -- can this role read states, results and payloads (the tables)?
@@ -57,6 +57,13 @@ SELECT name, cron, every, timezone, task, queue, overlap, catchup, paused, next_
        last_run_id, last_run_status, last_fired_at, fired, skipped, last_error, declared_by,
        undeclared_at, pgdurable.now() AS db_now
   FROM pgdurable.schedule_list ORDER BY name LIMIT 500
+""")
+# -- the newest 200 events (of one name, or all: NULL), each with the trigger windows
+# -- and runs it joined (the view event_list; docs/events.md)
+EVENTS = Listing("""
+SELECT id, name, event_key, created_at, data, triggered FROM pgdurable.event_list
+ WHERE %s::text IS NULL OR name = %s::text
+ ORDER BY id DESC LIMIT 200
 """)
 # -- the last 5 runs of each of these schedules, newest tick first
 SCHEDULE_RUNS = Listing("""

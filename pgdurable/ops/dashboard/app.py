@@ -255,6 +255,12 @@ class _Dashboard:
         return self.page(request, "schedules.html", schedules=schedules, live="all",
                          message=request.query_params.get("done"))
 
+    async def event_log(self, request: Request) -> Response:
+        """The newest events and the trigger runs each joined (docs/events.md)."""
+        name = request.query_params.get("name") or None
+        events = await self.rows(Q.EVENTS, (name, name))
+        return self.page(request, "events.html", events=events, name=name or "")
+
     async def runs(self, request: Request) -> Response:
         p = request.query_params
         form = {k: p.get(k, "") for k in ("status", "task", "queue", "metadata", "since",
@@ -698,7 +704,7 @@ def create_app(
             *login,
             Route("/", d.queues), Route("/runs", d.runs), Route("/runs/{run_id}", d.run),
             Route("/runs/{run_id}/{action}", d.act, methods=["POST"]),
-            Route("/schedules", d.schedules),
+            Route("/schedules", d.schedules), Route("/event-log", d.event_log),
             Route("/schedules/{action}", d.act_schedule, methods=["POST"]),
             Route("/workers", d.workers), Route("/leases", d.leases), Route("/budgets", d.budgets), Route("/events", d.events),
             Route("/favicon.ico", _favicon),

@@ -46,7 +46,7 @@
   document.addEventListener("keydown", function (e) {
     if (e.ctrlKey || e.metaKey || e.altKey) return;
     if (/INPUT|SELECT|TEXTAREA/.test(e.target.tagName)) { if (e.key === "Escape") e.target.blur(); return; }
-    var go = {q: "/", r: "/runs", s: "/schedules", w: "/workers", l: "/leases", b: "/budgets"}[e.key];
+    var go = {q: "/", r: "/runs", s: "/schedules", e: "/event-log", w: "/workers", l: "/leases", b: "/budgets"}[e.key];
     if (go) { location.href = root + go; return; }
     if (e.key === "/") { var s = document.getElementById("search"); if (s) { e.preventDefault(); s.focus(); } }
     if (e.key === "j") mark(sel + 1);

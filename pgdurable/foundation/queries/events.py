@@ -1,0 +1,99 @@
+"""Events (``sql/functions/events.sql``): send, park on a wait_event, cancel_on,
+triggers and their windows."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from .children import Parked
+from .core import Listing, Query, Row, record, scalar
+
+__all__ = ["CANCEL_ON", "LIST_EVENTS", "PARK_EVENT", "PRUNABLE_EVENTS", "PRUNE_EVENTS", "SEND_EVENT", "TAKE_WINDOW", "UPSERT_TRIGGER",
+           "Event", "SentEvent", "WindowEvent"]
+
+
+@dataclass(frozen=True)
+class SentEvent:
+    """What :func:`~pgdurable.runs.events.send_event` answers: the event's number and
+    whether this call stored it (False: a duplicate id, nothing done again)."""
+
+    id: int
+    created: bool
+
+
+@dataclass(frozen=True)
+class Event:
+    """An event as a trigger's handler gets it (oldest first)."""
+
+    id: int
+    name: str
+    data: dict[str, Any]
+    event_id: str | None
+    time: datetime
+
+
+@dataclass(frozen=True)
+class WindowEvent:
+    """One row of :data:`TAKE_WINDOW`: the window and one of its events."""
+
+    window_id: int
+    trigger: str
+    key: str
+    event: Event
+
+
+def _window_event(r: Row) -> WindowEvent:
+    return WindowEvent(int(r[0]), r[1], r[2], Event(int(r[3]), r[4], r[5], r[6], r[7]))
+
+
+def _parked(r: Row) -> Parked:
+    return Parked(r[0], r[1], r[2])
+
+
+# -- store an event and act on it (dedup by (name, id): PD015 on other data); one SentEvent
+SEND_EVENT = record(
+    "SELECT event_id, created FROM pgdurable.send_event(%s::text, %s::jsonb, %s::text)",
+    SentEvent)
+# -- fenced park on a wait_event (or wake at once with a stored event it sees);
+# -- (status, wake_at, seconds until wake_at)
+PARK_EVENT = Query(
+    "SELECT status, wake_at, extract(epoch FROM wake_at - pgdurable.now())::float8 "
+    "FROM pgdurable.park_event(%s::uuid, %s::bigint, %s::text, %s::jsonb, %s::numeric, "
+    "%s::text, %s::jsonb, %s::interval)", _parked)
+# -- wrap a start statement (its first column the run id): register its cancel_on
+# -- entries in the same statement; the run id
+CANCEL_ON = (
+    "SELECT s.run_id FROM ({start}) s(run_id), "
+    "LATERAL pgdurable.cancel_on_events(s.run_id::uuid, %s::text[], %s::text[], %s::jsonb) c"
+)
+# -- declare a trigger: 'created' | 'updated' | 'unchanged'
+UPSERT_TRIGGER = scalar(
+    "SELECT pgdurable.upsert_event_trigger(%s::text, %s::text, %s::text, %s::text, %s::text, "
+    "%s::integer, %s::text, %s::interval, %s::interval, %s::boolean, %s::integer, "
+    "%s::interval)", str)
+# -- retention: one batch of old events no unfinished run needs, and emptied windows;
+# -- rows deleted
+PRUNE_EVENTS = scalar("SELECT pgdurable.prune_events(%s::interval, %s::integer)", int)
+# -- dry run of PRUNE_EVENTS: how many events it would delete (windows not counted)
+PRUNABLE_EVENTS = scalar("""
+SELECT count(*) FROM pgdurable.events e
+ WHERE e.created_at < pgdurable.now() - %s::interval
+   AND NOT EXISTS (
+     SELECT 1 FROM pgdurable.event_window_events we
+       JOIN pgdurable.event_windows w ON w.id = we.window_id
+       JOIN pgdurable.runs r ON r.id = w.run_id
+      WHERE we.event_id = e.id
+        AND r.status NOT IN ('completed', 'failed', 'cancelled', 'incompatible'))""", int)
+# -- the events of the window that started a run, oldest first; one WindowEvent per row
+TAKE_WINDOW = Query(
+    "SELECT window_id, trigger, key, id, name, data, event_id, created_at "
+    "FROM pgdurable.take_event_window(%s::uuid)", _window_event)
+# -- the newest events (of one name, or all: NULL), with what each triggered (the view
+# -- event_list, which the read-only role may read)
+LIST_EVENTS = Listing("""
+SELECT id, name, event_key, created_at, data, triggered FROM pgdurable.event_list
+ WHERE %(name)s::text IS NULL OR name = %(name)s::text
+ ORDER BY id DESC LIMIT %(limit)s::integer
+""")

@@ -23,7 +23,7 @@ import pytest
 pytest.importorskip("mcp")
 
 from _mcp_procs import ROOT, TESTS, ServerProc
-from _waiting import WAIT_LIMIT, app_running, until
+from _waiting import WAIT_LIMIT, app_running, until, until_sync
 from fix_fleet import Fleet
 from mcp.shared.exceptions import MCPError
 
@@ -176,10 +176,14 @@ async def test_input_required_answered_from_a_separate_process(
     asked = await until_status(a.url, task_id, "input_required")
     assert list(asked["inputRequests"]) == ["confirm"]
     assert asked["inputRequests"]["confirm"]["method"] == "elicitation/create"
-    with psycopg.connect(dsn, autocommit=True) as conn:  # parked: no worker holds it
-        row = conn.execute("SELECT status, lease_owner FROM pgdurable.runs WHERE id = %s",
-                           (task_id,)).fetchone()
-        assert row == ("waiting", None)
+    # the question is stored (tasks/get shows it) in the statement before the park: the
+    # run then parks, and no worker holds it
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        def parked() -> bool:
+            return conn.execute("SELECT status, lease_owner FROM pgdurable.runs WHERE id = %s",
+                                (task_id,)).fetchone() == ("waiting", None)
+
+        until_sync(parked, "the asking run parked")
     out = await asyncio.to_thread(
         subprocess.run, [sys.executable, "-c", UPDATE_SCRIPT, b.url, task_id],
         capture_output=True, text=True, timeout=WAIT_LIMIT, cwd=ROOT,

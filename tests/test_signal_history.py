@@ -127,10 +127,17 @@ def test_distributable_keys(conn: psycopg.Connection[Any]) -> None:
         " WHERE c.contype = 'f' AND c.confrelid = 'pgdurable.runs'::regclass"
         " AND c.conparentid = 0")}
     assert fks == {"pgdurable.effects.run_id", "pgdurable.durable_steps.run_id",
-                   "pgdurable.schedule_runs.run_id", "pgdurable.run_rewinds.run_id"}
+                   "pgdurable.schedule_runs.run_id", "pgdurable.run_rewinds.run_id",
+                   "pgdurable.run_budgets.run_id", "pgdurable.budget_holds.run_id",
+                   "pgdurable.event_waits.run_id", "pgdurable.event_cancels.run_id"}
     pk = conn.execute("SELECT pg_get_constraintdef(oid) FROM pg_constraint"
                       " WHERE conname = 'run_rewinds_pkey'").fetchone()
     assert pk == ("PRIMARY KEY (run_id, id)",)
+    # the per-run tables of budgets (0036) and events (0037): keyed by run id first
+    for table in ("run_budgets", "budget_holds", "event_waits", "event_cancels"):
+        pk = conn.execute("SELECT pg_get_constraintdef(oid) FROM pg_constraint"
+                          " WHERE conname = %s", (f"{table}_pkey",)).fetchone()
+        assert pk is not None and pk[0].startswith("PRIMARY KEY (run_id"), (table, pk)
 
 
 def test_migration_with_signals_in_it(empty_dsn: str) -> None:

@@ -38,6 +38,7 @@ from ..foundation.db import connect, translated
 from ..foundation.errors import ResultTimeout, RunCancelled, RunFailed, RunNotFound
 from ..foundation.notifier import Wakeup
 from ..foundation.pooler import Pooler
+from ..foundation.queries import runs as rq
 
 if TYPE_CHECKING:
     from ..foundation.ports import App
@@ -46,8 +47,6 @@ __all__ = ["CHANNEL", "await_result", "outcome", "result_sync"]
 
 #: NOTIFY channel of terminal transitions (payload = run id).
 CHANNEL = "pgdurable_done"
-# -- the run's status, result and error
-READ = "SELECT status, result, error FROM pgdurable.runs WHERE id = %s::uuid"
 #: Longest wait between two reads when no notification comes (a missed NOTIFY).
 POLL = 5.0
 
@@ -66,12 +65,12 @@ def _timeout(timeout: object) -> float | None:
     return secs
 
 
-def outcome(row: tuple[Any, ...] | None, run_id: uuid.UUID) -> tuple[bool, Any]:
+def outcome(found: rq.Outcome | None, run_id: uuid.UUID) -> tuple[bool, Any]:
     """``(True, result)`` for a completed run, ``(False, None)`` for a live one;
     raises RunFailed / RunCancelled / RunNotFound."""
-    if row is None:
+    if found is None:
         raise RunNotFound(f"no run {run_id}")
-    status, result, error = row
+    status, result, error = found.status, found.result, found.error
     if status == "completed":
         return True, result
     if status == "cancelled":
@@ -99,7 +98,8 @@ async def await_result(app: App, run_id: object, timeout: object = None) -> Any:
         # if the notifier cannot connect, the reads below still poll
         await wake.listening(POLL if limit is None else min(POLL, limit))
         while True:
-            done, result = outcome(await app.fetchone(READ, (rid,)), rid)
+            done, result = outcome(rq.OUTCOME.first(await app.fetchone(rq.OUTCOME.sql, (rid,))),
+                                   rid)
             if done:
                 return result
             left = None if end is None else end - time.monotonic()
@@ -134,7 +134,8 @@ def result_sync(conninfo: str, run_id: object, timeout: object = None, *,
                     rechecks = [time.monotonic() + d for d in presence.RECHECK]
                 announced = time.monotonic()
                 presence.announce_sync(listener, CHANNEL)
-            done, result = outcome(conn.execute(READ, (rid,)).fetchone(), rid)
+            done, result = outcome(
+                rq.OUTCOME.first(conn.execute(rq.OUTCOME.sql, (rid,)).fetchone()), rid)
             if done:
                 return result
             now = time.monotonic()

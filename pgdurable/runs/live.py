@@ -70,6 +70,8 @@ import psycopg
 from ..foundation import run_queries as q
 from ..foundation.errors import RunNotFound
 from ..foundation.notifier import Notifier, Wakeup
+from ..foundation.queries import live as lq
+from ..foundation.queries.core import first, many
 from .text import CHANNEL as TAIL_CHANNEL
 from .threads import encode_thread_key
 
@@ -80,80 +82,6 @@ __all__ = ["Item", "TailRouter", "follow_run", "follow_thread", "parse_cursor"]
 
 BATCH = 500
 THREADS_CHANNEL = "pgdurable_threads"
-
-# -- one snapshot: the run's status and its events after a seq
-READ_RUN = """
-SELECT r.status, e.seq, e.event, e.final
-  FROM pgdurable.runs r
-  LEFT JOIN LATERAL (
-    SELECT x.seq, x.event, x.final FROM pgdurable.run_events x
-     WHERE x.run_id = r.id AND x.seq > %s ORDER BY x.seq LIMIT %s) e ON true
- WHERE r.id = %s::uuid
- ORDER BY e.seq
-"""
-# -- a thread's events after (thread_no, seq), in thread order, each with the thread seq
-# -- of the message whose answer it is (owner; NULL: none) and whether that is not known
-# -- yet (unknown: the run's current step has taken nothing while messages wait for it)
-READ_THREAD = """
-WITH ev AS MATERIALIZED (
-  SELECT r.id, r.thread_no, e.seq, e.step, e.event, r.step AS at_step,
-         r.status IN ('completed', 'failed', 'cancelled', 'incompatible') AS done
-    FROM pgdurable.runs r JOIN pgdurable.run_events e ON e.run_id = r.id
-   WHERE r.thread_key = %s::text AND (r.thread_no, e.seq) > (%s, %s)
-   ORDER BY r.thread_no, e.seq
-   LIMIT %s),
-st AS (SELECT DISTINCT ev.id, ev.step, ev.at_step, ev.done FROM ev),
-own AS (
-  SELECT st.id, st.step,
-         (SELECT max(m.seq) FROM pgdurable.thread_messages m
-           WHERE m.thread_key = %s::text AND m.discarded_at IS NULL AND st.step IS NOT NULL
-             AND ((m.consumed_by = st.id AND m.consumed_step = st.step)
-                  OR (m.taken_by = st.id AND m.taken_step = st.step AND m.consumed_at IS NULL))
-         ) AS took,
-         (SELECT max(m.seq) FROM pgdurable.thread_messages m
-           WHERE m.thread_key = %s::text AND m.discarded_at IS NULL AND m.consumed_by = st.id
-             AND (st.step IS NULL OR m.consumed_step < st.step)) AS before,
-         NOT st.done AND st.step = st.at_step AND EXISTS (
-           SELECT FROM pgdurable.thread_messages m
-            WHERE m.thread_key = %s::text AND m.run_id = st.id AND m.consumed_at IS NULL
-              AND m.taken_by IS NULL) AS pending
-    FROM st),
-mk AS (
-  SELECT x.run_id, x.step, x.seq, (x.event->>'answering')::bigint AS answering
-    FROM pgdurable.run_events x
-    JOIN (SELECT DISTINCT st.id, st.step FROM st WHERE st.step IS NOT NULL) s
-      ON x.run_id = s.id AND x.step = s.step
-   WHERE x.idx IS NULL AND x.event->>'type' IN ('interrupted', 'rollback'))
-SELECT ev.id, ev.thread_no, ev.seq, ev.event,
-       CASE WHEN k.seq IS NOT NULL THEN coalesce(k.answering, own.before)
-            ELSE coalesce(own.took, CASE WHEN own.pending THEN NULL ELSE own.before END)
-       END AS owner,
-       k.seq IS NULL AND own.took IS NULL AND own.pending AS unknown
-  FROM ev
-  JOIN own ON own.id = ev.id AND own.step IS NOT DISTINCT FROM ev.step
-  LEFT JOIN LATERAL (
-    SELECT mk.seq, mk.answering FROM mk
-     WHERE mk.run_id = ev.id AND mk.step = ev.step AND mk.seq >= ev.seq
-     ORDER BY mk.seq LIMIT 1) k ON true
- ORDER BY ev.thread_no, ev.seq
-"""
-# -- a thread's newest run (id, thread_no, idle: parked on its inbox or finished)
-THREAD_HEAD = """
-SELECT r.id, r.thread_no,
-       r.status IN ('completed', 'failed', 'cancelled', 'incompatible')
-       OR (r.status = 'waiting' AND r.wait_kind = 'inbox')
-  FROM pgdurable.runs r WHERE r.thread_key = %s::text ORDER BY r.thread_no DESC LIMIT 1
-"""
-# -- whether a thread message was answered (consumed or discarded), where its answer
-# -- starts, whether it was discarded (a rollback), its thread seq, and whether a later
-# -- message was taken since (the next answer has begun)
-MESSAGE = """
-SELECT m.consumed_at IS NOT NULL, m.stream_no, m.stream_seq, m.discarded_at IS NOT NULL, m.seq,
-       EXISTS (SELECT FROM pgdurable.thread_messages n
-                WHERE n.thread_key = m.thread_key AND n.seq > m.seq AND n.discarded_at IS NULL
-                  AND (n.taken_by IS NOT NULL OR n.consumed_at IS NOT NULL))
-  FROM pgdurable.thread_messages m WHERE m.thread_key = %s::text AND m.message_id = %s
-"""
 
 _CURSOR = re.compile(r"(?:(\d+):)?(\d+)(?:\+(\d+))?")
 
@@ -330,24 +258,24 @@ async def follow_run(app: App, run_id: Any, after: str | None = None, *,
         read = True
         while True:
             if read:
-                rows = await app.fetchall(READ_RUN, (r.seq, BATCH, rid))
+                rows = await many(app, lq.LIVE_RUN, (r.seq, BATCH, rid))
                 if not rows:
                     raise RunNotFound(f"no run {rid}")
                 got = False
-                for _status, s, event, final in rows:
-                    if s is None:
+                for ev in rows:
+                    if ev.seq is None:
                         continue
                     got = True
-                    item = r.row(rid, None, int(s), event, bool(final))
+                    item = r.row(rid, None, int(ev.seq), ev.event, bool(ev.final))
                     if item is not None:
                         yield item
-                    if final:
+                    if ev.final:
                         return
                 if got:
                     continue
-                if rows[0][0] in q.TERMINAL:
+                if rows[0].status in q.TERMINAL:
                     yield Item("event", _cursor(None, r.seq, 0), rid, final=True, seq=r.seq,
-                               event={"type": "end", "status": rows[0][0]})
+                               event={"type": "end", "status": rows[0].status})
                     return
             for item in r.tails(rid):
                 yield item
@@ -370,12 +298,12 @@ async def follow_thread(app: App, thread_key: str, after: str | None = None, *,
     no, seq, n = parse_cursor(after, thread=True)
     me = 0
     if until is not None:
-        row = await app.fetchone(MESSAGE, (stored, until))
-        if row is None:
+        found = await first(app, lq.MESSAGE_STATE, (stored, until))
+        if found is None:
             raise LookupError(f"no message {until!r} in thread {thread_key!r}")
-        me = int(row[4])
+        me = int(found.seq)
         if after is None:
-            no, seq = int(row[1] or 0), int(row[2] or 0)
+            no, seq = int(found.stream_no or 0), int(found.stream_seq or 0)
     r = _Reader(app, no, seq, n)
     # with until: whether the last event read was this message's (a resumed cursor is)
     mine = after is not None
@@ -384,18 +312,18 @@ async def follow_thread(app: App, thread_key: str, after: str | None = None, *,
     events: Wakeup | None = None
     try:
         await threads.listening(poll)
-        head: tuple[Any, ...] | None = None
+        head: lq.ThreadHead | None = None
         read = True
         while True:
             if not read:
                 if head is not None and (until is None or mine):
-                    for item in r.tails(str(head[0])):
+                    for item in r.tails(str(head.run_id)):
                         yield item
                 read = await r.wait(threads, events, poll=poll)
                 continue
-            head = await app.fetchone(THREAD_HEAD, (stored,))
+            head = await first(app, lq.THREAD_HEAD, (stored,))
             if head is not None:
-                rid = str(head[0])
+                rid = str(head.run_id)
                 if rid != r.rid:
                     r.follow_tail(rid)
                     if events is not None:
@@ -403,17 +331,18 @@ async def follow_thread(app: App, thread_key: str, after: str | None = None, *,
                     events = Wakeup(notifier, "pgdurable_events", rid)
                     await events.listening(poll)
             # read before the events: what it says holds for every event read after it
-            m = None if until is None else await app.fetchone(MESSAGE, (stored, until))
-            rows = await app.fetchall(READ_THREAD, (stored, r.no or 0, r.seq, BATCH,
-                                                    stored, stored, stored))
+            m = None if until is None else await first(app, lq.MESSAGE_STATE, (stored, until))
+            rows = await many(app, lq.THREAD_ANSWERS, (stored, r.no or 0, r.seq, BATCH,
+                                                      stored, stored, stored))
             waiting = False
-            for rid_, no_, seq_, event, owner, unknown in rows:
-                if until is not None and unknown:
+            for ev in rows:
+                owner, event = ev.owner, ev.event
+                if until is not None and ev.unknown:
                     waiting = True  # its step has not taken its messages yet: whose is it?
                     break
                 if until is not None and owner is not None and int(owner) > me:
                     return  # a later message's answer: this one's is over
-                got = r.row(str(rid_), int(no_), int(seq_), event)
+                got = r.row(str(ev.run_id), int(ev.thread_no), int(ev.seq), event)
                 mine = until is None or (owner is not None and int(owner) == me)
                 if got is not None and mine:
                     yield got
@@ -421,8 +350,8 @@ async def follow_thread(app: App, thread_key: str, after: str | None = None, *,
                     return  # interrupted or rolled back: what follows answers a later one
             if rows and not waiting:
                 continue
-            if until is not None and not waiting and (m is None or (m[0] and (
-                    m[5] or (head is not None and head[2])))):
+            if until is not None and not waiting and (m is None or (m.answered and (
+                    m.later_taken or (head is not None and head.idle)))):
                 return  # answered (and the next answer begun, or the thread idle): all read
             read = False
     finally:

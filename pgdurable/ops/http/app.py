@@ -82,6 +82,9 @@ from ...foundation.errors import (
     UnknownTask,
 )
 from ...foundation.ports import App
+from ...foundation.queries import live as lq
+from ...foundation.queries import runs as rq
+from ...foundation.queries.core import first
 from ...foundation.stream_tokens import Grant, TokenRefused, check_token, make_token, secrets_of
 from ...runs.live import Item, follow_run, follow_thread
 from ...runs.threads import check_double_text, encode_thread_key
@@ -90,27 +93,6 @@ __all__ = ["Access", "create_app"]
 
 log = logging.getLogger("pgdurable.http")
 
-# -- the status, result and error of a run
-RUN = "SELECT status, result, error FROM pgdurable.runs WHERE id = %s::uuid"
-# -- a thread's last message and whether it was answered
-LATEST = """
-SELECT m.message_id, m.consumed_at IS NOT NULL
-  FROM pgdurable.thread_messages m WHERE m.thread_key = %s::text ORDER BY m.seq DESC LIMIT 1
-"""
-# -- the message before a thread's first unanswered one (or that one, if it is the first)
-PENDING = """
-SELECT m.message_id FROM pgdurable.thread_messages m
- WHERE m.thread_key = %s::text AND m.seq >= (
-   SELECT min(u.seq) FROM pgdurable.thread_messages u
-    WHERE u.thread_key = %s::text AND u.consumed_at IS NULL) - 1
- ORDER BY m.seq LIMIT 1
-"""
-# -- the message sent after a thread's message (none: NULL)
-NEXT = """
-SELECT n.message_id FROM pgdurable.thread_messages m JOIN pgdurable.thread_messages n
-    ON n.thread_key = m.thread_key AND n.seq > m.seq
- WHERE m.thread_key = %s::text AND m.message_id = %s ORDER BY n.seq LIMIT 1
-"""
 
 
 @dataclass(frozen=True)
@@ -196,20 +178,20 @@ class _Api:
     async def run(self, request: Request) -> Response:
         rid = _run_id(request)
         await self._allow(request, Access("read", run_id=rid))
-        row = await self.app.fetchone(RUN, (rid,))
-        if row is None:
+        found = await first(self.app, rq.OUTCOME, (rid,))
+        if found is None:
             raise RunNotFound(f"no run {rid}")
-        error = row[2]
+        error = found.error
         if isinstance(error, dict):
             error = {k: v for k, v in error.items() if k != "traceback"}
-        return JSONResponse({"run_id": rid, "status": row[0], "result": row[1], "error": error})
+        return JSONResponse({"run_id": rid, "status": found.status, "result": found.result,
+                             "error": error})
 
     async def run_stream(self, request: Request) -> Response:
         rid = _run_id(request)
         await self._allow(request, Access("read", run_id=rid))
         after = _after(request)
-        row = await self.app.fetchone(RUN, (rid,))
-        if row is None:
+        if await first(self.app, rq.OUTCOME, (rid,)) is None:
             raise RunNotFound(f"no run {rid}")
         return self._sse(follow_run(self.app, rid, after), done_on_final=True)
 
@@ -234,20 +216,21 @@ class _Api:
         message = request.query_params.get("message")
         stored = encode_thread_key(key)
         if message == "pending":  # every answer from the one before the first unanswered
-            row = await self.app.fetchone(PENDING, (stored, stored))
-            message = "latest" if row is None else str(row[0])
+            pending = await first(self.app, lq.PENDING_MESSAGE, (stored, stored))
+            message = "latest" if pending is None else pending
         if message == "latest":
-            row = await self.app.fetchone(LATEST, (stored,))
-            if row is None or (row[1] and after is None):  # nothing to resume
-                return Response(status_code=204, headers={} if row is None else {
-                    "X-PgDurable-Message": str(row[0])})
-            message = str(row[0])
+            latest = await first(self.app, lq.LATEST_MESSAGE, (stored,))
+            if latest is None or (latest.answered and after is None):  # nothing to resume
+                return Response(status_code=204, headers={} if latest is None else {
+                    "X-PgDurable-Message": latest.message_id})
+            message = latest.message_id
         headers = {"X-PgDurable-Message": message} if message is not None else {}
         followed = message
 
         async def done() -> dict[str, Any]:  # the next message's id: its answer follows
-            row = None if followed is None else await self.app.fetchone(NEXT, (stored, followed))
-            return {} if followed is None else {"next": None if row is None else str(row[0])}
+            if followed is None:
+                return {}
+            return {"next": await first(self.app, lq.NEXT_MESSAGE, (stored, followed))}
 
         return self._sse(follow_thread(self.app, key, after, until=message),
                          done_on_final=False, headers=headers, done=done)

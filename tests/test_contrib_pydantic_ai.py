@@ -400,7 +400,7 @@ async def test_a_registered_model_is_chosen_by_name_and_an_unregistered_one_refu
         async with app_running(app):
             assert (await app.result(default, timeout=WAIT_LIMIT))["output"] == "from main"
             assert (await app.result(alt, timeout=WAIT_LIMIT))["output"] == "from alt"
-        assert called == ["main", "alt"]
+        assert sorted(called) == ["alt", "main"]  # once each; the worker runs both at once
         refused = await start_agent(app, agent, "hi")
         with agent.override(model=FunctionModel(answer("stranger"))):
             async with app_running(app):

@@ -85,7 +85,7 @@ def test_a_run_through_its_life(conn: psycopg.Connection[Any]) -> None:
     wakeups = one_sync(conn, claim.NEXT_WAKEUP, (["default"], ["t"], ["1"], OWNER,
                                                  ["default"]))
     assert wakeups.work_in is not None and 0 < wakeups.work_in <= 3600  # the timer
-    assert wakeups.schedule_in is None  # no schedule
+    assert wakeups.probes == (None,)  # the schedule ticker's probe: no schedule
 
     assert many_sync(conn, signals.SIGNAL, ("approval", "r1", '{"ok": true}', None,
                                             None)) == [first.run_id]

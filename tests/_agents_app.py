@@ -18,8 +18,9 @@ scripted model, ``agents.testing.ScriptedModel``: ``search``, then ``pay``, then
 answer. A test arms a crash by inserting ``before:pay`` or ``after:pay`` (after the
 side effect) into ``test_kills`` (tests/_agent_ledger.py).
 
-``metered`` and ``metered-stream`` (the scripted model, plain and streamed) reserve
-:data:`METERED` from the run's budgets before each model call.
+``metered``, ``metered-stream`` and ``metered-flaky`` (the scripted model: plain,
+streamed, and dropping its first connection) reserve :data:`METERED` from the run's
+budgets before each model call.
 
 ``python tests/_agents_app.py add SESSION TAG N`` appends N batches of 3 items.
 """
@@ -224,6 +225,8 @@ def build(dsn: str | None = None) -> pgdurable.Durable:
     register_agent(app, Agent(name="metered-stream", model=CharByChar(scripted_model()),
                               tools=[search, pay]), name="metered-stream", stream=True,
                    reserve=METERED)
+    register_agent(app, Agent(name="metered-flaky", model=Flaky(scripted_model()),
+                              tools=[search, pay]), name="metered-flaky", reserve=METERED)
     # pay needs a human's approval: the run parks on it (RunState)
     register_agent(app, Agent(name="store", model=scripted_model(),
                               tools=[search, pay_approved]), name="store")

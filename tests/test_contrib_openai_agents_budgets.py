@@ -118,6 +118,36 @@ async def test_each_model_call_reserves_and_settles_its_usage(
     assert held(db) == 0
 
 
+async def test_a_model_error_releases_its_reservation_and_the_retry_is_charged_once(
+        dsn: str, db: psycopg.Connection[Any]) -> None:
+    """``metered-flaky``'s model drops its connection on its first call: that call's
+    reservation is released whole, the step's retry reserves again and settles; each
+    of the three calls is charged once."""
+    from _agents_app import build
+
+    app = build(dsn)
+    async with app:
+        await app.budget("tenant:acme", limit={"calls": 10, "usd": 1})
+        await app.set_price("Flaky", usd_per_token_in=PRICE_IN, usd_per_token_out=PRICE_OUT)
+        rid = await run_agent(app, "metered-flaky", "pay o-5", session_id="s-5",
+                              budgets=["tenant:acme"])
+        async with app_running(app):
+            result = await app.result(rid, timeout=60)
+    assert result["final_output"] == "done: found o-5; paid o-5"
+    flakes = db.execute("SELECT count(*) FROM test_ledger WHERE event = 'flake'").fetchone()
+    assert flakes == (1,)
+    rows = db.execute("SELECT step, rkey, kind, unit, amount FROM pgdurable.budget_ledger "
+                      "WHERE run_id = %s AND rkey = 'model:1' AND unit = 'calls' ORDER BY id",
+                      (rid,)).fetchall()
+    # the failed attempt: reserved and released whole; the retry: reserved and settled
+    assert [(k, a) for _, _, k, _, a in rows] == [("reserve", 1), ("release", 1),
+                                                  ("reserve", 1), ("settle", 1)]
+    settled = ledger(db, rid, "settle")
+    assert sorted(settled) == ["model:1", "model:2", "model:3"]
+    assert all(v == ONE_CALL for v in settled.values())
+    assert held(db) == 0
+
+
 async def test_fail_policy_fails_the_run_before_the_call_it_cannot_pay(
         dsn: str, db: psycopg.Connection[Any]) -> None:
     """A budget of 2 calls, policy fail: the third call's reservation fails the run

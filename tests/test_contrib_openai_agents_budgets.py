@@ -67,6 +67,13 @@ def held(db: psycopg.Connection[Any]) -> int:
     return int(row[0])
 
 
+async def prices(app: Any) -> None:
+    """The scripted model's price under the names ``metered`` and ``metered-stream``
+    give it (their Model's class name)."""
+    for name in ("ScriptedModel", "CharByChar"):
+        await app.set_price(name, usd_per_token_in=PRICE_IN, usd_per_token_out=PRICE_OUT)
+
+
 ONE_CALL = {"calls": Decimal(1), "tokens_in": Decimal(IN), "tokens_out": Decimal(OUT),
             "usd": IN * PRICE_IN + OUT * PRICE_OUT}
 RESERVED = {"calls": Decimal(1), "tokens_in": Decimal(100), "tokens_out": Decimal(50),
@@ -148,8 +155,9 @@ async def test_a_model_error_releases_its_reservation_and_the_retry_is_charged_o
     assert held(db) == 0
 
 
+@pytest.mark.parametrize("agent", ["metered", "metered-stream"])
 async def test_fail_policy_fails_the_run_before_the_call_it_cannot_pay(
-        dsn: str, db: psycopg.Connection[Any]) -> None:
+        dsn: str, db: psycopg.Connection[Any], agent: str) -> None:
     """A budget of 2 calls, policy fail: the third call's reservation fails the run
     with BudgetExceeded naming the budget; the model was called twice, charged twice."""
     from _agents_app import build
@@ -157,9 +165,8 @@ async def test_fail_policy_fails_the_run_before_the_call_it_cannot_pay(
     app = build(dsn)
     async with app:
         await app.budget("tenant:acme", limit={"calls": 2}, policy="fail")
-        await app.set_price("ScriptedModel", usd_per_token_in=PRICE_IN,
-                            usd_per_token_out=PRICE_OUT)
-        rid = await run_agent(app, "metered", "pay o-2", session_id="s-2",
+        await prices(app)
+        rid = await run_agent(app, agent, "pay o-2", session_id="s-2",
                               budgets=["tenant:acme"])
         async with app_running(app):
             info = await finished(app, rid)
@@ -172,8 +179,9 @@ async def test_fail_policy_fails_the_run_before_the_call_it_cannot_pay(
     assert held(db) == 0
 
 
+@pytest.mark.parametrize("agent", ["metered", "metered-stream"])
 async def test_park_policy_parks_and_a_raised_limit_resumes_without_charging_twice(
-        dsn: str, db: psycopg.Connection[Any]) -> None:
+        dsn: str, db: psycopg.Connection[Any], agent: str) -> None:
     """A budget of 2 calls, policy park: the run parks before its third call (holding
     no worker); raising the limit wakes it; the step runs again from its start: the two
     recorded calls are replayed, not called nor charged again; the third is made once."""
@@ -182,9 +190,8 @@ async def test_park_policy_parks_and_a_raised_limit_resumes_without_charging_twi
     app = build(dsn)
     async with app:
         await app.budget("tenant:acme", limit={"calls": 2}, policy="park")
-        await app.set_price("ScriptedModel", usd_per_token_in=PRICE_IN,
-                            usd_per_token_out=PRICE_OUT)
-        rid = await run_agent(app, "metered", "pay o-3", session_id="s-3",
+        await prices(app)
+        rid = await run_agent(app, agent, "pay o-3", session_id="s-3",
                               budgets=["tenant:acme"])
         async with app_running(app):
             async def parked() -> bool:

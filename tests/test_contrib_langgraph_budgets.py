@@ -224,3 +224,22 @@ def test_sigkill_mid_graph_charges_each_call_once(
     row = db.execute("SELECT settled, held FROM pgdurable.budget_usage "
                      "WHERE budget_key = 'tenant:acme' AND unit = 'calls'").fetchone()
     assert row == (2, 0)
+
+
+def test_usage_is_read_from_messages_or_an_llms_token_usage() -> None:
+    """What on_llm_end settles: the AIMessages' usage_metadata (summed over the
+    generations), else an LLM's ``llm_output["token_usage"]``, else nothing measured."""
+    from langchain_core.messages import AIMessage
+    from langchain_core.outputs import ChatGeneration, Generation, LLMResult
+
+    from pgdurable.contrib.langgraph.budget import _usage
+
+    def chat(tin: int, tout: int) -> ChatGeneration:
+        return ChatGeneration(message=AIMessage("x", usage_metadata={
+            "input_tokens": tin, "output_tokens": tout, "total_tokens": tin + tout}))
+
+    assert _usage(LLMResult(generations=[[chat(11, 4)], [chat(1, 2)]])) == (12, 6)
+    assert _usage(LLMResult(generations=[[Generation(text="x")]], llm_output={
+        "token_usage": {"prompt_tokens": 30, "completion_tokens": 7}})) == (30, 7)
+    assert _usage(LLMResult(generations=[[Generation(text="x")]])) is None
+    assert _usage(LLMResult(generations=[[ChatGeneration(message=AIMessage("x"))]])) is None

@@ -1,5 +1,6 @@
 """LangGraph on pgdurable: a checkpointer, one writer per thread, retention, and a
-durable graph run that parks on interrupt() and resumes from a signal.
+durable graph run that parks on interrupt() and resumes from a signal, its chat
+model calls charged to a budget.
 
 Run with a migrated database (no network):
     PGDURABLE_DSN=postgresql://... python examples/langgraph_agent.py
@@ -13,6 +14,8 @@ import asyncio
 import operator
 from typing import Annotated, Any, TypedDict
 
+from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
+from langchain_core.messages import AIMessage
 from langgraph.graph import END, START, StateGraph
 from langgraph.types import interrupt
 
@@ -34,8 +37,13 @@ class State(TypedDict, total=False):
     approved: bool
 
 
-def draft(state: State) -> State:
-    return {"log": [f"drafted a refund for {state['request']}"]}
+async def draft(state: State) -> State:
+    # a chat model drafts (LangChain's fake model: no network; it reports its usage)
+    model = GenericFakeChatModel(messages=iter([AIMessage(
+        f"Refund {state['request']}: delivered late.",
+        usage_metadata={"input_tokens": 40, "output_tokens": 9, "total_tokens": 49})]))
+    reply = await model.ainvoke(f"draft a refund for {state['request']}")
+    return {"log": [f"drafted: {reply.content}"]}
 
 
 def approve(state: State) -> State:
@@ -92,12 +100,18 @@ async def main() -> None:
         pruned = await prune(app, "7d")
         print("pruned LangGraph checkpoints:", pruned.graph_checkpoints)
 
-        # 3. a durable graph run: interrupt() parks it, a signal resumes it on any worker
-        register_graph(app, graph, name="refunds")
+        # 3. a durable graph run: interrupt() parks it, a signal resumes it on any worker;
+        #    reserve=: each chat model call holds this much of the run's budgets first and
+        #    settles its usage_metadata (stream=False: the fake model streams no usage)
+        register_graph(app, graph, name="refunds", stream=False,
+                       reserve={"calls": 1, "tokens_in": 1_000, "tokens_out": 500})
+        await app.budget("tenant:acme", limit={"calls": 100, "tokens_in": 100_000},
+                         policy="fail")
         worker = app.worker(concurrency=2)
         task = asyncio.create_task(worker.run())
         try:
-            run_id = await run_graph(app, graph, {"request": "order 2"}, thread_id="refund-2")
+            run_id = await run_graph(app, graph, {"request": "order 2"}, thread_id="refund-2",
+                                     budgets=["tenant:acme"])
             parked = await until_status(app, run_id, "waiting")
             print("parked:", parked.state["interrupts"])
             # from anywhere: code, `pgdurable signal langgraph.resume refund-2 --payload ...`
@@ -105,6 +119,11 @@ async def main() -> None:
             info = await until_status(app, run_id, "completed", "failed")
             print("result:", info.result)
             assert info.result["log"][-1] == "refunded", info
+            spent = {r[0]: r[1] for r in await app.fetchall(
+                "SELECT unit, settled FROM pgdurable.budget_usage "
+                "WHERE budget_key = 'tenant:acme'", ())}
+            print("tenant:acme spent:", spent)  # one call (the draft): 40 tokens in, 9 out
+            assert spent == {"calls": 1, "tokens_in": 40, "tokens_out": 9}, spent
         finally:
             await worker.stop()
             await task

@@ -1,4 +1,5 @@
-"""OpenAI Agents SDK on pgdurable: a Postgres session and a durable agent run.
+"""OpenAI Agents SDK on pgdurable: a Postgres session and a durable agent run that
+reserves from a budget before each model call and settles the call's usage.
 
 Run with a migrated database (no network: a canned model stands in for OpenAI,
 the SDK's own way, by implementing its ``Model`` interface):
@@ -11,6 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+from datetime import timedelta
+from decimal import Decimal
 from typing import Any
 
 from agents import Agent, RunConfig, Runner, function_tool
@@ -87,20 +90,31 @@ async def main() -> None:
 
     # 2. a durable run: every model and tool call is recorded; a crashed worker's run
     #    resumes on another without paying for a model call or repeating a tool again
+    #    reserve=: before each model call, hold this much of the run's budgets; settle
+    #    what the call's usage says (usd from the price table) when it answered
     app = pgdurable.Durable(dsn)
-    register_agent(app, agent, name="support", run_config=RunConfig(tracing_disabled=True))
+    register_agent(app, agent, name="support", run_config=RunConfig(tracing_disabled=True),
+                   reserve={"calls": 1, "tokens_in": 500, "tokens_out": 200, "usd": 0.01})
     async with app:
+        await app.budget("tenant:acme", limit={"usd": 1, "calls": 100},
+                         window=timedelta(days=1), policy="park")
+        await app.set_price("CannedModel", usd_per_token_in=0.000002, usd_per_token_out=0.000008)
         worker = app.worker(concurrency=2)
         task = asyncio.create_task(worker.run())
         try:
             run_id = await run_agent(app, "support", "And when will it arrive?",
-                                     session_id="customer-7")
+                                     session_id="customer-7", budgets=["tenant:acme"])
             info = await until_status(app, run_id, "completed", "failed")
             print("durable run:", info.result)
             assert info.status == "completed", info
             effects = await app.fetchall(
                 "SELECT key FROM pgdurable.effects WHERE run_id = %s ORDER BY key", (run_id,))
             print("recorded:", [r[0] for r in effects])
+            spent = {r[0]: r[1] for r in await app.fetchall(
+                "SELECT unit, settled FROM pgdurable.budget_usage "
+                "WHERE budget_key = 'tenant:acme'", ())}
+            print("tenant:acme spent:", spent)  # 2 calls, 2 x (20 in, 5 out) priced
+            assert spent["calls"] == 2 and spent["usd"] == Decimal("0.00016"), spent
         finally:
             await worker.stop()
             await task

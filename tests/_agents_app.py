@@ -18,6 +18,10 @@ scripted model, ``agents.testing.ScriptedModel``: ``search``, then ``pay``, then
 answer. A test arms a crash by inserting ``before:pay`` or ``after:pay`` (after the
 side effect) into ``test_kills`` (tests/_agent_ledger.py).
 
+``metered``, ``metered-stream`` and ``metered-flaky`` (the scripted model: plain,
+streamed, and dropping its first connection) reserve :data:`METERED` from the run's
+budgets before each model call.
+
 ``python tests/_agents_app.py add SESSION TAG N`` appends N batches of 3 items.
 """
 
@@ -196,6 +200,11 @@ pay = function_tool(_pay, name_override="pay")
 pay_approved = function_tool(_pay, name_override="pay", needs_approval=True)
 
 
+#: What ``metered`` reserves before each model call (its usage: 7 in, 3 out; usd priced
+#: under "ScriptedModel", the model's class name).
+METERED = {"calls": 1, "tokens_in": 100, "tokens_out": 50, "usd": 0.05}
+
+
 def build(dsn: str | None = None) -> pgdurable.Durable:
     app = pgdurable.Durable(dsn or resolve_dsn())
     agent = Agent(name="shop", instructions="Help.", model=FakeModel(),
@@ -210,6 +219,14 @@ def build(dsn: str | None = None) -> pgdurable.Durable:
     # the model drops its connection once: the step's retry calls it again
     register_agent(app, Agent(name="flaky", model=Flaky(scripted_model()),
                               tools=[search, pay]), name="flaky")
+    # budgets: each model call really made reserves and settles its usage (7 in, 3 out)
+    register_agent(app, Agent(name="metered", model=scripted_model(), tools=[search, pay]),
+                   name="metered", reserve=METERED)
+    register_agent(app, Agent(name="metered-stream", model=CharByChar(scripted_model()),
+                              tools=[search, pay]), name="metered-stream", stream=True,
+                   reserve=METERED)
+    register_agent(app, Agent(name="metered-flaky", model=Flaky(scripted_model()),
+                              tools=[search, pay]), name="metered-flaky", reserve=METERED)
     # pay needs a human's approval: the run parks on it (RunState)
     register_agent(app, Agent(name="store", model=scripted_model(),
                               tools=[search, pay_approved]), name="store")

@@ -21,6 +21,13 @@ Graph ``agent`` (run by workers): tool -> crash -> ask -> finish.
   goes into the state;
 * ``finish`` -- a ledger row ``finish``; the chat model says :data:`FINISH_TEXT`.
 
+Graph ``metered`` (budgets; ``metered-stream``: the same, streamed): think -> pause ->
+answer; ``think`` and ``answer`` each call a chat model that reports :data:`USAGE`
+(streamed, LangChain's fake model reports none), and the graph reserves
+:data:`METERED` before each call. A test arms ``in:think`` (die after think's call
+was settled, before its writes) or ``after:think`` (die in ``pause`` once think's
+writes are saved) in ``test_kills`` (tests/_agent_ledger.py).
+
 Graph ``steps`` (sync, one-writer tests): gate -> s1 -> s2 -> s3; ``gate``
 waits on ``pg_advisory_lock(GATE)`` (the test holds it) after recording
 ``gate``; every checkpoint carries ``writer`` (the tag) in its metadata.
@@ -37,6 +44,7 @@ import time
 from typing import Annotated, Any, TypedDict
 
 import psycopg
+from _agent_ledger import maybe_die
 from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
 from langchain_core.messages import AIMessage
 from langchain_core.runnables import RunnableConfig
@@ -144,6 +152,64 @@ def agent_graph(checkpointer: Any) -> Any:
     return g.compile(checkpointer=checkpointer)
 
 
+# -- graph ``metered`` (budgets): think -> pause -> answer ----------------------------
+
+#: What ``metered`` reserves before each chat model call; :data:`USAGE` is what the
+#: model reports (its ``usage_metadata``; usd priced under "GenericFakeChatModel").
+METERED = {"calls": 1, "tokens_in": 100, "tokens_out": 50, "usd": 0.05}
+USAGE: Any = {"input_tokens": 11, "output_tokens": 4, "total_tokens": 15}
+
+
+class Metered(TypedDict, total=False):
+    log: Annotated[list[str], operator.add]
+
+
+async def _model(tag: str) -> None:
+    """A chat model call reporting :data:`USAGE`; a ledger row ``model`` once it answered."""
+    await GenericFakeChatModel(messages=iter([AIMessage(f"{tag} said", usage_metadata=USAGE)])
+                               ).ainvoke("go on")
+    ledger("model", tag)
+
+
+async def think(state: Metered) -> Metered:
+    await _model("think")
+    maybe_die("in:think")  # after the call was settled, before the node's writes
+    return {"log": ["think"]}
+
+
+def pause(state: Metered, config: RunnableConfig) -> Metered:
+    if _armed("after:think"):  # once think's writes are saved
+        _await_tool_writes(str(config["configurable"]["thread_id"]))
+        maybe_die("after:think")
+    return {"log": ["pause"]}
+
+
+async def answer(state: Metered) -> Metered:
+    await _model("answer")
+    return {"log": ["answer"]}
+
+
+def _armed(point: str) -> bool:
+    with psycopg.connect(resolve_dsn() or "", autocommit=True) as conn:
+        return conn.execute("SELECT FROM test_kills WHERE point = %s", (point,)).fetchone() \
+            is not None
+
+
+def metered_graph(checkpointer: Any) -> Any:
+    g = StateGraph(Metered)
+    for name, fn in (("think", think), ("pause", pause), ("answer", answer)):
+        g.add_node(name, fn)
+    g.add_edge(START, "think")
+    g.add_edge("think", "pause")
+    g.add_edge("pause", "answer")
+    g.add_edge("answer", END)
+    return g.compile(checkpointer=checkpointer)
+
+
+#: The metered graphs of an app built by :func:`build`, by id(app) and name.
+METERED_GRAPHS: dict[tuple[int, str], Any] = {}
+
+
 class _HeldSaver(AsyncPgDurableSaver):
     """Never saves the checkpoint of step ``LG_HOLD_STEP`` (its save waits forever)."""
 
@@ -160,6 +226,10 @@ def build(dsn: str | None = None) -> tuple[pgdurable.Durable, Any]:
     app = pgdurable.Durable(dsn)
     graph = agent_graph(_HeldSaver(dsn))
     register_graph(app, graph, name="agent", ttl_ms=2000)
+    for name, stream in (("metered", False), ("metered-stream", True)):
+        metered = metered_graph(AsyncPgDurableSaver(dsn))
+        register_graph(app, metered, name=name, ttl_ms=2000, stream=stream, reserve=METERED)
+        METERED_GRAPHS[id(app), name] = metered
     return app, graph
 
 

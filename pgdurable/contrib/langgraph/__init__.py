@@ -5,7 +5,9 @@
   (``hold_thread``, :func:`invoke_exclusive`), retention by ``set_retention``
   applied by ``pgdurable prune``.
 * :func:`register_graph` / :func:`run_graph` / :func:`resume_graph` -- a
-  compiled graph run as a durable pgdurable run (see :mod:`.runs`).
+  compiled graph run as a durable pgdurable run (see :mod:`.runs`);
+  ``register_graph(..., reserve=...)`` charges each chat model call to the
+  run's budgets (:class:`BudgetCallback`, see :mod:`.budget`).
 
 See docs/frameworks.md.
 """
@@ -18,6 +20,7 @@ except ImportError as _exc:  # pragma: no cover - depends on the extra
         "pgdurable.contrib.langgraph needs LangGraph: pip install 'pgdurable[langgraph]'"
     ) from _exc
 
+from .budget import BudgetCallback
 from .runs import RESUME_KIND, register_graph, resume_graph, run_graph
 from .saver import (
     AsyncPgDurableSaver,
@@ -31,6 +34,7 @@ from .saver import (
 __all__ = [
     "RESUME_KIND",
     "AsyncPgDurableSaver",
+    "BudgetCallback",
     "PgDurableSaver",
     "ThreadBusy",
     "ainvoke_exclusive",

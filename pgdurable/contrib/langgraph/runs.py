@@ -25,6 +25,12 @@ waiting}`` as its own state. Each claim of the run holds the thread's lease
   (LangGraph saves checkpoints in the background) shows an empty ``next``;
 * nothing of this run saved yet -> ``graph.ainvoke(input)``.
 
+**Budgets** (``register_graph(..., reserve={...})``): every chat model call
+inside the graph reserves from the run's budgets before it is made and settles
+the usage it reports (:mod:`.budget`, a LangChain callback handler in the
+graph's config); a budget that cannot give it parks the run (woken, the
+unfinished super-step runs again) or fails it, by its policy.
+
 When the graph ends, the run completes with the final state values as its
 result (JSON; values JSON cannot hold are given as ``str``). The run's
 ``input`` and the resume payloads are JSON.
@@ -45,6 +51,7 @@ resumed mid-way).
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from langchain_core.messages import AIMessage
@@ -52,6 +59,8 @@ from langchain_core.runnables import RunnableConfig
 from langgraph.types import Command
 
 from ...runs.steps import Done, RunContext, Wait
+from .._budget import check_reserve
+from .budget import BudgetCallback
 from .saver import DEFAULT_TTL_MS, AsyncPgDurableSaver
 
 if TYPE_CHECKING:
@@ -81,22 +90,30 @@ def _text(message: Any) -> str:
 
 def register_graph(app: Durable, graph: Any, *, name: str = "langgraph", revision: str = "1",
                    max_attempts: int = 3, ttl_ms: int = DEFAULT_TTL_MS,
-                   stream: bool = True) -> str:
+                   stream: bool = True, reserve: Mapping[str, float] | None = None) -> str:
     """Register ``graph`` as the pgdurable task ``name`` (on workers and clients alike).
 
     ``ttl_ms`` is the thread lease's TTL: how long a crashed worker keeps the
     thread before another may continue it. ``stream``: the text of the AI
     messages the graph streams goes to the run's output stream
-    (``ctx.emit_text``; see the module docstring). Returns ``name``.
+    (``ctx.emit_text``; see the module docstring). ``reserve``: the amounts
+    (``{"calls": 1, "tokens_in": 8_000, "usd": 0.05}``) reserved from the run's
+    budgets before each chat model call inside the graph and settled from its
+    ``usage_metadata`` (:mod:`.budget`); a unit that is not known, or an amount
+    that is negative or not a number: :class:`~pgdurable.InvalidInput`.
+    Returns ``name``.
     """
     saver = getattr(graph, "checkpointer", None)
     if not isinstance(saver, AsyncPgDurableSaver):
         raise TypeError("register_graph needs a graph compiled with an AsyncPgDurableSaver")
+    reserved = check_reserve(reserve, "register_graph")
 
     async def step(ctx: RunContext, state: dict[str, Any]) -> Done | Wait:
         thread_id = str(state["thread_id"])
         config: RunnableConfig = {"configurable": {"thread_id": thread_id,
                                                    "pgdurable_run_id": ctx.run_id}}
+        if reserved is not None:
+            config["callbacks"] = [BudgetCallback(ctx, reserved)]
         async with saver.hold_thread(thread_id, wait=True, ttl_ms=ttl_ms):
             snap = await graph.aget_state(config)
             pending = sorted(i.id for i in snap.interrupts)
@@ -151,16 +168,21 @@ async def _started(saver: AsyncPgDurableSaver, thread_id: str, run_id: str) -> b
 
 
 async def run_graph(app: Durable, graph: Any, input: Any, *, thread_id: str,
-                    idempotency_key: str | None = None, queue: str = "default") -> str:
+                    idempotency_key: str | None = None, queue: str = "default",
+                    budgets: Iterable[str] | None = None,
+                    budget: Mapping[str, float] | None = None) -> str:
     """Start a durable run of ``graph`` (registered with :func:`register_graph`) on
-    ``thread_id`` with the JSON ``input``; return the run id."""
+    ``thread_id`` with the JSON ``input``; return the run id. ``budgets`` (named
+    budgets' keys) and ``budget`` (the run's own limits) as for
+    :meth:`Durable.start`: what ``register_graph(..., reserve=...)`` draws from."""
     name = getattr(graph, _ATTR, None)
     if name is None:
         raise ValueError("register the graph first: register_graph(app, graph, name=...)")
     if not isinstance(thread_id, str) or not thread_id:
         raise ValueError("thread_id must be a non-empty str")
     return await app.start(name, state={"thread_id": thread_id, "input": input},
-                           idempotency_key=idempotency_key, queue=queue)
+                           idempotency_key=idempotency_key, queue=queue, budgets=budgets,
+                           budget=budget)
 
 
 async def resume_graph(app: Durable, thread_id: str, value: Any, *,

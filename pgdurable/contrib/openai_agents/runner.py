@@ -23,6 +23,13 @@ whose model and function tools are wrapped:
   reconcile={"pay": find_payment})`` gets ``find_payment(**arguments)``
   instead, which returns the tool's real output or :data:`~pgdurable.NOT_PERFORMED`
   (then the tool runs);
+* **budgets** (``register_agent(..., reserve={...})``) -- a model call that is
+  really made (inside its effect: a recorded call replayed is not charged again)
+  reserves ``reserve`` from the run's budgets as ``model:<n>`` before it calls the
+  model and settles the ``usage`` of the ``ModelResponse`` (of the stream's
+  ``response.completed``) when it answers; a budget that cannot give the amount
+  parks the run or fails it with :class:`~pgdurable.BudgetExceeded` (its policy),
+  before the model is called (see :mod:`pgdurable.contrib._budget`);
 * **the session** -- the history is read once (effect ``session:history``),
   the run's new items are appended to the :class:`PgDurableSession` once
   (idempotent per run), so the conversation continues in the same session;
@@ -51,7 +58,7 @@ import asyncio
 import copy
 import dataclasses
 import json
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from agents import Agent, FunctionTool, RunConfig, Runner, RunState
@@ -65,6 +72,7 @@ from pydantic import BaseModel, TypeAdapter
 from ...foundation.effects import NOT_PERFORMED
 from ...runs.steps import Done, RunContext, Wait
 from .._attempts import attempted_effect, check_reconcile, reconcile_call
+from .._budget import check_reserve, usage_amounts
 from .session import PgDurableSession
 
 if TYPE_CHECKING:
@@ -119,26 +127,54 @@ def load_response(data: dict[str, Any]) -> ModelResponse:
 
 class _Recorder:
     """Numbers the model calls of the run (replays take the same numbers); ``calls``
-    starts where the run's earlier steps (before a park) left it."""
+    starts where the run's earlier steps (before a park) left it. With ``reserve``,
+    a model call that is really made is charged to the run's budgets."""
 
-    def __init__(self, ctx: RunContext, calls: int = 0) -> None:
+    def __init__(self, ctx: RunContext, calls: int = 0,
+                 reserve: Mapping[str, float] | None = None) -> None:
         self.ctx = ctx
         self.calls = calls
+        self.reserve = reserve
+
+    async def charged(self, n: int, model: str | None,
+                      call: Callable[[], Awaitable[dict[str, Any]]]) -> dict[str, Any]:
+        """``call()`` (a model call recorded as the effect ``model:<n>``: this runs only
+        when the effect is not recorded yet) inside the reservation ``model:<n>`` of
+        the run's budgets, settled from the ``usage`` it returns (usd priced under
+        ``model``). A budget that cannot give the reservation parks the run or fails
+        it (its policy) before the model is called."""
+        reserve = self.reserve
+        if reserve is None:
+            return await call()
+        async with self.ctx.reserve(key=f"model:{n}", **reserve) as r:
+            data = await call()
+            usage = data.get("usage")
+            spent = usage_amounts(usage.get("input_tokens"), usage.get("output_tokens"),
+                                  reserve, measured=True) if isinstance(usage, dict) \
+                else usage_amounts(0, 0, reserve, measured=False)
+            r.settle(model=model if "usd" in reserve else None, **spent)
+        return data
 
 
 class RecordedModel(Model):
-    """A model whose every ``get_response`` is a pgdurable effect of the run."""
+    """A model whose every ``get_response`` is a pgdurable effect of the run (and,
+    with ``register_agent(..., reserve=...)``, a reservation of the run's budgets
+    settled from its usage; ``name``: the model's name in the price table)."""
 
-    def __init__(self, inner: Model, recorder: _Recorder) -> None:
-        self.inner, self.recorder = inner, recorder
+    def __init__(self, inner: Model, recorder: _Recorder, name: str | None = None) -> None:
+        self.inner, self.recorder, self.name = inner, recorder, name
 
     async def get_response(self, *args: Any, **kwargs: Any) -> ModelResponse:
         self.recorder.calls += 1
+        n = self.recorder.calls
 
-        async def call() -> dict[str, Any]:
+        async def request() -> dict[str, Any]:
             return dump_response(await self.inner.get_response(*args, **kwargs))
 
-        data = await attempted_effect(self.recorder.ctx, f"model:{self.recorder.calls}", call)
+        async def call() -> dict[str, Any]:
+            return await self.recorder.charged(n, self.name, request)
+
+        data = await attempted_effect(self.recorder.ctx, f"model:{n}", call)
         return load_response(data)
 
     async def stream_response(self, *args: Any, **kwargs: Any) -> AsyncIterator[Any]:
@@ -146,10 +182,11 @@ class RecordedModel(Model):
         events and the call's ``usage``) once the stream ended: a replay yields the
         recorded events (the same ones) without calling."""
         self.recorder.calls += 1
+        n = self.recorder.calls
         live: asyncio.Queue[Any] = asyncio.Queue()
         ran = False
 
-        async def call() -> dict[str, Any]:
+        async def request() -> dict[str, Any]:
             nonlocal ran
             ran = True
             events = []
@@ -159,8 +196,10 @@ class RecordedModel(Model):
             return {"events": [e.model_dump(mode="json", exclude_none=True) for e in events],
                     "usage": stream_usage(events)}
 
-        effect = asyncio.ensure_future(
-            attempted_effect(self.recorder.ctx, f"model:{self.recorder.calls}", call))
+        async def call() -> dict[str, Any]:
+            return await self.recorder.charged(n, self.name, request)
+
+        effect = asyncio.ensure_future(attempted_effect(self.recorder.ctx, f"model:{n}", call))
         effect.add_done_callback(lambda _: live.put_nowait(_DONE))
         try:
             while (event := await live.get()) is not _DONE:
@@ -198,6 +237,16 @@ def _tool(tool: Any, recorder: _Recorder, reconcile: dict[str, Any]) -> Any:
     return wrapped
 
 
+def _price_name(agent: Agent[Any], model: Model) -> str:
+    """The name of an agent's model in the price table: ``agent.model`` when it is a
+    name, else the Model's ``model`` attribute (the SDK's OpenAI models), else its
+    class name."""
+    if isinstance(agent.model, str) and agent.model:
+        return agent.model
+    name = getattr(model, "model", None)
+    return name if isinstance(name, str) and name else type(model).__name__
+
+
 def _model_of(agent: Agent[Any], default: Model | None) -> Model:
     if isinstance(agent.model, Model):
         return agent.model
@@ -219,7 +268,8 @@ def durable_agent(agent: Agent[Any], recorder: _Recorder, default: Model | None,
         return seen[id(agent)]
     clone = dataclasses.replace(agent)
     seen[id(agent)] = clone
-    clone.model = RecordedModel(_model_of(agent, default), recorder)
+    inner = _model_of(agent, default)
+    clone.model = RecordedModel(inner, recorder, _price_name(agent, inner))
     clone.tools = [_tool(t, recorder, reconcile) for t in agent.tools]
     clone.handoffs = [durable_agent(h, recorder, default, seen, reconcile)
                       if isinstance(h, Agent) else h for h in agent.handoffs]
@@ -300,7 +350,8 @@ def register_agent(app: Durable, agent: Agent[Any], *, name: str = "agent",
                    model: Model | None = None, run_config: RunConfig | None = None,
                    max_turns: int = 10, revision: str = "1", max_attempts: int = 3,
                    stream: bool = False,
-                   reconcile: Mapping[str, Callable[..., Any]] | None = None) -> str:
+                   reconcile: Mapping[str, Callable[..., Any]] | None = None,
+                   reserve: Mapping[str, float] | None = None) -> str:
     """Register durable runs of ``agent`` as the pgdurable task ``name``; returns it.
 
     ``model`` is used when ``agent.model`` is not a :class:`~agents.Model`
@@ -314,11 +365,19 @@ def register_agent(app: Durable, agent: Agent[Any], *, name: str = "agent",
     running again); a name that is not a function tool of the agent (or of its
     handoff agents): ValueError. ``max_attempts``: attempts of the run's step (a
     model or tool error fails one; the next calls the model again).
+    ``reserve``: the amounts (``{"calls": 1, "tokens_in": 8_000, "usd": 0.05}``)
+    reserved from the run's budgets before each model call that is really made
+    (not a recorded one replayed) and settled from the ``usage`` of its
+    ``ModelResponse``; with ``usd``, priced under the model's name
+    (``app.set_price``; the name is ``agent.model`` when a str, else the Model's
+    ``model`` attribute, else its class name). A unit that is not known, or an
+    amount that is negative or not a number: :class:`~pgdurable.InvalidInput`.
     """
     if not isinstance(agent, Agent):
         raise TypeError("register_agent needs an agents.Agent")
     config = run_config or RunConfig()
     reconcilers = check_reconcile(reconcile, _tool_names(agent))
+    reserved = check_reserve(reserve, "register_agent")
 
     async def step(ctx: RunContext, state: dict[str, Any]) -> Done | Wait:
         session = PgDurableSession(state["session_id"], app.pool)
@@ -327,7 +386,7 @@ def register_agent(app: Durable, agent: Agent[Any], *, name: str = "agent",
             return await session.get_items()
 
         history: list[Any] = await ctx.effect("session:history", read_history)
-        recorder = _Recorder(ctx, state.get("model_calls", 0))
+        recorder = _Recorder(ctx, state.get("model_calls", 0), reserved)
         durable = durable_agent(agent, recorder, model, reconcile=reconcilers)
         start: Any = [*history, {"role": "user", "content": state["input"]}]
         if state.get("run_state") is not None:
@@ -367,12 +426,17 @@ def register_agent(app: Durable, agent: Agent[Any], *, name: str = "agent",
 
 
 async def run_agent(app: Durable, name: str, input: str, *, session_id: str,
-                    idempotency_key: str | None = None, queue: str = "default") -> str:
+                    idempotency_key: str | None = None, queue: str = "default",
+                    budgets: Iterable[str] | None = None,
+                    budget: Mapping[str, float] | None = None) -> str:
     """Start a durable run of the agent registered as ``name`` on ``session_id``,
-    with the user message ``input``; return the run id."""
+    with the user message ``input``; return the run id. ``budgets`` (named budgets'
+    keys) and ``budget`` (the run's own limits, ``{"usd": 2}``) as for
+    :meth:`Durable.start`: what ``register_agent(..., reserve=...)`` draws from."""
     if not isinstance(input, str):
         raise TypeError("input must be the user's message (a str)")
     if not isinstance(session_id, str) or not session_id or "\x00" in session_id:
         raise ValueError("session_id must be a non-empty str without NUL")
     return await app.start(name, state={"session_id": session_id, "input": input},
-                           idempotency_key=idempotency_key, queue=queue)
+                           idempotency_key=idempotency_key, queue=queue, budgets=budgets,
+                           budget=budget)

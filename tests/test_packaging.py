@@ -171,33 +171,43 @@ def _url(dsn: str) -> str:
             f"{quote(str(d.get('dbname', 'postgres')))}")
 
 
-def test_npm_pack_installs_into_an_empty_project_and_its_example_runs(
-        dsn: str, tmp_path: Path) -> None:
+def _packed_into_a_new_project(package: Path, tarball_glob: str, peer: str, tmp_path: Path,
+                                 ignore: tuple[str, ...] = ()) -> Path:
+    """Build and ``npm pack`` ``package`` from a copy (the checkout's dist/ is left to its
+    own build), then install the tarball and ``peer`` (at the version the package is
+    tested with: its lock) into an empty Node project, returned. Skips, with
+    the reason, without npm or without the package's node_modules."""
     npm = shutil.which("npm")
     if npm is None:
         pytest.skip("npm is not installed (Node.js 20+)")
-    if not (MASTRA / "node_modules").is_dir():
-        pytest.skip("clients/mastra has no node_modules: run npm ci there first (.ci/run does)")
-    # built and packed from a copy: the checkout's dist/ is left to its own build
-    source = tmp_path / "mastra"
-    shutil.copytree(MASTRA, source, symlinks=True,
-                    ignore=shutil.ignore_patterns("node_modules", "dist", "*.tgz"))
-    (source / "node_modules").symlink_to(MASTRA / "node_modules")
+    if not (package / "node_modules").is_dir():
+        pytest.skip(f"{package.relative_to(ROOT)} has no node_modules: run npm ci there "
+                    "first (.ci/run does)")
+    source = tmp_path / package.name
+    shutil.copytree(package, source, symlinks=True,
+                    ignore=shutil.ignore_patterns("node_modules", "dist", "*.tgz", *ignore))
+    (source / "node_modules").symlink_to(package / "node_modules")
     build = subprocess.run([npm, "run", "build"], cwd=source, capture_output=True, text=True,
                            timeout=300)
     assert build.returncode == 0, build.stdout[-2000:] + build.stderr[-2000:]
     packed = subprocess.run([npm, "pack", "--pack-destination", str(tmp_path)], cwd=source,
                             capture_output=True, text=True, timeout=300)
     assert packed.returncode == 0, packed.stderr[-2000:]
-    (tarball,) = tmp_path.glob("pgdurable-mastra-*.tgz")
+    (tarball,) = tmp_path.glob(tarball_glob)
     project = tmp_path / "app"
     project.mkdir()
     (project / "package.json").write_text('{"name": "app", "private": true, "type": "module"}')
-    # the peer dependency at the version the package is tested with (its package-lock)
     installed = subprocess.run(
-        [npm, "install", "--no-audit", "--no-fund", "--prefer-offline", str(tarball),
-         "@mastra/core@1.71.0"], cwd=project, capture_output=True, text=True, timeout=900)
+        [npm, "install", "--no-audit", "--no-fund", "--prefer-offline", str(tarball), peer],
+        cwd=project, capture_output=True, text=True, timeout=900)
     assert installed.returncode == 0, installed.stderr[-3000:]
+    return project
+
+
+def test_npm_pack_installs_into_an_empty_project_and_its_example_runs(
+        dsn: str, tmp_path: Path) -> None:
+    project = _packed_into_a_new_project(MASTRA, "pgdurable-mastra-*.tgz",
+                                         "@mastra/core@1.71.0", tmp_path)
     shipped = project / "node_modules" / "@pgdurable" / "mastra"
     assert (shipped / "dist" / "esm" / "index.js").exists()
     assert not (shipped / "src").exists() and not (shipped / "test").exists()
@@ -242,30 +252,8 @@ export const item: StreamItem = { kind: "done" };
 
 def test_npm_pack_of_the_client_installs_into_an_empty_project_and_imports(
         tmp_path: Path) -> None:
-    npm = shutil.which("npm")
-    if npm is None:
-        pytest.skip("npm is not installed (Node.js 20+)")
-    if not (CLIENT / "node_modules").is_dir():
-        pytest.skip("clients/client has no node_modules: run npm ci there first (.ci/run does)")
-    source = tmp_path / "client"  # built and packed from a copy, as the Mastra package
-    shutil.copytree(CLIENT, source, symlinks=True,
-                    ignore=shutil.ignore_patterns("node_modules", "dist", "*.tgz", "bundle.js"))
-    (source / "node_modules").symlink_to(CLIENT / "node_modules")
-    build = subprocess.run([npm, "run", "build"], cwd=source, capture_output=True, text=True,
-                           timeout=300)
-    assert build.returncode == 0, build.stdout[-2000:] + build.stderr[-2000:]
-    packed = subprocess.run([npm, "pack", "--pack-destination", str(tmp_path)], cwd=source,
-                            capture_output=True, text=True, timeout=300)
-    assert packed.returncode == 0, packed.stderr[-2000:]
-    (tarball,) = tmp_path.glob("pgdurable-client-*.tgz")
-    project = tmp_path / "app"
-    project.mkdir()
-    (project / "package.json").write_text('{"name": "app", "private": true, "type": "module"}')
-    # the optional peer dependency at the version the package is tested with (its lock)
-    installed = subprocess.run(
-        [npm, "install", "--no-audit", "--no-fund", "--prefer-offline", str(tarball),
-         "ai@7.0.173"], cwd=project, capture_output=True, text=True, timeout=900)
-    assert installed.returncode == 0, installed.stderr[-3000:]
+    project = _packed_into_a_new_project(CLIENT, "pgdurable-client-*.tgz", "ai@7.0.173",
+                                         tmp_path, ignore=("bundle.js",))
     shipped = project / "node_modules" / "@pgdurable" / "client"
     assert (shipped / "dist" / "index.js").exists() and (shipped / "dist" / "index.d.ts").exists()
     assert not (shipped / "src").exists() and not (shipped / "test").exists()

@@ -29,7 +29,7 @@ def _writes(rows: list[tuple[Any, ...]], done: list[bool], results: list[Any],
     loop = asyncio.new_event_loop()
     try:
         return [
-            _Write(rid, tok + token_shift.get(i, 0), json.dumps(TRICKY[i]), 0.25,
+            _Write(str(rid), tok + token_shift.get(i, 0), json.dumps(TRICKY[i]), 0.25,
                    json.dumps(results[i]) if done[i] else None, loop.create_future())
             for i, (rid, tok) in enumerate(rows)
         ]
@@ -48,7 +48,7 @@ def test_batch_params_store_each_state_and_result_exactly(conn: psycopg.Connecti
     batch = _writes(claimed, done, results, token_shift={4: 1})  # run 4: a stale token
     rows = dict(conn.execute(q.WRITE_STEPS, batch_params("w1", batch)).fetchall())
     ids = [r[0] for r in claimed]
-    assert rows == {rid: ("lost" if i == 4 else "completed" if done[i] else "leased")
+    assert rows == {str(rid): ("lost" if i == 4 else "completed" if done[i] else "leased")
                     for i, rid in enumerate(ids)}
     stored = {r[0]: r[1:] for r in conn.execute(
         "SELECT id, state, result, step, spent FROM pgdurable.runs").fetchall()}

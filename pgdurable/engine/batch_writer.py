@@ -20,7 +20,6 @@ advances the step, so sending a committed Continue twice would skip a step).
 from __future__ import annotations
 
 import asyncio
-import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -35,7 +34,7 @@ __all__ = ["StepWriter"]
 
 @dataclass
 class _Write:
-    run_id: uuid.UUID
+    run_id: str  # the id's text
     token: int
     state_json: str
     spend: float
@@ -55,10 +54,11 @@ class StepWriter:
         self.count = 0  # statements sent (tests check the batching)
 
     async def write(
-        self, run_id: uuid.UUID, token: int, step: int, state_json: str, spend: float,
+        self, run_id: str, token: int, step: int, state_json: str, spend: float,
         result_json: str | None, trusted: Callable[[], bool],
     ) -> str:
-        """Checkpoint step ``step`` (``result_json`` None) or complete the run; its new status.
+        """Checkpoint step ``step`` (``result_json`` None) or complete the run ``run_id``
+        (its id's text); its new status.
 
         After a lost connection, looks whether the write applied and otherwise
         sends it again, while ``trusted()`` holds.
@@ -98,13 +98,13 @@ class StepWriter:
         return "lost"
 
     @staticmethod
-    def _checked(status: str, run_id: uuid.UUID, token: int) -> str:
+    def _checked(status: str, run_id: str, token: int) -> str:
         if status == "lost":
             raise LeaseLost(f"lease lost on run {run_id} (token {token})")
         return status
 
     async def _enqueue(
-        self, run_id: uuid.UUID, token: int, state_json: str, spend: float,
+        self, run_id: str, token: int, state_json: str, spend: float,
         result_json: str | None,
     ) -> str:
         fut: asyncio.Future[str] = asyncio.get_running_loop().create_future()
@@ -167,7 +167,7 @@ def batch_params(owner: str, batch: list[_Write]) -> tuple[Any, ...]:
     """
     return (
         owner,
-        "{" + ",".join([str(b.run_id) for b in batch]) + "}",
+        "{" + ",".join([b.run_id for b in batch]) + "}",
         "{" + ",".join([str(b.token) for b in batch]) + "}",
         "[" + ",".join([b.state_json for b in batch]) + "]",
         [b.spend for b in batch],
@@ -181,7 +181,7 @@ def _answer(batch: list[_Write], written: list[sq.StepWritten]) -> None:
     got = {w.run_id: w.status for w in written}  # by the run id's text
     for b in batch:
         if not b.done.done():
-            b.done.set_result(got.get(str(b.run_id), "lost"))
+            b.done.set_result(got.get(b.run_id, "lost"))
 
 
 def _settle(batch: list[_Write], exc: Exception) -> None:

@@ -205,7 +205,8 @@ class Claimer:
         for run in cq.CLAIM.all(rows):
             if run.status != "leased":
                 continue  # a poison or cancelled reclaim, settled by the claim itself
-            held = Held(run.id, run.lease_token, run.queue, start + s.ttl - s.safety_margin)
+            held = Held(run.id, run.lease_token, run.queue, start + s.ttl - s.safety_margin,
+                        str(run.id))
             state.active[run.id] = held
             held.task = asyncio.create_task(self.executor.execute(held, run, start))
             held.task.add_done_callback(on_done(state, held))

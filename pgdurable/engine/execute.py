@@ -19,7 +19,7 @@ import contextlib
 import inspect
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -88,7 +88,7 @@ class _Lease:
     window_end: float
     affinity: Affinity | None  # kept across the steps of this lease
     ctx: RunContext | None = None  # the step's context (a workflow checkpoints through it)
-    db_delays: Iterator[float] = field(default_factory=backoff)
+    db_delays: Iterator[float] | None = None  # made on the first lost connection (hot path)
 
     def db_clock(self) -> datetime:
         """The database's clock, from its answer to the claim."""
@@ -130,7 +130,7 @@ class Executor:
 
         def checkpoint(state_json: str, spend: float) -> Any:
             assert run.ctx is not None
-            return self.writer.write(a.run_id, a.token, run.ctx.step, state_json, spend, None,
+            return self.writer.write(a.key, a.token, run.ctx.step, state_json, spend, None,
                                      a.trusted)
 
         def should_yield() -> bool:
@@ -178,7 +178,7 @@ class Executor:
                 return await self.effects.effect(a, key, fn, reconcile)
 
         ctx = run.ctx = RunContext(
-            run_id=str(a.run_id), task=task.name, step=step, attempt=attempt,
+            run_id=a.key, task=task.name, step=step, attempt=attempt,
             token=a.token, wake=run.wake, deadline=run.deadline_at, budget=run.budget,
             spent=run.spent, _effect=effect, _app=self.step_app, _owner=self.settings.worker_id,
             _io=io, affinity=run.affinity, _instance=self.settings.instance,
@@ -238,7 +238,7 @@ class Executor:
         """A checkpoint (batched, fenced); the next step follows in this lease unless the
         run is cancelled, stopped or its lease window is over."""
         a, spend = run.a, ctx._pending_spend
-        status = await self.writer.write(a.run_id, a.token, run.step, state_json, spend, None,
+        status = await self.writer.write(a.key, a.token, run.step, state_json, spend, None,
                                          a.trusted)
         if status != "leased":
             metrics.run_finished(run.task.name, status)
@@ -262,7 +262,7 @@ class Executor:
             await self.parking.fail(a, run.task, run.attempts, _unstorable(exc), spend, True)
             return False
         self.state.finishing_now(a)  # this lease's last write: the slot is free
-        status = await self.writer.write(a.run_id, a.token, run.step, state_json, spend,
+        status = await self.writer.write(a.key, a.token, run.step, state_json, spend,
                                          result_json, a.trusted)
         metrics.run_finished(run.task.name, status)
         return False
@@ -309,6 +309,8 @@ class Executor:
         False when the lease window is over (the run is given back, attempts
         unchanged) or the lease is no longer trusted (left to lapse)."""
         a = run.a
+        if run.db_delays is None:
+            run.db_delays = backoff()
         await asyncio.sleep(next(run.db_delays))
         if not a.trusted():
             return False

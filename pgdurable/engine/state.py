@@ -43,6 +43,7 @@ class Held:
     token: int
     queue: str
     trust_until: float  # monotonic: the lease is not trusted after this
+    key: str  # the run id's text, made once (the step context and the batched write use it)
     task: asyncio.Task[None] | None = None
     in_step: bool = False
     stop_reason: str | None = None  # "cancel" | "lease_lost" | "shutdown"

@@ -113,11 +113,12 @@ class StepGuard:
     async def __aexit__(self, exc_type: type[BaseException] | None,
                         exc: BaseException | None, tb: TracebackType | None) -> None:
         self._ctx._liveness = None
-        try:
-            if exc_type is None:
-                await finish_text(self._ctx)  # the step's text is stored before its checkpoint
-        finally:
-            settle_text(self._ctx)
+        if self._ctx._text is not None:  # the step streamed text
+            try:
+                if exc_type is None:
+                    await finish_text(self._ctx)  # stored before the step's checkpoint
+            finally:
+                settle_text(self._ctx)
         if self._timeout is None:
             return
         kind = self._deadline()[1]

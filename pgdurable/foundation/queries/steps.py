@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
+from typing import NamedTuple
 
 from .core import Query, Row, scalar
 
@@ -27,18 +28,17 @@ def _renewal(r: Row) -> Renewal:
     return Renewal(str(run_id), expires, bool(cancel))
 
 
-@dataclass(frozen=True, slots=True)
-class StepWritten:
+class StepWritten(NamedTuple):
     """One run of a batched write: its resulting status (``'lost'`` where the fence
-    refused the write)."""
+    refused the write). A named tuple, made once per written step on the worker's hot
+    path (the statement answers the id as text: no UUID object made and printed)."""
 
     run_id: str
     status: str
 
 
 def _written(r: Row) -> StepWritten:
-    run_id, status = r
-    return StepWritten(str(run_id), status)
+    return StepWritten._make(r)
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,7 +70,7 @@ CHECKPOINT = scalar(
 # -- as array literals, states and results as ONE JSON array each (built by
 # -- engine/batch_writer.batch_params: no per-element escaping in Python), unpacked here in order
 WRITE_STEPS = Query(
-    "SELECT id, status FROM pgdurable.write_steps(%s::text, %s::uuid[], %s::bigint[], "
+    "SELECT id::text, status FROM pgdurable.write_steps(%s::text, %s::uuid[], %s::bigint[], "
     "ARRAY(SELECT e FROM jsonb_array_elements(%s::jsonb) WITH ORDINALITY AS a(e, n) ORDER BY n), "
     "%s::numeric[], %s::boolean[], "
     "ARRAY(SELECT e FROM jsonb_array_elements(%s::jsonb) WITH ORDINALITY AS a(e, n) ORDER BY n))",

@@ -58,7 +58,7 @@ BINDIR = binaries()
 pytestmark = [
     pytest.mark.skipif(isinstance(BINDIR, str), reason=f"no PostgreSQL server binaries: {BINDIR}"),
     pytest.mark.fleet("_failover_app:app", ttl=TTL, concurrency=4, poll=2.0),
-    pytest.mark.slow,
+    pytest.mark.crash,  # a server is stopped -m immediate
 ]
 
 

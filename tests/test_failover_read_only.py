@@ -38,6 +38,7 @@ BINDIR = binaries()
 pytestmark = [
     pytest.mark.skipif(isinstance(BINDIR, str), reason=f"no PostgreSQL server binaries: {BINDIR}"),
     pytest.mark.fleet("_failover_app:app", ttl=4.0, concurrency=2, poll=1.0),
+    pytest.mark.crash,  # a server is stopped -m immediate
 ]
 
 

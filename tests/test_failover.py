@@ -188,6 +188,16 @@ async def _scenario(cluster: Pair, tmp_path: Path, board: str) -> None:
         assert failover_at.is_set()
         before = list(ledger.started)
         assert before[0][:8] in await _page(board, "/runs")
+        # a run that waits for a signal sent after the failover, awaited by the sync
+        # client in a thread (its own connection, which the failover breaks)
+        held = await app.start("chain", {"n": 3, "wait_at": 1}, revision="1",
+                               idempotency_key="held")
+        standby = cluster.standby.dsn.replace("dbname=postgres", "dbname=app")
+        await _until_on(standby, "SELECT count(*) FROM pgdurable.runs WHERE id = %s "
+                        "AND status = 'waiting'", held)  # parked, and replicated
+        sync_client = pgdurable.DurableClient(cluster.dsn_for("app"))
+        sync_waiter = asyncio.create_task(
+            asyncio.to_thread(sync_client.result, held, WAIT_LIMIT * 2))
         # result() waiters of the runs started so far, awaiting across the failover
         waiters = {rid: asyncio.create_task(app.result(rid, timeout=WAIT_LIMIT * 2))
                    for rid in before}
@@ -227,6 +237,10 @@ async def _scenario(cluster: Pair, tmp_path: Path, board: str) -> None:
                 results[rid] = await w
             except pgdurable.RunNotFound:
                 assert rid in lost_starts, rid
+        assert not sync_waiter.done()
+        await app.signal("go", held, {}, signal_id="go-held")
+        assert await sync_waiter == {"path": [0, 1, 2]}, "the sync client's result()"
+        sync_client.close()
         last = [rid for rid in ledger.started if rid not in lost_starts][-1]
         assert last[:8] in await _page(board, "/runs"), "the dashboard follows the new primary"
         # the first claim on the new primary: no earlier than the promotion began
@@ -285,11 +299,15 @@ async def _until(pred: Callable[[], bool]) -> None:
 
 
 async def _until_primary(cluster: Pair, query: str) -> None:
-    async with await psycopg.AsyncConnection.connect(cluster.primary.dsn,
-                                                     autocommit=True) as c:
+    await _until_on(cluster.primary.dsn, query)
+
+
+async def _until_on(dsn: str, query: str, *params: Any) -> None:
+    """Until ``query`` answers a true first column on the server of ``dsn``."""
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as c:
         end = time.monotonic() + WAIT_LIMIT
         while True:
-            row = await (await c.execute(query)).fetchone()
+            row = await (await c.execute(query, params)).fetchone()
             if row is not None and row[0]:
                 return
             assert time.monotonic() < end, f"timed out: {query}"

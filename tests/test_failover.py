@@ -165,6 +165,7 @@ def test_failover(cluster: Pair, fleet: Fleet, tmp_path: Path) -> None:
     with serving(create_app(cluster.dsn_for("app"))) as board:
         asyncio.run(_scenario(cluster, tmp_path, board))
     assert all(w.poll() is None for w in workers), "a worker exited"
+    fleet.ready(*workers)  # their LISTEN connections (notifiers) are on the new primary
 
 
 async def _page(board: str, path: str) -> str:

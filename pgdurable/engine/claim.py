@@ -31,11 +31,12 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 
 from ..foundation import metrics
 from ..foundation.aio import wait_set
+from ..foundation.errors import ReadOnlyDatabase
 from ..foundation.hints import WakeLimiter
 from ..foundation.queries import claim as cq
 from ..foundation.queries.core import Database, first, many
@@ -64,6 +65,8 @@ class Claimer:
         self._wakeup = cq.next_wakeup(probes)
         self.tasks: list[Task] = []  # the tasks served, set when the worker runs
         self.count = 0  # claim statements issued (tests, metrics)
+        #: Told when a claim is refused by a read-only server (the worker's).
+        self.on_read_only: Callable[[ReadOnlyDatabase], None] | None = None
         self._asked_at = -float("inf")  # when next_wakeup last answered (monotonic)
         self._found_at = -float("inf")  # when a claim last found some runs, not a full batch
 
@@ -199,6 +202,8 @@ class Claimer:
             rows = await self.db.fetchall(cq.CLAIM.sql, params)
             metrics.claim_done(time.monotonic() - start)
         except DB_ERRORS as exc:
+            if isinstance(exc, ReadOnlyDatabase) and self.on_read_only is not None:
+                self.on_read_only(exc)  # a standby: the worker decides (engine/worker.py)
             log.warning("claim failed: %s", exc)
             await asyncio.sleep(min(1.0, s.poll_interval))
             return 0

@@ -21,12 +21,13 @@ import asyncio
 import logging
 import os
 import socket
+from collections.abc import Callable
 from datetime import timedelta
 
 import psycopg
 
 from ..foundation.affinity import ABSENT, PRESENT, STARTED
-from ..foundation.errors import PgDurableError
+from ..foundation.errors import PgDurableError, ReadOnlyDatabase
 from ..foundation.queries.core import Database
 
 __all__ = ["WorkerPresence"]
@@ -52,6 +53,8 @@ class WorkerPresence:
         self._task: asyncio.Task[None] | None = None
         self._withdrawn = False  # a stopped worker announces nothing more
         self._introduced = False  # its row has its host, pid, queues and concurrency
+        #: Told when a renewal is refused by a read-only server (the worker's).
+        self.on_read_only: Callable[[ReadOnlyDatabase], None] | None = None
 
     async def _announce(self) -> bool:
         try:
@@ -66,6 +69,8 @@ class WorkerPresence:
                     self._introduced = True
             return True
         except (TimeoutError, *_DB_ERRORS) as exc:
+            if isinstance(exc, ReadOnlyDatabase) and self.on_read_only is not None:
+                self.on_read_only(exc)  # a standby: the worker decides (engine/worker.py)
             log.warning("worker %s: presence not renewed (%s); its pinned runs are not "
                         "reserved for it until it is", self.worker_id, exc)
             return False

@@ -89,6 +89,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 
+from ..foundation.db import asks_writable
+from ..foundation.errors import ReadOnlyDatabase
 from ..foundation.hints import WakeLimiter
 from ..foundation.queries import run_end as end_q
 from ..foundation.queries.core import Database, first
@@ -189,6 +191,9 @@ class Worker:
         self._done = asyncio.Event()
         self._claims: asyncio.Task[None] | None = None  # the claim loop, while run() runs
         self._claims_deadline: asyncio.TimerHandle | None = None  # see _abandon_claims
+        # a write refused by a read-only server (presence, claims): run() stops and raises it
+        self._read_only: ReadOnlyDatabase | None = None
+        self.presence.on_read_only = self.claimer.on_read_only = self._on_read_only
 
     # -- what tests, metrics and operators read of the parts
     @property
@@ -358,6 +363,26 @@ class Worker:
             executor.shutdown(wait=False, cancel_futures=True)
             self._running = False
             self._done.set()
+        if self._read_only is not None:
+            err, self._read_only = self._read_only, None
+            raise err
+
+    def _on_read_only(self, exc: ReadOnlyDatabase) -> None:
+        """A write of this worker (its presence, a claim) was refused with SQLSTATE
+        25006: the server is a standby, or an old primary back read-only after a
+        failover. A DSN that lists the hosts with ``target_session_attrs=read-write``
+        finds the writable one again (the pool drops a connection whose server
+        turned read-only: ``foundation.db.read_only_now``): go on. Any other DSN
+        reaches that server again and again: stop (:meth:`run` raises ``exc``)
+        instead of retrying forever; its runs' leases lapse on the primary."""
+        if asks_writable(self._listen_conninfo()):
+            log.warning("worker %s: a write met a read-only server (%s); the DSN's hosts "
+                        "are resolved again", self.settings.worker_id, exc)
+            return
+        if self._read_only is None:
+            self._read_only = exc
+            log.error("worker %s: stopping: %s", self.settings.worker_id, exc)
+            self._request_stop(0.0)
 
     async def stop(self, grace: timedelta | float = 30.0) -> None:
         """Stop gracefully: no more claims, steps get ``grace`` seconds, leases go back.

@@ -33,6 +33,7 @@ __all__ = [
     "PermissionDenied",
     "PgDurableError",
     "ProviderClosed",
+    "ReadOnlyDatabase",
     "ReconcileFailed",
     "ResultTimeout",
     "RunCancelled",
@@ -205,6 +206,23 @@ class PermissionDenied(PgDurableError):
     ``insufficient_privilege``): grant it, or connect as the role that has it."""
 
     sqlstate = "42501"
+class ReadOnlyDatabase(PgDurableError):
+    """The server refused a write because it is read-only (SQLSTATE 25006,
+    ``read_only_sql_transaction``): a standby, or an old primary that came back
+    read-only after a failover. Nothing was written. Retrying on the same
+    server cannot succeed: point the DSN at the primary, or list every host and
+    let libpq find the one that takes writes
+    (``host=a,b target_session_attrs=read-write``). A worker that meets it
+    stops (see docs/scaling.md, "Failover")."""
+
+    sqlstate = "25006"
+
+    def __init__(self, message: str = "the server is read-only") -> None:
+        super().__init__(f"{message} (the server is read-only: a standby, or an old primary "
+                         "after a failover; point the DSN at the primary or use "
+                         "host=a,b target_session_attrs=read-write)")
+
+
 class RunFailed(PgDurableError):
     """The awaited run ended ``failed`` (or ``incompatible``); ``error`` is its recorded error.
 

@@ -82,7 +82,7 @@ from psycopg import conninfo as _conninfo
 
 from . import presence
 from .aio import wait_set
-from .errors import DatabaseUnavailable
+from .errors import DatabaseUnavailable, ReadOnlyDatabase, translate
 from .notifications import receive
 from .pooler import aconnect
 
@@ -330,8 +330,10 @@ class Notifier:
                         log.warning("listener connection lost: %s; reconnecting", why)
                     else:
                         log.warning("listener cannot connect: %s; retrying", why)
-                    if conn is not None:
+                    if conn is not None and not isinstance(translate(exc), ReadOnlyDatabase):
                         backoff = BACKOFF[0]  # it was up: the first retry comes soon
+                    # (a server in recovery refuses LISTEN: 25006, not a lost connection;
+                    # it backs off as if it could not connect, up to BACKOFF[1])
                     self._lost()
                     await asyncio.sleep(backoff * random.uniform(0.5, 1.5))
                     backoff = min(backoff * 2, BACKOFF[1])

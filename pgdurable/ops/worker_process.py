@@ -65,7 +65,7 @@ from typing import Any, TypeVar
 from ..app.durable import Durable
 from ..engine.worker import Worker
 from ..foundation import metrics
-from ..foundation.errors import PgDurableError
+from ..foundation.errors import PgDurableError, ReadOnlyDatabase
 
 __all__ = ["WATCHDOG_AFTER_GRACE", "Worker", "configure_logging", "main"]
 
@@ -161,6 +161,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         asyncio.run(_main())
     except _CannotStart as exc:  # one line, no traceback (`pgdurable worker`: exit 2)
         raise SystemExit(f"the worker cannot start: {exc}") from None
+    except ReadOnlyDatabase as exc:  # one line, no traceback: exit 1, not retried forever
+        raise SystemExit(f"the worker stopped: {exc}") from None
 
 
 def configure_logging(level: str | None = None) -> None:

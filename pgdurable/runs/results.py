@@ -20,7 +20,7 @@ async form subscribes to the app's notifier (the process's one LISTEN
 connection, :mod:`pgdurable.foundation.notifier`); the sync form has no event
 loop to share it in, and keeps its own path: a connection of its own per call
 (and one to LISTEN on when the reads go through a transaction pooler and a
-``listen_dsn`` is set).
+``listen_dsn`` is set), made again when it is lost (a failover: docs/scaling.md).
 """
 
 from __future__ import annotations
@@ -35,10 +35,17 @@ from typing import TYPE_CHECKING, Any
 from ..foundation import presence
 from ..foundation import run_queries as q
 from ..foundation.db import connect, translated
-from ..foundation.errors import ResultTimeout, RunCancelled, RunFailed, RunNotFound
+from ..foundation.errors import (
+    DatabaseUnavailable,
+    ResultTimeout,
+    RunCancelled,
+    RunFailed,
+    RunNotFound,
+)
 from ..foundation.notifier import Wakeup
 from ..foundation.pooler import Pooler
 from ..foundation.queries import runs as rq
+from ..foundation.retry import backoff
 
 if TYPE_CHECKING:
     from ..foundation.ports import App
@@ -49,6 +56,8 @@ __all__ = ["CHANNEL", "await_result", "outcome", "result_sync"]
 CHANNEL = "pgdurable_done"
 #: Longest wait between two reads when no notification comes (a missed NOTIFY).
 POLL = 5.0
+#: Seconds the sync waiter keeps reconnecting after its connection was lost.
+RECONNECT = 60.0
 
 
 def _timeout(timeout: object) -> float | None:
@@ -115,10 +124,43 @@ def result_sync(conninfo: str, run_id: object, timeout: object = None, *,
     """Sync twin of :func:`await_result`: reads on a connection of its own
     (through ``pooler``) and LISTENs on ``listen_to`` (the same connection when
     it is ``conninfo`` and no transaction pooler is in between; None: poll).
+
+    A connection lost after it was made (a restart, a failover: a multi-host
+    DSN with ``target_session_attrs=read-write`` finds the new primary) is made
+    again, and the run read again, for up to :data:`RECONNECT` seconds after
+    the loss (and never past ``timeout``); past that, or when the first
+    connection fails, :class:`~pgdurable.DatabaseUnavailable` is raised.
     """
     rid = q.check_run_id(run_id)
     limit = _timeout(timeout)
     end = None if limit is None else time.monotonic() + limit
+    connected_at: list[float] = []  # when each connection was made (monotonic)
+    delays = backoff(0.2, 2.0)
+    lost_at = -math.inf
+    while True:
+        try:
+            return _wait_sync(conninfo, rid, limit, end, pooler, listen_to, connected_at)
+        except DatabaseUnavailable:
+            # lost after it was connected (a restart, a failover to a standby: a
+            # multi-host DSN finds the new primary): connect again and read again,
+            # for at most RECONNECT seconds after the loss and never past the
+            # timeout. A first connection that fails is raised as before.
+            now = time.monotonic()
+            if not connected_at:
+                raise
+            if connected_at[-1] > lost_at:  # a new loss (it was connected since)
+                lost_at, delays = now, backoff(0.2, 2.0)
+            if now - lost_at > RECONNECT or (end is not None and now >= end):
+                raise
+            time.sleep(next(delays))
+            if end is not None and time.monotonic() >= end:
+                raise _expired(rid, limit) from None
+
+
+def _wait_sync(conninfo: str, rid: uuid.UUID, limit: float | None, end: float | None,
+               pooler: Pooler | None, listen_to: str | None, connected_at: list[float]) -> Any:
+    """One connection's worth of :func:`result_sync` (noting in ``connected_at`` when
+    it was connected and listening)."""
     with contextlib.ExitStack() as stack, translated():
         conn = stack.enter_context(connect(conninfo, pooler=pooler))
         listener = None
@@ -128,6 +170,7 @@ def result_sync(conninfo: str, run_id: object, timeout: object = None, *,
             listener = conn if listen_to == conninfo and pooler != "transaction" else (
                 stack.enter_context(connect(listen_to)))
             listener.execute(f"LISTEN {CHANNEL}")
+        connected_at.append(time.monotonic())
         while True:
             if listener is not None and time.monotonic() - announced >= presence.RENEW:
                 if announced == -math.inf:

@@ -55,7 +55,7 @@ from starlette.staticfiles import StaticFiles
 
 from ...foundation import metrics
 from ...foundation import run_queries as rq
-from ...foundation.db import translated, validate_dsn
+from ...foundation.db import acheck_connection, translated, validate_dsn
 from ...foundation.errors import (
     DatabaseUnavailable,
     MigrationError,
@@ -154,6 +154,9 @@ class _Dashboard:
         return AsyncConnectionPool(
             self.dsn, min_size=1, max_size=4, open=False, name="pgdurable-dashboard",
             kwargs={"autocommit": True},
+            # a connection the server closed while it sat idle (a restart, a
+            # failover to a standby) is replaced, not handed to a page
+            check=acheck_connection,
         )
 
     async def open(self) -> None:

@@ -267,6 +267,9 @@ class RunContext:
     _reservation_used: bool = field(default=False, repr=False)  # acquire's wake consumed
     _liveness: Any = field(default=None, repr=False)  # the step's liveness.StepGuard
     _reserves: dict[int, int] = field(default_factory=dict, repr=False)  # reserve keys per step
+    #: Settlements recorded by this step's reservations (JSON objects), not yet written:
+    #: they go with the step's checkpoint, or its next reservation (runs/budgets.py).
+    _settles: list[str] = field(default_factory=list, repr=False)
     #: The run's thread key (thread runs), known after ``await ctx.inbox()``.
     thread_key: str | None = None
     #: The run's affinity (:mod:`pgdurable.foundation.affinity`) as claimed, then as this step
@@ -379,6 +382,14 @@ class RunContext:
         elif not isinstance(key, str) or not key or len(key) > 200:
             raise InvalidInput(f"reserve(key=...) must be a str of 1 to 200 characters, not {key!r}")
         return Reservation(self, amounts, key)
+
+    def _take_settles(self) -> str | None:
+        """The buffered settlements as one JSON array (and none buffered after), or None."""
+        if not self._settles:
+            return None
+        text = "[" + ",".join(self._settles) + "]"
+        self._settles.clear()
+        return text
 
     def heartbeat(self, progress: Any = None) -> None:
         """Report that this step is alive, with optional JSON ``progress``.

@@ -9,8 +9,8 @@ from decimal import Decimal
 
 from .core import Listing, Query, record, scalar, statement
 
-__all__ = ["BUDGET_STARTED", "GAUGES", "PRICE_SET", "RELEASE", "RESERVE", "Reserved", "SET",
-           "SETTLE", "USAGE", "Usage"]
+__all__ = ["BUDGET_STARTED", "GAUGES", "PRICE_SET", "RELEASE", "RESERVE", "RESERVE_SETTLING",
+           "Reserved", "SET", "SETTLE", "SETTLE_PENDING", "USAGE", "Usage"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +39,18 @@ RESERVE: Query[Reserved] = record(
     "SELECT status, budget_key, policy, "
     "extract(epoch FROM retry_at - pgdurable.now())::float8, detail FROM pgdurable.budget_reserve("
     "%s::uuid, %s::bigint, %s::text, %s::integer, %s::text, %s::jsonb)", Reserved)
+# -- fenced (run, token, owner): settle the step's buffered settlements (a JSON array of
+# -- {run, token, step, rkey, amounts, model}), then hold amounts (step, key, amounts
+# -- JSON), in one statement; answers Reserved
+RESERVE_SETTLING: Query[Reserved] = record(
+    "SELECT status, budget_key, policy, "
+    "extract(epoch FROM retry_at - pgdurable.now())::float8, detail "
+    "FROM pgdurable.budget_reserve_settling("
+    "%s::uuid, %s::bigint, %s::text, %s::jsonb, %s::integer, %s::text, %s::jsonb)", Reserved)
+# -- fenced (run, token, owner): settle the step's buffered settlements (JSON array) now;
+# -- answers how many
+SETTLE_PENDING: Query[int] = scalar(
+    "SELECT pgdurable.budget_settle_pending(%s::uuid, %s::bigint, %s::text, %s::jsonb)", int)
 # -- fenced: charge the reservation (step, key) its actual amounts (model or NULL);
 # -- answers 'settled' or 'none'
 SETTLE: Query[str] = scalar(

@@ -13,6 +13,7 @@ from decimal import Decimal
 from typing import Any
 
 import psycopg
+import pytest
 from _waiting import app_running, finished, until
 
 import pgdurable
@@ -191,3 +192,151 @@ def test_a_zombies_checkpoint_settlement_is_refused(conn: psycopg.Connection[Any
     assert scalar(conn, "SELECT held FROM pgdurable.budget_totals "
                         "WHERE budget_key = 'b' AND unit = 'calls'") == 0
     assert conn.execute(TOTALS_DRIFT).fetchall() == []
+
+
+async def test_a_release_wakes_a_run_parked_on_held_capacity(
+        dsn: str, conn: psycopg.Connection[Any]) -> None:
+    """A run parked because another run holds the capacity is made runnable by the
+    transaction that gives it back, not by its fallback timer: the wake its step saw
+    (the checkpoints' record) is stamped with the release's own time, before the timer."""
+    conn.autocommit = True
+    async with pgdurable.Durable(dsn) as app:
+        @app.task("t")
+        async def t(ctx: RunContext, state: Any) -> Any:
+            async with ctx.reserve(calls=1) as r:
+                r.settle(calls=1)
+            return Done(ctx.wake)
+
+        await app.budget("b", limit={"calls": 1}, policy="park")
+        # the holder: a run of another queue, claimed and reserving outside the worker
+        holder = scalar(conn, "SELECT run_id FROM pgdurable.start_run('x', '1', '{}', 'held', "
+                              "0, 3, NULL, NULL, NULL, NULL)")
+        conn.execute("SELECT pgdurable.budget_started_run(%s, '{b}', NULL)", (holder,))
+        token = scalar(conn, "SELECT lease_token FROM pgdurable.claim_runs('h', '{held}', "
+                             "'{x}', '{1}', 1, '1 hour')")
+        assert scalar(conn, "SELECT status FROM pgdurable.budget_reserve(%s, %s, 'h', 0, 'r0', "
+                            "'{\"calls\": 1}')", holder, token) == "reserved"
+        rid = await app.start("t", {}, budgets=["b"])
+        async with app_running(app):
+            async def parked() -> bool:
+                row = conn.execute("SELECT wait_kind FROM pgdurable.runs WHERE id = %s "
+                                   "AND status = 'waiting'", (rid,)).fetchone()
+                return row is not None and row[0] == "pgdurable.budget"
+            await until(parked, "the run to park on the budget")
+            timer = scalar(conn, "SELECT wake_at FROM pgdurable.runs WHERE id = %s", rid)
+            assert timer is not None  # the fallback (5 s): not what wakes it
+            assert scalar(conn, "SELECT pgdurable.budget_release(%s, %s, 'h', 0, 'r0')",
+                          holder, token) == 1
+            info = await finished(app, rid)
+    assert info.status == "completed", info.error
+    assert info.result["payload"] == {"budget": "b", "freed": True}
+    released = scalar(conn, "SELECT at FROM pgdurable.budget_ledger WHERE run_id = %s "
+                            "AND kind = 'release'", holder)
+    woken = scalar(conn, "SELECT (wake ->> 'at')::timestamptz FROM pgdurable.checkpoints "
+                         "WHERE run_id = %s AND wake ->> 'kind' = 'pgdurable.budget'", rid)
+    assert woken == released < timer  # the release's transaction made it runnable
+
+
+async def test_a_settlement_below_its_reservation_wakes_a_parked_run(
+        dsn: str, conn: psycopg.Connection[Any]) -> None:
+    """The rest of a reservation returned at its settlement (here riding the holder's
+    checkpoint) wakes the run parked on it in that transaction."""
+    conn.autocommit = True
+    async with pgdurable.Durable(dsn) as app:
+        @app.task("t")
+        async def t(ctx: RunContext, state: Any) -> Any:
+            async with ctx.reserve(usd=1) as r:
+                r.settle(usd=0.5)
+            return Done(ctx.wake)
+
+        await app.budget("b", limit={"usd": 1.5}, policy="park")
+        holder = scalar(conn, "SELECT run_id FROM pgdurable.start_run('x', '1', '{}', 'held', "
+                              "0, 3, NULL, NULL, NULL, NULL)")
+        conn.execute("SELECT pgdurable.budget_started_run(%s, '{b}', NULL)", (holder,))
+        token = scalar(conn, "SELECT lease_token FROM pgdurable.claim_runs('h', '{held}', "
+                             "'{x}', '{1}', 1, '1 hour')")
+        assert scalar(conn, "SELECT status FROM pgdurable.budget_reserve(%s, %s, 'h', 0, 'r0', "
+                            "'{\"usd\": 1}')", holder, token) == "reserved"
+        rid = await app.start("t", {}, budgets=["b"])
+        async with app_running(app):
+            async def parked() -> bool:
+                return scalar(conn, "SELECT status FROM pgdurable.runs WHERE id = %s",
+                              rid) == "waiting"
+            await until(parked, "the run to park on the budget")
+            settle = (f'[{{"run": "{holder}", "token": {token}, "step": 0, "rkey": "r0", '
+                      '"amounts": {"usd": 0.25}, "model": null}]')
+            assert scalar(conn, "SELECT status FROM pgdurable.write_steps_settling('h', %s, %s, "
+                                "ARRAY['{}'::jsonb], ARRAY[0::numeric], ARRAY[false], "
+                                "ARRAY[NULL::jsonb], %s::jsonb)",
+                          [holder], [token], settle) == "leased"
+            info = await finished(app, rid)
+    assert info.status == "completed", info.error
+    woken = scalar(conn, "SELECT (wake ->> 'at')::timestamptz FROM pgdurable.checkpoints "
+                         "WHERE run_id = %s AND wake ->> 'kind' = 'pgdurable.budget'", rid)
+    assert woken == scalar(conn, "SELECT created_at FROM pgdurable.checkpoints "
+                                 "WHERE run_id = %s", holder)
+    assert conn.execute(TOTALS_DRIFT).fetchall() == []
+
+
+async def test_children_draw_from_their_parents_budget_unless_given_their_own(
+        dsn: str, conn: psycopg.Connection[Any]) -> None:
+    """ctx.start_child takes budgets= and budget= like start: a child given neither is
+    charged to its parent's budgets, one given a named budget or its own to those."""
+    async with pgdurable.Durable(dsn) as app:
+        @app.task("parent")
+        async def parent(ctx: RunContext, state: Any) -> Any:
+            return Done([
+                await ctx.start_child("child", key="inherits", policy="abandon"),
+                await ctx.start_child("child", key="named", budgets=["other"],
+                                      policy="abandon"),
+                await ctx.start_child("child", key="own", budget={"usd": 0.5},
+                                      policy="abandon"),
+            ])
+
+        @app.task("child")
+        async def child(ctx: RunContext, state: Any) -> Any:
+            async with ctx.reserve(usd=0.25) as r:
+                r.settle(usd=0.25)
+            return Done("ok")
+
+        await app.budget("other", limit={"usd": 10})
+        rid = await app.start("parent", {}, budget={"usd": 3})
+        async with app_running(app):
+            info = await finished(app, rid)
+            assert info.status == "completed", info.error
+            inherits, named, own = info.result
+            for c in info.result:
+                assert (await finished(app, c)).status == "completed"
+    charged = dict(conn.execute(
+        "SELECT run_id::text, string_agg(budget_key, ',') FROM pgdurable.budget_ledger "
+        "WHERE kind = 'settle' GROUP BY 1").fetchall())
+    assert charged == {inherits: f"run:{rid}", named: "other", own: f"run:{own}"}
+
+
+async def test_start_many_attaches_each_runs_budgets(
+        dsn: str, conn: psycopg.Connection[Any]) -> None:
+    """start_many takes budgets= and budget= per Start, in its one statement; an
+    unknown budget key starts nothing (BudgetNotFound)."""
+    async with pgdurable.Durable(dsn) as app:
+        @app.task("t")
+        async def t(ctx: RunContext, state: Any) -> Any:
+            return Done(None)
+
+        await app.budget("shared", limit={"calls": 10})
+        ids = await app.start_many([
+            pgdurable.Start("t", {}),
+            pgdurable.Start("t", {}, budgets=["shared"]),
+            {"task": "t", "budget": {"calls": 2}, "budgets": ["shared"]},
+            pgdurable.Start("t", {}, budget=5.0),  # the old spend limit: no ledger budget
+        ])
+        attached = conn.execute("SELECT run_id::text, array_agg(budget_key ORDER BY budget_key) "
+                                "FROM pgdurable.run_budgets GROUP BY 1").fetchall()
+        assert dict(attached) == {ids[1]: ["shared"], ids[2]: [f"run:{ids[2]}", "shared"]}
+        assert scalar(conn, "SELECT budget FROM pgdurable.runs WHERE id = %s", ids[3]) == 5
+        runs = scalar(conn, "SELECT count(*) FROM pgdurable.runs")
+        with pytest.raises(pgdurable.BudgetNotFound):
+            await app.start_many([pgdurable.Start("t", {}),
+                                  pgdurable.Start("t", {}, budgets=["nope"])])
+        with pytest.raises(pgdurable.InvalidInput):
+            await app.start_many([pgdurable.Start("t", {}, budgets=["shared", ""])])
+        assert scalar(conn, "SELECT count(*) FROM pgdurable.runs") == runs

@@ -45,7 +45,7 @@ from ..foundation.queries.core import AsyncTarget, one
 from .flow import RateLimited
 
 __all__ = ["BUDGET_KIND", "UNITS", "BudgetExhausted", "Reservation", "amounts_json",
-           "budget_params", "budget_statement", "price_params", "settle_buffered", "settle_entry",
+           "budget_params", "budget_statement", "budgets_json", "price_params", "settle_buffered", "settle_entry",
            "split_budget"]
 
 #: The units a budget, a reservation or a settlement may name.
@@ -160,6 +160,18 @@ async def settle_buffered(db: AsyncTarget, ctx: Any, owner: str) -> None:
     settles = ctx._take_settles()
     if settles is not None:
         await one(db, bq.SETTLE_PENDING, (ctx.run_id, ctx.token, owner, settles))
+
+
+def budgets_json(budgets: Iterable[str] | None, own: str | None) -> str | None:
+    """One start's budgets for ``start_many`` (``{"keys": [...], "own": {...}}``), or None
+    without any; bad keys: InvalidInput."""
+    if budgets is None and own is None:
+        return None
+    if isinstance(budgets, str) or (budgets is not None and not isinstance(budgets, Iterable)):
+        raise InvalidInput("start(budgets=...) must be a list of budget keys")
+    keys = sorted({_key(k, "start(budgets=...)") for k in budgets or ()})
+    return (f'{{"keys": {json.dumps(keys)}' + ("" if own is None else f', "own": {own}')
+            + "}")
 
 
 class BudgetExhausted(RateLimited):

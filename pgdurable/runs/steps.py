@@ -25,7 +25,7 @@ import asyncio
 import contextvars
 import functools
 import math
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -565,11 +565,12 @@ class RunContext:
         queue: str = "default",
         priority: int = 0,
         deadline: Any = None,
-        budget: float | None = None,
+        budget: float | Mapping[str, float] | None = None,
         revision: str | None = None,
         max_attempts: int | None = None,
         policy: ChildPolicy = "cancel",
         affinity_of: str | None = None,
+        budgets: Iterable[str] | None = None,
     ) -> str:
         """Start a child run of ``task`` (once per this run and ``key``); return its id.
 
@@ -581,13 +582,15 @@ class RunContext:
         Wait for children with :meth:`Wait.children`. See :mod:`pgdurable.runs.children`.
         ``affinity_of`` (a run id, e.g. ``ctx.run_id`` after :meth:`pin`): the
         child starts with that run's affinity, so it runs where that run's
-        service is (:mod:`pgdurable.foundation.affinity`).
+        service is (:mod:`pgdurable.foundation.affinity`). ``budgets`` and ``budget``
+        as in :meth:`~pgdurable.Durable.start` (docs/budgets.md): a child given
+        neither draws from this run's budgets.
         """
         app, _owner = self._attached()
         return await start_child(
             app, self.run_id, self.token, task, state, key=key, queue=queue, priority=priority,
             deadline=deadline, budget=budget, revision=revision, max_attempts=max_attempts,
-            policy=policy, affinity_of=affinity_of,
+            policy=policy, affinity_of=affinity_of, budgets=budgets,
         )
 
     def start_child_sync(self, task: str, state: Any = None, *, key: str, **options: Any) -> str:

@@ -248,6 +248,51 @@ COMMENT ON FUNCTION pgdurable.budget_started_run(uuid, text[], jsonb) IS
   'Attach named budgets (PD016 for an unknown key) and the run''s own budget to a run just started.';
 
 ------------------------------------------------------------------------------
+-- pgdurable._budget_wake(keys) -> integer
+-- Internal: capacity of the budgets `keys` came back (a settlement below its
+-- reservation, a release, dead holds swept): the runs parked on them (wait
+-- ('pgdurable.budget', key)) are made runnable in this transaction, as a
+-- signal would (wake: {type: signal, kind, ref, payload: {budget, freed:
+-- true}}), with ONE NOTIFY pgdurable_wake per queue (not per run). They try
+-- again; those that still do not fit park again. Returns how many woke.
+------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION pgdurable._budget_wake(p_keys text[]) RETURNS integer
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pgdurable, pg_temp AS $$
+DECLARE
+  v_n integer;
+  v_queues text[];
+  v_q text;
+BEGIN
+  IF p_keys IS NULL OR cardinality(p_keys) = 0 THEN
+    RETURN 0;
+  END IF;
+  WITH w AS (
+    UPDATE pgdurable.runs r SET status = 'runnable', available_at = pgdurable.now(),
+           wake = jsonb_build_object('type', 'signal', 'kind', 'pgdurable.budget',
+                                     'ref', r.wait_ref,
+                                     'payload', jsonb_build_object('budget', r.wait_ref,
+                                                                   'freed', true),
+                                     'at', pgdurable.now()),
+           wait_kind = NULL, wait_ref = NULL, wait_since = NULL, wake_at = NULL,
+           updated_at = pgdurable.now()
+     WHERE r.status = 'waiting' AND r.wait_kind = 'pgdurable.budget'
+       AND r.wait_ref = ANY (p_keys)
+    RETURNING r.queue)
+  SELECT count(*), array_agg(DISTINCT w.queue) INTO v_n, v_queues FROM w;
+  IF v_n > 0 THEN
+    FOREACH v_q IN ARRAY v_queues LOOP
+      PERFORM pg_notify('pgdurable_wake', v_q);
+    END LOOP;
+  END IF;
+  RETURN v_n;
+END
+$$;
+COMMENT ON FUNCTION pgdurable._budget_wake(text[]) IS
+  'Internal: make the runs parked on these budgets runnable (capacity came back); one NOTIFY '
+  'per queue.';
+
+------------------------------------------------------------------------------
 -- pgdurable.budget_reserve(id, token, owner, step, rkey, amounts)
 --   -> TABLE(status text, budget_key text, policy text, retry_at timestamptz,
 --            detail text)
@@ -365,6 +410,9 @@ BEGIN
     INSERT INTO pgdurable.budget_ledger (run_id, step, rkey, budget_key, unit, kind, amount, token)
     SELECT d.run_id, d.step, d.rkey, d.budget_key, d.unit, 'release', d.amount, d.token FROM dead d;
     v_swept := true;
+    IF FOUND THEN  -- capacity came back: the runs parked on these budgets try again
+      PERFORM pgdurable._budget_wake(v_keys);
+    END IF;
   END LOOP;
   INSERT INTO pgdurable.budget_holds (run_id, step, rkey, budget_key, unit, amount, token)
   SELECT r.id, p_step, p_rkey, k, e.key, (e.value #>> '{}')::numeric, p_token
@@ -401,6 +449,7 @@ LANGUAGE plpgsql
 SET search_path = pg_catalog, pgdurable, pg_temp AS $$
 DECLARE
   v_amounts jsonb := pgdurable._budget_amounts(p_amounts, 'settle');
+  v_freed text[];
   p pgdurable.budget_prices;
 BEGIN
   IF p_model IS NOT NULL AND NOT v_amounts ? 'usd'
@@ -437,17 +486,23 @@ BEGIN
            coalesce((SELECT x.amount FROM held x WHERE x.budget_key = k.budget_key
                         AND x.unit = u.unit), 0) AS reserved
       FROM (SELECT DISTINCT h.budget_key FROM held h) k,
-           (SELECT h.unit FROM held h UNION SELECT e FROM jsonb_object_keys(v_amounts) e) u)
-  INSERT INTO pgdurable.budget_ledger (run_id, step, rkey, budget_key, unit, kind, amount, token,
-                                       model)
-  SELECT p_run_id, p_step, p_rkey, c.budget_key, c.unit, 'settle', c.actual, p_token, p_model
-    FROM cells c
-  UNION ALL
-  SELECT p_run_id, p_step, p_rkey, c.budget_key, c.unit, 'release', c.reserved - c.actual,
-         p_token, p_model
-    FROM cells c WHERE c.reserved > c.actual;
+           (SELECT h.unit FROM held h UNION SELECT e FROM jsonb_object_keys(v_amounts) e) u),
+  logged AS (
+    INSERT INTO pgdurable.budget_ledger (run_id, step, rkey, budget_key, unit, kind, amount,
+                                         token, model)
+    SELECT p_run_id, p_step, p_rkey, c.budget_key, c.unit, 'settle', c.actual, p_token, p_model
+      FROM cells c
+    UNION ALL
+    SELECT p_run_id, p_step, p_rkey, c.budget_key, c.unit, 'release', c.reserved - c.actual,
+           p_token, p_model
+      FROM cells c WHERE c.reserved > c.actual
+    RETURNING budget_ledger.budget_key, budget_ledger.kind)
+  SELECT array_agg(DISTINCT l.budget_key) FILTER (WHERE l.kind = 'release') INTO v_freed
+    FROM logged l;
   DELETE FROM pgdurable.budget_holds h
    WHERE h.run_id = p_run_id AND h.step = p_step AND h.rkey = p_rkey;
+  -- what was held and not spent came back: the runs parked on those budgets try again
+  PERFORM pgdurable._budget_wake(v_freed);
   RETURN 'settled';
 END
 $$;
@@ -613,6 +668,7 @@ SET search_path = pg_catalog, pgdurable, pg_temp AS $$
 DECLARE
   r pgdurable.runs := pgdurable._fenced(p_id, p_token, p_owner);
   v_n integer;
+  v_keys text[];
 BEGIN
   PERFORM 1 FROM pgdurable.budget_totals t
    WHERE t.budget_key IN (SELECT h.budget_key FROM pgdurable.budget_holds h
@@ -625,8 +681,9 @@ BEGIN
   logged AS (
     INSERT INTO pgdurable.budget_ledger (run_id, step, rkey, budget_key, unit, kind, amount, token)
     SELECT g.run_id, g.step, g.rkey, g.budget_key, g.unit, 'release', g.amount, g.token
-      FROM gone g RETURNING 1)
-  SELECT count(*) INTO v_n FROM logged;
+      FROM gone g RETURNING budget_ledger.budget_key)
+  SELECT count(*), array_agg(DISTINCT l.budget_key) INTO v_n, v_keys FROM logged l;
+  PERFORM pgdurable._budget_wake(v_keys);  -- the runs parked on them try again
   RETURN v_n;
 END
 $$;

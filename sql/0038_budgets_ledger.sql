@@ -59,7 +59,28 @@ SELECT b.key, u.unit,
                   ELSE timestamptz '-infinity' END AS ws) w,
        unnest(ARRAY['usd', 'tokens', 'tokens_in', 'tokens_out', 'calls']::text[]) u(unit);
 
+-- Ledger retention (pgdurable.budget_prune_ledger, run by prune after the runs): the
+-- rows of runs deleted by retention go once no window can count them; their
+-- settlements are folded here first, so budget_model_spend stays exact (and a
+-- windowless budget's total is in budget_totals already).
+CREATE TABLE pgdurable.budget_ledger_pruned (
+  budget_key text NOT NULL REFERENCES pgdurable.budgets (key) ON DELETE CASCADE,
+  unit text NOT NULL,
+  model text NOT NULL DEFAULT '',
+  settled numeric NOT NULL DEFAULT 0,
+  settlements bigint NOT NULL DEFAULT 0,
+  PRIMARY KEY (budget_key, unit, model)
+);
+COMMENT ON TABLE pgdurable.budget_ledger_pruned IS
+  'The settlements of pruned ledger rows, folded per budget, unit and model (retention).';
+COMMENT ON COLUMN pgdurable.budget_ledger_pruned.budget_key IS 'The budget.';
+COMMENT ON COLUMN pgdurable.budget_ledger_pruned.unit IS 'The unit.';
+COMMENT ON COLUMN pgdurable.budget_ledger_pruned.model IS 'The model the settlements named (empty: none).';
+COMMENT ON COLUMN pgdurable.budget_ledger_pruned.settled IS 'Their total.';
+COMMENT ON COLUMN pgdurable.budget_ledger_pruned.settlements IS 'How many settlement rows.';
+
 INSERT INTO pgdurable.security_api (routine, readonly) VALUES
+  ('pgdurable.budget_prune_ledger(integer)', false),
   ('pgdurable.write_steps_settling(text,uuid[],bigint[],jsonb[],numeric[],boolean[],jsonb[],jsonb)',
    false),
   ('pgdurable.budget_reserve_settling(uuid,bigint,text,jsonb,integer,text,jsonb)', false),

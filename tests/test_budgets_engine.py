@@ -340,3 +340,45 @@ async def test_start_many_attaches_each_runs_budgets(
         with pytest.raises(pgdurable.InvalidInput):
             await app.start_many([pgdurable.Start("t", {}, budgets=["shared", ""])])
         assert scalar(conn, "SELECT count(*) FROM pgdurable.runs") == runs
+
+
+async def test_ledger_retention_keeps_usage_and_limits_exact(
+        dsn: str, conn: psycopg.Connection[Any]) -> None:
+    """prune deletes the ledger rows of the runs it pruned (batch by batch), folding
+    their settlements first: the usage, the per-model spend and the limit are the same
+    after as before."""
+    from pgdurable.ops.retention import prune
+
+    async with pgdurable.Durable(dsn) as app:
+        @app.task("t")
+        async def t(ctx: RunContext, state: Any) -> Any:
+            async with ctx.reserve(usd=state["usd"]) as r:
+                r.settle(model="m", tokens_in=100, tokens_out=50)  # usd 0.2 by the price
+            return Done(None)
+
+        await app.set_price("m", usd_per_token_in=Decimal("0.001"),
+                            usd_per_token_out=Decimal("0.002"))
+        await app.budget("b", limit={"usd": 1})
+        ids = [await app.start("t", {"usd": 0.3}, budgets=["b"]) for _ in range(3)]
+        async with app_running(app):
+            for rid in ids:
+                assert (await finished(app, rid)).status == "completed"
+        usage = ("SELECT unit, settled, held FROM pgdurable.budget_usage "
+                 "WHERE budget_key = 'b' ORDER BY unit")
+        model = ("SELECT model, budget_key, unit, settled, settlements "
+                 "FROM pgdurable.budget_model_spend ORDER BY 1, 2, 3")
+        before_usage = conn.execute(usage).fetchall()
+        before_model = conn.execute(model).fetchall()
+        rows = scalar(conn, "SELECT count(*) FROM pgdurable.budget_ledger")
+        assert before_usage[-1] == ("usd", Decimal("0.600"), 0)
+        result = await prune(dsn, "0s", batch=4)
+        assert result.runs == 3 and result.budget_ledger == rows
+        assert scalar(conn, "SELECT count(*) FROM pgdurable.budget_ledger") == 0
+        assert conn.execute(usage).fetchall() == before_usage
+        assert conn.execute(model).fetchall() == before_model
+        # the limit still counts the pruned spend: 0.4 of 1 is left
+        over = await app.start("t", {"usd": 0.45}, budgets=["b"])
+        fits = await app.start("t", {"usd": 0.4}, budgets=["b"])
+        async with app_running(app):
+            assert (await finished(app, over)).status == "failed"
+            assert (await finished(app, fits)).status == "completed"

@@ -107,7 +107,9 @@ COMMENT ON FUNCTION pgdurable._budget_key(text) IS
 -- pgdurable._budget_totals_init(key, recount) -> void
 -- Internal: make sure the budget has its running totals (a budget_totals row
 -- per unit); with `recount`, count `settled` of its current window again from
--- the ledger (a budget created or given another window).
+-- the ledger (a budget created or given another window; all time: with the
+-- folded settlements of pruned rows; a fixed or rolling window counts the rows
+-- kept: pruned ones were outside the window they were pruned under).
 ------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION pgdurable._budget_totals_init(p_key text, p_recount boolean)
 RETURNS void
@@ -125,7 +127,12 @@ BEGIN
              coalesce((SELECT sum(l.amount) FROM pgdurable.budget_ledger l
                         WHERE l.budget_key = p_key AND l.unit = t.unit AND l.kind = 'settle'
                           AND l.at >= pgdurable._budget_window_start(b.window_kind,
-                                                                     b.window_length)), 0) END,
+                                                                     b.window_length)), 0)
+             -- all time: the settlements of pruned rows too
+             + CASE WHEN b.window_kind = 'none' THEN
+                 coalesce((SELECT sum(p.settled) FROM pgdurable.budget_ledger_pruned p
+                            WHERE p.budget_key = p_key AND p.unit = t.unit), 0)
+               ELSE 0 END END,
            window_start = CASE WHEN b.window_kind = 'fixed'
                                THEN pgdurable._budget_window_start(b.window_kind, b.window_length)
                                ELSE timestamptz '-infinity' END
@@ -756,3 +763,52 @@ CREATE TRIGGER budget_ledger_total
   AFTER INSERT ON pgdurable.budget_ledger
   REFERENCING NEW TABLE AS new_rows
   FOR EACH STATEMENT EXECUTE FUNCTION pgdurable._budget_ledger_total();
+
+------------------------------------------------------------------------------
+-- pgdurable.budget_prune_ledger(batch) -> bigint
+-- Retention of the ledger (run by pgdurable.ops.retention.prune after the
+-- runs): delete up to `batch` (1..100000, else PD000) ledger rows of runs
+-- that no longer exist (pruned by retention) and that no window can count
+-- any more: reserve and release rows, and settle rows of a budget without a
+-- window (its total is in budget_totals) or older than its current window's
+-- start. Their settlements are folded into budget_ledger_pruned first (per
+-- budget, unit and model), so the usage and the per-model views stay exact.
+-- Returns how many rows went (fewer than `batch`: nothing more to prune now).
+------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION pgdurable.budget_prune_ledger(p_batch integer) RETURNS bigint
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pgdurable, pg_temp AS $$
+DECLARE
+  v_n bigint;
+BEGIN
+  IF p_batch IS NULL OR p_batch < 1 OR p_batch > 100000 THEN
+    RAISE EXCEPTION 'budget_prune_ledger: batch must be between 1 and 100000'
+      USING ERRCODE = 'PD000';
+  END IF;
+  WITH doomed AS MATERIALIZED (
+    SELECT x.id FROM pgdurable.budget_ledger x
+      JOIN pgdurable.budgets b ON b.key = x.budget_key
+     WHERE NOT EXISTS (SELECT 1 FROM pgdurable.runs q WHERE q.id = x.run_id)
+       AND (x.kind <> 'settle' OR b.window_kind = 'none'
+            OR x.at < pgdurable._budget_window_start(b.window_kind, b.window_length))
+     ORDER BY x.id LIMIT p_batch
+     FOR UPDATE OF x SKIP LOCKED),
+  gone AS (
+    DELETE FROM pgdurable.budget_ledger l USING doomed d WHERE l.id = d.id
+    RETURNING l.budget_key, l.unit, l.model, l.kind, l.amount),
+  folded AS (
+    INSERT INTO pgdurable.budget_ledger_pruned AS p (budget_key, unit, model, settled,
+                                                     settlements)
+    SELECT g.budget_key, g.unit, coalesce(g.model, ''), sum(g.amount), count(*)
+      FROM gone g WHERE g.kind = 'settle' GROUP BY 1, 2, 3
+    ON CONFLICT (budget_key, unit, model) DO UPDATE
+      SET settled = p.settled + excluded.settled,
+          settlements = p.settlements + excluded.settlements
+    RETURNING 1)
+  SELECT count(*) INTO v_n FROM gone;
+  RETURN v_n;
+END
+$$;
+COMMENT ON FUNCTION pgdurable.budget_prune_ledger(integer) IS
+  'Retention: delete a batch of ledger rows of pruned runs that no window counts (settlements '
+  'folded into budget_ledger_pruned).';

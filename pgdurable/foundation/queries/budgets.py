@@ -9,7 +9,8 @@ from decimal import Decimal
 
 from .core import Listing, Query, record, scalar, statement
 
-__all__ = ["BUDGET_STARTED", "GAUGES", "PRICE_SET", "RELEASE", "RESERVE", "RESERVE_SETTLING",
+__all__ = ["BUDGET_STARTED", "GAUGES", "PRICE_SET", "PRUNE_LEDGER", "RELEASE", "RESERVE",
+           "RESERVE_SETTLING",
            "Reserved", "SET", "SETTLE", "SETTLE_PENDING", "USAGE", "Usage"]
 
 
@@ -60,6 +61,9 @@ SETTLE: Query[str] = scalar(
 RELEASE: Query[int] = scalar(
     "SELECT pgdurable.budget_release(%s::uuid, %s::bigint, %s::text, %s::integer, %s::text)",
     int)
+# -- retention: delete up to n ledger rows of pruned runs that no window counts (their
+# -- settlements folded into budget_ledger_pruned); how many went
+PRUNE_LEDGER: Query[int] = scalar("SELECT pgdurable.budget_prune_ledger(%s::integer)", int)
 # -- wraps a start statement (run_id, created): attach named budgets (keys) and the
 # -- run's own (limits JSON or NULL) in the same statement; PD016 for an unknown key
 BUDGET_STARTED = (

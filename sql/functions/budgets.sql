@@ -257,11 +257,13 @@ COMMENT ON FUNCTION pgdurable.budget_started_run(uuid, text[], jsonb) IS
 ------------------------------------------------------------------------------
 -- pgdurable._budget_wake(keys) -> integer
 -- Internal: capacity of the budgets `keys` came back (a settlement below its
--- reservation, a release, dead holds swept): the runs parked on them (wait
--- ('pgdurable.budget', key)) are made runnable in this transaction, as a
--- signal would (wake: {type: signal, kind, ref, payload: {budget, freed:
--- true}}), with ONE NOTIFY pgdurable_wake per queue (not per run). They try
--- again; those that still do not fit park again. Returns how many woke.
+-- reservation, a release, dead holds swept): the (at most 4) longest-parked
+-- runs on them (wait ('pgdurable.budget', key)) are made runnable in this
+-- transaction, as a signal would (wake: {type: signal, kind, ref, payload:
+-- {budget, freed: true}}), with ONE NOTIFY pgdurable_wake per queue (not per
+-- run). First parked, first woken; not all of them (a herd would mostly park
+-- again); the next freeing transaction wakes the next ones. Those that still
+-- do not fit park again. Returns how many woke.
 ------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION pgdurable._budget_wake(p_keys text[]) RETURNS integer
 LANGUAGE plpgsql
@@ -274,7 +276,13 @@ BEGIN
   IF p_keys IS NULL OR cardinality(p_keys) = 0 THEN
     RETURN 0;
   END IF;
-  WITH w AS (
+  WITH picked AS MATERIALIZED (
+    SELECT q.id FROM pgdurable.runs q
+     WHERE q.status = 'waiting' AND q.wait_kind = 'pgdurable.budget'
+       AND q.wait_ref = ANY (p_keys)
+     ORDER BY q.wait_since, q.id LIMIT 4
+     FOR UPDATE SKIP LOCKED),
+  w AS (
     UPDATE pgdurable.runs r SET status = 'runnable', available_at = pgdurable.now(),
            wake = jsonb_build_object('type', 'signal', 'kind', 'pgdurable.budget',
                                      'ref', r.wait_ref,
@@ -283,8 +291,8 @@ BEGIN
                                      'at', pgdurable.now()),
            wait_kind = NULL, wait_ref = NULL, wait_since = NULL, wake_at = NULL,
            updated_at = pgdurable.now()
-     WHERE r.status = 'waiting' AND r.wait_kind = 'pgdurable.budget'
-       AND r.wait_ref = ANY (p_keys)
+      FROM picked p
+     WHERE r.id = p.id
     RETURNING r.queue)
   SELECT count(*), array_agg(DISTINCT w.queue) INTO v_n, v_queues FROM w;
   IF v_n > 0 THEN

@@ -14,11 +14,17 @@ its scratch database ``pgdurable_bench_budgets`` and migrates it.
    ``plain`` (Continue, nothing else) or ``budgeted`` (the same step inside
    ``async with ctx.reserve(usd=0.01, calls=1) as r: r.settle(usd=0.005)``, the run
    drawing from a named budget and its own); rounds alternate. Reported: ms per step
-   (database clock, first checkpoint to last) and the extra statements per step.
+   (database clock, first checkpoint to last) and the extra statements per step: the
+   transactions that wrote the run's ledger rows other than its checkpoints' (xmin).
 2. Hot key: ``N`` runs (8, then 32) on a worker of concurrency ``N``, each looping
    steps of one reserve + settle on the same budget (limit high enough never to
    refuse) for ``--seconds``; reported: reservations/s from the ledger's settle rows
    (their database-clock times).
+3. One reservation's cost against the bare lease fence (``pgdurable._fenced``, the
+   baseline), each its own autocommit statement on one connection, on a budget whose
+   ledger already holds ``--ledger`` settlements of other runs: a reservation must not
+   cost more as the ledger grows (medians of ``--calls`` calls, benchmarks/_driver.py
+   ``spread``).
 """
 
 from __future__ import annotations
@@ -26,9 +32,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import statistics
+import time
 from typing import Any
 
 import psycopg
+from _driver import load, spread
 from _scratch import drop_scratch, scratch_dsn
 
 import pgdurable
@@ -63,8 +71,17 @@ def build(dsn: str, steps: int) -> pgdurable.Durable:
     return app
 
 
+#: The transactions of a run's ledger rows that are not one of its checkpoints' (the
+#: reservations' own statements), per step.
+EXTRA = """
+SELECT count(DISTINCT l.xmin::text)::float8 / %s FROM pgdurable.budget_ledger l
+ WHERE l.run_id = %s AND l.xmin::text NOT IN (
+       SELECT c.xmin::text FROM pgdurable.checkpoints c WHERE c.run_id = %s)
+"""
+
+
 async def one_run(app: pgdurable.Durable, conn: psycopg.AsyncConnection[Any], task: str,
-                  steps: int, **start: Any) -> float:
+                  steps: int, extra: list[float] | None = None, **start: Any) -> float:
     rid = await app.start(task, {}, **start)
     w = app.worker(concurrency=1, poll_interval=0.05)
     running = asyncio.create_task(w.run())
@@ -75,6 +92,11 @@ async def one_run(app: pgdurable.Durable, conn: psycopg.AsyncConnection[Any], ta
                              "FROM pgdurable.checkpoints WHERE run_id = %s", (rid,))
     row = await cur.fetchone()
     assert row is not None
+    if extra is not None:
+        cur = await conn.execute(EXTRA, (steps, rid, rid))
+        got = await cur.fetchone()
+        assert got is not None
+        extra.append(float(got[0]))
     return float(row[0]) * 1000 / (steps - 1)
 
 
@@ -96,23 +118,67 @@ async def hot_key(app: pgdurable.Durable, conn: psycopg.AsyncConnection[Any], n:
     return float(row[0]) / float(row[1])
 
 
-async def main(dsn: str, steps: int, rounds: int, seconds: float) -> None:
+async def reserve_cost(conn: psycopg.AsyncConnection[Any], ledger: int, calls: int
+                       ) -> tuple[list[float], list[float]]:
+    """The ms of each bare fence and of each reservation, on a budget with ``ledger``
+    earlier settlements."""
+    await conn.execute("SELECT pgdurable.budget_set('big', '{\"usd\": 1e12, \"calls\": 1e12}', "
+                       "'none', NULL, 'fail')")
+    await conn.execute(
+        "INSERT INTO pgdurable.budget_ledger (run_id, step, rkey, budget_key, unit, kind, "
+        "amount, token) SELECT gen_random_uuid(), g, 'r0', 'big', u, 'settle', 0.005, 1 "
+        "FROM generate_series(1, %s) g, unnest(ARRAY['usd', 'calls']) u", (ledger // 2,))
+    await conn.execute("ANALYZE pgdurable.budget_ledger")
+    cur = await conn.execute("SELECT run_id FROM pgdurable.start_run('micro', '1', '{}', "
+                             "'micro', 0, 3, NULL, NULL, NULL, NULL)")
+    row = await cur.fetchone()
+    assert row is not None
+    rid = row[0]
+    await conn.execute("SELECT pgdurable.budget_started_run(%s, '{big}', NULL)", (rid,))
+    cur = await conn.execute("SELECT lease_token FROM pgdurable.claim_runs('bench', "
+                             "'{micro}', '{micro}', '{1}', 1, '1 hour')")
+    row = await cur.fetchone()
+    assert row is not None
+    token = row[0]
+    fence: list[float] = []
+    reserve: list[float] = []
+    for i in range(calls):
+        t = time.perf_counter()
+        await conn.execute("SELECT pgdurable._fenced(%s, %s, 'bench')", (rid, token))
+        fence.append((time.perf_counter() - t) * 1000)
+        t = time.perf_counter()
+        await conn.execute("SELECT * FROM pgdurable.budget_reserve(%s, %s, 'bench', %s, 'r0', "
+                           "'{\"usd\": 0.01, \"calls\": 1}')", (rid, token, i))
+        reserve.append((time.perf_counter() - t) * 1000)
+    await conn.execute("UPDATE pgdurable.runs SET status = 'cancelled' WHERE id = %s", (rid,))
+    return fence, reserve
+
+
+async def main(dsn: str, steps: int, rounds: int, seconds: float, ledger: int,
+               calls: int) -> None:
     app = build(dsn, steps)
     async with app, await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
         await app.budget("tenant", limit={"usd": 1e9, "calls": 1e9})
         await app.budget("hot", limit={"usd": 1e9, "calls": 1e9})
         plain: list[float] = []
         budgeted: list[float] = []
+        extra: list[float] = []
         for _ in range(rounds):
             plain.append(await one_run(app, conn, "plain", steps))
-            budgeted.append(await one_run(app, conn, "budgeted", steps, budgets=["tenant"],
-                                          budget={"usd": 1e6}))
+            budgeted.append(await one_run(app, conn, "budgeted", steps, extra,
+                                          budgets=["tenant"], budget={"usd": 1e6}))
         p, b = statistics.median(plain), statistics.median(budgeted)
         print(f"per step: plain {p:.2f} ms, with reserve + settle {b:.2f} ms "
-              f"(+{b - p:.2f} ms, x{b / p:.2f}); 2 extra statements per step")
+              f"(+{b - p:.2f} ms, x{b / p:.2f}); {statistics.median(extra):.2f} extra "
+              "statements (transactions) per step, from the ledger's xmin")
         for n in (8, 32):
             print(f"hot key, {n} concurrent callers: {await hot_key(app, conn, n, seconds):.0f} "
                   "reservations/s (each a reserve + settle)")
+        fence, reserve = await reserve_cost(conn, ledger, calls)
+        f, r = statistics.median(fence), statistics.median(reserve)
+        print(f"one reservation, ledger of {ledger} settlements: {r:.2f} ms vs the bare fence "
+              f"{f:.2f} ms (x{r / f:.2f}); reserve ms {spread(reserve)}; fence ms "
+              f"{spread(fence)}; {load()}")
 
 
 if __name__ == "__main__":
@@ -121,6 +187,8 @@ if __name__ == "__main__":
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--seconds", type=float, default=5.0)
+    ap.add_argument("--ledger", type=int, default=20_000)
+    ap.add_argument("--calls", type=int, default=300)
     ap.add_argument("--async-commit", action="store_true",
                     help="synchronous_commit = off in the scratch database")
     args = ap.parse_args()
@@ -129,6 +197,6 @@ if __name__ == "__main__":
         with psycopg.connect(bench, autocommit=True) as c:
             c.execute(f"ALTER DATABASE {DB} SET synchronous_commit = off")
     try:
-        asyncio.run(main(bench, args.steps, args.rounds, args.seconds))
+        asyncio.run(main(bench, args.steps, args.rounds, args.seconds, args.ledger, args.calls))
     finally:
         drop_scratch(args.dsn, DB)

@@ -1,5 +1,6 @@
 """Spend control: a tenant's shared budget, a run's own budget shared by its
-children, reservations before each model call, and a parked run woken by a
+children (and a child with its own), reservations before each model call (each
+settlement written with its step's checkpoint), and a parked run woken by a
 raised limit.
 
 Run with a migrated database:  PGDURABLE_DSN=postgresql://... python examples/budgets.py
@@ -40,6 +41,9 @@ async def research(ctx: RunContext, state: dict[str, Any]) -> Any:
     if ctx.wake is None:  # three sub-agents draw from this run's own budget
         ids = [await ctx.start_child("ask", {"prompt": f"part {i}"}, key=f"part-{i}")
                for i in range(3)]
+        # and one from a budget of its own (budgets=[...] would name shared ones)
+        ids.append(await ctx.start_child("ask", {"prompt": "review"}, key="review",
+                                         budget={"usd": 0.1, "calls": 1}))
         return Wait.children(ids)
     return Done(sorted(c["status"] for c in ctx.wake["children"].values()))
 
@@ -62,7 +66,7 @@ async def main() -> None:
         task = asyncio.create_task(worker.run())
         try:
             tree = await app.start("research", {}, budget={"usd": 0.5, "calls": 3})
-            assert (await until_status(tree, "completed")).result == ["completed"] * 3
+            assert (await until_status(tree, "completed")).result == ["completed"] * 4
 
             for prompt in ("a", "b"):
                 rid = await app.start("ask", {"prompt": prompt}, budgets=["tenant:acme"])

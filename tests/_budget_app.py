@@ -3,7 +3,7 @@
 Run as ``python -m pgdurable.worker _budget_app:app`` with ``PYTHONPATH=tests``
 and ``PGDURABLE_DSN`` set to the test database.
 
-* ``draw`` -- two steps; each reserves a pseudo-random 18..42 tokens of the
+* ``draw`` -- two charged steps; each reserves a pseudo-random 18..42 tokens of the
   run's budgets (the amounts follow from the run id and the step, so a replayed
   step asks for the same), holds them for a pseudo-random 0.05-0.4 s (the model
   call), settles a sixth of it and records what it settled in its state
@@ -24,7 +24,7 @@ app = pgdurable.Durable(pool_size=8)
 
 @app.task("draw", revision="1", max_attempts=20)
 async def draw(ctx: RunContext, state: dict[str, Any]) -> Any:
-    if ctx.step >= 2:
+    if len(state.get("charged", [])) >= 2:  # (a park takes a step index too)
         return Done(None)
     rnd = random.Random(f"{ctx.run_id}:{ctx.step}")
     want = rnd.randint(18, 42)

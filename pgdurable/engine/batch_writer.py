@@ -40,6 +40,7 @@ class _Write:
     spend: float
     result_json: str | None
     done: asyncio.Future[str]
+    settles: str | None = None  # the step's buffered budget settlements (a JSON array)
 
 
 class StepWriter:
@@ -55,13 +56,16 @@ class StepWriter:
 
     async def write(
         self, run_id: str, token: int, step: int, state_json: str, spend: float,
-        result_json: str | None, trusted: Callable[[], bool],
+        result_json: str | None, trusted: Callable[[], bool], settles: str | None = None,
     ) -> str:
         """Checkpoint step ``step`` (``result_json`` None) or complete the run ``run_id``
         (its id's text); its new status.
 
-        After a lost connection, looks whether the write applied and otherwise
-        sends it again, while ``trusted()`` holds.
+        ``settles``: the budget settlements the step buffered (a JSON array,
+        :meth:`~pgdurable.runs.steps.RunContext._take_settles`), written in the
+        same transaction (``write_steps_settling``). After a lost connection,
+        looks whether the write applied and otherwise sends it again, while
+        ``trusted()`` holds.
         """
         delays: Iterator[float] | None = None  # made on the first failure only (hot path)
         sent = False
@@ -74,7 +78,7 @@ class StepWriter:
                         return self._checked(status, run_id, token)
                 sent = True
                 return self._checked(
-                    await self._enqueue(run_id, token, state_json, spend, result_json),
+                    await self._enqueue(run_id, token, state_json, spend, result_json, settles),
                     run_id, token,
                 )
             except LeaseLost:
@@ -105,10 +109,10 @@ class StepWriter:
 
     async def _enqueue(
         self, run_id: str, token: int, state_json: str, spend: float,
-        result_json: str | None,
+        result_json: str | None, settles: str | None,
     ) -> str:
         fut: asyncio.Future[str] = asyncio.get_running_loop().create_future()
-        self._queue.append(_Write(run_id, token, state_json, spend, result_json, fut))
+        self._queue.append(_Write(run_id, token, state_json, spend, result_json, fut, settles))
         if self._flusher is None:
             self._flusher = asyncio.create_task(self._flush())
         # shielded: a write that was sent is awaited to its end (it is fenced anyway)
@@ -116,9 +120,13 @@ class StepWriter:
 
     async def _send(self, batch: list[_Write]) -> list[sq.StepWritten]:
         params = batch_params(self._owner, batch)
+        query = sq.WRITE_STEPS
+        settles = [b.settles[1:-1] for b in batch if b.settles]  # JSON arrays' elements
+        if settles:
+            query, params = sq.WRITE_STEPS_SETTLING, (*params, "[" + ",".join(settles) + "]")
         self.count += 1
         async with self._lock:
-            return sq.WRITE_STEPS.all(await self._db.fetchall(sq.WRITE_STEPS.sql, params))
+            return query.all(await self._db.fetchall(query.sql, params))
 
     async def _flush(self) -> None:
         try:

@@ -40,6 +40,7 @@ from ..foundation.queries.claim import ClaimedRun
 from ..foundation.queries.core import Database, first
 from ..foundation.retry import backoff, is_lost_connection, is_transient
 from ..runs import tracing
+from ..runs.budgets import settle_buffered
 from ..runs.flow import RateLimited
 from ..runs.liveness import step_guard
 from ..runs.steps import (
@@ -131,7 +132,7 @@ class Executor:
         def checkpoint(state_json: str, spend: float) -> Any:
             assert run.ctx is not None
             return self.writer.write(a.key, a.token, run.ctx.step, state_json, spend, None,
-                                     a.trusted)
+                                     a.trusted, run.ctx._take_settles())
 
         def should_yield() -> bool:
             return (self.state.stopping or a.stop_reason is not None
@@ -140,7 +141,12 @@ class Executor:
         def pin(mode: str | None, wait: timedelta | None, info: str | None) -> Any:
             return self._pin(a, mode, wait, info)
 
-        return RunIO(checkpoint=checkpoint, release=lambda: self.parking.release(a),
+        async def release() -> Any:
+            if run.ctx is not None:
+                await self._settle_buffered(a, run.ctx)
+            return await self.parking.release(a)
+
+        return RunIO(checkpoint=checkpoint, release=release,
                      should_yield=should_yield, pin=pin)
 
     async def execute(self, a: Held, row: ClaimedRun, claimed_at: float) -> None:
@@ -193,6 +199,13 @@ class Executor:
         run.affinity = ctx.affinity  # as the step pinned or unpinned it
         if outcome is None:
             return False  # settled (failed, cancelled, lost)
+        if isinstance(outcome, BaseException) and is_lost_connection(outcome):
+            with contextlib.suppress(Exception):  # the spend happened: record it if we can
+                await self._settle_buffered(a, ctx)
+        elif isinstance(outcome, BaseException) or (
+                outcome is not None and not isinstance(outcome[0], Continue | Done)):
+            await self._settle_buffered(a, ctx)  # a park or a failure: the spend happened
+        # (a Continue or Done: the step's settlements go with its write)
         if isinstance(outcome, BaseException):
             if is_lost_connection(outcome):
                 return await self._on_lost_connection(run, ctx)
@@ -239,7 +252,7 @@ class Executor:
         run is cancelled, stopped or its lease window is over."""
         a, spend = run.a, ctx._pending_spend
         status = await self.writer.write(a.key, a.token, run.step, state_json, spend, None,
-                                         a.trusted)
+                                         a.trusted, ctx._take_settles())
         if status != "leased":
             metrics.run_finished(run.task.name, status)
             return False
@@ -263,7 +276,7 @@ class Executor:
             return False
         self.state.finishing_now(a)  # this lease's last write: the slot is free
         status = await self.writer.write(a.key, a.token, run.step, state_json, spend,
-                                         result_json, a.trusted)
+                                         result_json, a.trusted, ctx._take_settles())
         metrics.run_finished(run.task.name, status)
         return False
 
@@ -292,6 +305,11 @@ class Executor:
             await self.parking.park(run.a, state_json, ctx._pending_spend, None, None, None,
                                     as_timedelta(sleep.seconds))
         return False
+
+    async def _settle_buffered(self, a: Held, ctx: RunContext) -> None:
+        """The step's buffered budget settlements, written now (fenced) when it ends
+        otherwise than by a checkpoint (a park, a failure, a stop)."""
+        await settle_buffered(self.db, ctx, self.settings.worker_id)
 
     async def _pin(self, a: Held, mode: str | None, wait: timedelta | None,
                    info_json: str | None) -> Affinity | None:
@@ -364,6 +382,8 @@ class Executor:
                 if current is not None and cancelled:
                     current.uncancel()
                 a.in_step = False
+                with contextlib.suppress(LeaseLost):  # the spend happened; lost: not ours
+                    await self._settle_buffered(a, ctx)
                 await self.parking.settle_stopped(a, ctx._pending_spend)
                 return None
             if isinstance(exc, asyncio.CancelledError) and cancelled:

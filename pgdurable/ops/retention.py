@@ -65,6 +65,7 @@ from ..foundation.errors import InvalidInput, PgDurableError
 from ..foundation.migrations import acheck_schema, check_schema
 from ..foundation.pooler import aconnect
 from ..foundation.pooler import connect as pooler_connect
+from ..foundation.queries import budgets as bq
 from ..foundation.queries import events as eq
 from ..foundation.queries import retention as rq
 from ..foundation.queries.core import Query, one, one_sync
@@ -136,12 +137,16 @@ class PruneResult:
     #: the emptied trigger windows of finished runs (``prune_events``); a dry run counts
     #: the events only.
     sent_events: int = 0
+    #: Budget ledger rows of pruned runs that no window counts any more
+    #: (``budget_prune_ledger``, docs/budgets.md; their settlements are folded first).
+    budget_ledger: int = 0
 
     @property
     def rows(self) -> int:
         """All rows deleted (runs and their history, thread messages, pubsub rows)."""
         return (self.runs + self.checkpoints + self.effects + self.events + self.signals
-                + self.messages + self.pubsub + self.graph_checkpoints + self.sent_events)
+                + self.messages + self.pubsub + self.graph_checkpoints + self.sent_events
+                + self.budget_ledger)
 
     def as_dict(self) -> dict[str, Any]:
         """The counts as a JSON-ready dict."""
@@ -150,7 +155,7 @@ class PruneResult:
             "events": self.events, "signals": self.signals, "messages": self.messages,
             "pubsub": self.pubsub, "graph_checkpoints": self.graph_checkpoints,
             "partitions": self.partitions, "sent_events": self.sent_events,
-            "batches": self.batches,
+            "budget_ledger": self.budget_ledger, "batches": self.batches,
             "dry_run": self.dry_run, "skipped": self.skipped,
         }
 
@@ -241,7 +246,13 @@ def _plan(
     while n >= size:
         n = yield _Statement(eq.PRUNE_EVENTS, (age, size), pause_first=True)
         sent += n
-    return replace(total, sent_events=sent)
+    # then the budget ledger rows of the runs pruned (their settlements folded)
+    n = yield _Statement(bq.PRUNE_LEDGER, (size,))
+    ledger = n
+    while n >= size:
+        n = yield _Statement(bq.PRUNE_LEDGER, (size,), pause_first=True)
+        ledger += n
+    return replace(total, sent_events=sent, budget_ledger=ledger)
 
 
 async def prune(

@@ -41,11 +41,12 @@ from typing import Any
 from ..foundation import metrics
 from ..foundation.errors import BudgetExceeded, InvalidInput, LeaseLost, mark_terminal
 from ..foundation.queries import budgets as bq
-from ..foundation.queries.core import one
+from ..foundation.queries.core import AsyncTarget, one
 from .flow import RateLimited
 
 __all__ = ["BUDGET_KIND", "UNITS", "BudgetExhausted", "Reservation", "amounts_json",
-           "budget_params", "budget_statement", "price_params", "split_budget"]
+           "budget_params", "budget_statement", "budgets_json", "price_params", "settle_buffered", "settle_entry",
+           "split_budget"]
 
 #: The units a budget, a reservation or a settlement may name.
 UNITS = ("usd", "tokens", "tokens_in", "tokens_out", "calls")
@@ -144,6 +145,35 @@ def budget_statement(sql: str, params: tuple[Any, ...], budgets: Iterable[str] |
     return bq.BUDGET_STARTED.format(start=sql), (*params, keys, own)
 
 
+def settle_entry(run_id: str, token: int, step: int, rkey: str, amounts_json: str,
+                 model: str | None) -> str:
+    """One buffered settlement as the JSON object ``pgdurable._budget_settle_many`` reads
+    (``amounts_json``: from :func:`amounts_json`, checked already)."""
+    return (f'{{"run": {json.dumps(run_id)}, "token": {int(token)}, "step": {int(step)}, '
+            f'"rkey": {json.dumps(rkey)}, "amounts": {amounts_json}, '
+            f'"model": {json.dumps(model)}}}')
+
+
+async def settle_buffered(db: AsyncTarget, ctx: Any, owner: str) -> None:
+    """Write the settlements ``ctx`` buffered now (fenced: LeaseLost), when its step ends
+    otherwise than by a checkpoint (a park, a failure, a stop): the spend happened."""
+    settles = ctx._take_settles()
+    if settles is not None:
+        await one(db, bq.SETTLE_PENDING, (ctx.run_id, ctx.token, owner, settles))
+
+
+def budgets_json(budgets: Iterable[str] | None, own: str | None) -> str | None:
+    """One start's budgets for ``start_many`` (``{"keys": [...], "own": {...}}``), or None
+    without any; bad keys: InvalidInput."""
+    if budgets is None and own is None:
+        return None
+    if isinstance(budgets, str) or (budgets is not None and not isinstance(budgets, Iterable)):
+        raise InvalidInput("start(budgets=...) must be a list of budget keys")
+    keys = sorted({_key(k, "start(budgets=...)") for k in budgets or ()})
+    return (f'{{"keys": {json.dumps(keys)}' + ("" if own is None else f', "own": {own}')
+            + "}")
+
+
 class BudgetExhausted(RateLimited):
     """Raised by ``ctx.reserve`` when a budget whose policy is ``park`` cannot give the
     amount: the worker parks the run on the signal ``("pgdurable.budget", key)`` (sent
@@ -200,7 +230,13 @@ class Reservation:
         return (ctx.run_id, ctx.token, ctx._owner, self.step, self.key)
 
     async def __aenter__(self) -> Reservation:
-        ans = await one(self._ctx._app, bq.RESERVE, (*self._ident(), self._json))
+        ident = self._ident()
+        settles = self._ctx._take_settles()
+        if settles is None:
+            ans = await one(self._ctx._app, bq.RESERVE, (*ident, self._json))
+        else:  # this step's earlier settlements first, in the same statement
+            ans = await one(self._ctx._app, bq.RESERVE_SETTLING,
+                            (*ident[:3], settles, *ident[3:], self._json))
         metrics.budget_reserved("replayed" if ans.status == "settled" else ans.status)
         if ans.status in ("reserved", "unbudgeted"):
             self.status = ans.status
@@ -219,13 +255,18 @@ class Reservation:
                         tb: TracebackType | None) -> None:
         if self.status != "reserved":
             return
-        app = self._ctx._app
+        ctx = self._ctx
         if et is None:
-            await one(app, bq.SETTLE, (*self._ident(), self._actual or "{}", self._model))
+            # buffered: written with the step's checkpoint (or its next reservation), in
+            # that transaction; until then the whole reservation stays held
+            if ctx._settles is None:
+                ctx._settles = []
+            ctx._settles.append(settle_entry(ctx.run_id, ctx.token, self.step, self.key,
+                                             self._actual or "{}", self._model))
             self.status = "settled"
             return
         with contextlib.suppress(LeaseLost):  # the run is not ours: its holds are dead
-            await one(app, bq.RELEASE, self._ident())
+            await one(ctx._app, bq.RELEASE, self._ident())
         self.status = "released"
 
     def __enter__(self) -> Reservation:

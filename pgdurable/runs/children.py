@@ -35,6 +35,7 @@ connection), :func:`check_children` (are these ids children of the run?),
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Literal
 
 from ..foundation import run_queries as q
@@ -45,6 +46,7 @@ from ..foundation.queries.affinity import AFFINE_STARTED
 from ..foundation.queries.children import Parked, TreeNode
 from ..foundation.queries.core import many, many_sync, one
 from ..foundation.registry import start_params
+from .budgets import budget_statement, split_budget
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -120,12 +122,13 @@ async def start_child(
     queue: str = "default",
     priority: int = 0,
     deadline: Any = None,
-    budget: float | None = None,
+    budget: float | Mapping[str, float] | None = None,
     revision: str | None = None,
     max_attempts: int | None = None,
     policy: ChildPolicy = "cancel",
     conn: psycopg.AsyncConnection[Any] | None = None,
     affinity_of: object = None,
+    budgets: Iterable[str] | None = None,
 ) -> str:
     """Start the child ``key`` of run ``parent_run_id`` (once) and return its id.
 
@@ -137,15 +140,22 @@ async def start_child(
     for bad input or an unknown task (:class:`~pgdurable.UnknownTask`).
     ``affinity_of`` (a run id): a child created now gets that run's affinity
     (:mod:`pgdurable.foundation.affinity`), in the same statement.
+    Spend control (docs/budgets.md), as :meth:`~pgdurable.Durable.start`:
+    ``budget`` a number (the child's spend limit) or ``{unit: amount}`` (the
+    child's own ledger budget), ``budgets`` the named budgets it draws from; a
+    child given neither draws from its parent's (its nearest ancestor's).
     """
+    spend_limit, own = split_budget(budget)
     params = child_params(
         app._registry, parent_run_id, token, task, state, key=key, queue=queue,
-        priority=priority, deadline=deadline, budget=budget, revision=revision,
+        priority=priority, deadline=deadline, budget=spend_limit, revision=revision,
         max_attempts=max_attempts, policy=policy,
     )
     sql = cq.START_CHILD.sql
     if affinity_of is not None:  # same answer (run id, created): decoded as START_CHILD
         sql, params = AFFINE_STARTED.format(start=sql), (*params, q.check_run_id(affinity_of))
+    # the same answer again; an unknown budget key: nothing started (BudgetNotFound)
+    sql, params = budget_statement(sql, params, budgets, own)
     if conn is not None:
         with translated():
             cur = await conn.execute(sql, params)

@@ -25,7 +25,7 @@ import asyncio
 import contextvars
 import functools
 import math
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -266,7 +266,10 @@ class RunContext:
     _io: Any = field(default=None, repr=False)
     _reservation_used: bool = field(default=False, repr=False)  # acquire's wake consumed
     _liveness: Any = field(default=None, repr=False)  # the step's liveness.StepGuard
-    _reserves: dict[int, int] = field(default_factory=dict, repr=False)  # reserve keys per step
+    _reserves: dict[int, int] | None = field(default=None, repr=False)  # reserve keys per step
+    #: Settlements recorded by this step's reservations (JSON objects), not yet written:
+    #: they go with the step's checkpoint, or its next reservation (runs/budgets.py).
+    _settles: list[str] | None = field(default=None, repr=False)  # made by the first settle
     #: The run's thread key (thread runs), known after ``await ctx.inbox()``.
     thread_key: str | None = None
     #: The run's affinity (:mod:`pgdurable.foundation.affinity`) as claimed, then as this step
@@ -373,12 +376,22 @@ class RunContext:
         written. See :mod:`pgdurable.runs.budgets` and docs/budgets.md.
         """
         if key is None:
+            if self._reserves is None:
+                self._reserves = {}
             n = self._reserves.get(self.step, 0)
             self._reserves[self.step] = n + 1
             key = f"r{n}"
         elif not isinstance(key, str) or not key or len(key) > 200:
             raise InvalidInput(f"reserve(key=...) must be a str of 1 to 200 characters, not {key!r}")
         return Reservation(self, amounts, key)
+
+    def _take_settles(self) -> str | None:
+        """The buffered settlements as one JSON array (and none buffered after), or None."""
+        if not self._settles:
+            return None
+        text = "[" + ",".join(self._settles) + "]"
+        self._settles.clear()
+        return text
 
     def heartbeat(self, progress: Any = None) -> None:
         """Report that this step is alive, with optional JSON ``progress``.
@@ -554,11 +567,12 @@ class RunContext:
         queue: str = "default",
         priority: int = 0,
         deadline: Any = None,
-        budget: float | None = None,
+        budget: float | Mapping[str, float] | None = None,
         revision: str | None = None,
         max_attempts: int | None = None,
         policy: ChildPolicy = "cancel",
         affinity_of: str | None = None,
+        budgets: Iterable[str] | None = None,
     ) -> str:
         """Start a child run of ``task`` (once per this run and ``key``); return its id.
 
@@ -570,13 +584,15 @@ class RunContext:
         Wait for children with :meth:`Wait.children`. See :mod:`pgdurable.runs.children`.
         ``affinity_of`` (a run id, e.g. ``ctx.run_id`` after :meth:`pin`): the
         child starts with that run's affinity, so it runs where that run's
-        service is (:mod:`pgdurable.foundation.affinity`).
+        service is (:mod:`pgdurable.foundation.affinity`). ``budgets`` and ``budget``
+        as in :meth:`~pgdurable.Durable.start` (docs/budgets.md): a child given
+        neither draws from this run's budgets.
         """
         app, _owner = self._attached()
         return await start_child(
             app, self.run_id, self.token, task, state, key=key, queue=queue, priority=priority,
             deadline=deadline, budget=budget, revision=revision, max_attempts=max_attempts,
-            policy=policy, affinity_of=affinity_of,
+            policy=policy, affinity_of=affinity_of, budgets=budgets,
         )
 
     def start_child_sync(self, task: str, state: Any = None, *, key: str, **options: Any) -> str:

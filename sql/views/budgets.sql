@@ -8,9 +8,16 @@
 CREATE VIEW pgdurable.budget_usage AS
 SELECT b.key AS budget_key, u.unit, (b.limits ->> u.unit)::numeric AS limit_amount,
        b.window_kind, b.window_length, w.window_start, b.policy,
-       coalesce((SELECT sum(l.amount) FROM pgdurable.budget_ledger l
-                  WHERE l.budget_key = b.key AND l.unit = u.unit AND l.kind = 'settle'
-                    AND l.at >= w.window_start), 0) AS settled,
+       CASE b.window_kind
+         WHEN 'rolling' THEN
+           coalesce((SELECT sum(l.amount) FROM pgdurable.budget_ledger l
+                      WHERE l.budget_key = b.key AND l.unit = u.unit AND l.kind = 'settle'
+                        AND l.at >= w.window_start), 0)
+         -- the running totals (budget_totals): exact after the ledger's retention too
+         ELSE coalesce((SELECT t.settled FROM pgdurable.budget_totals t
+                         WHERE t.budget_key = b.key AND t.unit = u.unit
+                           AND (b.window_kind = 'none' OR t.window_start = w.window_start)),
+                       0) END AS settled,
        coalesce((SELECT sum(h.amount) FROM pgdurable.budget_holds h
                    JOIN pgdurable.runs q ON q.id = h.run_id AND q.status = 'leased'
                                         AND q.lease_token = h.token
@@ -24,6 +31,9 @@ SELECT b.key AS budget_key, u.unit, (b.limits ->> u.unit)::numeric AS limit_amou
              ELSE timestamptz '-infinity' END AS window_start) w
   CROSS JOIN LATERAL (
     SELECT k AS unit FROM jsonb_object_keys(b.limits) k
+    UNION
+    SELECT t.unit FROM pgdurable.budget_totals t
+     WHERE t.budget_key = b.key AND (t.settled <> 0 OR t.held <> 0)
     UNION
     SELECT DISTINCT l.unit FROM pgdurable.budget_ledger l WHERE l.budget_key = b.key) u;
 COMMENT ON VIEW pgdurable.budget_usage IS
@@ -59,12 +69,17 @@ COMMENT ON COLUMN pgdurable.budget_tree_spend.runs IS 'Runs of the tree that set
 
 ------------------------------------------------------------------------------
 -- pgdurable.budget_model_spend: settled spend per model (as settlements name
--- it), budget and unit, for all time.
+-- it), budget and unit, for all time (pruned ledger rows folded in).
 ------------------------------------------------------------------------------
 CREATE VIEW pgdurable.budget_model_spend AS
-SELECT l.model, l.budget_key, l.unit, sum(l.amount) AS settled, count(*) AS settlements
-  FROM pgdurable.budget_ledger l
- WHERE l.kind = 'settle' AND l.model IS NOT NULL
+SELECT x.model, x.budget_key, x.unit, sum(x.settled) AS settled,
+       sum(x.settlements)::bigint AS settlements
+  FROM (SELECT l.model, l.budget_key, l.unit, l.amount AS settled, 1 AS settlements
+          FROM pgdurable.budget_ledger l
+         WHERE l.kind = 'settle' AND l.model IS NOT NULL
+        UNION ALL  -- the settlements of pruned rows (retention), folded
+        SELECT p.model, p.budget_key, p.unit, p.settled, p.settlements
+          FROM pgdurable.budget_ledger_pruned p WHERE p.model <> '') x
  GROUP BY 1, 2, 3;
 COMMENT ON VIEW pgdurable.budget_model_spend IS 'Settled spend per model, budget and unit.';
 COMMENT ON COLUMN pgdurable.budget_model_spend.model IS 'The model the settlements named.';

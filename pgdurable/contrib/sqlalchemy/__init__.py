@@ -69,7 +69,6 @@ from ...foundation import run_queries as q
 from ...foundation.db import validate_dsn
 from ...foundation.errors import InvalidInput, UnknownTask, translate
 from ...foundation.migrations import acheck_schema, check_schema
-from ...foundation.queries.batch_start import START_MANY
 from ...foundation.queries.core import Query
 from ...foundation.queries.signals import SIGNAL, SIGNAL_RUN
 from ...foundation.queries.start import Started, started
@@ -79,7 +78,7 @@ from ...foundation.signals import (
     signal_params,
     signal_run_params,
 )
-from ...runs.batch_start import Start, start_many_params
+from ...runs.batch_start import Start, start_many_params, start_many_query
 from ...runs.metadata import start_statement
 
 if TYPE_CHECKING:
@@ -376,7 +375,7 @@ def start_many(
     params = start_many_params(app._registry if app is not None else TaskRegistry(), starts)
     if params is None:
         return _no_ids(target)
-    return _ids(target, START_MANY, params)
+    return _ids(target, start_many_query(params), params)
 
 
 def _no_ids(target: Any) -> list[str] | Coroutine[Any, Any, list[str]]:

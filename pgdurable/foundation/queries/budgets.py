@@ -9,8 +9,9 @@ from decimal import Decimal
 
 from .core import Listing, Query, record, scalar, statement
 
-__all__ = ["BUDGET_STARTED", "GAUGES", "PRICE_SET", "RELEASE", "RESERVE", "Reserved", "SET",
-           "SETTLE", "USAGE", "Usage"]
+__all__ = ["BUDGET_STARTED", "GAUGES", "PRICE_SET", "PRUNE_LEDGER", "RELEASE", "RESERVE",
+           "RESERVE_SETTLING",
+           "Reserved", "SET", "SETTLE", "SETTLE_PENDING", "USAGE", "Usage"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +40,18 @@ RESERVE: Query[Reserved] = record(
     "SELECT status, budget_key, policy, "
     "extract(epoch FROM retry_at - pgdurable.now())::float8, detail FROM pgdurable.budget_reserve("
     "%s::uuid, %s::bigint, %s::text, %s::integer, %s::text, %s::jsonb)", Reserved)
+# -- fenced (run, token, owner): settle the step's buffered settlements (a JSON array of
+# -- {run, token, step, rkey, amounts, model}), then hold amounts (step, key, amounts
+# -- JSON), in one statement; answers Reserved
+RESERVE_SETTLING: Query[Reserved] = record(
+    "SELECT status, budget_key, policy, "
+    "extract(epoch FROM retry_at - pgdurable.now())::float8, detail "
+    "FROM pgdurable.budget_reserve_settling("
+    "%s::uuid, %s::bigint, %s::text, %s::jsonb, %s::integer, %s::text, %s::jsonb)", Reserved)
+# -- fenced (run, token, owner): settle the step's buffered settlements (JSON array) now;
+# -- answers how many
+SETTLE_PENDING: Query[int] = scalar(
+    "SELECT pgdurable.budget_settle_pending(%s::uuid, %s::bigint, %s::text, %s::jsonb)", int)
 # -- fenced: charge the reservation (step, key) its actual amounts (model or NULL);
 # -- answers 'settled' or 'none'
 SETTLE: Query[str] = scalar(
@@ -48,6 +61,9 @@ SETTLE: Query[str] = scalar(
 RELEASE: Query[int] = scalar(
     "SELECT pgdurable.budget_release(%s::uuid, %s::bigint, %s::text, %s::integer, %s::text)",
     int)
+# -- retention: delete up to n ledger rows of pruned runs that no window counts (their
+# -- settlements folded into budget_ledger_pruned); how many went
+PRUNE_LEDGER: Query[int] = scalar("SELECT pgdurable.budget_prune_ledger(%s::integer)", int)
 # -- wraps a start statement (run_id, created): attach named budgets (keys) and the
 # -- run's own (limits JSON or NULL) in the same statement; PD016 for an unknown key
 BUDGET_STARTED = (

@@ -9,8 +9,8 @@ from typing import NamedTuple
 
 from .core import Query, Row, scalar
 
-__all__ = ["CHECKPOINT", "RENEW", "RUN_STEP", "WRITE_STEPS", "Renewal", "RunStep",
-           "StepWritten"]
+__all__ = ["CHECKPOINT", "RENEW", "RUN_STEP", "WRITE_STEPS", "WRITE_STEPS_SETTLING", "Renewal",
+           "RunStep", "StepWritten"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +74,15 @@ WRITE_STEPS = Query(
     "ARRAY(SELECT e FROM jsonb_array_elements(%s::jsonb) WITH ORDINALITY AS a(e, n) ORDER BY n), "
     "%s::numeric[], %s::boolean[], "
     "ARRAY(SELECT e FROM jsonb_array_elements(%s::jsonb) WITH ORDINALITY AS a(e, n) ORDER BY n))",
+    _written)
+# -- the same with the budget settlements the steps buffered (one JSON array of {run,
+# -- token, step, rkey, amounts, model}, sql/functions/budgets.sql), in its transaction
+WRITE_STEPS_SETTLING = Query(
+    "SELECT id::text, status FROM pgdurable.write_steps_settling(%s::text, %s::uuid[], %s::bigint[], "
+    "ARRAY(SELECT e FROM jsonb_array_elements(%s::jsonb) WITH ORDINALITY AS a(e, n) ORDER BY n), "
+    "%s::numeric[], %s::boolean[], "
+    "ARRAY(SELECT e FROM jsonb_array_elements(%s::jsonb) WITH ORDINALITY AS a(e, n) ORDER BY n), "
+    "%s::jsonb)",
     _written)
 # -- after a write_steps whose answer was lost: did it apply? the run's RunStep
 RUN_STEP = Query(

@@ -86,6 +86,7 @@ from .models.workflows import (
 )
 from .ops.roles import grant_roles
 from .runs.batch_start import Start
+from .runs.budgets import write_settlements
 from .runs.children import TreeNode
 from .runs.events import Event, EventTrigger, SentEvent
 from .runs.flow import RateLimited
@@ -196,4 +197,5 @@ __all__ = [
     "WorkflowContext",
     "Schedule",
     "ScheduleInfo",
+    "write_settlements",
 ]

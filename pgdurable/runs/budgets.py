@@ -162,6 +162,15 @@ async def settle_buffered(db: AsyncTarget, ctx: Any, owner: str) -> None:
         await one(db, bq.SETTLE_PENDING, (ctx.run_id, ctx.token, owner, settles))
 
 
+async def write_settlements(ctx: Any) -> None:
+    """Write what the step's reservations settled so far now (fenced by the lease), not
+    with the step's checkpoint. For a model call whose answer is recorded durably before
+    the step ends (an effect, a framework's own checkpoint): were its settlement left to
+    ride the checkpoint, a crash in between would keep the answer and lose the charge."""
+    app, owner = ctx._attached()
+    await settle_buffered(app, ctx, owner)
+
+
 def budgets_json(budgets: Iterable[str] | None, own: str | None) -> str | None:
     """One start's budgets for ``start_many`` (``{"keys": [...], "own": {...}}``), or None
     without any; bad keys: InvalidInput."""

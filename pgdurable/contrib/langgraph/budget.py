@@ -36,7 +36,7 @@ from langchain_core.callbacks import AsyncCallbackHandler
 from langchain_core.messages import AIMessage
 from langchain_core.outputs import ChatGeneration, LLMResult
 
-from ...runs.budgets import Reservation
+from ...runs.budgets import Reservation, write_settlements
 from ...runs.steps import RunContext
 from .._budget import usage_amounts
 
@@ -131,6 +131,9 @@ class BudgetCallback(AsyncCallbackHandler):
         r.settle(model=model if "usd" in self.reserve and usage is not None else None,
                  **spent)
         await r.__aexit__(None, None, None)
+        # written now (not with the step's checkpoint): LangGraph saves the node's writes
+        # before the step ends, and a node not run again must still be charged
+        await write_settlements(self.ctx)
 
     async def on_llm_error(self, error: BaseException, *, run_id: UUID,
                            parent_run_id: UUID | None = None, tags: list[str] | None = None,

@@ -70,6 +70,7 @@ from openai.types.responses import ResponseTextDeltaEvent
 from pydantic import BaseModel, TypeAdapter
 
 from ...foundation.effects import NOT_PERFORMED
+from ...runs.budgets import write_settlements
 from ...runs.steps import Done, RunContext, Wait
 from .._attempts import attempted_effect, check_reconcile, reconcile_call
 from .._budget import check_reserve, usage_amounts
@@ -153,6 +154,9 @@ class _Recorder:
                                   reserve, measured=True) if isinstance(usage, dict) \
                 else usage_amounts(0, 0, reserve, measured=False)
             r.settle(model=model if "usd" in reserve else None, **spent)
+        # written now, before the effect records the answer (not with the step's
+        # checkpoint): a crash after the record must not lose the charge
+        await write_settlements(self.ctx)
         return data
 
 

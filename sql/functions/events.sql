@@ -227,7 +227,8 @@ BEGIN
      WHERE r.id = w.run_id AND r.status = 'runnable' AND r.claims = 0
     RETURNING r.queue INTO v_queue;
     IF FOUND THEN
-      INSERT INTO pgdurable.event_window_events (window_id, event_id) VALUES (w.id, e.id);
+      INSERT INTO pgdurable.event_window_events (window_id, event_id, event_at)
+      VALUES (w.id, e.id, e.created_at);
       UPDATE pgdurable.event_windows SET events = events + 1, opened_at = v_open,
              last_event_at = v_last, due_at = v_due, closed_at = CASE WHEN v_full THEN v_now END
        WHERE id = w.id;
@@ -255,7 +256,8 @@ BEGIN
                                             due_at, events, closed_at)
   VALUES (t.name, v_key, v_run, v_now, v_now, v_due, 1, CASE WHEN v_alone THEN v_now END)
   RETURNING * INTO w;
-  INSERT INTO pgdurable.event_window_events (window_id, event_id) VALUES (w.id, e.id);
+  INSERT INTO pgdurable.event_window_events (window_id, event_id, event_at)
+      VALUES (w.id, e.id, e.created_at);
   RETURN NULL;  -- start_run NOTIFYs the queue itself
 END
 $$;
@@ -267,7 +269,10 @@ COMMENT ON FUNCTION pgdurable._event_window_add(pgdurable.event_triggers, pgdura
 -- Store an event and act on it in ONE transaction (the caller's, if any):
 --   1. dedup: an event of the same name and id already stored with the same
 --      data -> nothing happens again, its number is returned with created =
---      false; with other data -> PD015 and nothing changes;
+--      false; with other data -> PD015 and nothing changes. The id is unique
+--      through event_ids (one unpartitioned table), whichever partition of
+--      events holds the event: an id deduplicates for as long as its event is
+--      stored (retention deletes both together);
 --   2. cancel_on: every unfinished run registered with a cancel_on that
 --      this event matches is cancelled (cancel_run: at once if runnable or
 --      waiting; a leased run gets a cancel request and its worker stops it);
@@ -298,21 +303,37 @@ DECLARE
   v_queues text[] := '{}';
   v_q text;
   v_now timestamptz := pgdurable.now();
+  v_id bigint;
   t pgdurable.event_triggers;
 BEGIN
   PERFORM pgdurable._event_check(p_name, p_data, p_id);
-  INSERT INTO pgdurable.events AS x (name, data, event_key) VALUES (p_name, v_data, p_id)
-  ON CONFLICT ON CONSTRAINT events_name_event_key_key DO NOTHING
-  RETURNING * INTO e;
-  IF e.id IS NULL THEN
-    SELECT * INTO e FROM pgdurable.events x WHERE x.name = p_name AND x.event_key = p_id;
-    IF e.data IS DISTINCT FROM v_data THEN
-      RAISE EXCEPTION 'event id % was already sent for event % with other data', p_id, p_name
-        USING ERRCODE = 'PD015';
-    END IF;
-    RETURN QUERY SELECT e.id, false;
-    RETURN;
+  IF p_id IS NOT NULL THEN
+    -- the id is claimed in event_ids (unique across the partitions of events); a
+    -- concurrent send of the same id waits here for this one's commit, then finds it
+    LOOP
+      INSERT INTO pgdurable.event_ids AS x (name, event_key, event_id, created_at)
+      VALUES (p_name, p_id, nextval('pgdurable.events_id_seq'), v_now)
+      ON CONFLICT (name, event_key) DO NOTHING
+      RETURNING x.event_id INTO v_id;
+      EXIT WHEN v_id IS NOT NULL;
+      SELECT ev.* INTO e FROM pgdurable.event_ids i
+        JOIN pgdurable.events ev ON ev.id = i.event_id AND ev.created_at = i.created_at
+       WHERE i.name = p_name AND i.event_key = p_id;
+      IF FOUND THEN
+        IF e.data IS DISTINCT FROM v_data THEN
+          RAISE EXCEPTION 'event id % was already sent for event % with other data', p_id, p_name
+            USING ERRCODE = 'PD015';
+        END IF;
+        RETURN QUERY SELECT e.id, false;
+        RETURN;
+      END IF;
+      -- an entry whose event is gone (deleted by hand): the id is new again
+      DELETE FROM pgdurable.event_ids i WHERE i.name = p_name AND i.event_key = p_id;
+    END LOOP;
   END IF;
+  INSERT INTO pgdurable.events AS x (id, name, data, event_key, created_at)
+  VALUES (coalesce(v_id, nextval('pgdurable.events_id_seq')), p_name, v_data, p_id, v_now)
+  RETURNING * INTO e;
 
   PERFORM pg_advisory_xact_lock_shared(pgdurable.wait_lock_key('event-paths', p_name));
   SELECT array_agg(p.path ORDER BY p.path) INTO v_paths
@@ -602,7 +623,7 @@ BEGIN
   RETURN QUERY
     SELECT w.id, w.trigger, w.key, e.id, e.name, e.data, e.event_key, e.created_at
       FROM pgdurable.event_window_events we
-      JOIN pgdurable.events e ON e.id = we.event_id
+      JOIN pgdurable.events e ON e.id = we.event_id AND e.created_at = we.event_at
      WHERE we.window_id = w.id
      ORDER BY e.created_at, e.id;
 END
@@ -611,14 +632,53 @@ COMMENT ON FUNCTION pgdurable.take_event_window(uuid) IS
   'The events of the trigger window that started a run, oldest first; closes the window.';
 
 ------------------------------------------------------------------------------
+-- WHAT RETENTION MAY DROP (prune_events row by row, drop_event_partitions by
+-- partition; the same rule). An event older than the cut-off is deleted
+-- unless an unfinished run (not completed, failed, cancelled, incompatible)
+-- may still read it:
+--   * it is in a trigger window (debounce, batch, or one event) whose run is
+--     unfinished: open windows included, since a window's run is started when
+--     the window opens and reads its events (take_event_window) when it runs;
+--   * its time is at or after _event_horizon(): the earliest `since` of an
+--     unfinished run (event_waits.since, or the run's creation when it never
+--     waited on an event), so that no wait_event of an unfinished run -- a
+--     parked one, one woken by its timeout that waits again, or the first
+--     one of a run that has not parked yet -- can miss an event it could see.
+--     (A parked wait needs no stored event at all: the events stored before
+--     it parked were matched by park_event, later ones by send_event, both
+--     under the same lock. A wait that parks later looks back to its since.)
+-- Events an unfinished run may read are kept whatever their age (by partition:
+-- moved to events_default first). A deleted event's id no longer deduplicates:
+-- its event_ids entry goes with it, and so do its window links.
+------------------------------------------------------------------------------
+
+------------------------------------------------------------------------------
+-- pgdurable._event_horizon() -> timestamptz (NULL: no unfinished run)
+-- Internal: the earliest time from which an unfinished run may still read
+-- events in a wait_event (see above). One pass over the unfinished runs.
+------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION pgdurable._event_horizon() RETURNS timestamptz
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pgdurable, pg_temp AS $$
+  SELECT min(coalesce(w.since, r.created_at))
+    FROM pgdurable.runs r
+    LEFT JOIN pgdurable.event_waits w ON w.run_id = r.id
+   WHERE r.status NOT IN ('completed', 'failed', 'cancelled', 'incompatible')
+$$;
+COMMENT ON FUNCTION pgdurable._event_horizon() IS
+  'Internal: the earliest event time a wait_event of an unfinished run may still see (NULL: none).';
+
+------------------------------------------------------------------------------
 -- pgdurable.prune_events(older_than, batch) -> bigint (rows deleted)
--- Retention for events, ONE short transaction: delete up to `batch` events
--- older than `older_than` (database clock) that no unfinished run still needs
--- (in a window whose run is not terminal), with their window links, then up
--- to `batch` windows opened before the cut-off whose run is finished or gone
--- and which hold no event any more. Rows locked by someone else are skipped.
--- A deleted event's id no longer deduplicates. Call it until it returns 0.
--- older_than < 0 or batch outside 1..100000: PD000.
+-- Retention for events row by row, ONE short transaction: delete up to
+-- `batch` events older than `older_than` (database clock) that retention may
+-- drop (see WHAT RETENTION MAY DROP), with their window links and dedup ids,
+-- then up to `batch` windows opened before the cut-off whose run is finished
+-- or gone and which hold no event any more. Rows locked by someone else are
+-- skipped. Whole daily partitions go first, by drop_event_partitions (the
+-- retention loop, ops/retention.py, calls it before); this clears what is
+-- left (events_default, and the days not yet dropped). Call it until it
+-- returns less than `batch`. older_than < 0 or batch outside 1..100000: PD000.
 ------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION pgdurable.prune_events(p_older_than interval,
                                                   p_batch integer DEFAULT 1000)
@@ -635,9 +695,10 @@ BEGIN
     RAISE EXCEPTION 'prune_events: older_than >= 0 and batch in 1..100000 required'
       USING ERRCODE = 'PD000';
   END IF;
-  v_cut := pgdurable.now() - p_older_than;
+  v_cut := least(pgdurable.now() - p_older_than,
+                 coalesce(pgdurable._event_horizon(), 'infinity'));
   WITH doomed AS MATERIALIZED (
-    SELECT e.id FROM pgdurable.events e
+    SELECT e.id, e.created_at, e.name, e.event_key FROM pgdurable.events e
      WHERE e.created_at < v_cut
        AND NOT EXISTS (
          SELECT 1 FROM pgdurable.event_window_events we
@@ -649,9 +710,14 @@ BEGIN
      LIMIT p_batch
        FOR UPDATE OF e SKIP LOCKED
   ), links AS (
-    DELETE FROM pgdurable.event_window_events we USING doomed d WHERE we.event_id = d.id
+    DELETE FROM pgdurable.event_window_events we USING doomed d
+     WHERE we.event_id = d.id AND we.event_at = d.created_at
+  ), ids AS (
+    DELETE FROM pgdurable.event_ids i USING doomed d
+     WHERE d.event_key IS NOT NULL AND i.name = d.name AND i.event_key = d.event_key
+       AND i.event_id = d.id
   )
-  DELETE FROM pgdurable.events e USING doomed d WHERE e.id = d.id;
+  DELETE FROM pgdurable.events e USING doomed d WHERE e.id = d.id AND e.created_at = d.created_at;
   GET DIAGNOSTICS v_events = ROW_COUNT;
   WITH gone AS MATERIALIZED (
     SELECT w.id FROM pgdurable.event_windows w
@@ -669,4 +735,140 @@ END
 $$;
 COMMENT ON FUNCTION pgdurable.prune_events(interval, integer) IS
   'Retention for events: delete up to batch events older than older_than that no unfinished run '
-  'needs, then emptied windows of finished runs; returns rows deleted (call until 0).';
+  'may read, then emptied windows of finished runs; returns rows deleted (call until < batch).';
+
+------------------------------------------------------------------------------
+-- pgdurable._event_partition(day) -> boolean (false: it existed)
+-- Internal: create pgdurable.events_pYYYYMMDD for the UTC day, take over the
+-- rows of that day that had landed in events_default, and attach it. The
+-- caller holds history_lock_key().
+------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION pgdurable._event_partition(p_day date) RETURNS boolean
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pgdurable, pg_temp AS $$
+DECLARE
+  v_name text := 'events_p' || to_char(p_day, 'YYYYMMDD');
+  v_lo timestamptz := p_day::timestamp AT TIME ZONE 'UTC';
+  v_hi timestamptz := (p_day + 1)::timestamp AT TIME ZONE 'UTC';
+BEGIN
+  IF to_regclass('pgdurable.' || quote_ident(v_name)) IS NOT NULL THEN
+    RETURN false;
+  END IF;
+  EXECUTE format('CREATE TABLE pgdurable.%I (LIKE pgdurable.events INCLUDING DEFAULTS '
+                 'INCLUDING CONSTRAINTS INCLUDING COMMENTS)', v_name);
+  EXECUTE format('ALTER TABLE pgdurable.%I SET (autovacuum_vacuum_scale_factor = 0.05, '
+                 'autovacuum_vacuum_cost_delay = 0)', v_name);
+  EXECUTE format('COMMENT ON TABLE pgdurable.%I IS %L', v_name,
+                 'Partition of pgdurable.events (see pgdurable.event_partitions).');
+  EXECUTE format('WITH moved AS (DELETE FROM pgdurable.events_default WHERE created_at >= $1 '
+                 'AND created_at < $2 RETURNING *) INSERT INTO pgdurable.%I SELECT * FROM moved',
+                 v_name) USING v_lo, v_hi;
+  EXECUTE format('ALTER TABLE pgdurable.events ATTACH PARTITION pgdurable.%I '
+                 'FOR VALUES FROM (%L) TO (%L)', v_name, v_lo, v_hi);
+  RETURN true;
+END
+$$;
+COMMENT ON FUNCTION pgdurable._event_partition(date) IS
+  'Internal: create and attach the daily partition of events for a UTC day (rows of the day in '
+  'events_default move into it).';
+
+------------------------------------------------------------------------------
+-- pgdurable.create_event_partitions(days_ahead, days_back) -> integer
+-- Create the daily partitions of events for the UTC days from today -
+-- days_back to today + days_ahead (by pgdurable.now()) that do not exist yet;
+-- returns how many were created. Idempotent; serialised with the history
+-- partitions' maintenance by history_lock_key(); lock_timeout 5 s. The
+-- maintenance turn (ops/partitions.py, `pgdurable maintain`) calls it next to
+-- create_history_partitions. Days outside 0..366: PD000.
+------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION pgdurable.create_event_partitions(p_days_ahead integer DEFAULT 3,
+                                                             p_days_back integer DEFAULT 0)
+RETURNS integer
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pgdurable, pg_temp
+SET lock_timeout = '5s' AS $$
+DECLARE
+  v_today date := (pgdurable.now() AT TIME ZONE 'UTC')::date;
+BEGIN
+  IF p_days_ahead IS NULL OR p_days_ahead < 0 OR p_days_ahead > 366
+     OR p_days_back IS NULL OR p_days_back < 0 OR p_days_back > 366 THEN
+    RAISE EXCEPTION 'create_event_partitions: days_ahead and days_back must be between 0 and 366'
+      USING ERRCODE = 'PD000';
+  END IF;
+  PERFORM pg_advisory_xact_lock(pgdurable.history_lock_key());
+  RETURN (SELECT count(*) FILTER (WHERE pgdurable._event_partition(d::date))
+            FROM generate_series(v_today - p_days_back, v_today + p_days_ahead,
+                                 interval '1 day') d);
+END
+$$;
+COMMENT ON FUNCTION pgdurable.create_event_partitions(integer, integer) IS
+  'Create the missing daily partitions of events around today (UTC); returns how many.';
+
+------------------------------------------------------------------------------
+-- pgdurable.drop_event_partitions(older_than)
+--   -> TABLE(partition_name text, rows_dropped bigint, rows_kept bigint)
+-- Retention by partition: every daily partition of events whose range ended
+-- before now() - older_than is detached and dropped whole. The rows an
+-- unfinished run may still read (see WHAT RETENTION MAY DROP) are moved to
+-- events_default first, with their dedup ids and window links; the ids and
+-- links of the dropped rows are deleted (a DROP fires no trigger). Serialised
+-- by history_lock_key(); lock_timeout 5 s (DETACH locks events briefly).
+-- older_than NULL or < 0: PD000.
+------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION pgdurable.drop_event_partitions(p_older_than interval)
+RETURNS TABLE (partition_name text, rows_dropped bigint, rows_kept bigint)
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pgdurable, pg_temp
+SET lock_timeout = '5s' AS $$
+DECLARE
+  v_cutoff timestamptz;
+  v_horizon timestamptz;
+  p record;
+  v_total bigint;
+  v_keep bigint;
+BEGIN
+  IF p_older_than IS NULL OR p_older_than < interval '0' THEN
+    RAISE EXCEPTION 'drop_event_partitions: older_than must be a non-negative interval'
+      USING ERRCODE = 'PD000';
+  END IF;
+  v_cutoff := pgdurable.now() - p_older_than;
+  PERFORM pg_advisory_xact_lock(pgdurable.history_lock_key());
+  FOR p IN SELECT x.partition_name AS part FROM pgdurable.event_partitions x
+            WHERE NOT x.is_default AND x.range_to <= v_cutoff
+            ORDER BY x.range_to LOOP
+    v_horizon := coalesce(v_horizon, pgdurable._event_horizon(), 'infinity');
+    EXECUTE format('ALTER TABLE pgdurable.events DETACH PARTITION pgdurable.%I', p.part);
+    EXECUTE format('SELECT count(*) FROM pgdurable.%I', p.part) INTO v_total;
+    -- what an unfinished run may read: back into events (its range is no longer
+    -- covered: events_default); ids and links keep pointing at it
+    EXECUTE format('INSERT INTO pgdurable.events SELECT d.* FROM pgdurable.%I d '
+                   'WHERE d.created_at >= $1 OR EXISTS ('
+                   'SELECT 1 FROM pgdurable.event_window_events we '
+                   'JOIN pgdurable.event_windows w ON w.id = we.window_id '
+                   'JOIN pgdurable.runs r ON r.id = w.run_id '
+                   'WHERE we.event_id = d.id AND we.event_at = d.created_at AND r.status NOT IN '
+                   '(''completed'', ''failed'', ''cancelled'', ''incompatible''))',
+                   p.part) USING v_horizon;
+    GET DIAGNOSTICS v_keep = ROW_COUNT;
+    IF v_keep < v_total THEN
+      EXECUTE format('DELETE FROM pgdurable.event_ids i USING pgdurable.%I d '
+                     'WHERE d.event_key IS NOT NULL AND i.name = d.name '
+                     'AND i.event_key = d.event_key AND i.event_id = d.id '
+                     'AND NOT EXISTS (SELECT 1 FROM pgdurable.events_default k '
+                     'WHERE k.id = d.id AND k.created_at = d.created_at)', p.part);
+      EXECUTE format('DELETE FROM pgdurable.event_window_events we USING pgdurable.%I d '
+                     'WHERE we.event_id = d.id AND we.event_at = d.created_at '
+                     'AND NOT EXISTS (SELECT 1 FROM pgdurable.events_default k '
+                     'WHERE k.id = d.id AND k.created_at = d.created_at)', p.part);
+    END IF;
+    EXECUTE format('DROP TABLE pgdurable.%I', p.part);
+    partition_name := p.part;
+    rows_dropped := v_total - v_keep;
+    rows_kept := v_keep;
+    RETURN NEXT;
+  END LOOP;
+END
+$$;
+COMMENT ON FUNCTION pgdurable.drop_event_partitions(interval) IS
+  'Retention by partition: drop whole daily partitions of events older than the cut-off, keeping '
+  '(moving to events_default) the events an unfinished run may still read.';

@@ -21,10 +21,11 @@ from pgdurable import Durable
 
 pytestmark = pytest.mark.fleet("_events_app:app", ttl=2.0, poll=1.0, concurrency=8, grace=1.0)
 
-#: The issue's size is 10,000 events over 200 keys (EVENTS_N=10000 EVENTS_KEYS=200);
-#: the default keeps the test near 30 s on a small machine.
-N = int(os.environ.get("EVENTS_N", "3000"))
-KEYS = int(os.environ.get("EVENTS_KEYS", "100"))
+#: The issue's size: 10,000 events over 200 keys (45 s on the quiet 2-core test machine,
+#: send and drain; marked slow, which `make test` runs: nothing deselects it).
+#: EVENTS_N / EVENTS_KEYS change it for a quicker local run.
+N = int(os.environ.get("EVENTS_N", "10000"))
+KEYS = int(os.environ.get("EVENTS_KEYS", "200"))
 SENDERS = 8
 BATCH = 20  # the batch trigger's size (tests/_events_app.py)
 SEEN = ("CREATE TABLE IF NOT EXISTS events_seen (trigger text NOT NULL, event_id bigint NOT NULL, "
@@ -68,6 +69,7 @@ async def _send_all(dsn: str, on_progress: Any) -> None:
 
 @pytest.mark.slow
 @pytest.mark.crash
+@pytest.mark.timeout(900)  # the full size on a loaded 2-core machine: over the usual 300 s
 def test_every_event_is_seen_by_exactly_one_run_under_sigkill(
         fleet: Fleet, conn: psycopg.Connection[Any], dsn: str) -> None:
     conn.execute(SEEN)

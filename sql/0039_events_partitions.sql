@@ -24,6 +24,10 @@
 -- as before: until retention deletes the event (drop_event_partitions removes
 -- the ids of the rows it drops; prune_events the ids of the rows it deletes).
 --
+-- TRIGGER WINDOWS. A send no longer moves the window's run (functions/
+-- events.sql, _event_window_add): the window row decides, and the run reads
+-- it with take_due_event_window (allowed to the app role below).
+--
 -- WINDOW LINKS. event_window_events gains event_at, the linked event's
 -- created_at, so that a run reading its window (take_event_window) probes only
 -- the partition of each of its events.
@@ -153,4 +157,5 @@ COMMENT ON COLUMN pgdurable.event_window_events.event_at IS
 -- The app role calls them (sql/0029_role_boundary.sql: the allow-list).
 INSERT INTO pgdurable.security_api (routine, readonly) VALUES
   ('pgdurable.create_event_partitions(integer,integer)', false),
-  ('pgdurable.drop_event_partitions(interval)', false);
+  ('pgdurable.drop_event_partitions(interval)', false),
+  ('pgdurable.take_due_event_window(uuid)', false);

@@ -173,21 +173,33 @@ COMMENT ON FUNCTION pgdurable._event_check(text, jsonb, text) IS
 -- pgdurable._event_window_add(trigger, event) -> text (the queue to NOTIFY, or NULL)
 -- Internal (send_event): put the event into the open window of (trigger,
 -- key) or open one. Senders of one (trigger, key) are serialised by an
--- advisory lock. The open window takes the event while its run is still
--- unclaimed (status runnable, claims 0: checked under the run's row lock, so
--- that no claim takes the run before this transaction commits); its due
--- time (the run's available_at) becomes
+-- advisory lock. The window's due time becomes
 --   debounce: least(last_event_at + debounce, opened_at + max_wait);
 --   batch:    now when this event fills it, else opened_at + batch_timeout;
 --   both:     the earlier of the two.
--- A full batch is closed. Otherwise (no open window, or its run already
--- claimed or ended) the old one is closed and a new window opens with a new
--- run (start_run_flow, delayed to the due time). Leading debounce: when no
--- event of (trigger, key) came within the last `debounce`, the new window is
--- due at once and closed (this event alone); later ones open a trailing one.
--- A trigger with neither debounce nor batch: one run per event. The run's
--- flow-control key (runs.concurrency_key) is the window's key: a queue's
--- per_key_concurrency bounds the runs of one key (docs/flow_control.md).
+-- THE WINDOW ROW DECIDES. The open window takes the event while its run has
+-- not read it: its run's take_due_event_window closes it (closed_at) once
+-- due, under the window's row lock, and this UPDATE of the window re-checks
+-- closed_at under the same lock, so every event is either read by that run or
+-- opens the next window, never both, never neither. The run is not touched
+-- (no UPDATE of runs per event: it was 70 % of a debounced send's extra
+-- cost): it is started at the window's first due time, and when it finds the
+-- window due later (events came meanwhile) it sleeps until then
+-- (pgdurable.runs.events.trigger_step). A run that ended without reading its
+-- window (cancelled) takes no more events: the run's row is read FOR SHARE,
+-- so a cancel commits before this join or after it (and the event is then
+-- that run's, as the window's other events are). A full batch is closed and
+-- its run made due now (a sleeping one woken). No open window, or its run
+-- ended: the old one is closed and a new window opens with a new run
+-- (start_run_flow, delayed to the due time). Leading debounce: when no event
+-- of (trigger, key) came within the last `debounce`, the new window is due at
+-- once and closed (this event alone); later ones open a trailing one. A
+-- trigger with neither debounce nor batch: one run per event. A window closed
+-- at its opening (one event: one per event, batch 1, leading) hands its event
+-- to its run in the run's state ({"events": [...]}): the run reads no window.
+-- The run's flow-control key (runs.concurrency_key) is the window's key: a
+-- queue's per_key_concurrency bounds the runs of one key
+-- (docs/flow_control.md).
 ------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION pgdurable._event_window_add(t pgdurable.event_triggers,
                                                        e pgdurable.events)
@@ -223,19 +235,32 @@ BEGIN
                   ELSE least(CASE WHEN t.debounce IS NOT NULL
                                   THEN least(v_last + t.debounce, v_open + t.max_wait) END,
                              v_open + t.batch_timeout) END;
-    UPDATE pgdurable.runs r SET available_at = v_due, updated_at = v_now
-     WHERE r.id = w.run_id AND r.status = 'runnable' AND r.claims = 0
-    RETURNING r.queue INTO v_queue;
+    PERFORM 1 FROM pgdurable.runs r
+      WHERE r.id = w.run_id AND r.status NOT IN ('completed', 'failed', 'cancelled', 'incompatible')
+        FOR SHARE;
+    IF FOUND THEN
+      UPDATE pgdurable.event_windows x SET events = x.events + 1, opened_at = v_open,
+             last_event_at = v_last, due_at = v_due,
+             closed_at = CASE WHEN v_full THEN v_now END
+       WHERE x.id = w.id AND x.closed_at IS NULL;
+    END IF;
     IF FOUND THEN
       INSERT INTO pgdurable.event_window_events (window_id, event_id, event_at)
       VALUES (w.id, e.id, e.created_at);
-      UPDATE pgdurable.event_windows SET events = events + 1, opened_at = v_open,
-             last_event_at = v_last, due_at = v_due, closed_at = CASE WHEN v_full THEN v_now END
-       WHERE id = w.id;
-      RETURN CASE WHEN v_due <= v_now THEN v_queue END;
+      IF NOT v_full THEN
+        RETURN NULL;
+      END IF;
+      -- full: its run goes now (if it sleeps, having found the window not yet due, wake it)
+      UPDATE pgdurable.runs r SET available_at = least(r.available_at, v_now),
+             wake_at = CASE WHEN r.status = 'waiting' THEN v_now ELSE r.wake_at END,
+             updated_at = v_now
+       WHERE r.id = w.run_id
+         AND (r.status = 'runnable' OR (r.status = 'waiting' AND r.wait_kind IS NULL))
+      RETURNING r.queue INTO v_queue;
+      RETURN v_queue;
     END IF;
-    -- its run was claimed (or ended): that window is over
-    UPDATE pgdurable.event_windows SET closed_at = v_now WHERE id = w.id;
+    -- its run ended (or read it): that window is over
+    UPDATE pgdurable.event_windows SET closed_at = v_now WHERE id = w.id AND closed_at IS NULL;
   END IF;
   v_alone := (t.debounce IS NULL AND t.batch IS NULL) OR coalesce(t.batch = 1, false);
   IF t.leading_edge AND NOT v_alone THEN
@@ -249,7 +274,12 @@ BEGIN
                            v_now + t.batch_timeout) END;
   SELECT s.run_id INTO v_run
     FROM pgdurable.start_run_flow(t.task, t.revision,
-                                  jsonb_build_object('trigger', t.name, 'key', v_key),
+                                  CASE WHEN v_alone
+                                       THEN jsonb_build_object('trigger', t.name, 'key', v_key,
+                                                               'events', jsonb_build_array(
+                                                                 pgdurable._event_json(e)))
+                                       ELSE jsonb_build_object('trigger', t.name, 'key', v_key)
+                                  END,
                                   t.queue, 0, t.max_attempts, NULL, NULL, NULL, NULL,
                                   nullif(v_key, ''), v_due, NULL) s;
   INSERT INTO pgdurable.event_windows AS x (trigger, key, run_id, opened_at, last_event_at,
@@ -598,11 +628,12 @@ COMMENT ON FUNCTION pgdurable.upsert_event_trigger(text, text, text, text, text,
 -- pgdurable.take_event_window(run_id)
 --   -> TABLE(window_id bigint, trigger text, key text, id bigint, name text,
 --            data jsonb, event_id text, created_at timestamptz)
--- The events of the window that started this run, oldest first (the
--- handler's argument). Closes the window (no event joins it after its run
--- read it; senders already stop at the run's first claim) and records when
--- it was first read (taken_at). The same rows every time: a retried step
--- gets the same events. No window: no rows.
+-- The events of the window that started this run, oldest first, due or not.
+-- Closes the window and records when it was first read (taken_at). The same
+-- rows every time. No window: no rows. The reader of the previous release,
+-- kept for its workers during a rolling deploy (such a worker may read a
+-- debounce window before its due time, as senders no longer move the run's
+-- start); the current one is take_due_event_window.
 ------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION pgdurable.take_event_window(p_run_id uuid)
 RETURNS TABLE (window_id bigint, trigger text, key text, id bigint, name text, data jsonb,
@@ -630,6 +661,51 @@ END
 $$;
 COMMENT ON FUNCTION pgdurable.take_event_window(uuid) IS
   'The events of the trigger window that started a run, oldest first; closes the window.';
+
+------------------------------------------------------------------------------
+-- pgdurable.take_due_event_window(run_id)
+--   -> TABLE(due_at timestamptz, window_id bigint, trigger text, key text,
+--            id bigint, name text, data jsonb, event_id text, created_at timestamptz)
+-- What a trigger's run reads when it runs (pgdurable.runs.events.trigger_step):
+--   * its window is due (due_at <= now) or already closed: close it (under its
+--     row lock: no event joins it afterwards, _event_window_add) and return its
+--     events, oldest first (the same rows every time: a retried step gets the
+--     same events); taken_at records when it was first read;
+--   * its window is not due yet (events moved its due time since the run was
+--     started): ONE row with id NULL and the window's due_at: the run sleeps
+--     until then and reads again;
+--   * no window: no rows.
+------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION pgdurable.take_due_event_window(p_run_id uuid)
+RETURNS TABLE (due_at timestamptz, window_id bigint, trigger text, key text, id bigint,
+               name text, data jsonb, event_id text, created_at timestamptz)
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pgdurable, pg_temp AS $$
+DECLARE
+  w pgdurable.event_windows;
+  v_now timestamptz := pgdurable.now();
+BEGIN
+  UPDATE pgdurable.event_windows x
+     SET taken_at = coalesce(x.taken_at, v_now), closed_at = coalesce(x.closed_at, v_now)
+   WHERE x.run_id = p_run_id AND (x.closed_at IS NOT NULL OR x.due_at <= v_now)
+  RETURNING * INTO w;
+  IF NOT FOUND THEN
+    RETURN QUERY SELECT x.due_at, x.id, x.trigger, x.key, NULL::bigint, NULL::text, NULL::jsonb,
+                        NULL::text, NULL::timestamptz
+                   FROM pgdurable.event_windows x WHERE x.run_id = p_run_id;
+    RETURN;
+  END IF;
+  RETURN QUERY
+    SELECT w.due_at, w.id, w.trigger, w.key, e.id, e.name, e.data, e.event_key, e.created_at
+      FROM pgdurable.event_window_events we
+      JOIN pgdurable.events e ON e.id = we.event_id AND e.created_at = we.event_at
+     WHERE we.window_id = w.id
+     ORDER BY e.created_at, e.id;
+END
+$$;
+COMMENT ON FUNCTION pgdurable.take_due_event_window(uuid) IS
+  'The events of the trigger window that started a run once it is due (closing it), oldest '
+  'first; else one row with its due_at and no event.';
 
 ------------------------------------------------------------------------------
 -- WHAT RETENTION MAY DROP (prune_events row by row, drop_event_partitions by

@@ -13,7 +13,8 @@ from .partitions import DroppedPartition
 
 __all__ = ["CANCEL_ON", "CREATE_PARTITIONS", "DROP_PARTITIONS", "DROP_PARTITIONS_TOTAL",
            "LIST_EVENTS", "PARK_EVENT", "PRUNABLE_EVENTS", "PRUNE_EVENTS", "SEND_EVENT",
-           "TAKE_WINDOW", "UPSERT_TRIGGER", "Event", "SentEvent", "WindowEvent"]
+           "TAKE_DUE_WINDOW", "TAKE_WINDOW", "UPSERT_TRIGGER", "DueWindow", "Event", "SentEvent",
+           "WindowEvent"]
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,21 @@ class WindowEvent:
     trigger: str
     key: str
     event: Event
+
+
+@dataclass(frozen=True)
+class DueWindow:
+    """One row of :data:`TAKE_DUE_WINDOW`: the window's due time and one of its events
+    (``event`` None: the window is not due yet, read it again at ``due_at``)."""
+
+    due_at: datetime
+    window_id: int
+    event: Event | None
+
+
+def _due_window(r: Row) -> DueWindow:
+    event = None if r[4] is None else Event(int(r[4]), r[5], r[6], r[7], r[8])
+    return DueWindow(r[0], int(r[1]), event)
 
 
 def _window_event(r: Row) -> WindowEvent:
@@ -115,6 +131,11 @@ DROP_PARTITIONS_TOTAL = scalar(
 TAKE_WINDOW = Query(
     "SELECT window_id, trigger, key, id, name, data, event_id, created_at "
     "FROM pgdurable.take_event_window(%s::uuid)", _window_event)
+# -- the events of the window that started a run once it is due (closing it), oldest first;
+# -- else one row with its due time and no event; one DueWindow per row
+TAKE_DUE_WINDOW = Query(
+    "SELECT due_at, window_id, trigger, key, id, name, data, event_id, created_at "
+    "FROM pgdurable.take_due_event_window(%s::uuid)", _due_window)
 # -- the newest events (of one name, or all: NULL), with what each triggered (the view
 # -- event_list, which the read-only role may read)
 LIST_EVENTS = Listing("""

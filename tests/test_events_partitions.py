@@ -114,6 +114,31 @@ def test_retention_drops_whole_days_but_not_what_unfinished_runs_may_read(
         "runnable"
 
 
+def test_an_event_in_an_unfinished_runs_window_is_kept_whatever_its_age(
+        conn: psycopg.Connection[Any]) -> None:
+    """The window rule on its own: the event is older than every unfinished run (the
+    horizon would let it go), but it is in the window of one of them."""
+    day0 = db_today(conn) - timedelta(days=60)
+    at(conn, day0)
+    assert scalar(conn, "SELECT pgdurable.create_event_partitions(0, 0)") == 1
+    event = send(conn, "job", '{"n": 1}', None)[0]
+    at(conn, day0 + timedelta(days=5))
+    run = start(conn)
+    window = scalar(conn, "INSERT INTO pgdurable.event_windows (trigger, key, run_id, due_at, "
+                    "events) VALUES ('t', '', %s, pgdurable.now(), 1) RETURNING id", run)
+    conn.execute("INSERT INTO pgdurable.event_window_events (window_id, event_id, event_at) "
+                 "SELECT %s, id, created_at FROM pgdurable.events WHERE id = %s", (window, event))
+    at(conn, day0 + timedelta(days=40))
+    assert conn.execute("SELECT partition_name, rows_dropped, rows_kept "
+                        "FROM pgdurable.drop_event_partitions('30 days')").fetchall() == \
+        [(f"events_p{day0:%Y%m%d}", 0, 1)]
+    assert holder(conn, event) == ["pgdurable.events_default"]
+    assert scalar(conn, "SELECT pgdurable.prune_events('30 days', 100)") == 0
+    conn.execute("SELECT pgdurable.cancel_run(%s)", (run,))
+    assert scalar(conn, "SELECT pgdurable.prune_events('30 days', 100)") == 1 + 1  # + window
+    assert holder(conn, event) == []
+
+
 def test_bad_partition_arguments_change_nothing(conn: psycopg.Connection[Any]) -> None:
     before = scalar(conn, "SELECT count(*) FROM pgdurable.event_partitions")
     for query in ("SELECT pgdurable.create_event_partitions(-1, 0)",

@@ -3,7 +3,7 @@
 One command::
 
     .venv/bin/python benchmarks/events.py [--dsn postgresql://postgres@127.0.0.1:5432/postgres]
-        [--seconds 3] [--rounds 3] [--senders 8] [--samples 200]
+        [--seconds 3] [--rounds 3] [--senders 8] [--samples 200] [--profile 2000]
 
 ``--dsn`` names a maintenance database; the benchmark creates (and drops) the
 scratch database ``pgdurable_bench_events``.
@@ -15,6 +15,11 @@ scratch database ``pgdurable_bench_events``.
    keys (each event joins or opens a window: a run row per window); and the
    baseline, a bare ``INSERT`` of the same row (name, data, id) into a plain
    table with the same unique (name, id) key. Printed: events/s and ratio.
+   Then, for the debounced send, where its time goes: one session sends
+   ``--profile`` events with ``track_functions = all`` (self time per SQL function,
+   from ``pg_stat_user_functions``), and the senders' lock waits while 8 of them
+   ran (``pg_stat_activity`` sampled every 10 ms: the share of samples in which a
+   sender waited on a lock, by lock type).
 2. **Trigger latency**: one worker in this process; ``--samples`` times, one at a
    time, an event whose trigger starts one run per event, from the moment
    ``send_event`` returned (committed) to the handler's first line; against the
@@ -68,6 +73,56 @@ def rate(dsn: str, sql: str, name: str, senders: int, seconds: float) -> float:
     for t in threads:
         t.join()
     return sum(counts) / seconds
+
+
+class LockSampler(threading.Thread):
+    """Samples the senders' wait events every 10 ms (a separate connection)."""
+
+    def __init__(self, dsn: str) -> None:
+        super().__init__(daemon=True)
+        self.dsn, self.samples = dsn, 0
+        self.waits: dict[str, int] = {}
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            while not self.stop.is_set():
+                for kind, n in conn.execute(
+                        "SELECT coalesce(wait_event_type || ':' || wait_event, 'cpu'), count(*) "
+                        "FROM pg_stat_activity WHERE datname = current_database() "
+                        "AND pid <> pg_backend_pid() AND state = 'active' "
+                        "AND query LIKE '%%send_event%%' GROUP BY 1"):
+                    self.waits[kind] = self.waits.get(kind, 0) + n
+                self.samples += 1
+                time.sleep(0.01)
+
+
+def profile(dsn: str, n: int, senders: int) -> None:
+    """Self time per SQL function of ``n`` debounced sends from one session, and the lock
+    waits of ``senders`` concurrent senders."""
+    sampler = LockSampler(dsn)
+    sampler.start()
+    rate(dsn, SEND, "bench.keyed", senders, 2.0)
+    sampler.stop.set()
+    sampler.join()
+    total = sum(sampler.waits.values()) or 1
+    print(f"  {senders} debounced senders, what they were doing ({total} samples):",
+          ", ".join(f"{k} {v / total:.0%}" for k, v in
+                    sorted(sampler.waits.items(), key=lambda kv: -kv[1])[:6]))
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("SET track_functions = 'all'")
+        conn.execute("SELECT pg_stat_reset()")
+        t0 = time.perf_counter()
+        for i in range(n):
+            conn.execute(SEND, ("bench.keyed", f'{{"k": "k{i % 100}", "p": {i}}}',
+                                uuid.uuid4().hex), prepare=True)
+        per = (time.perf_counter() - t0) / n * 1e6
+        time.sleep(0.6)  # the statistics are flushed after 500 ms
+        rows = conn.execute(
+            "SELECT funcname, self_time / calls * 1000 FROM pg_stat_user_functions "
+            "WHERE calls > 0 ORDER BY self_time DESC LIMIT 5").fetchall()
+    print(f"  one session, {n} debounced sends: {per:.0f} us each; self time per call (us): "
+          + ", ".join(f"{name} {us:.0f}" for name, us in rows))
 
 
 def throughput(dsn: str, seconds: float, rounds: int, senders: int) -> None:
@@ -145,10 +200,13 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--senders", type=int, default=8)
     ap.add_argument("--samples", type=int, default=200)
+    ap.add_argument("--profile", type=int, default=2000, help="sends profiled (0: none)")
     args = ap.parse_args()
     dsn = scratch_dsn(args.dsn, DB)
     try:
         throughput(dsn, args.seconds, args.rounds, args.senders)
+        if args.profile:
+            profile(dsn, args.profile, args.senders)
         asyncio.run(latency(dsn, args.samples))
     finally:
         drop_scratch(args.dsn, DB)

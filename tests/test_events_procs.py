@@ -21,10 +21,11 @@ from pgdurable import Durable
 
 pytestmark = pytest.mark.fleet("_events_app:app", ttl=2.0, poll=1.0, concurrency=8, grace=1.0)
 
-#: The issue's size is 10,000 events over 200 keys (EVENTS_N=10000 EVENTS_KEYS=200);
-#: the default keeps the test near 30 s on a small machine.
-N = int(os.environ.get("EVENTS_N", "3000"))
-KEYS = int(os.environ.get("EVENTS_KEYS", "100"))
+#: The issue's size: 10,000 events over 200 keys (45 s on the quiet 2-core test machine,
+#: send and drain; marked slow, which `make test` runs: nothing deselects it).
+#: EVENTS_N / EVENTS_KEYS change it for a quicker local run.
+N = int(os.environ.get("EVENTS_N", "10000"))
+KEYS = int(os.environ.get("EVENTS_KEYS", "200"))
 SENDERS = 8
 BATCH = 20  # the batch trigger's size (tests/_events_app.py)
 SEEN = ("CREATE TABLE IF NOT EXISTS events_seen (trigger text NOT NULL, event_id bigint NOT NULL, "
@@ -68,6 +69,7 @@ async def _send_all(dsn: str, on_progress: Any) -> None:
 
 @pytest.mark.slow
 @pytest.mark.crash
+@pytest.mark.timeout(900)  # the full size on a loaded 2-core machine: over the usual 300 s
 def test_every_event_is_seen_by_exactly_one_run_under_sigkill(
         fleet: Fleet, conn: psycopg.Connection[Any], dsn: str) -> None:
     conn.execute(SEEN)
@@ -76,7 +78,7 @@ def test_every_event_is_seen_by_exactly_one_run_under_sigkill(
     assert one(conn, "SELECT count(*) FROM pgdurable.event_triggers") == 2
     kills = {N // 3: ("a", "e"), 2 * N // 3: ("b", "f")}
 
-    held: dict[str, int] = {}
+    held: dict[str, list[Any]] = {}
 
     def progress(sent: int) -> None:
         for at, (victim, fresh) in list(kills.items()):
@@ -85,9 +87,9 @@ def test_every_event_is_seen_by_exactly_one_run_under_sigkill(
                 # within a second: their leases lapse and other workers take them over
                 end = time.monotonic() + 1.0
                 while time.monotonic() < end:
-                    held[victim] = one(conn, "SELECT count(*) FROM pgdurable.runs "
-                                             "WHERE status = 'leased' AND lease_owner = %s",
-                                       victim)
+                    held[victim] = [r[0] for r in conn.execute(
+                        "SELECT id FROM pgdurable.runs WHERE status = 'leased' "
+                        "AND lease_owner = %s", (victim,))]
                     if held[victim]:
                         break
                     time.sleep(0.005)
@@ -153,7 +155,10 @@ def test_every_event_is_seen_by_exactly_one_run_under_sigkill(
     late = one(conn, "SELECT max(extract(epoch FROM taken_at - due_at)) "
                "FROM pgdurable.event_windows")
     print(f"latest start after a window's due time: {late:.2f} s (killed workers' leases: 2 s)")
-    # the SIGKILLs landed on runs in flight, which other workers finished
-    taken_over = one(conn, "SELECT count(*) FROM pgdurable.runs WHERE claims > 1")
-    print(f"runs held by the killed workers: {held}; runs claimed more than once: {taken_over}")
-    assert sum(held.values()) == 0 or taken_over > 0
+    # the SIGKILLs landed on runs in flight, which other workers took over and finished
+    # (a run also claims again after sleeping until its window is due)
+    victims = [rid for ids in held.values() for rid in ids]
+    print(f"runs held by the killed workers: {held}; runs claimed more than once: "
+          f"{one(conn, 'SELECT count(*) FROM pgdurable.runs WHERE claims > 1')}")
+    assert conn.execute("SELECT id FROM pgdurable.runs WHERE id = ANY(%s) AND NOT "
+                        "(status = 'completed' AND claims > 1)", (victims,)).fetchall() == []

@@ -240,9 +240,11 @@ def _plan(
         batch = yield _Statement(rq.PRUNE, params, pause_first=True)
     if total.skipped:
         return total
-    # then sent events: those of the runs just pruned are no longer needed
+    # then sent events: whole daily partitions first, then row by row (those of the runs
+    # just pruned are no longer needed)
+    sent = yield _Statement(eq.DROP_PARTITIONS_TOTAL, (age,))
     n = yield _Statement(eq.PRUNE_EVENTS, (age, size))
-    sent = n
+    sent += n
     while n >= size:
         n = yield _Statement(eq.PRUNE_EVENTS, (age, size), pause_first=True)
         sent += n

@@ -42,7 +42,7 @@ import asyncio
 import weakref
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 import psycopg
@@ -61,7 +61,7 @@ from ..foundation.queries import events as eq
 from ..foundation.queries.core import AsyncTarget, many, many_sync, one, one_sync
 from ..foundation.queries.events import Event, SentEvent
 from ..foundation.run_queries import check_name
-from .steps import Done, RunContext, in_thread
+from .steps import Done, RunContext, Sleep, in_thread
 
 if TYPE_CHECKING:
     from ..foundation.ports import App
@@ -77,6 +77,7 @@ __all__ = [
     "declare_trigger",
     "declare_triggers",
     "declared_triggers",
+    "due_window",
     "event_params",
     "make_trigger",
     "match_json",
@@ -280,17 +281,43 @@ def take_window_sync(db: Any, run_id: str) -> list[Event]:
 Handler = Callable[[RunContext, list[Event]], Any]
 
 
-def trigger_step(handler: Handler) -> Callable[[RunContext, Any], Awaitable[Done]]:
+def _state_events(state: Any) -> list[Event] | None:
+    """The events a window of one event handed its run in the run's state (None: the
+    run reads its window)."""
+    raw = state.get("events") if isinstance(state, dict) else None
+    if not isinstance(raw, list):
+        return None
+    return [Event(int(e["id"]), e["name"], e["data"], e["event_id"],
+                  datetime.fromisoformat(e["time"])) for e in raw]
+
+
+async def due_window(app: App, run_id: str) -> list[Event] | datetime:
+    """The events of run ``run_id``'s window, oldest first, once it is due (reading
+    closes it); else the time it is due (events came since the run was started)."""
+    rows = await many(app, eq.TAKE_DUE_WINDOW, (run_id,))
+    if rows and rows[0].event is None:
+        return rows[0].due_at
+    return [r.event for r in rows if r.event is not None]
+
+
+def trigger_step(handler: Handler) -> Callable[[RunContext, Any], Awaitable[Done | Sleep]]:
     """The step function of a trigger's task: read the run's window, call
     ``handler(ctx, events)`` (async, or sync in a thread), complete the run with
-    its return value. A retried step gets the same events."""
+    its return value. A window of one event comes in the run's state (no read); a
+    window that is not due yet (a debounce moved on by later events) is read again
+    when it is (the run sleeps until then). A retried step gets the same events."""
     is_async = asyncio.iscoroutinefunction(handler)
 
-    async def step(ctx: RunContext, state: Any) -> Done:
+    async def step(ctx: RunContext, state: Any) -> Done | Sleep:
         app = ctx._app
         if app is None:
             raise RuntimeError("this RunContext is not attached to a worker")
-        events = await take_window(app, ctx.run_id)
+        events = _state_events(state)
+        if events is None:
+            got = await due_window(app, ctx.run_id)
+            if isinstance(got, datetime):
+                return Sleep(until=got)
+            events = got
         if is_async:
             result = await handler(ctx, events)
         else:
@@ -300,4 +327,3 @@ def trigger_step(handler: Handler) -> Callable[[RunContext, Any], Awaitable[Done
     step.__name__ = getattr(handler, "__name__", "on_event")
     step.__doc__ = handler.__doc__
     return step
-

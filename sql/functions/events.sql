@@ -173,21 +173,33 @@ COMMENT ON FUNCTION pgdurable._event_check(text, jsonb, text) IS
 -- pgdurable._event_window_add(trigger, event) -> text (the queue to NOTIFY, or NULL)
 -- Internal (send_event): put the event into the open window of (trigger,
 -- key) or open one. Senders of one (trigger, key) are serialised by an
--- advisory lock. The open window takes the event while its run is still
--- unclaimed (status runnable, claims 0: checked under the run's row lock, so
--- that no claim takes the run before this transaction commits); its due
--- time (the run's available_at) becomes
+-- advisory lock. The window's due time becomes
 --   debounce: least(last_event_at + debounce, opened_at + max_wait);
 --   batch:    now when this event fills it, else opened_at + batch_timeout;
 --   both:     the earlier of the two.
--- A full batch is closed. Otherwise (no open window, or its run already
--- claimed or ended) the old one is closed and a new window opens with a new
--- run (start_run_flow, delayed to the due time). Leading debounce: when no
--- event of (trigger, key) came within the last `debounce`, the new window is
--- due at once and closed (this event alone); later ones open a trailing one.
--- A trigger with neither debounce nor batch: one run per event. The run's
--- flow-control key (runs.concurrency_key) is the window's key: a queue's
--- per_key_concurrency bounds the runs of one key (docs/flow_control.md).
+-- THE WINDOW ROW DECIDES. The open window takes the event while its run has
+-- not read it: its run's take_due_event_window closes it (closed_at) once
+-- due, under the window's row lock, and this UPDATE of the window re-checks
+-- closed_at under the same lock, so every event is either read by that run or
+-- opens the next window, never both, never neither. The run is not touched
+-- (no UPDATE of runs per event: it was 70 % of a debounced send's extra
+-- cost): it is started at the window's first due time, and when it finds the
+-- window due later (events came meanwhile) it sleeps until then
+-- (pgdurable.runs.events.trigger_step). A run that ended without reading its
+-- window (cancelled) takes no more events: the run's row is read FOR SHARE,
+-- so a cancel commits before this join or after it (and the event is then
+-- that run's, as the window's other events are). A full batch is closed and
+-- its run made due now (a sleeping one woken). No open window, or its run
+-- ended: the old one is closed and a new window opens with a new run
+-- (start_run_flow, delayed to the due time). Leading debounce: when no event
+-- of (trigger, key) came within the last `debounce`, the new window is due at
+-- once and closed (this event alone); later ones open a trailing one. A
+-- trigger with neither debounce nor batch: one run per event. A window closed
+-- at its opening (one event: one per event, batch 1, leading) hands its event
+-- to its run in the run's state ({"events": [...]}): the run reads no window.
+-- The run's flow-control key (runs.concurrency_key) is the window's key: a
+-- queue's per_key_concurrency bounds the runs of one key
+-- (docs/flow_control.md).
 ------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION pgdurable._event_window_add(t pgdurable.event_triggers,
                                                        e pgdurable.events)
@@ -223,18 +235,32 @@ BEGIN
                   ELSE least(CASE WHEN t.debounce IS NOT NULL
                                   THEN least(v_last + t.debounce, v_open + t.max_wait) END,
                              v_open + t.batch_timeout) END;
-    UPDATE pgdurable.runs r SET available_at = v_due, updated_at = v_now
-     WHERE r.id = w.run_id AND r.status = 'runnable' AND r.claims = 0
-    RETURNING r.queue INTO v_queue;
+    PERFORM 1 FROM pgdurable.runs r
+      WHERE r.id = w.run_id AND r.status NOT IN ('completed', 'failed', 'cancelled', 'incompatible')
+        FOR SHARE;
     IF FOUND THEN
-      INSERT INTO pgdurable.event_window_events (window_id, event_id) VALUES (w.id, e.id);
-      UPDATE pgdurable.event_windows SET events = events + 1, opened_at = v_open,
-             last_event_at = v_last, due_at = v_due, closed_at = CASE WHEN v_full THEN v_now END
-       WHERE id = w.id;
-      RETURN CASE WHEN v_due <= v_now THEN v_queue END;
+      UPDATE pgdurable.event_windows x SET events = x.events + 1, opened_at = v_open,
+             last_event_at = v_last, due_at = v_due,
+             closed_at = CASE WHEN v_full THEN v_now END
+       WHERE x.id = w.id AND x.closed_at IS NULL;
     END IF;
-    -- its run was claimed (or ended): that window is over
-    UPDATE pgdurable.event_windows SET closed_at = v_now WHERE id = w.id;
+    IF FOUND THEN
+      INSERT INTO pgdurable.event_window_events (window_id, event_id, event_at)
+      VALUES (w.id, e.id, e.created_at);
+      IF NOT v_full THEN
+        RETURN NULL;
+      END IF;
+      -- full: its run goes now (if it sleeps, having found the window not yet due, wake it)
+      UPDATE pgdurable.runs r SET available_at = least(r.available_at, v_now),
+             wake_at = CASE WHEN r.status = 'waiting' THEN v_now ELSE r.wake_at END,
+             updated_at = v_now
+       WHERE r.id = w.run_id
+         AND (r.status = 'runnable' OR (r.status = 'waiting' AND r.wait_kind IS NULL))
+      RETURNING r.queue INTO v_queue;
+      RETURN v_queue;
+    END IF;
+    -- its run ended (or read it): that window is over
+    UPDATE pgdurable.event_windows SET closed_at = v_now WHERE id = w.id AND closed_at IS NULL;
   END IF;
   v_alone := (t.debounce IS NULL AND t.batch IS NULL) OR coalesce(t.batch = 1, false);
   IF t.leading_edge AND NOT v_alone THEN
@@ -248,14 +274,20 @@ BEGIN
                            v_now + t.batch_timeout) END;
   SELECT s.run_id INTO v_run
     FROM pgdurable.start_run_flow(t.task, t.revision,
-                                  jsonb_build_object('trigger', t.name, 'key', v_key),
+                                  CASE WHEN v_alone
+                                       THEN jsonb_build_object('trigger', t.name, 'key', v_key,
+                                                               'events', jsonb_build_array(
+                                                                 pgdurable._event_json(e)))
+                                       ELSE jsonb_build_object('trigger', t.name, 'key', v_key)
+                                  END,
                                   t.queue, 0, t.max_attempts, NULL, NULL, NULL, NULL,
                                   nullif(v_key, ''), v_due, NULL) s;
   INSERT INTO pgdurable.event_windows AS x (trigger, key, run_id, opened_at, last_event_at,
                                             due_at, events, closed_at)
   VALUES (t.name, v_key, v_run, v_now, v_now, v_due, 1, CASE WHEN v_alone THEN v_now END)
   RETURNING * INTO w;
-  INSERT INTO pgdurable.event_window_events (window_id, event_id) VALUES (w.id, e.id);
+  INSERT INTO pgdurable.event_window_events (window_id, event_id, event_at)
+      VALUES (w.id, e.id, e.created_at);
   RETURN NULL;  -- start_run NOTIFYs the queue itself
 END
 $$;
@@ -267,7 +299,10 @@ COMMENT ON FUNCTION pgdurable._event_window_add(pgdurable.event_triggers, pgdura
 -- Store an event and act on it in ONE transaction (the caller's, if any):
 --   1. dedup: an event of the same name and id already stored with the same
 --      data -> nothing happens again, its number is returned with created =
---      false; with other data -> PD015 and nothing changes;
+--      false; with other data -> PD015 and nothing changes. The id is unique
+--      through event_ids (one unpartitioned table), whichever partition of
+--      events holds the event: an id deduplicates for as long as its event is
+--      stored (retention deletes both together);
 --   2. cancel_on: every unfinished run registered with a cancel_on that
 --      this event matches is cancelled (cancel_run: at once if runnable or
 --      waiting; a leased run gets a cancel request and its worker stops it);
@@ -298,21 +333,37 @@ DECLARE
   v_queues text[] := '{}';
   v_q text;
   v_now timestamptz := pgdurable.now();
+  v_id bigint;
   t pgdurable.event_triggers;
 BEGIN
   PERFORM pgdurable._event_check(p_name, p_data, p_id);
-  INSERT INTO pgdurable.events AS x (name, data, event_key) VALUES (p_name, v_data, p_id)
-  ON CONFLICT ON CONSTRAINT events_name_event_key_key DO NOTHING
-  RETURNING * INTO e;
-  IF e.id IS NULL THEN
-    SELECT * INTO e FROM pgdurable.events x WHERE x.name = p_name AND x.event_key = p_id;
-    IF e.data IS DISTINCT FROM v_data THEN
-      RAISE EXCEPTION 'event id % was already sent for event % with other data', p_id, p_name
-        USING ERRCODE = 'PD015';
-    END IF;
-    RETURN QUERY SELECT e.id, false;
-    RETURN;
+  IF p_id IS NOT NULL THEN
+    -- the id is claimed in event_ids (unique across the partitions of events); a
+    -- concurrent send of the same id waits here for this one's commit, then finds it
+    LOOP
+      INSERT INTO pgdurable.event_ids AS x (name, event_key, event_id, created_at)
+      VALUES (p_name, p_id, nextval('pgdurable.events_id_seq'), v_now)
+      ON CONFLICT (name, event_key) DO NOTHING
+      RETURNING x.event_id INTO v_id;
+      EXIT WHEN v_id IS NOT NULL;
+      SELECT ev.* INTO e FROM pgdurable.event_ids i
+        JOIN pgdurable.events ev ON ev.id = i.event_id AND ev.created_at = i.created_at
+       WHERE i.name = p_name AND i.event_key = p_id;
+      IF FOUND THEN
+        IF e.data IS DISTINCT FROM v_data THEN
+          RAISE EXCEPTION 'event id % was already sent for event % with other data', p_id, p_name
+            USING ERRCODE = 'PD015';
+        END IF;
+        RETURN QUERY SELECT e.id, false;
+        RETURN;
+      END IF;
+      -- an entry whose event is gone (deleted by hand): the id is new again
+      DELETE FROM pgdurable.event_ids i WHERE i.name = p_name AND i.event_key = p_id;
+    END LOOP;
   END IF;
+  INSERT INTO pgdurable.events AS x (id, name, data, event_key, created_at)
+  VALUES (coalesce(v_id, nextval('pgdurable.events_id_seq')), p_name, v_data, p_id, v_now)
+  RETURNING * INTO e;
 
   PERFORM pg_advisory_xact_lock_shared(pgdurable.wait_lock_key('event-paths', p_name));
   SELECT array_agg(p.path ORDER BY p.path) INTO v_paths
@@ -577,11 +628,12 @@ COMMENT ON FUNCTION pgdurable.upsert_event_trigger(text, text, text, text, text,
 -- pgdurable.take_event_window(run_id)
 --   -> TABLE(window_id bigint, trigger text, key text, id bigint, name text,
 --            data jsonb, event_id text, created_at timestamptz)
--- The events of the window that started this run, oldest first (the
--- handler's argument). Closes the window (no event joins it after its run
--- read it; senders already stop at the run's first claim) and records when
--- it was first read (taken_at). The same rows every time: a retried step
--- gets the same events. No window: no rows.
+-- The events of the window that started this run, oldest first, due or not.
+-- Closes the window and records when it was first read (taken_at). The same
+-- rows every time. No window: no rows. The reader of the previous release,
+-- kept for its workers during a rolling deploy (such a worker may read a
+-- debounce window before its due time, as senders no longer move the run's
+-- start); the current one is take_due_event_window.
 ------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION pgdurable.take_event_window(p_run_id uuid)
 RETURNS TABLE (window_id bigint, trigger text, key text, id bigint, name text, data jsonb,
@@ -602,7 +654,7 @@ BEGIN
   RETURN QUERY
     SELECT w.id, w.trigger, w.key, e.id, e.name, e.data, e.event_key, e.created_at
       FROM pgdurable.event_window_events we
-      JOIN pgdurable.events e ON e.id = we.event_id
+      JOIN pgdurable.events e ON e.id = we.event_id AND e.created_at = we.event_at
      WHERE we.window_id = w.id
      ORDER BY e.created_at, e.id;
 END
@@ -611,14 +663,98 @@ COMMENT ON FUNCTION pgdurable.take_event_window(uuid) IS
   'The events of the trigger window that started a run, oldest first; closes the window.';
 
 ------------------------------------------------------------------------------
+-- pgdurable.take_due_event_window(run_id)
+--   -> TABLE(due_at timestamptz, window_id bigint, trigger text, key text,
+--            id bigint, name text, data jsonb, event_id text, created_at timestamptz)
+-- What a trigger's run reads when it runs (pgdurable.runs.events.trigger_step):
+--   * its window is due (due_at <= now) or already closed: close it (under its
+--     row lock: no event joins it afterwards, _event_window_add) and return its
+--     events, oldest first (the same rows every time: a retried step gets the
+--     same events); taken_at records when it was first read;
+--   * its window is not due yet (events moved its due time since the run was
+--     started): ONE row with id NULL and the window's due_at: the run sleeps
+--     until then and reads again;
+--   * no window: no rows.
+------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION pgdurable.take_due_event_window(p_run_id uuid)
+RETURNS TABLE (due_at timestamptz, window_id bigint, trigger text, key text, id bigint,
+               name text, data jsonb, event_id text, created_at timestamptz)
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pgdurable, pg_temp AS $$
+DECLARE
+  w pgdurable.event_windows;
+  v_now timestamptz := pgdurable.now();
+BEGIN
+  UPDATE pgdurable.event_windows x
+     SET taken_at = coalesce(x.taken_at, v_now), closed_at = coalesce(x.closed_at, v_now)
+   WHERE x.run_id = p_run_id AND (x.closed_at IS NOT NULL OR x.due_at <= v_now)
+  RETURNING * INTO w;
+  IF NOT FOUND THEN
+    RETURN QUERY SELECT x.due_at, x.id, x.trigger, x.key, NULL::bigint, NULL::text, NULL::jsonb,
+                        NULL::text, NULL::timestamptz
+                   FROM pgdurable.event_windows x WHERE x.run_id = p_run_id;
+    RETURN;
+  END IF;
+  RETURN QUERY
+    SELECT w.due_at, w.id, w.trigger, w.key, e.id, e.name, e.data, e.event_key, e.created_at
+      FROM pgdurable.event_window_events we
+      JOIN pgdurable.events e ON e.id = we.event_id AND e.created_at = we.event_at
+     WHERE we.window_id = w.id
+     ORDER BY e.created_at, e.id;
+END
+$$;
+COMMENT ON FUNCTION pgdurable.take_due_event_window(uuid) IS
+  'The events of the trigger window that started a run once it is due (closing it), oldest '
+  'first; else one row with its due_at and no event.';
+
+------------------------------------------------------------------------------
+-- WHAT RETENTION MAY DROP (prune_events row by row, drop_event_partitions by
+-- partition; the same rule). An event older than the cut-off is deleted
+-- unless an unfinished run (not completed, failed, cancelled, incompatible)
+-- may still read it:
+--   * it is in a trigger window (debounce, batch, or one event) whose run is
+--     unfinished: open windows included, since a window's run is started when
+--     the window opens and reads its events (take_event_window) when it runs;
+--   * its time is at or after _event_horizon(): the earliest `since` of an
+--     unfinished run (event_waits.since, or the run's creation when it never
+--     waited on an event), so that no wait_event of an unfinished run -- a
+--     parked one, one woken by its timeout that waits again, or the first
+--     one of a run that has not parked yet -- can miss an event it could see.
+--     (A parked wait needs no stored event at all: the events stored before
+--     it parked were matched by park_event, later ones by send_event, both
+--     under the same lock. A wait that parks later looks back to its since.)
+-- Events an unfinished run may read are kept whatever their age (by partition:
+-- moved to events_default first). A deleted event's id no longer deduplicates:
+-- its event_ids entry goes with it, and so do its window links.
+------------------------------------------------------------------------------
+
+------------------------------------------------------------------------------
+-- pgdurable._event_horizon() -> timestamptz (NULL: no unfinished run)
+-- Internal: the earliest time from which an unfinished run may still read
+-- events in a wait_event (see above). One pass over the unfinished runs.
+------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION pgdurable._event_horizon() RETURNS timestamptz
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pgdurable, pg_temp AS $$
+  SELECT min(coalesce(w.since, r.created_at))
+    FROM pgdurable.runs r
+    LEFT JOIN pgdurable.event_waits w ON w.run_id = r.id
+   WHERE r.status NOT IN ('completed', 'failed', 'cancelled', 'incompatible')
+$$;
+COMMENT ON FUNCTION pgdurable._event_horizon() IS
+  'Internal: the earliest event time a wait_event of an unfinished run may still see (NULL: none).';
+
+------------------------------------------------------------------------------
 -- pgdurable.prune_events(older_than, batch) -> bigint (rows deleted)
--- Retention for events, ONE short transaction: delete up to `batch` events
--- older than `older_than` (database clock) that no unfinished run still needs
--- (in a window whose run is not terminal), with their window links, then up
--- to `batch` windows opened before the cut-off whose run is finished or gone
--- and which hold no event any more. Rows locked by someone else are skipped.
--- A deleted event's id no longer deduplicates. Call it until it returns 0.
--- older_than < 0 or batch outside 1..100000: PD000.
+-- Retention for events row by row, ONE short transaction: delete up to
+-- `batch` events older than `older_than` (database clock) that retention may
+-- drop (see WHAT RETENTION MAY DROP), with their window links and dedup ids,
+-- then up to `batch` windows opened before the cut-off whose run is finished
+-- or gone and which hold no event any more. Rows locked by someone else are
+-- skipped. Whole daily partitions go first, by drop_event_partitions (the
+-- retention loop, ops/retention.py, calls it before); this clears what is
+-- left (events_default, and the days not yet dropped). Call it until it
+-- returns less than `batch`. older_than < 0 or batch outside 1..100000: PD000.
 ------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION pgdurable.prune_events(p_older_than interval,
                                                   p_batch integer DEFAULT 1000)
@@ -635,9 +771,10 @@ BEGIN
     RAISE EXCEPTION 'prune_events: older_than >= 0 and batch in 1..100000 required'
       USING ERRCODE = 'PD000';
   END IF;
-  v_cut := pgdurable.now() - p_older_than;
+  v_cut := least(pgdurable.now() - p_older_than,
+                 coalesce(pgdurable._event_horizon(), 'infinity'));
   WITH doomed AS MATERIALIZED (
-    SELECT e.id FROM pgdurable.events e
+    SELECT e.id, e.created_at, e.name, e.event_key FROM pgdurable.events e
      WHERE e.created_at < v_cut
        AND NOT EXISTS (
          SELECT 1 FROM pgdurable.event_window_events we
@@ -649,9 +786,14 @@ BEGIN
      LIMIT p_batch
        FOR UPDATE OF e SKIP LOCKED
   ), links AS (
-    DELETE FROM pgdurable.event_window_events we USING doomed d WHERE we.event_id = d.id
+    DELETE FROM pgdurable.event_window_events we USING doomed d
+     WHERE we.event_id = d.id AND we.event_at = d.created_at
+  ), ids AS (
+    DELETE FROM pgdurable.event_ids i USING doomed d
+     WHERE d.event_key IS NOT NULL AND i.name = d.name AND i.event_key = d.event_key
+       AND i.event_id = d.id
   )
-  DELETE FROM pgdurable.events e USING doomed d WHERE e.id = d.id;
+  DELETE FROM pgdurable.events e USING doomed d WHERE e.id = d.id AND e.created_at = d.created_at;
   GET DIAGNOSTICS v_events = ROW_COUNT;
   WITH gone AS MATERIALIZED (
     SELECT w.id FROM pgdurable.event_windows w
@@ -669,4 +811,140 @@ END
 $$;
 COMMENT ON FUNCTION pgdurable.prune_events(interval, integer) IS
   'Retention for events: delete up to batch events older than older_than that no unfinished run '
-  'needs, then emptied windows of finished runs; returns rows deleted (call until 0).';
+  'may read, then emptied windows of finished runs; returns rows deleted (call until < batch).';
+
+------------------------------------------------------------------------------
+-- pgdurable._event_partition(day) -> boolean (false: it existed)
+-- Internal: create pgdurable.events_pYYYYMMDD for the UTC day, take over the
+-- rows of that day that had landed in events_default, and attach it. The
+-- caller holds history_lock_key().
+------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION pgdurable._event_partition(p_day date) RETURNS boolean
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pgdurable, pg_temp AS $$
+DECLARE
+  v_name text := 'events_p' || to_char(p_day, 'YYYYMMDD');
+  v_lo timestamptz := p_day::timestamp AT TIME ZONE 'UTC';
+  v_hi timestamptz := (p_day + 1)::timestamp AT TIME ZONE 'UTC';
+BEGIN
+  IF to_regclass('pgdurable.' || quote_ident(v_name)) IS NOT NULL THEN
+    RETURN false;
+  END IF;
+  EXECUTE format('CREATE TABLE pgdurable.%I (LIKE pgdurable.events INCLUDING DEFAULTS '
+                 'INCLUDING CONSTRAINTS INCLUDING COMMENTS)', v_name);
+  EXECUTE format('ALTER TABLE pgdurable.%I SET (autovacuum_vacuum_scale_factor = 0.05, '
+                 'autovacuum_vacuum_cost_delay = 0)', v_name);
+  EXECUTE format('COMMENT ON TABLE pgdurable.%I IS %L', v_name,
+                 'Partition of pgdurable.events (see pgdurable.event_partitions).');
+  EXECUTE format('WITH moved AS (DELETE FROM pgdurable.events_default WHERE created_at >= $1 '
+                 'AND created_at < $2 RETURNING *) INSERT INTO pgdurable.%I SELECT * FROM moved',
+                 v_name) USING v_lo, v_hi;
+  EXECUTE format('ALTER TABLE pgdurable.events ATTACH PARTITION pgdurable.%I '
+                 'FOR VALUES FROM (%L) TO (%L)', v_name, v_lo, v_hi);
+  RETURN true;
+END
+$$;
+COMMENT ON FUNCTION pgdurable._event_partition(date) IS
+  'Internal: create and attach the daily partition of events for a UTC day (rows of the day in '
+  'events_default move into it).';
+
+------------------------------------------------------------------------------
+-- pgdurable.create_event_partitions(days_ahead, days_back) -> integer
+-- Create the daily partitions of events for the UTC days from today -
+-- days_back to today + days_ahead (by pgdurable.now()) that do not exist yet;
+-- returns how many were created. Idempotent; serialised with the history
+-- partitions' maintenance by history_lock_key(); lock_timeout 5 s. The
+-- maintenance turn (ops/partitions.py, `pgdurable maintain`) calls it next to
+-- create_history_partitions. Days outside 0..366: PD000.
+------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION pgdurable.create_event_partitions(p_days_ahead integer DEFAULT 3,
+                                                             p_days_back integer DEFAULT 0)
+RETURNS integer
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pgdurable, pg_temp
+SET lock_timeout = '5s' AS $$
+DECLARE
+  v_today date := (pgdurable.now() AT TIME ZONE 'UTC')::date;
+BEGIN
+  IF p_days_ahead IS NULL OR p_days_ahead < 0 OR p_days_ahead > 366
+     OR p_days_back IS NULL OR p_days_back < 0 OR p_days_back > 366 THEN
+    RAISE EXCEPTION 'create_event_partitions: days_ahead and days_back must be between 0 and 366'
+      USING ERRCODE = 'PD000';
+  END IF;
+  PERFORM pg_advisory_xact_lock(pgdurable.history_lock_key());
+  RETURN (SELECT count(*) FILTER (WHERE pgdurable._event_partition(d::date))
+            FROM generate_series(v_today - p_days_back, v_today + p_days_ahead,
+                                 interval '1 day') d);
+END
+$$;
+COMMENT ON FUNCTION pgdurable.create_event_partitions(integer, integer) IS
+  'Create the missing daily partitions of events around today (UTC); returns how many.';
+
+------------------------------------------------------------------------------
+-- pgdurable.drop_event_partitions(older_than)
+--   -> TABLE(partition_name text, rows_dropped bigint, rows_kept bigint)
+-- Retention by partition: every daily partition of events whose range ended
+-- before now() - older_than is detached and dropped whole. The rows an
+-- unfinished run may still read (see WHAT RETENTION MAY DROP) are moved to
+-- events_default first, with their dedup ids and window links; the ids and
+-- links of the dropped rows are deleted (a DROP fires no trigger). Serialised
+-- by history_lock_key(); lock_timeout 5 s (DETACH locks events briefly).
+-- older_than NULL or < 0: PD000.
+------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION pgdurable.drop_event_partitions(p_older_than interval)
+RETURNS TABLE (partition_name text, rows_dropped bigint, rows_kept bigint)
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pgdurable, pg_temp
+SET lock_timeout = '5s' AS $$
+DECLARE
+  v_cutoff timestamptz;
+  v_horizon timestamptz;
+  p record;
+  v_total bigint;
+  v_keep bigint;
+BEGIN
+  IF p_older_than IS NULL OR p_older_than < interval '0' THEN
+    RAISE EXCEPTION 'drop_event_partitions: older_than must be a non-negative interval'
+      USING ERRCODE = 'PD000';
+  END IF;
+  v_cutoff := pgdurable.now() - p_older_than;
+  PERFORM pg_advisory_xact_lock(pgdurable.history_lock_key());
+  FOR p IN SELECT x.partition_name AS part FROM pgdurable.event_partitions x
+            WHERE NOT x.is_default AND x.range_to <= v_cutoff
+            ORDER BY x.range_to LOOP
+    v_horizon := coalesce(v_horizon, pgdurable._event_horizon(), 'infinity');
+    EXECUTE format('ALTER TABLE pgdurable.events DETACH PARTITION pgdurable.%I', p.part);
+    EXECUTE format('SELECT count(*) FROM pgdurable.%I', p.part) INTO v_total;
+    -- what an unfinished run may read: back into events (its range is no longer
+    -- covered: events_default); ids and links keep pointing at it
+    EXECUTE format('INSERT INTO pgdurable.events SELECT d.* FROM pgdurable.%I d '
+                   'WHERE d.created_at >= $1 OR EXISTS ('
+                   'SELECT 1 FROM pgdurable.event_window_events we '
+                   'JOIN pgdurable.event_windows w ON w.id = we.window_id '
+                   'JOIN pgdurable.runs r ON r.id = w.run_id '
+                   'WHERE we.event_id = d.id AND we.event_at = d.created_at AND r.status NOT IN '
+                   '(''completed'', ''failed'', ''cancelled'', ''incompatible''))',
+                   p.part) USING v_horizon;
+    GET DIAGNOSTICS v_keep = ROW_COUNT;
+    IF v_keep < v_total THEN
+      EXECUTE format('DELETE FROM pgdurable.event_ids i USING pgdurable.%I d '
+                     'WHERE d.event_key IS NOT NULL AND i.name = d.name '
+                     'AND i.event_key = d.event_key AND i.event_id = d.id '
+                     'AND NOT EXISTS (SELECT 1 FROM pgdurable.events_default k '
+                     'WHERE k.id = d.id AND k.created_at = d.created_at)', p.part);
+      EXECUTE format('DELETE FROM pgdurable.event_window_events we USING pgdurable.%I d '
+                     'WHERE we.event_id = d.id AND we.event_at = d.created_at '
+                     'AND NOT EXISTS (SELECT 1 FROM pgdurable.events_default k '
+                     'WHERE k.id = d.id AND k.created_at = d.created_at)', p.part);
+    END IF;
+    EXECUTE format('DROP TABLE pgdurable.%I', p.part);
+    partition_name := p.part;
+    rows_dropped := v_total - v_keep;
+    rows_kept := v_keep;
+    RETURN NEXT;
+  END LOOP;
+END
+$$;
+COMMENT ON FUNCTION pgdurable.drop_event_partitions(interval) IS
+  'Retention by partition: drop whole daily partitions of events older than the cut-off, keeping '
+  '(moving to events_default) the events an unfinished run may still read.';

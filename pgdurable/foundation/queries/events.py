@@ -9,9 +9,12 @@ from typing import Any
 
 from .children import Parked
 from .core import Listing, Query, Row, record, scalar
+from .partitions import DroppedPartition
 
-__all__ = ["CANCEL_ON", "LIST_EVENTS", "PARK_EVENT", "PRUNABLE_EVENTS", "PRUNE_EVENTS", "SEND_EVENT", "TAKE_WINDOW", "UPSERT_TRIGGER",
-           "Event", "SentEvent", "WindowEvent"]
+__all__ = ["CANCEL_ON", "CREATE_PARTITIONS", "DROP_PARTITIONS", "DROP_PARTITIONS_TOTAL",
+           "LIST_EVENTS", "PARK_EVENT", "PRUNABLE_EVENTS", "PRUNE_EVENTS", "SEND_EVENT",
+           "TAKE_DUE_WINDOW", "TAKE_WINDOW", "UPSERT_TRIGGER", "DueWindow", "Event", "SentEvent",
+           "WindowEvent"]
 
 
 @dataclass(frozen=True)
@@ -44,8 +47,27 @@ class WindowEvent:
     event: Event
 
 
+@dataclass(frozen=True)
+class DueWindow:
+    """One row of :data:`TAKE_DUE_WINDOW`: the window's due time and one of its events
+    (``event`` None: the window is not due yet, read it again at ``due_at``)."""
+
+    due_at: datetime
+    window_id: int
+    event: Event | None
+
+
+def _due_window(r: Row) -> DueWindow:
+    event = None if r[4] is None else Event(int(r[4]), r[5], r[6], r[7], r[8])
+    return DueWindow(r[0], int(r[1]), event)
+
+
 def _window_event(r: Row) -> WindowEvent:
     return WindowEvent(int(r[0]), r[1], r[2], Event(int(r[3]), r[4], r[5], r[6], r[7]))
+
+
+def _dropped(r: Row) -> DroppedPartition:
+    return DroppedPartition(str(r[0]), str(r[1]), int(r[2]), int(r[3]))
 
 
 def _parked(r: Row) -> Parked:
@@ -76,20 +98,44 @@ UPSERT_TRIGGER = scalar(
 # -- retention: one batch of old events no unfinished run needs, and emptied windows;
 # -- rows deleted
 PRUNE_EVENTS = scalar("SELECT pgdurable.prune_events(%s::interval, %s::integer)", int)
-# -- dry run of PRUNE_EVENTS: how many events it would delete (windows not counted)
+# -- dry run of PRUNE_EVENTS: how many events it would delete (windows not counted): older
+# -- than the cut-off and than every unfinished run's horizon, in no unfinished run's window
 PRUNABLE_EVENTS = scalar("""
 SELECT count(*) FROM pgdurable.events e
  WHERE e.created_at < pgdurable.now() - %s::interval
+   AND e.created_at < coalesce((
+     SELECT min(coalesce(w.since, r.created_at)) FROM pgdurable.runs r
+       LEFT JOIN pgdurable.event_waits w ON w.run_id = r.id
+      WHERE r.status NOT IN ('completed', 'failed', 'cancelled', 'incompatible')), 'infinity')
    AND NOT EXISTS (
      SELECT 1 FROM pgdurable.event_window_events we
        JOIN pgdurable.event_windows w ON w.id = we.window_id
        JOIN pgdurable.runs r ON r.id = w.run_id
-      WHERE we.event_id = e.id
+      WHERE we.event_id = e.id AND we.event_at = e.created_at
         AND r.status NOT IN ('completed', 'failed', 'cancelled', 'incompatible'))""", int)
+# -- create the missing daily partitions of events from today to today + n days; how many
+# -- params: (days_ahead)
+CREATE_PARTITIONS = scalar("SELECT pgdurable.create_event_partitions(%s::integer, 0)", int)
+# -- drop the daily partitions of events older than the cut-off (keeping what unfinished runs
+# -- may read); one DroppedPartition per partition (history_table 'events')
+# -- params: (older_than)
+DROP_PARTITIONS = Query(
+    "SELECT 'events', partition_name, rows_dropped, rows_kept "
+    "FROM pgdurable.drop_event_partitions(%s::interval)", _dropped)
+# -- the same, for retention: how many events the dropped partitions took with them
+# -- params: (older_than)
+DROP_PARTITIONS_TOTAL = scalar(
+    "SELECT coalesce(sum(rows_dropped), 0)::bigint "
+    "FROM pgdurable.drop_event_partitions(%s::interval)", int)
 # -- the events of the window that started a run, oldest first; one WindowEvent per row
 TAKE_WINDOW = Query(
     "SELECT window_id, trigger, key, id, name, data, event_id, created_at "
     "FROM pgdurable.take_event_window(%s::uuid)", _window_event)
+# -- the events of the window that started a run once it is due (closing it), oldest first;
+# -- else one row with its due time and no event; one DueWindow per row
+TAKE_DUE_WINDOW = Query(
+    "SELECT due_at, window_id, trigger, key, id, name, data, event_id, created_at "
+    "FROM pgdurable.take_due_event_window(%s::uuid)", _due_window)
 # -- the newest events (of one name, or all: NULL), with what each triggered (the view
 # -- event_list, which the read-only role may read)
 LIST_EVENTS = Listing("""

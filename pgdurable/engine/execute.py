@@ -18,7 +18,7 @@ import asyncio
 import contextlib
 import inspect
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
@@ -89,6 +89,7 @@ class _Lease:
     window_end: float
     affinity: Affinity | None  # kept across the steps of this lease
     ctx: RunContext | None = None  # the step's context (a workflow checkpoints through it)
+    effect: Callable[..., Awaitable[Any]] | None = None  # ctx.effect's hook (made by _io)
     db_delays: Iterator[float] | None = None  # made on the first lost connection (hot path)
 
     def db_clock(self) -> datetime:
@@ -126,8 +127,17 @@ class Executor:
             affinity=parse_affinity(row.affinity))
 
     def _io(self, run: _Lease) -> RunIO:
-        """The hooks of a workflow's own checkpoints (ctx.step follows runs.step)."""
+        """The hooks of a workflow's own checkpoints (ctx.step follows runs.step), and
+        ``ctx.effect``'s (``run.effect``): made once per lease, not per step."""
         a = run.a
+
+        async def effect(key: str, fn: EffectFn, reconcile: EffectFn | None = None) -> Any:
+            ctx = run.ctx
+            assert ctx is not None
+            with tracing.effect_span(a.run_id, ctx.task, ctx.step, ctx.attempt, a.token, key):
+                return await self.effects.effect(a, key, fn, reconcile)
+
+        run.effect = effect
 
         def checkpoint(state_json: str, spend: float) -> Any:
             assert run.ctx is not None
@@ -178,15 +188,10 @@ class Executor:
                 f"deadline {run.deadline_at.isoformat()} passed"), 0.0, terminal=True)
             return False
         step, attempt = run.step, run.attempts + 1
-
-        async def effect(key: str, fn: EffectFn, reconcile: EffectFn | None = None) -> Any:
-            with tracing.effect_span(a.run_id, task.name, step, attempt, a.token, key):
-                return await self.effects.effect(a, key, fn, reconcile)
-
         ctx = run.ctx = RunContext(
             run_id=a.key, task=task.name, step=step, attempt=attempt,
             token=a.token, wake=run.wake, deadline=run.deadline_at, budget=run.budget,
-            spent=run.spent, _effect=effect, _app=self.step_app, _owner=self.settings.worker_id,
+            spent=run.spent, _effect=run.effect, _app=self.step_app, _owner=self.settings.worker_id,
             _io=io, affinity=run.affinity, _instance=self.settings.instance,
         )
         t0 = time.monotonic()
@@ -199,13 +204,16 @@ class Executor:
         run.affinity = ctx.affinity  # as the step pinned or unpinned it
         if outcome is None:
             return False  # settled (failed, cancelled, lost)
-        if isinstance(outcome, BaseException) and is_lost_connection(outcome):
-            with contextlib.suppress(Exception):  # the spend happened: record it if we can
+        if ctx._settles and (isinstance(outcome, BaseException)
+                             or not isinstance(outcome[0], Continue | Done)):
+            # budget settlements buffered by a step that ends otherwise than by a
+            # checkpoint (a park, a failure): the spend happened, written now (a
+            # Continue or Done carries them with its write)
+            if isinstance(outcome, BaseException) and is_lost_connection(outcome):
+                with contextlib.suppress(Exception):  # record it if we can
+                    await self._settle_buffered(a, ctx)
+            else:
                 await self._settle_buffered(a, ctx)
-        elif isinstance(outcome, BaseException) or (
-                outcome is not None and not isinstance(outcome[0], Continue | Done)):
-            await self._settle_buffered(a, ctx)  # a park or a failure: the spend happened
-        # (a Continue or Done: the step's settlements go with its write)
         if isinstance(outcome, BaseException):
             if is_lost_connection(outcome):
                 return await self._on_lost_connection(run, ctx)

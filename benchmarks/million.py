@@ -72,7 +72,6 @@ from pgdurable.retention import prune_sync
 
 HERE = Path(__file__).resolve().parent
 DB = "pgdurable_bench_million"
-EMPTY_DB = "pgdurable_bench_million_empty"
 BATCH = 5000
 PARTS = ("parked", "timer", "signal", "fanin", "retention")
 # -- start n parked-to-be runs (the same transaction claims and parks them)
@@ -598,6 +597,7 @@ def main() -> None:
     ap.add_argument("--park-jobs", type=int, default=2)
     ap.add_argument("--signal-batch", type=int, default=100)
     ap.add_argument("--parts", default=",".join(PARTS))
+    ap.add_argument("--db", default=DB, help="the scratch database (and <db>_empty)")
     ap.add_argument("--quick", action="store_true")
     args = ap.parse_args()
     if args.quick:
@@ -607,7 +607,8 @@ def main() -> None:
     parts = set(args.parts.split(","))
     assert parts <= set(PARTS), f"--parts: of {PARTS}"
     t_start = time.perf_counter()
-    dsn = scratch_dsn(args.dsn, DB)
+    db, empty_db = args.db, f"{args.db}_empty"
+    dsn = scratch_dsn(args.dsn, db)
     print(f"million: parked {sizes}, storms of {args.storm}, fan-in {args.fanin}, "
           f"{args.workers} workers, parts {sorted(parts)}; {platform.node()}, "
           f"{os.cpu_count()} CPUs; {load()}", flush=True)
@@ -615,11 +616,11 @@ def main() -> None:
         with ExitStack() as stack:
             workers = stack.enter_context(fleet(dsn, args.workers))
             if "parked" in parts:
-                empty_dsn = scratch_dsn(args.dsn, EMPTY_DB)
+                empty_dsn = scratch_dsn(args.dsn, empty_db)
                 with fleet(empty_dsn, args.workers):
                     part_parked(dsn, empty_dsn, workers, sizes, args.idle_window, args.probes,
                                 args.park_jobs)
-                drop_scratch(args.dsn, EMPTY_DB)
+                drop_scratch(args.dsn, empty_db)
             if "timer" in parts:
                 part_timer_storm(dsn, args.storm, args.park_jobs)
             if "signal" in parts:
@@ -629,7 +630,7 @@ def main() -> None:
             if "retention" in parts:
                 part_retention(dsn, args.probes)
     finally:
-        drop_scratch(args.dsn, DB, EMPTY_DB)
+        drop_scratch(args.dsn, db, empty_db)
     print(f"done in {(time.perf_counter() - t_start) / 60:.1f} min; {load()}")
 
 

@@ -105,12 +105,14 @@ DUE_WAITING = ("SELECT count(*) FROM pgdurable.runs WHERE status = 'waiting' AND
                "wake_at IS NOT NULL AND queue = 'default' AND wake_at <= %s")
 LAST_FINISH = ("SELECT max(finished_at) FROM pgdurable.runs WHERE status IN "
                "('completed', 'failed', 'cancelled', 'incompatible')")
-# -- the claim's timer branch (claim_runs, c), as the storm's first claim sees it
+# -- the claim's timer branch (claim_runs, c: per queue an ordered, LIMITed walk), as the
+# -- storm's first claim sees it
 TIMER_BRANCH = ("EXPLAIN (ANALYZE, BUFFERS, COSTS OFF, TIMING OFF, SUMMARY OFF) "
-                "SELECT r.id FROM pgdurable.runs r WHERE r.status = 'waiting' AND "
-                "r.wake_at IS NOT NULL AND r.queue = ANY ('{default}') AND r.wake_at <= %s "
+                "SELECT x.id FROM unnest('{default}'::text[]) AS qn(name) CROSS JOIN LATERAL ("
+                "SELECT r.id, r.wake_at FROM pgdurable.runs r WHERE r.status = 'waiting' AND "
+                "r.wake_at IS NOT NULL AND r.queue = qn.name AND r.wake_at <= %s "
                 "AND (r.task, r.revision) IN (('parked', '1')) ORDER BY r.wake_at LIMIT 32 "
-                "FOR UPDATE SKIP LOCKED")
+                "FOR UPDATE SKIP LOCKED) x ORDER BY x.wake_at LIMIT 32")
 PARK_RATE = {"runs_per_s": 1000.0}
 
 

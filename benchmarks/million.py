@@ -6,7 +6,7 @@ One command::
 
     .venv/bin/python benchmarks/million.py [--dsn postgresql://postgres@127.0.0.1:5432/postgres]
         [--parked 10000,100000,1000000] [--storm 100000] [--senders 8] [--workers 4]
-        [--fanin 10000] [--idle-window 30] [--probes 200] [--park-jobs 2]
+        [--fanin 10000] [--idle-window 20] [--probes 200] [--park-jobs 2]
         [--parts parked,timer,signal,fanin,retention] [--quick]
 
 ``--quick`` (parked 2,000 and 10,000; storms of 5,000; a fan-in of 1,000; 5 s windows;

@@ -1,40 +1,49 @@
-"""The article's scale: many parked runs on one database, timer and signal storms,
-and an idle fleet, each against a baseline measured in the same run.
+"""The article's scale: a million parked runs on one database, timer and signal storms,
+a wake fan-in, retention at that size and an idle fleet, each against a baseline measured
+in the same run.
 
 One command::
 
     .venv/bin/python benchmarks/million.py [--dsn postgresql://postgres@127.0.0.1:5432/postgres]
         [--parked 10000,100000,1000000] [--storm 100000] [--senders 8] [--workers 4]
-        [--idle-window 30] [--probes 200] [--quick]
+        [--fanin 10000] [--idle-window 20] [--probes 200] [--park-jobs 2]
+        [--parts parked,timer,signal,fanin,retention] [--quick]
 
-``--quick`` (parked 2,000 and 10,000; storms of 5,000; 5 s windows; 50 probes) proves
-it runs in a few minutes. Four parts, in one scratch database, with ``--workers``
-worker processes of ``benchmarks/_million_app.py`` up throughout:
+``--quick`` (parked 2,000 and 10,000; storms of 5,000; a fan-in of 1,000; 5 s windows;
+40 probes) proves it runs in a few minutes. In one scratch database, with ``--workers``
+worker processes of ``benchmarks/_million_app.py`` up throughout (concurrency 32 each):
 
 1. **Parked runs.** The population of runs waiting on a signal ``("bench", id)`` with
    a timeout spread over the next three days grows to each size of ``--parked``
-   (created by the driver in batches of 5,000: ``start_run``, then ``claim_runs`` and
-   ``park_run`` in the same transaction -- the functions a worker calls). At each size
-   (and first on the empty database, the baseline): the idle fleet over
-   ``--idle-window`` seconds -- CPU of the worker processes and of their backends (from
-   ``/proc``), transactions a second on the database, the workers' resident memory --
-   then ``--probes`` sequential probes: ``start()`` latency, enqueue-to-claim latency
-   (``leased_at - created_at``, database clock) and a 3-step run's end-to-end latency
-   (``start`` to ``result``, LISTEN), p50 and p99 and their ratio to the empty
-   database; the size of ``runs`` (table and indexes) per run and what autovacuum did.
+   (created by the driver in batches of 5,000 on ``--park-jobs`` connections:
+   ``start_run``, then ``claim_runs`` and ``park_run`` in the same transaction -- the
+   functions a worker calls). First on the empty database, then at each size: the idle
+   fleet over ``--idle-window`` seconds (CPU of the worker processes and their backends
+   from ``/proc``, transactions a second on the database, the workers' resident
+   memory); ``--probes`` sequential probes -- ``start()`` latency, enqueue-to-claim
+   latency (``leased_at - created_at``, database clock) and a 3-step run's end-to-end
+   latency (``start`` to ``result``) -- alternated in rounds with the same probes on a
+   second, empty scratch database served by its own fleet of the same size (the
+   baseline: both under the same machine load), p50 and p99 and their ratios; the bytes
+   of ``runs`` (table, indexes) and of its checkpoints per run, and what autovacuum did.
 2. **Timer storm.** ``--storm`` parked runs whose timers fall due in the same second:
    the time from that second until all of them completed their next step, against the
-   same number of fresh runs (committed at once) drained by the same workers; no run
-   claimed more than twice (created, woken), and the sequential scans of ``runs``
-   during the storm (0: no claim scans the parked ones).
-3. **Signal storm.** ``--storm`` signals to as many parked runs by ``--senders``
-   concurrent senders (``send_signal``, one statement each): signals a second against
-   the same number of bare single-row INSERTs by the same senders; the time until every
-   run resumed; the NOTIFYs a LISTEN connection received per signal.
-4. **Retention.** ``prune_runs`` of the finished runs (the storms') while the fleet
-   serves probes: the probes' end-to-end p99 during the prune against before it.
-
-The wake fan-in at 10,000 children is ``benchmarks/fan_out.py --n 10000``.
+   same number of fresh runs (committed at once) drained by the same workers from their
+   commit; the most claims of a stormed run (2: created, woken once); the sequential
+   scans of ``runs`` during the storm, and the plan of the claim's timer branch.
+3. **Signal storm.** ``--storm`` signals to as many of the parked runs by ``--senders``
+   concurrent senders (``send_signal``, one statement and transaction each): signals a
+   second against the same number of bare single-row INSERTs by the same senders, and
+   -- to show what bounds it -- bare INSERTs that also ``pg_notify`` in their
+   transaction, and signals that wake no run (no NOTIFY); the time until every run
+   resumed; the NOTIFYs a LISTEN connection received per signal.
+4. **Wake fan-in.** A parent starting ``--fanin`` children and waiting for all of them,
+   against as many independent runs started by the driver the same way (16 at a time),
+   alternated twice: time per child, and how often the parent was claimed (2: started,
+   woken once).
+5. **Retention.** Parked runs are cancelled until half of all runs are finished; then
+   ``prune_runs`` of every finished run while the fleet serves probes: the claim and
+   end-to-end p99 during the prune against before it.
 """
 
 from __future__ import annotations
@@ -42,11 +51,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import platform
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
@@ -63,11 +73,13 @@ from pgdurable.retention import prune_sync
 HERE = Path(__file__).resolve().parent
 DB = "pgdurable_bench_million"
 BATCH = 5000
+PARTS = ("parked", "timer", "signal", "fanin", "retention")
 # -- start n parked-to-be runs (the same transaction claims and parks them)
 START_N = ("SELECT count(*) FROM (SELECT pgdurable.start_run('parked', '1', '{}', 'default', 0, "
            "3, NULL, NULL, NULL, NULL) FROM generate_series(1, %s)) s")
-# -- claim them (this transaction's runs: nothing else is runnable) and park each on its
-# -- signal, with a timeout at %s (a fixed time) or spread over the next three days (NULL)
+# -- claim them (this transaction's runs: nothing else of the task is runnable) and park
+# -- each on its signal, with a timeout at %s (a fixed time) or spread over the next
+# -- three days (NULL)
 PARK = ("SELECT count(*) FROM (SELECT pgdurable.park_run(c.id, c.lease_token, 'million-driver', "
         "'{}'::jsonb, 0, 'bench', c.id::text, coalesce(%s::timestamptz, now() + interval "
         "'1 hour' + random() * interval '3 days'), NULL) FROM pgdurable.claim_runs("
@@ -77,11 +89,31 @@ BACKENDS = ("SELECT pid FROM pg_stat_activity WHERE datname = current_database()
             "AND backend_type = 'client backend' AND pid <> pg_backend_pid()")
 XACTS = "SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = current_database()"
 RUNS_STATS = ("SELECT seq_scan, coalesce(idx_scan, 0), n_dead_tup, autovacuum_count, "
-              "autoanalyze_count FROM pg_stat_user_tables WHERE relid = 'pgdurable.runs'::regclass")
+              "autoanalyze_count, vacuum_count FROM pg_stat_user_tables "
+              "WHERE relid = 'pgdurable.runs'::regclass")
+# -- bytes of runs (table with TOAST, indexes), of the checkpoints partitions, the row count
 SIZE = ("SELECT pg_table_size('pgdurable.runs'), pg_indexes_size('pgdurable.runs'), "
-        "(SELECT count(*) FROM pgdurable.runs)")
+        "(SELECT sum(pg_total_relation_size(t.relid)) FROM pg_partition_tree("
+        "'pgdurable.checkpoints') t WHERE t.isleaf), (SELECT count(*) FROM pgdurable.runs)")
 LISTENING = ("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
              "AND query LIKE 'LISTEN pgdurable%'")
+# -- runs not yet finished that a worker has or may take now (partial indexes only)
+BUSY = ("SELECT (SELECT count(*) FROM pgdurable.runs WHERE status = 'runnable') + "
+        "(SELECT count(*) FROM pgdurable.runs WHERE status = 'leased')")
+# -- timers due by %s still waiting (runs_timer_idx, the range below %s only)
+DUE_WAITING = ("SELECT count(*) FROM pgdurable.runs WHERE status = 'waiting' AND "
+               "wake_at IS NOT NULL AND queue = 'default' AND wake_at <= %s")
+LAST_FINISH = ("SELECT max(finished_at) FROM pgdurable.runs WHERE status IN "
+               "('completed', 'failed', 'cancelled', 'incompatible')")
+# -- the claim's timer branch (claim_runs, c: per queue an ordered, LIMITed walk), as the
+# -- storm's first claim sees it
+TIMER_BRANCH = ("EXPLAIN (ANALYZE, BUFFERS, COSTS OFF, TIMING OFF, SUMMARY OFF) "
+                "SELECT x.id FROM unnest('{default}'::text[]) AS qn(name) CROSS JOIN LATERAL ("
+                "SELECT r.id, r.wake_at FROM pgdurable.runs r WHERE r.status = 'waiting' AND "
+                "r.wake_at IS NOT NULL AND r.queue = qn.name AND r.wake_at <= %s "
+                "AND (r.task, r.revision) IN (('parked', '1')) ORDER BY r.wake_at LIMIT 32 "
+                "FOR UPDATE SKIP LOCKED) x ORDER BY x.wake_at LIMIT 32")
+PARK_RATE = {"runs_per_s": 1000.0}
 
 
 def cpu_seconds(pid: int) -> float:
@@ -109,6 +141,13 @@ def pct(values: list[float], p: float) -> float:
     return ordered[min(len(ordered) - 1, int(p * len(ordered)))] if ordered else float("nan")
 
 
+def one(c: psycopg.Connection[Any], query: str, params: tuple[Any, ...] = ()) -> Any:
+    """The first column of the first row of ``query``."""
+    row = c.execute(query, params or None).fetchone()
+    assert row is not None
+    return row[0]
+
+
 @contextmanager
 def fleet(dsn: str, n: int) -> Iterator[list[subprocess.Popen[bytes]]]:
     """``n`` worker processes of _million_app (concurrency 32 each), once all listen."""
@@ -120,8 +159,7 @@ def fleet(dsn: str, n: int) -> Iterator[list[subprocess.Popen[bytes]]]:
     try:
         with psycopg.connect(dsn, autocommit=True) as c:
             for _ in range(1200):
-                row = c.execute(LISTENING).fetchone()
-                if row and row[0] >= n:
+                if one(c, LISTENING) >= n:
                     break
                 time.sleep(0.05)
         time.sleep(1.0)
@@ -136,19 +174,31 @@ def fleet(dsn: str, n: int) -> Iterator[list[subprocess.Popen[bytes]]]:
                 p.kill()
 
 
-def park(dsn: str, n: int, wake_at: str | None = None) -> float:
-    """Park ``n`` more runs (batches of :data:`BATCH`); the seconds it took."""
+def park(dsn: str, n: int, wake_at: str | None = None, jobs: int = 2) -> float:
+    """Park ``n`` more runs (batches of :data:`BATCH` on ``jobs`` connections); the seconds
+    it took. Records the rate in :data:`PARK_RATE` (the timer storm's lead time)."""
+    def job(k_total: int) -> None:
+        with psycopg.connect(dsn) as c:
+            left = k_total
+            while left > 0:
+                k = min(BATCH, left)
+                with c.transaction():
+                    c.execute(START_N, (k,))
+                    got = one(c, PARK, (wake_at, k))
+                    assert got == k, (got, k)
+                left -= k
+
+    shares = [n // jobs + (1 if i < n % jobs else 0) for i in range(jobs)]
     t0 = time.perf_counter()
-    with psycopg.connect(dsn) as c:
-        left = n
-        while left > 0:
-            k = min(BATCH, left)
-            with c.transaction():
-                c.execute(START_N, (k,))
-                row = c.execute(PARK, (wake_at, k)).fetchone()
-                assert row is not None and row[0] == k, (row, k)
-            left -= k
-    return time.perf_counter() - t0
+    threads = [threading.Thread(target=job, args=(k,)) for k in shares if k]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    took = time.perf_counter() - t0
+    if n >= BATCH:
+        PARK_RATE["runs_per_s"] = n / took
+    return took
 
 
 @dataclass
@@ -159,18 +209,18 @@ class Idle:
 
 
 def idle(dsn: str, workers: list[subprocess.Popen[bytes]], window: float) -> Idle:
+    time.sleep(3.0)  # let the last batch's wake settle
     with psycopg.connect(dsn, autocommit=True) as c:
         backends = [r[0] for r in c.execute(BACKENDS).fetchall()]
         pids = [w.pid for w in workers] + backends
         cpu0 = sum(cpu_seconds(p) for p in pids)
-        x0 = c.execute(XACTS).fetchone()
+        x0 = one(c, XACTS)
         time.sleep(window)
         backends2 = [r[0] for r in c.execute(BACKENDS).fetchall()]
         cpu1 = sum(cpu_seconds(p) for p in {*pids, *backends2})
-        x1 = c.execute(XACTS).fetchone()
-    assert x0 is not None and x1 is not None
+        x1 = one(c, XACTS)
     # this connection's own statements: the three above (BACKENDS twice, XACTS once more)
-    return Idle(100 * (cpu1 - cpu0) / window, (x1[0] - x0[0] - 3) / window,
+    return Idle(100 * (cpu1 - cpu0) / window, (x1 - x0 - 3) / window,
                 sum(rss_mb(w.pid) for w in workers))
 
 
@@ -179,6 +229,11 @@ class Probes:
     start_ms: list[float]
     claim_ms: list[float]
     e2e_ms: list[float]
+
+    def add(self, other: Probes) -> None:
+        self.start_ms += other.start_ms
+        self.claim_ms += other.claim_ms
+        self.e2e_ms += other.e2e_ms
 
 
 async def probe(dsn: str, n: int) -> Probes:
@@ -203,6 +258,18 @@ async def probe(dsn: str, n: int) -> Probes:
     return out
 
 
+def probe_pair(dsn: str, empty_dsn: str, n: int, rounds: int = 4) -> tuple[Probes, Probes]:
+    """``n`` probes on each database, in ``rounds`` alternating rounds (order swapped each
+    round): (this database's, the empty database's)."""
+    mine, base = Probes([], [], []), Probes([], [], [])
+    per = max(1, n // rounds)
+    for r in range(rounds):
+        order = [(dsn, mine), (empty_dsn, base)]
+        for d, acc in (order if r % 2 == 0 else order[::-1]):
+            acc.add(asyncio.run(probe(d, per)))
+    return mine, base
+
+
 def show_probes(label: str, p: Probes, base: Probes | None) -> None:
     def cell(name: str, mine: list[float], theirs: list[float] | None) -> str:
         ratio = "" if theirs is None else (f" ({pct(mine, .5) / pct(theirs, .5):.2f}x / "
@@ -215,133 +282,289 @@ def show_probes(label: str, p: Probes, base: Probes | None) -> None:
         cell("3-step run", p.e2e_ms, base.e2e_ms if base else None)]), flush=True)
 
 
-def part_parked(dsn: str, workers: list[subprocess.Popen[bytes]], sizes: list[int],
-                window: float, probes: int) -> None:
-    print("1. parked runs (ratios: to the empty database, p50 / p99)", flush=True)
+def part_parked(dsn: str, empty_dsn: str, workers: list[subprocess.Popen[bytes]],
+                sizes: list[int], window: float, probes: int, jobs: int) -> None:
+    print("1. parked runs (probes alternated with an empty database's; ratios to it, "
+          "p50 / p99)", flush=True)
     base_idle = idle(dsn, workers, window)
-    base = asyncio.run(probe(dsn, probes))
     print(f"  0 parked: idle fleet {base_idle.cpu_pct:.2f} % of a core, "
-          f"{base_idle.xacts_per_s:.1f} transactions/s, workers {base_idle.rss_mb:.0f} MB",
+          f"{base_idle.xacts_per_s:.2f} transactions/s, workers {base_idle.rss_mb:.0f} MB",
           flush=True)
-    show_probes("0 parked", base, None)
+    mine, base = probe_pair(dsn, empty_dsn, probes)
+    show_probes("0 parked vs empty (the harness's own spread)", mine, base)
     have = 0
     for size in sizes:
-        took = park(dsn, size - have)
+        took = park(dsn, size - have, jobs=jobs)
         print(f"  parked {size - have} more in {took:.1f} s "
-              f"({(size - have) / took:.0f} runs/s)", flush=True)
+              f"({(size - have) / took:.0f} runs/s on {jobs} connections); {load()}",
+              flush=True)
         have = size
         with psycopg.connect(dsn, autocommit=True) as c:
-            c.execute("ANALYZE pgdurable.runs")
-        i = idle(dsn, workers, window)
-        p = asyncio.run(probe(dsn, probes))
-        with psycopg.connect(dsn) as c:
-            table, index, count = c.execute(SIZE).fetchone() or (0, 0, 1)
             st = c.execute(RUNS_STATS).fetchone()
-        print(f"  {size} parked: idle fleet {i.cpu_pct:.2f} % of a core, {i.xacts_per_s:.1f} "
-              f"transactions/s, workers {i.rss_mb:.0f} MB; runs {table / count:.0f} B + "
-              f"indexes {index / count:.0f} B per run; autovacuum runs {st and st[3]}, "
-              f"analyzes {st and st[4]}, dead tuples {st and st[2]}", flush=True)
-        show_probes(f"{size} parked", p, base)
+            assert st is not None
+            t0 = time.perf_counter()
+            c.execute("VACUUM ANALYZE pgdurable.runs")
+            print(f"  after parking: dead tuples in runs {st[2]}, autovacuums of runs so far "
+                  f"{st[3]}; a VACUUM ANALYZE of runs took {time.perf_counter() - t0:.1f} s "
+                  f"(what autovacuum does in the background; measured after it)", flush=True)
+        i = idle(dsn, workers, window)
+        mine, base = probe_pair(dsn, empty_dsn, probes)
+        with psycopg.connect(dsn) as c:
+            table, index, history, count = c.execute(SIZE).fetchone() or (0, 0, 0, 1)
+            st = c.execute(RUNS_STATS).fetchone()
+        assert st is not None
+        print(f"  {size} parked: idle fleet {i.cpu_pct:.2f} % of a core, {i.xacts_per_s:.2f} "
+              f"transactions/s, workers {i.rss_mb:.0f} MB; per run: runs {table / count:.0f} B "
+              f"+ its indexes {index / count:.0f} B + checkpoints {history / count:.0f} B; "
+              f"autovacuums of runs {st[3]}, autoanalyzes {st[4]}, dead tuples {st[2]}",
+              flush=True)
+        show_probes(f"{size} parked vs empty", mine, base)
 
 
-def finished(c: psycopg.Connection[Any], task: str, since: str) -> tuple[int, Any, int]:
-    row = c.execute("SELECT count(*) FILTER (WHERE status = 'completed'), max(finished_at), "
-                    "max(claims) FROM pgdurable.runs WHERE task = %s AND created_at >= %s",
-                    (task, since)).fetchone()
-    assert row is not None
-    return int(row[0]), row[1], int(row[2] or 0)
-
-
-def wait_done(c: psycopg.Connection[Any], task: str, since: str, n: int) -> tuple[Any, int]:
-    for _ in range(36000):
-        done, last, claims = finished(c, task, since)
-        if done >= n:
-            return last, claims
+def wait_idle(c: psycopg.Connection[Any], due: Any = None, timeout: float = 1800) -> None:
+    """Until no run is runnable or leased (and, with ``due``, no timer due by then waits)."""
+    t_end = time.monotonic() + timeout
+    while time.monotonic() < t_end:
+        left = one(c, BUSY) + (one(c, DUE_WAITING, (due,)) if due is not None else 0)
+        if left == 0:
+            return
         time.sleep(0.05)
-    raise RuntimeError(f"{task}: {done} of {n} completed")
+    raise RuntimeError("runs left unfinished")
 
 
-def part_timer_storm(dsn: str, n: int) -> None:
+def part_timer_storm(dsn: str, n: int, jobs: int) -> None:
     print(f"2. timer storm: {n} parked runs due in the same second, against {n} fresh runs",
           flush=True)
     with psycopg.connect(dsn, autocommit=True) as c:
-        since = str(c.execute("SELECT now()").fetchone()[0])  # type: ignore[index]
-        lead = max(15.0, n / 2000)
-        due = str(c.execute("SELECT now() + %s * interval '1 s'", (lead,)).fetchone()[0])  # type: ignore[index]
-        park(dsn, n, due)
+        since = one(c, "SELECT now()")
+        lead = max(15.0, 1.5 * n / PARK_RATE["runs_per_s"] + 5)
+        due = one(c, "SELECT now() + %s * interval '1 s'", (lead,))
+        park(dsn, n, str(due), jobs)
+        assert one(c, "SELECT now() < %s", (due,)), "parking took longer than the lead time"
+        plan = [r[0] for r in c.execute(TIMER_BRANCH, (due,)).fetchall()]
         scans0 = c.execute(RUNS_STATS).fetchone()
-        last, claims = wait_done(c, "parked", since, n)
+        while one(c, "SELECT now() < %s", (due,)):
+            time.sleep(0.05)
+        wait_idle(c, due)
         scans1 = c.execute(RUNS_STATS).fetchone()
-        storm = (last - c.execute("SELECT %s::timestamptz", (due,)).fetchone()[0]).total_seconds()  # type: ignore[index]
-        c.execute("DELETE FROM pgdurable.runs WHERE task = 'fresh'")
-        with c.transaction():
-            t0 = c.execute("SELECT now()").fetchone()[0]  # type: ignore[index]
-            c.execute("SELECT count(*) FROM (SELECT pgdurable.start_run('fresh', '1', '{}', "
-                      "'default', 0, 3, NULL, NULL, NULL, NULL) FROM generate_series(1, %s)) s",
-                      (n,))
-        flast, _ = wait_done(c, "fresh", str(t0), n)
-        fresh = (flast - t0).total_seconds()
+        storm = (one(c, LAST_FINISH) - due).total_seconds()
+        claims = one(c, "SELECT max(claims) FROM pgdurable.runs WHERE task = 'parked' "
+                        "AND created_at >= %s AND wake_at IS NULL", (since,))
+        woke = one(c, "SELECT count(*) FILTER (WHERE result->>'woke' = 'timeout') FROM "
+                      "pgdurable.runs WHERE task = 'parked' AND created_at >= %s", (since,))
+        c.execute("SELECT count(*) FROM (SELECT pgdurable.start_run('fresh', '1', '{}', "
+                  "'default', 0, 3, NULL, NULL, NULL, NULL) FROM generate_series(1, %s)) s",
+                  (n,))
+        t0 = one(c, "SELECT now()")  # just after the commit that made them runnable
+        wait_idle(c)
+        fresh = (one(c, LAST_FINISH) - t0).total_seconds()
     assert scans0 is not None and scans1 is not None
-    print(f"  storm {storm:.2f} s, fresh {fresh:.2f} s: {storm / fresh:.2f}x (target <= 1.25); "
-          f"max claims per stormed run {claims} (2 = created, woken once); sequential scans "
-          f"of runs during the storm {scans1[0] - scans0[0]}", flush=True)
-
-
-def part_signal_storm(dsn: str, n: int, senders: int) -> None:
-    print(f"3. signal storm: {n} signals by {senders} senders, against {n} bare INSERTs",
+    print(f"  storm {storm:.2f} s ({n / storm:.0f} runs/s), fresh {fresh:.2f} s "
+          f"({n / fresh:.0f} runs/s): {storm / fresh:.2f}x (target <= 1.25); {woke} woken by "
+          f"their timer; max claims per stormed run {claims} (2 = created, woken once); "
+          f"sequential scans of runs during the storm {scans1[0] - scans0[0]}; {load()}",
           flush=True)
-    with psycopg.connect(dsn, autocommit=True) as c:
-        since = str(c.execute("SELECT now()").fetchone()[0])  # type: ignore[index]
-        park(dsn, n, "infinity")
-        ids = [str(r[0]) for r in c.execute(
-            "SELECT id FROM pgdurable.runs WHERE task = 'parked' AND status = 'waiting' "
-            "AND created_at >= %s AND wake_at = 'infinity'", (since,)).fetchall()]
-        c.execute("CREATE TABLE IF NOT EXISTS public.bench_inserts (id text, payload jsonb)")
-    notes = {"n": 0}
-    stop = threading.Event()
+    print("  the claim's timer branch with the storm parked (before it is due):", flush=True)
+    for line in plan:
+        print(f"    {line}", flush=True)
 
-    def listen() -> None:
-        with psycopg.connect(dsn, autocommit=True) as lc:
+
+def senders_rate(dsn: str, refs: list[str], statement: str, senders: int,
+                 batch: int = 1, params: Callable[[list[str]], tuple[Any, ...]] | None = None,
+                 ) -> float:
+    """``statement`` per ref (``batch`` 1) or per ``batch`` refs (``params(chunk)``), one
+    transaction each, by ``senders`` threads: refs per second."""
+    def send(chunk: list[str]) -> None:
+        with psycopg.connect(dsn, autocommit=True) as sc:
+            if batch == 1:
+                for ref in chunk:
+                    sc.execute(statement, (ref,))
+            else:
+                assert params is not None
+                for k in range(0, len(chunk), batch):
+                    sc.execute(statement, params(chunk[k:k + batch]))
+
+    threads = [threading.Thread(target=send, args=(refs[i::senders],)) for i in range(senders)]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return len(refs) / (time.perf_counter() - t0)
+
+
+class Listener:
+    """Counts the NOTIFYs of pgdurable_wake and pgdurable_events while it runs."""
+
+    def __init__(self, dsn: str) -> None:
+        self.n = 0
+        self._dsn = dsn
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._listen, daemon=True)
+        self._ready = threading.Event()
+
+    def _listen(self) -> None:
+        with psycopg.connect(self._dsn, autocommit=True) as lc:
             lc.execute("LISTEN pgdurable_wake")
             lc.execute("LISTEN pgdurable_events")
-            while not stop.is_set():
+            self._ready.set()
+            while not self._stop.is_set():
                 for _ in lc.notifies(timeout=0.2, stop_after=1000):
-                    notes["n"] += 1
+                    self.n += 1
 
-    def send(chunk: list[str], statement: str) -> None:
-        with psycopg.connect(dsn, autocommit=True) as sc:
-            for rid in chunk:
-                sc.execute(statement, (rid,))
+    def __enter__(self) -> Listener:
+        self._thread.start()
+        self._ready.wait(30)
+        return self
 
-    def timed(statement: str) -> float:
-        chunks = [ids[i::senders] for i in range(senders)]
-        threads = [threading.Thread(target=send, args=(ch, statement)) for ch in chunks]
-        t0 = time.perf_counter()
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        return time.perf_counter() - t0
+    def __exit__(self, *exc: object) -> None:
+        time.sleep(0.5)
+        self._stop.set()
+        self._thread.join()
 
-    listener = threading.Thread(target=listen, daemon=True)
-    listener.start()
-    time.sleep(0.5)
-    t_sig = timed("SELECT pgdurable.send_signal('bench', %s, '{}'::jsonb, NULL, NULL)")
+
+def resumed_since(dsn: str, t0: Any) -> float:
+    """Seconds from ``t0`` until no run is runnable or leased (the last finish)."""
     with psycopg.connect(dsn, autocommit=True) as c:
-        last, claims = wait_done(c, "parked", since, n)
-        first = c.execute("SELECT min(created_at) FROM pgdurable.signals WHERE kind = 'bench'"
-                          ).fetchone()
-        resumed = (last - first[0]).total_seconds() if first and first[0] else float("nan")
-    stop.set()
-    listener.join()
-    t_ins = timed("INSERT INTO public.bench_inserts VALUES (%s, '{}'::jsonb)")
-    print(f"  signals {n / t_sig:.0f}/s, bare INSERTs {n / t_ins:.0f}/s: "
-          f"{t_ins / t_sig:.2f}x; every run resumed {resumed:.1f} s after the first signal; "
-          f"{notes['n'] / n:.3f} NOTIFYs per signal; max claims per run {claims}", flush=True)
+        wait_idle(c)
+        return float((one(c, LAST_FINISH) - t0).total_seconds())
+
+
+def part_signal_storm(dsn: str, n: int, senders: int, jobs: int, batch: int) -> None:
+    single = max(1, n // 4)
+    print(f"3. signal storm: {n} signals to as many parked runs by {senders} senders: "
+          f"{single} one per transaction (send_signal), {n - single} in batches of {batch} "
+          f"(send_signals); against bare INSERTs", flush=True)
+    with psycopg.connect(dsn, autocommit=True) as c:
+        refs = [r[0] for r in c.execute(
+            "SELECT wait_ref FROM pgdurable.runs WHERE status = 'waiting' AND "
+            "wait_kind = 'bench' LIMIT %s", (n,)).fetchall()]
+        if len(refs) < n:
+            park(dsn, n - len(refs), None, jobs)
+            refs = [r[0] for r in c.execute(
+                "SELECT wait_ref FROM pgdurable.runs WHERE status = 'waiting' AND "
+                "wait_kind = 'bench' LIMIT %s", (n,)).fetchall()]
+        c.execute("DROP TABLE IF EXISTS public.bench_inserts")
+        c.execute("CREATE TABLE public.bench_inserts (id text, payload jsonb)")
+        t_a = one(c, "SELECT now()")
+    with Listener(dsn) as la:
+        sig = senders_rate(dsn, refs[:single], "SELECT pgdurable.send_signal('bench', %s, "
+                                               "'{}'::jsonb, NULL, NULL)", senders)
+    resumed_a = resumed_since(dsn, t_a)
+    with psycopg.connect(dsn, autocommit=True) as c:
+        t_b = one(c, "SELECT now()")
+    with Listener(dsn) as lb:
+        many = senders_rate(dsn, refs[single:], "SELECT count(*) FROM pgdurable.send_signals("
+                                                "%s::text[], %s::text[], %s::text[]::jsonb[])",
+                            senders, batch, lambda ch: (["bench"] * len(ch), ch, ["{}"] * len(ch)))
+    resumed_b = resumed_since(dsn, t_b)
+    with psycopg.connect(dsn, autocommit=True) as c:
+        claims = one(c, "SELECT max(claims) FROM pgdurable.runs WHERE id = ANY(%s::uuid[])",
+                     (refs,))
+        woke = one(c, "SELECT count(*) FROM pgdurable.runs WHERE id = ANY(%s::uuid[]) AND "
+                      "result->>'woke' = 'signal'", (refs,))
+    ins = senders_rate(dsn, refs, "INSERT INTO public.bench_inserts VALUES (%s, '{}'::jsonb)",
+                       senders)
+    ins_many = senders_rate(dsn, refs, "INSERT INTO public.bench_inserts SELECT r, '{}'::jsonb "
+                                       "FROM unnest(%s::text[]) r", senders, batch,
+                            lambda ch: (ch,))
+    # what bounds a waking signal: the same INSERT with a NOTIFY in its transaction, and a
+    # signal that wakes no run (stored pending: no NOTIFY); a fifth as many each
+    few = refs[: max(1, n // 5)]
+    ins_notify = senders_rate(dsn, few, "WITH i AS (INSERT INTO public.bench_inserts VALUES "
+                                        "(%s, '{}'::jsonb) RETURNING 1) SELECT "
+                                        "pg_notify('bench_notify', 'default') FROM i", senders)
+    quiet = senders_rate(dsn, few, "SELECT pgdurable.send_signal('bench_nobody', %s, "
+                                   "'{}'::jsonb, NULL, NULL)", senders)
+    print(f"  one per transaction: signals {sig:.0f}/s, bare single-row INSERTs {ins:.0f}/s: "
+          f"{sig / ins:.2f}x; its {single} runs all resumed {resumed_a:.1f} s after the first "
+          f"signal; {la.n / single:.3f} NOTIFYs per signal", flush=True)
+    print(f"  in batches of {batch}: signals {many:.0f}/s: {many / ins:.2f}x bare single-row "
+          f"INSERTs, {many / ins_many:.2f}x bare {batch}-row INSERTs ({ins_many:.0f} rows/s); "
+          f"its {n - single} runs all resumed {resumed_b:.1f} s after the first batch began; "
+          f"{lb.n / (n - single):.4f} NOTIFYs per signal", flush=True)
+    print(f"  all {n}: {woke} woken by their signal, max claims per run {claims} "
+          f"(2 = created, woken once); {load()}", flush=True)
+    print(f"  the bound: bare INSERT + pg_notify {ins_notify:.0f}/s ({ins_notify / ins:.2f}x "
+          f"bare INSERTs; one-per-transaction signals at {sig / ins_notify:.2f}x of it); "
+          f"signals that wake no run (no NOTIFY) {quiet:.0f}/s ({quiet / ins:.2f}x bare "
+          f"INSERTs)", flush=True)
+
+
+@dataclass
+class FanIn:
+    """One mode's seconds: from the first start to the last start (``started``) and from
+    there to the end (``tail``): the last child's, or the parent's, completion."""
+
+    started: list[float]
+    tail: list[float]
+
+    def total(self) -> float:
+        return sum(self.started) + sum(self.tail)
+
+
+async def fan_in_rounds(dsn: str, n: int, rounds: int) -> tuple[FanIn, FanIn, list[Any]]:
+    app = pgdurable.Durable(dsn, pool_size=20)
+    ind, fan = FanIn([], []), FanIn([], [])
+    seen: list[Any] = []
+    async with app:
+        with psycopg.connect(dsn, autocommit=True) as c:
+            for _ in range(rounds):
+                t0 = one(c, "SELECT now()")
+                for i in range(0, n, 16):
+                    await asyncio.gather(*(app.start("child", None, revision="1")
+                                           for _ in range(i, min(n, i + 16))))
+                t1 = one(c, "SELECT now()")
+                await asyncio.to_thread(wait_idle, c)
+                ind.started.append((t1 - t0).total_seconds())
+                ind.tail.append((one(c, LAST_FINISH) - t1).total_seconds())
+                t0 = one(c, "SELECT now()")
+                pid = await app.start("fanin", {"n": n}, revision="1")
+                await app.result(pid, timeout=1800)
+                # the parent's step 1 checkpoint: written as it parked on its children
+                row = c.execute("SELECT r.finished_at, r.claims, r.result, c.created_at "
+                                "FROM pgdurable.runs r JOIN pgdurable.checkpoints c "
+                                "ON c.run_id = r.id AND c.step = 1 WHERE r.id = %s",
+                                (pid,)).fetchone()
+                assert row is not None
+                fan.started.append((row[3] - t0).total_seconds())
+                fan.tail.append((row[0] - row[3]).total_seconds())
+                seen.append((row[1], row[2]))
+    return ind, fan, seen
+
+
+def part_fan_in(dsn: str, n: int) -> None:
+    print(f"4. wake fan-in: a parent with {n} children, against {n} independent runs "
+          f"(alternated, 2 rounds)", flush=True)
+    ind, fan, seen = asyncio.run(fan_in_rounds(dsn, n, 2))
+
+    def show(f: FanIn) -> str:
+        return (f"{f.total() / len(f.tail):.1f} s ({1000 * f.total() / len(f.tail) / n:.2f} ms "
+                f"per run; starting {', '.join(f'{t:.1f}' for t in f.started)} s, then until "
+                f"done {', '.join(f'{t:.1f}' for t in f.tail)} s)")
+
+    print(f"  independent {show(ind)}; children {show(fan)}: {fan.total() / ind.total():.2f}x "
+          f"(starting {sum(fan.started) / sum(ind.started):.2f}x, the rest "
+          f"{sum(fan.tail) / max(sum(ind.tail), 1e-9):.2f}x); parent (claims, result) {seen} "
+          f"(2 claims = started, woken once); {load()}", flush=True)
 
 
 def part_retention(dsn: str, probes: int) -> None:
-    print("4. retention: prune the finished runs while the fleet serves probes", flush=True)
+    print("5. retention: prune the finished half of the runs while the fleet serves probes",
+          flush=True)
+    with psycopg.connect(dsn, autocommit=True) as c:
+        total = one(c, "SELECT count(*) FROM pgdurable.runs")
+        done = one(c, "SELECT count(*) FROM pgdurable.runs WHERE status IN "
+                      "('completed', 'failed', 'cancelled', 'incompatible')")
+        t0 = time.perf_counter()
+        cancelled = 0
+        while done + cancelled < total // 2:
+            cancelled += one(c, "SELECT count(pgdurable.cancel_run(id)) FROM (SELECT id FROM "
+                                "pgdurable.runs WHERE status = 'waiting' AND wait_kind = 'bench' "
+                                "LIMIT %s) s", (min(BATCH, total // 2 - done - cancelled),))
+        print(f"  {total} runs, {done} finished; cancelled {cancelled} parked runs in "
+              f"{time.perf_counter() - t0:.1f} s: {done + cancelled} finished", flush=True)
+        c.execute("VACUUM ANALYZE pgdurable.runs")
     before = asyncio.run(probe(dsn, probes))
     result: dict[str, Any] = {}
 
@@ -350,20 +573,16 @@ def part_retention(dsn: str, probes: int) -> None:
         result["pruned"] = prune_sync(dsn, timedelta(0)).runs
         result["s"] = time.perf_counter() - t0
 
-    with psycopg.connect(dsn) as c:
-        done = c.execute("SELECT count(*) FROM pgdurable.runs WHERE status = 'completed'"
-                         ).fetchone()
     pruner = threading.Thread(target=prune)
     pruner.start()
     during = Probes([], [], [])
     while pruner.is_alive():
-        p = asyncio.run(probe(dsn, 10))
-        during.e2e_ms += p.e2e_ms
-        during.claim_ms += p.claim_ms
-        during.start_ms += p.start_ms
+        during.add(asyncio.run(probe(dsn, 10)))
     pruner.join()
-    print(f"  pruned {result.get('pruned')} of {done and done[0]} finished runs in "
-          f"{result.get('s', 0):.1f} s; {len(during.e2e_ms)} probes during it", flush=True)
+    print(f"  pruned {result.get('pruned')} runs in {result.get('s', 0):.1f} s "
+          f"({result.get('pruned', 0) / max(result.get('s', 1), 1e-9):.0f} runs/s); "
+          f"{len(during.e2e_ms)} probes during it; {load()}", flush=True)
+    show_probes("before the prune", before, None)
     show_probes("during the prune (ratio to before)", during, before)
 
 
@@ -374,26 +593,47 @@ def main() -> None:
     ap.add_argument("--storm", type=int, default=100_000)
     ap.add_argument("--senders", type=int, default=8)
     ap.add_argument("--workers", type=int, default=4)
-    ap.add_argument("--idle-window", type=float, default=30.0)
+    ap.add_argument("--fanin", type=int, default=10_000)
+    ap.add_argument("--idle-window", type=float, default=20.0)
     ap.add_argument("--probes", type=int, default=200)
+    ap.add_argument("--park-jobs", type=int, default=2)
+    ap.add_argument("--signal-batch", type=int, default=100)
+    ap.add_argument("--parts", default=",".join(PARTS))
+    ap.add_argument("--db", default=DB, help="the scratch database (and <db>_empty)")
     ap.add_argument("--quick", action="store_true")
     args = ap.parse_args()
     if args.quick:
-        args.parked, args.storm, args.idle_window, args.probes = "2000,10000", 5000, 5.0, 50
+        args.parked, args.storm, args.fanin = "2000,10000", 5000, 1000
+        args.idle_window, args.probes = 5.0, 40
     sizes = [int(x) for x in args.parked.split(",")]
-    dsn = scratch_dsn(args.dsn, DB)
-    print(f"million: parked {sizes}, storms of {args.storm}, {args.workers} workers; {load()}",
-          flush=True)
+    parts = set(args.parts.split(","))
+    assert parts <= set(PARTS), f"--parts: of {PARTS}"
+    t_start = time.perf_counter()
+    db, empty_db = args.db, f"{args.db}_empty"
+    dsn = scratch_dsn(args.dsn, db)
+    print(f"million: parked {sizes}, storms of {args.storm}, fan-in {args.fanin}, "
+          f"{args.workers} workers, parts {sorted(parts)}; {platform.node()}, "
+          f"{os.cpu_count()} CPUs; {load()}", flush=True)
     try:
         with ExitStack() as stack:
             workers = stack.enter_context(fleet(dsn, args.workers))
-            part_parked(dsn, workers, sizes, args.idle_window, args.probes)
-            part_timer_storm(dsn, args.storm)
-            part_signal_storm(dsn, args.storm, args.senders)
-            part_retention(dsn, args.probes)
+            if "parked" in parts:
+                empty_dsn = scratch_dsn(args.dsn, empty_db)
+                with fleet(empty_dsn, args.workers):
+                    part_parked(dsn, empty_dsn, workers, sizes, args.idle_window, args.probes,
+                                args.park_jobs)
+                drop_scratch(args.dsn, empty_db)
+            if "timer" in parts:
+                part_timer_storm(dsn, args.storm, args.park_jobs)
+            if "signal" in parts:
+                part_signal_storm(dsn, args.storm, args.senders, args.park_jobs, args.signal_batch)
+            if "fanin" in parts:
+                part_fan_in(dsn, args.fanin)
+            if "retention" in parts:
+                part_retention(dsn, args.probes)
     finally:
-        drop_scratch(args.dsn, DB)
-    print(f"done; {load()}")
+        drop_scratch(args.dsn, db, empty_db)
+    print(f"done in {(time.perf_counter() - t_start) / 60:.1f} min; {load()}")
 
 
 if __name__ == "__main__":

@@ -70,6 +70,10 @@ async def main() -> None:
                                     signal_id="gh-delivery-1") == []
             # a human approves this very run (signal_run addresses one run)
             assert await app.signal_run(run_id, "approval", {"approved": True}) == [run_id]
+            # a CI system reporting many builds at once: one statement and one commit
+            # (nobody waits on these yet: both are kept for the runs that will park on them)
+            assert await app.signal_many([("ci", "build-8", {"conclusion": "success"}),
+                                          ("ci", "build-9", {"conclusion": "failure"})]) == [[], []]
             done = await until_status(run_id, "completed", "failed")
             print("result:", done.result)
             assert done.result["released"] is True and done.result["woken_by"]["type"] == "timeout"

@@ -39,12 +39,14 @@ from ..foundation.effects import DEFAULT_TTL as DEFAULT_IDEMPOTENCY_TTL
 from ..foundation.effects import with_idempotency_sync
 from ..foundation.errors import ProviderClosed
 from ..foundation.queries import budgets as bq
+from ..foundation.queries import signals as sq
 from ..foundation.registry import TaskRegistry, start_params
 from ..foundation.signals import (
     DEFAULT_MAX_PAYLOAD,
     DEFAULT_SIGNAL_TTL,
     signal_params,
     signal_run_params,
+    signals_params,
 )
 from ..runs import flow
 from ..runs.batch_start import Start, start_many_sync
@@ -334,6 +336,32 @@ class RunAPI(ABC):
         """
         params = signal_params(kind, ref, payload, signal_id, ttl, self.max_signal_payload)
         return common.ids(self.fetchall(q.SIGNAL, params))
+
+    def signal_many(
+        self,
+        signals: Iterable[tuple[Any, ...]],
+        *,
+        ttl: timedelta | None = DEFAULT_SIGNAL_TTL,
+    ) -> list[list[str]]:
+        """Send many signals in ONE statement and transaction; per signal, in order, the
+        ids of the runs it woke.
+
+        Each signal is ``(kind, ref)``, ``(kind, ref, payload)`` or ``(kind, ref,
+        payload, signal_id)`` and behaves exactly as :meth:`signal` with those arguments
+        (wakes, pending signals kept until ``ttl``, deduplication), as if sent one after
+        the other; the queues are notified once each. Why: PostgreSQL serialises the
+        commits of transactions that NOTIFY, so signals sent one per transaction are
+        bounded by one commit each (docs/performance.md, "Storms"). Bad input, or a
+        ``signal_id`` that conflicts (:class:`~pgdurable.SignalConflict`), sends none of
+        them. At most 10,000 signals per call.
+        """
+        params = signals_params(signals, ttl, self.max_signal_payload)
+        if params is None:
+            return []
+        out: list[list[str]] = [[] for _ in params[0]]
+        for w in sq.SIGNALS.all(self.fetchall(sq.SIGNALS.sql, params)):
+            out[w.index].append(w.run_id)
+        return [sorted(ids) for ids in out]
 
     def signal_run(
         self,

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import Iterable
 from datetime import timedelta
 from typing import Any
 
@@ -44,8 +45,10 @@ __all__ = [
     "DEFAULT_SIGNAL_TTL",
     "MAX_SIGNAL_TTL",
     "parse_payload",
+    "MAX_SIGNALS",
     "signal_params",
     "signal_run_params",
+    "signals_params",
 ]
 
 #: Largest signal payload accepted by default (bytes of compact JSON).
@@ -55,6 +58,8 @@ DEFAULT_SIGNAL_TTL = timedelta(days=1)
 #: The longest TTL accepted (about 1,000 years; ``None`` keeps a signal with no
 #: expiry). ``now() + ttl`` must stay a timestamp that PostgreSQL can store.
 MAX_SIGNAL_TTL = timedelta(days=365_000)
+#: The most signals one ``signal_many`` sends (one statement and transaction).
+MAX_SIGNALS = 10_000
 
 
 def _check_common(
@@ -140,3 +145,38 @@ def parse_payload(raw: str | bytes, max_bytes: int = DEFAULT_MAX_PAYLOAD) -> Any
         raise ValueError("payload is nested too deeply") from None
     _json.validate(value, "payload")  # also refuses lone surrogates, naming the path
     return value
+
+
+def signals_params(
+    signals: object,
+    ttl: object,
+    max_bytes: int | None = DEFAULT_MAX_PAYLOAD,
+) -> tuple[Any, ...] | None:
+    """Validate a batch of broadcast signals; return the parameters of
+    ``queries.signals.SIGNALS`` (None for an empty batch).
+
+    Each signal is a tuple ``(kind, ref)``, ``(kind, ref, payload)`` or ``(kind, ref,
+    payload, signal_id)``, checked as :func:`signal_params` checks one; anything else is a
+    ``TypeError``, more than :data:`MAX_SIGNALS` a ``ValueError``.
+    """
+    if isinstance(signals, str | bytes | dict) or not isinstance(signals, Iterable):
+        raise TypeError("signals must be an iterable of (kind, ref[, payload[, signal_id]]) "
+                        "tuples")
+    kinds: list[Any] = []
+    refs: list[Any] = []
+    payloads: list[str] = []
+    ids: list[Any] = []
+    for i, item in enumerate(signals):
+        if not isinstance(item, tuple) or not 2 <= len(item) <= 4:
+            raise TypeError(f"signals[{i}] must be a (kind, ref[, payload[, signal_id]]) tuple")
+        kind, ref, payload, signal_id = (*item, None, None)[:4]
+        params = signal_params(kind, ref, payload, signal_id, ttl, max_bytes)
+        kinds.append(params[0])
+        refs.append(params[1])
+        payloads.append(params[2])
+        ids.append(params[3])
+        if len(kinds) > MAX_SIGNALS:
+            raise ValueError(f"signals: at most {MAX_SIGNALS} per call")
+    if not kinds:
+        return None
+    return (kinds, refs, payloads, ids if any(x is not None for x in ids) else None, ttl)

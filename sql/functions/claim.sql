@@ -6,6 +6,14 @@
 -- runnable (a) and timer (c) branches -- not in the expired-lease branch (b):
 -- crash recovery is never reserved -- and `affinity` in its result. search_path
 -- and 0021's generic plan are set here, where the function is created.
+-- enable_seqscan off (issue 45): in the generic plan the timer branch's bound
+-- (wake_at <= v_now) is a parameter, estimated to match a third of the parked
+-- timers; with 1,000,000 parked runs the planner then chose a sequential scan
+-- of all of runs and a sort for every claim (2.1 s) instead of the range of
+-- runs_timer_idx up to now (the due timers only). jit off: the same estimate
+-- grows the plan's cost with the parked timers past jit_above_cost (280,000 at
+-- 1,000,000 parked runs), and every claim was JIT-compiled (~240 ms of a
+-- 360 ms claim on this 2-core machine); a claim never gains from JIT.
 ------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION pgdurable.claim_runs(
   p_owner text, p_queues text[], p_tasks text[], p_revisions text[],
@@ -16,7 +24,9 @@ RETURNS TABLE (id uuid, task text, revision text, queue text, status text, state
                budget numeric, spent numeric, affinity jsonb, db_now timestamptz)
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pgdurable, pg_temp
-SET plan_cache_mode = force_generic_plan AS $$
+SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
+SET jit = off AS $$
 DECLARE
   v_now  timestamptz := pgdurable.now();
   v_limited text[] := ARRAY(SELECT l.name FROM pgdurable.queues l
@@ -76,16 +86,25 @@ BEGIN
        ORDER BY r.priority DESC, r.lease_expires_at
        LIMIT p_limit FOR UPDATE OF r SKIP LOCKED
     ), c AS MATERIALIZED (
-      SELECT r.id, 'timer'::text AS branch, 'run'::text AS verdict, NULL::integer AS bound,
-             r.priority, r.wake_at AS due
-        FROM pgdurable.runs r
-       WHERE r.status = 'waiting' AND r.wake_at IS NOT NULL AND r.queue = ANY (v_queues)
-         AND r.wake_at <= v_now AND (r.task, r.revision) IN (SELECT p.t, p.v FROM pairs p)
-         AND (r.affinity_worker IS NULL OR r.affinity_worker = p_owner
-              OR r.wake_at + r.affinity_wait <= v_now
-              OR pgdurable._holder_until(r.affinity_worker, r.affinity_instance, v_now) IS NULL)
-       ORDER BY r.wake_at
-       LIMIT p_limit FOR UPDATE SKIP LOCKED
+      -- as (a): per queue an index-ordered, LIMITed walk of runs_timer_idx (queue,
+      -- wake_at), then the earliest p_limit across queues. `queue = ANY (...)` in one
+      -- scan cannot return wake_at order, so it read and sorted every due timer for
+      -- each claim: O(due) per claim, O(due^2) for a storm of timers due at once
+      -- (issue 45: 100,000 due timers drained at 0.26x the rate of fresh runs).
+      SELECT x.id, 'timer'::text AS branch, 'run'::text AS verdict, NULL::integer AS bound,
+             x.priority, x.wake_at AS due
+        FROM unnest(v_queues) AS qn(name)
+       CROSS JOIN LATERAL (
+         SELECT r.id, r.priority, r.wake_at FROM pgdurable.runs r
+          WHERE r.status = 'waiting' AND r.wake_at IS NOT NULL AND r.queue = qn.name
+            AND r.wake_at <= v_now AND (r.task, r.revision) IN (SELECT p.t, p.v FROM pairs p)
+            AND (r.affinity_worker IS NULL OR r.affinity_worker = p_owner
+                 OR r.wake_at + r.affinity_wait <= v_now
+                 OR pgdurable._holder_until(r.affinity_worker, r.affinity_instance, v_now) IS NULL)
+          ORDER BY r.wake_at
+          LIMIT p_limit FOR UPDATE SKIP LOCKED) x
+       ORDER BY x.wake_at
+       LIMIT p_limit
     ), cand AS MATERIALIZED (
       -- one order across the branches (priority, then longest due), so that a
       -- runnable backlog cannot starve crash recovery (b) or due timers (c)
@@ -161,12 +180,20 @@ COMMENT ON FUNCTION pgdurable.claim_runs(text, text[], text[], text[], integer, 
 -- worker, or of tasks p_owner does not serve) are read for when they are due:
 -- O(passed over) instead of O(parked timers). The runnable part reads each
 -- runnable run as before (runs_runnable_idx is ordered by priority first).
+-- enable_seqscan off (issue 45): the passed-over read's bound (wake_at below
+-- the first takeable timer) is a parameter the planner cannot see, so with
+-- many parked timers it chose a sequential scan of all of runs for it (404 ms
+-- at 340,000 runs, on every idle poll of every worker) instead of the range
+-- of runs_timer_idx below that bound (empty without affinity: 0.03 ms). jit
+-- off: as claim_runs.
 ------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION pgdurable.next_wakeup(p_queues text[], p_tasks text[], p_revisions text[],
                                       p_owner text DEFAULT NULL)
 RETURNS double precision
 LANGUAGE plpgsql STABLE
-SET search_path = pg_catalog, pgdurable, pg_temp AS $$
+SET search_path = pg_catalog, pgdurable, pg_temp
+SET enable_seqscan = off
+SET jit = off AS $$
 DECLARE
   v_now  timestamptz := pgdurable.now();
   v_at   timestamptz;

@@ -145,6 +145,50 @@ COMMENT ON FUNCTION pgdurable.send_signal(text, text, jsonb, text, interval) IS
   '(PD008 on conflict).';
 
 ------------------------------------------------------------------------------
+-- pgdurable.send_signals(kinds, refs, payloads, signal_ids, ttl)
+--   -> TABLE(n integer, run_id uuid)
+-- Many signals in ONE statement and transaction, each exactly as send_signal
+-- (the same wakes, pending signals and dedup by (kind, signal_id)); a row per
+-- run woken, n = the signal's 1-based position in the arrays. Any error
+-- (PD000 bad input, PD008 a conflicting signal_id) and nothing of the batch
+-- is kept. Why: a waking signal NOTIFYs, and PostgreSQL serialises the commits
+-- of notifying transactions (PITFALLS #1), so one signal per transaction is
+-- bounded by one commit each; identical NOTIFYs of one transaction merge, so a
+-- batch sends one pgdurable_wake per queue and commits once. The (kind, ref)
+-- advisory locks are taken in one order (by key, then position), so that two
+-- batches over the same refs cannot deadlock. Arrays of different lengths, or
+-- more than 10,000 signals -> PD000. signal_ids NULL: none deduplicated.
+------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION pgdurable.send_signals(p_kinds text[], p_refs text[], p_payloads jsonb[],
+                                                  p_signal_ids text[] DEFAULT NULL,
+                                                  p_ttl interval DEFAULT NULL)
+RETURNS TABLE (n integer, run_id uuid)
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pgdurable, pg_temp AS $$
+DECLARE
+  v_len integer := coalesce(cardinality(p_kinds), 0);
+  v record;
+BEGIN
+  IF coalesce(cardinality(p_refs), 0) <> v_len OR coalesce(cardinality(p_payloads), 0) <> v_len
+     OR (p_signal_ids IS NOT NULL AND cardinality(p_signal_ids) <> v_len) THEN
+    RAISE EXCEPTION 'send_signals: kinds, refs, payloads (and signal_ids) must have the same length'
+      USING ERRCODE = 'PD000';
+  END IF;
+  IF v_len > 10000 THEN
+    RAISE EXCEPTION 'send_signals: at most 10000 signals per call, got %', v_len
+      USING ERRCODE = 'PD000';
+  END IF;
+  FOR v IN SELECT u.i::integer AS i, u.k, u.r, u.p, p_signal_ids[u.i] AS sid
+             FROM unnest(p_kinds, p_refs, p_payloads) WITH ORDINALITY AS u(k, r, p, i)
+            ORDER BY pgdurable.wait_lock_key(u.k, u.r), u.i LOOP
+    RETURN QUERY SELECT v.i, s.s FROM pgdurable.send_signal(v.k, v.r, v.p, v.sid, p_ttl) AS s(s);
+  END LOOP;
+END
+$$;
+COMMENT ON FUNCTION pgdurable.send_signals(text[], text[], jsonb[], text[], interval) IS
+  'Send many signals in one statement and transaction (each as send_signal); one NOTIFY per queue.';
+
+------------------------------------------------------------------------------
 -- pgdurable.signal_run(run_id, kind, payload, signal_id, ttl) -> SETOF uuid
 -- (0005's contract; the signal_id is now scoped by kind.) A signal for one
 -- run: it wakes the run if it waits on this kind, else it stays pending for

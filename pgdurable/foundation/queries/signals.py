@@ -8,7 +8,7 @@ from datetime import datetime
 
 from .core import Query, Row, scalar
 
-__all__ = ["PARK", "SIGNAL", "SIGNAL_RUN", "Parked"]
+__all__ = ["PARK", "SIGNAL", "SIGNALS", "SIGNAL_RUN", "Parked", "Woken"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,6 +30,25 @@ def _parked(r: Row) -> Parked:
 # -- one per row (none: kept pending)
 SIGNAL = scalar(
     "SELECT pgdurable.send_signal(%s::text, %s::text, %s::jsonb, %s::text, %s::interval)", str)
+@dataclass(frozen=True, slots=True)
+class Woken:
+    """A run that a batch of signals woke: the signal's 0-based position in the batch, and
+    the run's id."""
+
+    index: int
+    run_id: str
+
+
+def _woken(r: Row) -> Woken:
+    n, run_id = r
+    return Woken(int(n) - 1, str(run_id))
+
+
+# -- send many signals in one statement and transaction (each as send_signal; one NOTIFY
+# -- per queue): a Woken per run woken
+SIGNALS = Query(
+    "SELECT n, run_id FROM pgdurable.send_signals(%s::text[], %s::text[], %s::text[]::jsonb[], "
+    "%s::text[], %s::interval)", _woken)
 # -- signal one run (PD002 if unknown): its id if it woke, no row if the signal is kept
 # -- pending for it
 SIGNAL_RUN = scalar(

@@ -19,7 +19,12 @@ its scratch database ``pgdurable_bench_budgets`` and migrates it.
 2. Hot key: ``N`` runs (8, then 32) on a worker of concurrency ``N``, each looping
    steps of one reserve + settle on the same budget (limit high enough never to
    refuse) for ``--seconds``; reported: reservations/s from the ledger's settle rows
-   (their database-clock times).
+   (their database-clock times). Baseline, in the same run: ``pgbench`` with ``N``
+   clients each committing ``UPDATE`` of ONE row (the same row for all) for
+   ``--seconds``: what one hot row allows when each transaction commits while it holds
+   the row's lock, which an exact budget must (the database decides; a reservation
+   takes its budget's totals rows, and its settlement takes them again in the step's
+   checkpoint, so two such commits per reservation).
 3. One reservation's cost against the bare lease fence (``pgdurable._fenced``, the
    baseline), each its own autocommit statement on one connection, on a budget whose
    ledger already holds ``--ledger`` settlements of other runs: a reservation must not
@@ -37,6 +42,7 @@ from typing import Any
 
 import psycopg
 from _driver import load, spread
+from _pgbench import pgbench_tps
 from _scratch import drop_scratch, scratch_dsn
 
 import pgdurable
@@ -154,6 +160,16 @@ async def reserve_cost(conn: psycopg.AsyncConnection[Any], ledger: int, calls: i
     return fence, reserve
 
 
+def hot_row_tps(dsn: str, clients: int, seconds: float) -> float:
+    """pgbench commits/s of ``clients`` clients updating one and the same row."""
+    with psycopg.connect(dsn, autocommit=True) as c:
+        c.execute("DROP TABLE IF EXISTS bench_hot")
+        c.execute("CREATE TABLE bench_hot (id int PRIMARY KEY, v bigint NOT NULL DEFAULT 0)")
+        c.execute("INSERT INTO bench_hot (id) VALUES (1)")
+    return pgbench_tps(dsn, "UPDATE bench_hot SET v = v + 1 WHERE id = 1;\n",
+                       ["-c", str(clients), "-j", "2", "-T", str(max(1, round(seconds)))])
+
+
 async def main(dsn: str, steps: int, rounds: int, seconds: float, ledger: int,
                calls: int) -> None:
     app = build(dsn, steps)
@@ -172,8 +188,11 @@ async def main(dsn: str, steps: int, rounds: int, seconds: float, ledger: int,
               f"(+{b - p:.2f} ms, x{b / p:.2f}); {statistics.median(extra):.2f} extra "
               "statements (transactions) per step, from the ledger's xmin")
         for n in (8, 32):
-            print(f"hot key, {n} concurrent callers: {await hot_key(app, conn, n, seconds):.0f} "
-                  "reservations/s (each a reserve + settle)")
+            rate = await hot_key(app, conn, n, seconds)
+            row = await asyncio.to_thread(hot_row_tps, dsn, n, seconds)
+            print(f"hot key, {n} concurrent callers: {rate:.0f} reservations/s (each a "
+                  f"reserve + settle); one hot row, {n} pgbench clients: {row:.0f} commits/s; "
+                  f"ratio reservations / (hot-row commits / 2) {rate / (row / 2):.2f}")
         fence, reserve = await reserve_cost(conn, ledger, calls)
         f, r = statistics.median(fence), statistics.median(reserve)
         print(f"one reservation, ledger of {ledger} settlements: {r:.2f} ms vs the bare fence "

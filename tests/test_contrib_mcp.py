@@ -289,6 +289,14 @@ async def test_legacy_2025_11_25_form(dsn: str, tmp_path: Path,
         # tasks/cancel (2025-11-25): the Task, cancelled, through the run's cancel path
         gated = (await rpc("tools/call", {"name": "gated", "task": {},
                                           "arguments": {"ref": "legacy-cancel"}}))["result"]["task"]
+
+        async def parked() -> bool:  # a task whose step still runs is cancelled at its end
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                row = conn.execute("SELECT status FROM pgdurable.runs WHERE id = %s",
+                                   (gated["taskId"],)).fetchone()
+            return row == ("waiting",)
+
+        await until(parked, "the gated task parked")
         cancelled = (await rpc("tasks/cancel", {"taskId": gated["taskId"]}))["result"]
         assert (cancelled["taskId"], cancelled["status"]) == (gated["taskId"], "cancelled")
         assert cancelled["statusMessage"] == "The task was cancelled."

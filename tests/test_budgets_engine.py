@@ -194,6 +194,19 @@ def test_a_zombies_checkpoint_settlement_is_refused(conn: psycopg.Connection[Any
     assert conn.execute(TOTALS_DRIFT).fetchall() == []
 
 
+def hold(conn: psycopg.Connection[Any], amounts: str) -> tuple[Any, int]:
+    """A run of another queue (``held``) drawing from budget ``b``, claimed by worker
+    ``h`` and holding ``amounts`` (reservation ``r0`` of its step 0): (its id, its token)."""
+    holder = scalar(conn, "SELECT run_id FROM pgdurable.start_run('x', '1', '{}', 'held', "
+                          "0, 3, NULL, NULL, NULL, NULL)")
+    conn.execute("SELECT pgdurable.budget_started_run(%s, '{b}', NULL)", (holder,))
+    token = scalar(conn, "SELECT lease_token FROM pgdurable.claim_runs('h', '{held}', "
+                         "'{x}', '{1}', 1, '1 hour')")
+    assert scalar(conn, "SELECT status FROM pgdurable.budget_reserve(%s, %s, 'h', 0, 'r0', "
+                        "%s)", holder, token, amounts) == "reserved"
+    return holder, int(token)
+
+
 async def test_a_release_wakes_a_run_parked_on_held_capacity(
         dsn: str, conn: psycopg.Connection[Any]) -> None:
     """A run parked because another run holds the capacity is made runnable by the
@@ -209,13 +222,7 @@ async def test_a_release_wakes_a_run_parked_on_held_capacity(
 
         await app.budget("b", limit={"calls": 1}, policy="park")
         # the holder: a run of another queue, claimed and reserving outside the worker
-        holder = scalar(conn, "SELECT run_id FROM pgdurable.start_run('x', '1', '{}', 'held', "
-                              "0, 3, NULL, NULL, NULL, NULL)")
-        conn.execute("SELECT pgdurable.budget_started_run(%s, '{b}', NULL)", (holder,))
-        token = scalar(conn, "SELECT lease_token FROM pgdurable.claim_runs('h', '{held}', "
-                             "'{x}', '{1}', 1, '1 hour')")
-        assert scalar(conn, "SELECT status FROM pgdurable.budget_reserve(%s, %s, 'h', 0, 'r0', "
-                            "'{\"calls\": 1}')", holder, token) == "reserved"
+        holder, token = hold(conn, '{"calls": 1}')
         rid = await app.start("t", {}, budgets=["b"])
         async with app_running(app):
             async def parked() -> bool:
@@ -250,13 +257,7 @@ async def test_a_settlement_below_its_reservation_wakes_a_parked_run(
             return Done(ctx.wake)
 
         await app.budget("b", limit={"usd": 1.5}, policy="park")
-        holder = scalar(conn, "SELECT run_id FROM pgdurable.start_run('x', '1', '{}', 'held', "
-                              "0, 3, NULL, NULL, NULL, NULL)")
-        conn.execute("SELECT pgdurable.budget_started_run(%s, '{b}', NULL)", (holder,))
-        token = scalar(conn, "SELECT lease_token FROM pgdurable.claim_runs('h', '{held}', "
-                             "'{x}', '{1}', 1, '1 hour')")
-        assert scalar(conn, "SELECT status FROM pgdurable.budget_reserve(%s, %s, 'h', 0, 'r0', "
-                            "'{\"usd\": 1}')", holder, token) == "reserved"
+        holder, token = hold(conn, '{"usd": 1}')
         rid = await app.start("t", {}, budgets=["b"])
         async with app_running(app):
             async def parked() -> bool:

@@ -14,6 +14,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from _budget_ledger import held, settled_twice
 
 pytest.importorskip("langgraph")
 
@@ -54,24 +55,10 @@ def ledger(db: psycopg.Connection[Any], rid: str, kind: str) -> dict[str, dict[s
     return out
 
 
-def settled_twice(db: psycopg.Connection[Any], rid: str) -> int:
-    row = db.execute("SELECT count(*) FROM (SELECT step, rkey, unit FROM pgdurable.budget_ledger "
-                     "WHERE run_id = %s AND kind = 'settle' GROUP BY 1, 2, 3 "
-                     "HAVING count(*) > 1) x", (rid,)).fetchone()
-    assert row is not None
-    return int(row[0])
-
-
 def model_calls(db: psycopg.Connection[Any], node: str) -> list[int]:
     """The pids whose chat model call in ``node`` answered."""
     return [r[0] for r in db.execute("SELECT pid FROM test_ledger WHERE event = 'model' "
                                      "AND tag = %s ORDER BY at", (node,))]
-
-
-def held(db: psycopg.Connection[Any]) -> int:
-    row = db.execute("SELECT count(*) FROM pgdurable.budget_holds").fetchone()
-    assert row is not None
-    return int(row[0])
 
 
 async def _setup(app: pgdurable.Durable, limit: dict[str, Any], policy: str = "fail") -> None:

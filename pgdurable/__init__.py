@@ -65,6 +65,7 @@ from .foundation.leases import (
 from .foundation.migrations import check_schema, migrate, migration_status, required_version
 from .foundation.pooler import Pooler
 from .foundation.run_queries import MAX_NAME_BYTES
+from .foundation.schemas import use_schema
 from .models.durable_runs import NOT_PERFORMED, DurableRunContext
 from .models.durable_tasks import (
     CancelSignal,
@@ -135,6 +136,7 @@ __all__ = [
     "resolve_async_lease_provider",
     "resolve_dsn",
     "resolve_lease_provider",
+    "use_schema",
     "AttemptsExhausted",
     "BudgetExceeded",
     "BudgetNotFound",

@@ -24,6 +24,7 @@ from ..foundation.migrations import check_pool_schema
 from ..foundation.pooler import Pooler, configure, listen_conninfo, probe, resolve_pooler
 from ..foundation.ports import AppSettings
 from ..foundation.registry import TaskRegistry
+from ..foundation.schemas import resolve_schema
 from ..runs.results import result_sync
 from .common import conn_kwargs, env_listen_dsn
 from .run_api_sync import RunAPI
@@ -37,8 +38,8 @@ class DurableClient(RunAPI):
     Every method of the run API of :class:`Durable` (same names, same parameters,
     same SQL; ``tests/test_sync_twin.py`` checks it), called without ``await``.
     Pass ``app=`` to use its task registry (revisions, max_attempts) and its
-    ``pooler``; otherwise ``start`` needs ``revision=``. ``pooler`` as for
-    :class:`Durable`.
+    ``pooler`` and ``schema``; otherwise ``start`` needs ``revision=``. ``pooler`` and
+    ``schema`` as for :class:`Durable`.
     """
 
     _what = "DurableClient"
@@ -47,9 +48,11 @@ class DurableClient(RunAPI):
 
     def __init__(
         self, conninfo: str | None = None, *, app: AppSettings | None = None, pool_size: int = 4,
-        pooler: Pooler | None = None,
+        pooler: Pooler | None = None, schema: str | None = None,
     ) -> None:
         dsn = resolve_dsn(conninfo or (app.conninfo if app is not None else None))
+        self.schema: str = resolve_schema(
+            schema if schema is not None or app is None else app.schema)
         if dsn is None:
             raise InvalidInput("no DSN: pass conninfo or set PGDURABLE_DSN / DATABASE_URL")
         self.conninfo: str = validate_dsn(dsn)
@@ -91,7 +94,7 @@ class DurableClient(RunAPI):
         # check=: see Durable._new_pool
         return ConnectionPool(
             dsn, min_size=1, max_size=size, kwargs=conn_kwargs(dsn, self.pooler), open=False,
-            configure=configure(self.pooler), name="pgdurable-client", check=check_connection,
+            configure=configure(self.pooler, self.schema), name="pgdurable-client", check=check_connection,
         )
 
     def close(self) -> None:
@@ -137,4 +140,4 @@ class DurableClient(RunAPI):
         """
         self._check_open()
         return result_sync(self._dsn, run_id, timeout, pooler=self.pooler,
-                           listen_to=self._listen_to)
+                           listen_to=self._listen_to, schema=self.schema)

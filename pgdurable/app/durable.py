@@ -41,6 +41,7 @@ from ..foundation.migrations import acheck_pool_schema
 from ..foundation.notifier import Notifier, notifier_for
 from ..foundation.pooler import Pooler, aconfigure, aprobe, listen_conninfo, resolve_pooler
 from ..foundation.registry import Task, TaskRegistry, start_params
+from ..foundation.schemas import resolve_schema, schema_of
 from ..foundation.stream_tokens import Scope, make_token, secrets_of
 from ..models.durable_runs import durable_task_spec
 from ..models.durable_tasks import DurableTask
@@ -95,6 +96,12 @@ class Durable(AsyncRunAPI):
     for LISTEN (the process's one, :meth:`notifier`: workers' wake-ups,
     streams, results); without one behind a transaction pooler, they poll.
     See :mod:`pgdurable.foundation.pooler`.
+
+    ``schema`` (else ``PGDURABLE_SCHEMA``, else ``"pgdurable"``) is the schema the
+    app's runs live in, migrated by ``pgdurable --schema NAME migrate``: apps or
+    tenants sharing a database each have their own, and never see each other's
+    runs (:mod:`pgdurable.foundation.schemas`). With ``pool=``, configure its
+    connections with :func:`pgdurable.use_schema` for any schema but ``pgdurable``.
     """
 
     _what = "Durable app"
@@ -112,8 +119,10 @@ class Durable(AsyncRunAPI):
         pool_size: int = 10,
         pooler: Pooler | None = None,
         listen_dsn: str | None = None,
+        schema: str | None = None,
     ) -> None:
         self.pooler: Pooler | None = resolve_pooler(pooler)
+        self.schema: str = resolve_schema(schema)
         self.listen_dsn: str | None = env_listen_dsn(listen_dsn)
         self._registry = TaskRegistry()
         self._own_pool = pool is None
@@ -207,7 +216,7 @@ class Durable(AsyncRunAPI):
         # failover, pooler) is replaced, not handed out to fail a statement
         return AsyncConnectionPool(
             dsn, min_size=1, max_size=size, kwargs=conn_kwargs(dsn, self.pooler), open=False,
-            configure=aconfigure(self.pooler), name="pgdurable", check=acheck_connection,
+            configure=aconfigure(self.pooler, self.schema), name="pgdurable", check=acheck_connection,
         )
     def schedule(self, name: str, *, task: str, cron: str | None = None,
                  every: timedelta | None = None, timezone: str = "UTC", state: Any = None,
@@ -247,6 +256,8 @@ class Durable(AsyncRunAPI):
                         assert self.conninfo is not None  # set with an owned pool
                         await aprobe(self.conninfo, self.pooler)
                         await self._pool.open(wait=True, timeout=self.open_timeout)
+                    else:
+                        await self._check_pool_schema_name()
                     await acheck_pool_schema(self._pool, self.open_timeout)
             except BaseException:
                 if self._own_pool and self.conninfo is not None:
@@ -256,6 +267,16 @@ class Durable(AsyncRunAPI):
                     await failed.close()
                 raise
             self._opened = True
+
+    async def _check_pool_schema_name(self) -> None:
+        """A pool of the caller's must speak to this app's schema (nothing else would
+        tell a connection to ``pgdurable`` from one to another tenant's schema)."""
+        async with self._pool.connection(timeout=self.open_timeout) as conn:
+            if schema_of(conn) != self.schema:
+                raise InvalidInput(
+                    f"the pool's connections speak to schema {schema_of(conn)!r}, this app's "
+                    f"is {self.schema!r}: configure them with "
+                    f"pgdurable.use_schema(conn, {self.schema!r})")
 
     async def close(self) -> None:
         """Close the owned pool; later calls raise ProviderClosed."""
@@ -283,7 +304,7 @@ class Durable(AsyncRunAPI):
         streams and result waiters (and a dashboard on the same DSN); None
         where nothing can LISTEN (they poll). See :mod:`pgdurable.foundation.notifier`."""
         conninfo = self.listen_conninfo()
-        return None if conninfo is None else notifier_for(conninfo)
+        return None if conninfo is None else notifier_for(conninfo, self.schema)
 
     @property
     def pool(self) -> AsyncConnectionPool[Any]:
@@ -434,6 +455,6 @@ class Durable(AsyncRunAPI):
                                    ServedRevisions(self, self.tasks)]
         return Worker(self, self._registry, open=self.open, listen_conninfo=self.listen_conninfo,
                       open_timeout=self.open_timeout, step_app=self, services=services,
-                      pooler=self.pooler,
+                      pooler=self.pooler, schema=self.schema,
                       queues=queues, concurrency=concurrency, lease_ttl=lease_ttl, **options)
 

@@ -39,6 +39,7 @@ from ..foundation.errors import ProviderClosed
 from ..foundation.queries import budgets as bq
 from ..foundation.queries import signals as sq
 from ..foundation.registry import TaskRegistry, start_params
+from ..foundation.schemas import caller_schema
 from ..foundation.signals import (
     DEFAULT_MAX_PAYLOAD,
     DEFAULT_SIGNAL_TTL,
@@ -85,6 +86,8 @@ class AsyncRunAPI(ABC):
     max_event_data: int = DEFAULT_MAX_EVENT_DATA
     #: What a call after ``close()`` says is closed.
     _what: str = "app"
+    #: The schema the runs live in (:mod:`pgdurable.foundation.schemas`).
+    schema: str
     _registry: TaskRegistry
     _closed: bool
 
@@ -162,7 +165,7 @@ class AsyncRunAPI(ABC):
         sql, params = budget_statement(sql, params, budgets, own_budget)  # runs/budgets.py
         sql, params = cancel_on_statement(sql, params, cancel_on)  # runs/events.py
         if conn is not None:
-            with translated():
+            with translated(), caller_schema(conn, self.schema):
                 cur = await conn.execute(sql, params)
                 row = await cur.fetchone()
         else:
@@ -182,7 +185,8 @@ class AsyncRunAPI(ABC):
         caller's transaction. See :mod:`pgdurable.runs.batch_start`.
         """
         self._check_open()
-        return await start_many(self, self._registry, starts, conn)
+        with caller_schema(conn, self.schema):
+            return await start_many(self, self._registry, starts, conn)
 
     async def list_runs(self, **filters: Any) -> Page:
         """One page of runs, newest first (keyset pagination; see :func:`pgdurable.runs.search.list_runs_query`).
@@ -398,7 +402,9 @@ class AsyncRunAPI(ABC):
         ValueError, nothing written. See docs/events.md.
         """
         self._check_open()
-        return await send_event(self, name, data, id, conn=conn, max_bytes=self.max_event_data)
+        with caller_schema(conn, self.schema):
+            return await send_event(self, name, data, id, conn=conn,
+                                    max_bytes=self.max_event_data)
 
     async def with_idempotency(
         self,

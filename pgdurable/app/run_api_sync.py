@@ -41,6 +41,7 @@ from ..foundation.errors import ProviderClosed
 from ..foundation.queries import budgets as bq
 from ..foundation.queries import signals as sq
 from ..foundation.registry import TaskRegistry, start_params
+from ..foundation.schemas import caller_schema
 from ..foundation.signals import (
     DEFAULT_MAX_PAYLOAD,
     DEFAULT_SIGNAL_TTL,
@@ -87,6 +88,8 @@ class RunAPI(ABC):
     max_event_data: int = DEFAULT_MAX_EVENT_DATA
     #: What a call after ``close()`` says is closed.
     _what: str = "app"
+    #: The schema the runs live in (:mod:`pgdurable.foundation.schemas`).
+    schema: str
     _registry: TaskRegistry
     _closed: bool
 
@@ -164,7 +167,7 @@ class RunAPI(ABC):
         sql, params = budget_statement(sql, params, budgets, own_budget)  # runs/budgets.py
         sql, params = cancel_on_statement(sql, params, cancel_on)  # runs/events.py
         if conn is not None:
-            with translated():
+            with translated(), caller_schema(conn, self.schema):
                 cur = conn.execute(sql, params)
                 row = cur.fetchone()
         else:
@@ -184,7 +187,8 @@ class RunAPI(ABC):
         caller's transaction. See :mod:`pgdurable.runs.batch_start`.
         """
         self._check_open()
-        return start_many_sync(self, self._registry, starts, conn)
+        with caller_schema(conn, self.schema):
+            return start_many_sync(self, self._registry, starts, conn)
 
     def list_runs(self, **filters: Any) -> Page:
         """One page of runs, newest first (keyset pagination; see :func:`pgdurable.runs.search.list_runs_query`).
@@ -400,7 +404,9 @@ class RunAPI(ABC):
         ValueError, nothing written. See docs/events.md.
         """
         self._check_open()
-        return send_event_sync(self, name, data, id, conn=conn, max_bytes=self.max_event_data)
+        with caller_schema(conn, self.schema):
+            return send_event_sync(self, name, data, id, conn=conn,
+                                   max_bytes=self.max_event_data)
 
     def with_idempotency(
         self,

@@ -65,10 +65,10 @@ class Listener:
         """Whether a cancel check is pending or in flight (tests)."""
         return bool(self.pending) or (self._checker is not None and not self._checker.done())
 
-    async def run(self, conninfo: str) -> None:
+    async def run(self, conninfo: str, schema: str) -> None:
         """Subscribe to the wake-up and cancel channels on the process's notifier
-        for ``conninfo`` until cancelled (the worker ends its helpers so)."""
-        sub = notifier_for(conninfo).subscribe(CHANNELS, self.notified, self.listening_again)
+        for ``conninfo`` and ``schema`` until cancelled (the worker ends its helpers so)."""
+        sub = notifier_for(conninfo, schema).subscribe(CHANNELS, self.notified, self.listening_again)
         try:
             await asyncio.Event().wait()  # notifications come through the callbacks
         finally:

@@ -96,6 +96,7 @@ from ..foundation.queries import run_end as end_q
 from ..foundation.queries.core import Database, first
 from ..foundation.registry import TaskRegistry
 from ..foundation.retry import for_seconds, retry_while
+from ..foundation.schemas import DEFAULT as DEFAULT_SCHEMA
 from ..runs.steps import STEP_EXECUTOR
 from .batch_writer import StepWriter
 from .claim import Claimer
@@ -134,7 +135,8 @@ class Worker:
     (:mod:`~pgdurable.engine.services`). Its parts are fields: :attr:`claimer`,
     :attr:`executor`, :attr:`heartbeat`, :attr:`listener`, :attr:`parking`,
     :attr:`writer`, :attr:`presence`, sharing :attr:`state` and :attr:`settings`.
-    ``pooler`` (the app's pooler mode) is only said in the start log line.
+    ``pooler`` (the app's pooler mode) is only said in the start log line; ``schema``
+    is the app's (:mod:`pgdurable.foundation.schemas`: its channels are LISTENed on).
     """
 
     #: Called once, on the worker's event loop, when a stop is first asked (SIGTERM,
@@ -162,6 +164,7 @@ class Worker:
         safety_margin: timedelta | float | None = None,
         worker_id: str | None = None,
         listen: bool = True,
+        schema: str = DEFAULT_SCHEMA,
     ) -> None:
         s = self.settings = Settings.of(
             queues=queues, concurrency=concurrency, lease_ttl=lease_ttl, heartbeat=heartbeat,
@@ -171,6 +174,7 @@ class Worker:
         self._open, self._listen_conninfo, self.open_timeout = open, listen_conninfo, open_timeout
         self.services = list(services)
         self.pooler = pooler
+        self.schema = schema  # whose channels it LISTENs on (the app's pool speaks to it)
         state = self.state = WorkerState()
         # heartbeat and step batches both lock many run rows: never at once
         # (one worker's two multi-row UPDATEs could otherwise deadlock)
@@ -308,7 +312,7 @@ class Worker:
         helpers = [asyncio.create_task(self.heartbeat.run(), name="pgdurable-heartbeat")]
         listen_to = self._listen_conninfo() if s.listen else None
         if listen_to is not None:
-            helpers.append(asyncio.create_task(self.listener.run(listen_to),
+            helpers.append(asyncio.create_task(self.listener.run(listen_to, self.schema),
                                                name="pgdurable-listener"))
         elif s.listen:
             log.warning("worker %s: no LISTEN: the app's DSN goes through a transaction-mode "

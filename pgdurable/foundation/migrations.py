@@ -50,7 +50,8 @@ from __future__ import annotations
 import hashlib
 import logging
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from functools import cache
@@ -73,6 +74,8 @@ from .queries.migrations import (
     SchemaState,
 )
 from .retry import for_seconds, retry_while, retry_while_sync
+from .schemas import DEFAULT as DEFAULT_SCHEMA
+from .schemas import resolve_schema, schema_of, use_schema
 
 if TYPE_CHECKING:
     from psycopg_pool import AsyncConnectionPool, ConnectionPool
@@ -274,13 +277,25 @@ def required_version() -> int:
 ConnOrDsn = str | psycopg.Connection[Any]
 
 
-def _open(target: ConnOrDsn) -> tuple[psycopg.Connection[Any], bool]:
+@contextmanager
+def _open(target: ConnOrDsn, schema: str | None) -> Iterator[psycopg.Connection[Any]]:
+    """A connection to ``schema`` (else ``PGDURABLE_SCHEMA``, else ``pgdurable``): ``target``'s
+    own, closed after, or the caller's, whose cursors are its own again after."""
+    in_schema = resolve_schema(schema)
     if isinstance(target, psycopg.Connection):
         if target.closed:
             raise DatabaseUnavailable("the connection is closed")
-        return target, False
+        saved = target.cursor_factory, target.server_cursor_factory
+        use_schema(target, in_schema)
+        try:
+            yield target
+        finally:
+            target.cursor_factory, target.server_cursor_factory = saved
+        return
     if isinstance(target, str):
-        return connect(validate_dsn(target)), True
+        with connect(validate_dsn(target), schema=in_schema) as conn:
+            yield conn
+        return
     raise TypeError(
         f"migrate() takes a conninfo string or a psycopg.Connection, not {type(target).__name__}"
     )
@@ -388,6 +403,7 @@ def migrate(
     on_apply: Callable[[Migration], None] | None = None,
     in_transaction: bool = False,
     adopt: bool = False,
+    schema: str | None = None,
 ) -> list[Migration]:
     """Apply pending migrations and changed definitions in one transaction; return
     the numbered migrations applied (or, with ``dry_run``, pending).
@@ -406,10 +422,19 @@ def migrate(
     foreign ``schema_migrations``, planted triggers or rules, other migration
     names) raises :class:`MigrationError` before anything runs;
     ``adopt=True`` takes it over anyway (``pgdurable migrate --adopt``).
+
+    ``schema`` (else ``PGDURABLE_SCHEMA``, else ``pgdurable``) is the schema migrated:
+    each app or tenant of a database can have its own (:mod:`pgdurable.foundation.schemas`).
     """
     if in_transaction and not isinstance(target, psycopg.Connection):
         raise TypeError("migrate(in_transaction=True) needs an open psycopg.Connection")
-    conn, owned = _open(target)
+    with _open(target, schema) as conn:
+        return _migrate(conn, dry_run, on_apply, in_transaction, adopt)
+
+
+def _migrate(conn: psycopg.Connection[Any], dry_run: bool,
+             on_apply: Callable[[Migration], None] | None, in_transaction: bool,
+             adopt: bool) -> list[Migration]:
     if in_transaction and not dry_run:
         _enter_caller_transaction(conn)
     try:
@@ -446,9 +471,6 @@ def migrate(
         raise MigrationError(
             f"migration failed: {first_line(str(exc))}"
         ) from exc
-    finally:
-        if owned:
-            conn.close()
     return plan.pending
 
 
@@ -478,12 +500,12 @@ def _enter_caller_transaction(conn: psycopg.Connection[Any]) -> None:
         raise MigrationError(f"cannot take the migration lock: {first_line(str(exc))}") from exc
 
 
-def migration_status(target: ConnOrDsn) -> list[MigrationState]:
-    """Every shipped numbered migration with its state in the database."""
-    conn, owned = _open(target)
+def migration_status(target: ConnOrDsn, *, schema: str | None = None) -> list[MigrationState]:
+    """Every shipped numbered migration with its state in the database (in ``schema``,
+    else ``PGDURABLE_SCHEMA``, else ``pgdurable``)."""
+    applied: dict[int, AppliedMigration] = {}
     try:
-        with conn.cursor() as cur:
-            applied: dict[int, AppliedMigration] = {}
+        with _open(target, schema) as conn, conn.cursor() as cur:
             if (_schema_trust.check_adoptable(cur, _shipped_names())
                     and first_sync(cur, mq.HAS_TABLE)):
                 applied = {a.version: a for a in many_sync(cur, mq.APPLIED)}
@@ -491,9 +513,6 @@ def migration_status(target: ConnOrDsn) -> list[MigrationState]:
         raise DatabaseUnavailable(f"database went away: {first_line(str(exc))}") from None
     except psycopg.Error as exc:
         raise MigrationError(f"cannot read the migration status: {first_line(str(exc))}") from exc
-    finally:
-        if owned:
-            conn.close()
     out = []
     for m in load_migrations():
         hit = applied.get(m.version)
@@ -505,25 +524,26 @@ def migration_status(target: ConnOrDsn) -> list[MigrationState]:
     return out
 
 
-def definition_status(target: ConnOrDsn, *, adopt: bool = False) -> list[DefinitionState]:
+def definition_status(target: ConnOrDsn, *, adopt: bool = False,
+                      schema: str | None = None) -> list[DefinitionState]:
     """Every shipped definitions file with its state in the database (``adopt``: read
-    them from a schema that does not look like ours, as ``migrate(adopt=True)`` would)."""
-    conn, owned = _open(target)
-    try:
-        with conn.cursor() as cur:
-            trusted = adopt or _schema_trust.check_adoptable(cur, _shipped_names())
-            done = _read_definitions(cur) if trusted else {}
-    finally:
-        if owned:
-            conn.close()
+    them from a schema that does not look like ours, as ``migrate(adopt=True)`` would;
+    ``schema``: as :func:`migrate`'s)."""
+    with _open(target, schema) as conn, conn.cursor() as cur:
+        trusted = adopt or _schema_trust.check_adoptable(cur, _shipped_names())
+        done = _read_definitions(cur) if trusted else {}
     return [DefinitionState(d, done[d.path].applied_at if d.path in done else None,
                             d.path in done and done[d.path].sha256 != d.sha256)
             for d in load_definitions()]
 
 
-def _judge(version: int | None, dbname: str) -> None:
+def _judge(version: int | None, dbname: str, schema: str = DEFAULT_SCHEMA) -> None:
     need = required_version()
     if version is None:
+        if schema != DEFAULT_SCHEMA:
+            raise SchemaVersionMismatch(
+                f"database {dbname!r} has no pgdurable schema {schema!r}; run "
+                f"`pgdurable --schema {schema} migrate`")
         raise SchemaVersionMismatch(
             f"database {dbname!r} has no pgdurable schema; run `pgdurable migrate`"
         )
@@ -539,7 +559,7 @@ def _trusted_version(
 ) -> int | None:
     """The schema version, None when there is no schema, or SchemaVersionMismatch
     when ``schema_migrations`` is not pgdurable's (never trust a foreign one)."""
-    if state is None or not state.exists or state.table == _schema_trust.NO_TABLE:
+    if state is None or not state.exists or _schema_trust.is_no_table(state.table):
         return None
     problem = _schema_trust.table_problem(state)
     if problem is None and names is not None:
@@ -584,7 +604,8 @@ async def acheck_schema(conn: psycopg.AsyncConnection[Any]) -> None:
     """Raise :class:`SchemaVersionMismatch` unless the schema is new enough (and ours)."""
     state = await first(conn, mq.SCHEMA_STATE)
     names = await many(conn, mq.NAMES) if _needs_names(state) else None
-    _judge(_trusted_version(state, names, conn.info.dbname), conn.info.dbname)
+    _judge(_trusted_version(state, names, conn.info.dbname), conn.info.dbname,
+           schema_of(conn))
     access = await first(conn, mq.DEFINITIONS_ACCESS) or "absent"
     recorded = (await many(conn, mq.DEFINED) if access == "readable"
                 else [] if access == "absent" else None)
@@ -613,7 +634,8 @@ def check_schema(conn: psycopg.Connection[Any]) -> None:
     """Raise :class:`SchemaVersionMismatch` unless the schema is new enough (and ours)."""
     state = first_sync(conn, mq.SCHEMA_STATE)
     names = many_sync(conn, mq.NAMES) if _needs_names(state) else None
-    _judge(_trusted_version(state, names, conn.info.dbname), conn.info.dbname)
+    _judge(_trusted_version(state, names, conn.info.dbname), conn.info.dbname,
+           schema_of(conn))
     access = first_sync(conn, mq.DEFINITIONS_ACCESS) or "absent"
     recorded = (many_sync(conn, mq.DEFINED) if access == "readable"
                 else [] if access == "absent" else None)

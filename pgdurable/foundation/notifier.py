@@ -85,6 +85,7 @@ from .aio import wait_set
 from .errors import DatabaseUnavailable, ReadOnlyDatabase, translate
 from .notifications import receive
 from .pooler import aconnect
+from .schemas import DEFAULT, canonical_channel, check_schema_name, resolve_schema
 
 __all__ = ["HEALTH", "STATEMENT_TIMEOUT", "Notifier", "Subscription", "Wakeup", "notifier_for"]
 
@@ -165,8 +166,11 @@ class Notifier:
     current connection (None while there is none).
     """
 
-    def __init__(self, conninfo: str) -> None:
+    def __init__(self, conninfo: str, schema: str = DEFAULT) -> None:
         self.conninfo = conninfo
+        #: The schema whose channels it LISTENs on (``<schema>_wake`` ...); its
+        #: subscribers get the shipped names (``pgdurable_wake`` ...).
+        self.schema = check_schema_name(schema)
         self.connects = 0
         self.received = 0
         self.backend_pid: int | None = None
@@ -260,6 +264,8 @@ class Notifier:
         """psycopg's notify handler: hand ``n`` to the subscribers of its channel
         and of its payload (also while a statement runs on the connection)."""
         self.received += 1
+        if self.schema != DEFAULT:  # its subscribers know the shipped names only
+            n = psycopg.Notify(canonical_channel(n.channel, self.schema), n.payload, n.pid)
         every = self._by_channel.get(n.channel)
         if every:
             for sub in tuple(every):
@@ -314,7 +320,7 @@ class Notifier:
             while True:
                 conn: psycopg.AsyncConnection[Any] | None = None
                 try:
-                    conn = await aconnect(self.conninfo)
+                    conn = await aconnect(self.conninfo, schema=self.schema)
                     self.connects += 1
                     self.backend_pid = conn.info.backend_pid
                     conn.add_notify_handler(self._dispatch)  # also while a statement runs
@@ -461,16 +467,18 @@ def _key(conninfo: str) -> str:
     return _conninfo.make_conninfo(**{k: str(v) for k, v in sorted(params.items())})
 
 
-def notifier_for(conninfo: str) -> Notifier:
-    """The running event loop's :class:`Notifier` for ``conninfo`` (made on first use)."""
+def notifier_for(conninfo: str, schema: str | None = None) -> Notifier:
+    """The running event loop's :class:`Notifier` for ``conninfo`` and ``schema`` (else
+    ``PGDURABLE_SCHEMA``, else ``pgdurable``), made on first use."""
     loop = asyncio.get_running_loop()
-    key = _key(conninfo)
+    schema = resolve_schema(schema)
+    key = f"{schema} {_key(conninfo)}"
     with _shared_lock:
         per_loop = _shared.get(loop)
         if per_loop is None:
             per_loop = _shared[loop] = {}
         notifier = per_loop.get(key)
         if notifier is None:
-            notifier = per_loop[key] = Notifier(conninfo)
+            notifier = per_loop[key] = Notifier(conninfo, schema)
     return notifier
 

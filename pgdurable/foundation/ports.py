@@ -59,6 +59,7 @@ class AppSettings(Protocol):
     conninfo: str | None
     pooler: Pooler | None
     listen_dsn: str | None
+    schema: str
     _registry: TaskRegistry
 
 

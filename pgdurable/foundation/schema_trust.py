@@ -35,6 +35,13 @@ from .queries.migrations import OWNER_SWITCH, SCHEMA_STATE, SchemaState
 
 NO_TABLE = "it has no pgdurable.schema_migrations table"
 
+
+def is_no_table(problem: str | None) -> bool:
+    """Whether the catalogs' verdict is :data:`NO_TABLE` (in any schema: the statement
+    that says it names the schema it looked in)."""
+    return problem is not None and problem.startswith("it has no ") and problem.endswith(
+        ".schema_migrations table")
+
 def table_problem(state: SchemaState) -> str | None:
     """What makes ``schema_migrations`` untrustworthy (from :data:`SCHEMA_STATE`), if anything."""
     if state.table:

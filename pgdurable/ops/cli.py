@@ -40,13 +40,14 @@ from rich.text import Text
 
 from ..foundation import migrations
 from ..foundation.db import connect, resolve_dsn, translated
-from ..foundation.errors import PgDurableError
+from ..foundation.errors import InvalidInput, PgDurableError
 from ..foundation.events import event_params
 from ..foundation.queries import budgets as BQ
 from ..foundation.queries import cli as Q
 from ..foundation.queries import events as EQ
 from ..foundation.queries.clock import NOW
 from ..foundation.queries.core import first_sync, listing_sync, many_sync, one_sync
+from ..foundation.schemas import check_schema_name
 from ..foundation.signals import DEFAULT_SIGNAL_TTL, parse_payload, signal_params
 from ..foundation.text import escape_controls, plain
 from ..runs.search import list_runs_query, make_page
@@ -88,6 +89,28 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 app.add_typer(schedule_app)  # pgdurable schedule list | add | pause | resume | delete | trigger
+
+
+@app.callback()
+def _options(
+    schema: Annotated[str | None, typer.Option(
+        "--schema", help="The schema pgdurable lives in (default: $PGDURABLE_SCHEMA, then "
+        "pgdurable): each app or tenant of a database can have its own.",
+        show_default=False)] = None,
+) -> None:
+    """Durable AI-agent runs on PostgreSQL alone."""
+    if schema is not None:
+        try:
+            check_schema_name(schema)
+        except InvalidInput as exc:
+            fail(str(exc))
+        # every command, and the processes it starts (worker processes), connect to it
+        os.environ["PGDURABLE_SCHEMA"] = schema
+    elif os.environ.get("PGDURABLE_SCHEMA"):
+        try:
+            check_schema_name(os.environ["PGDURABLE_SCHEMA"])
+        except InvalidInput as exc:
+            fail(f"PGDURABLE_SCHEMA: {exc}")
 
 # statuses whose runs.error explains the status (a completed run may keep an old one)
 _ERROR_SHOWN = frozenset({"failed", "cancelled", "incompatible", "runnable"})

@@ -120,7 +120,8 @@ async def await_result(app: App, run_id: object, timeout: object = None) -> Any:
 
 
 def result_sync(conninfo: str, run_id: object, timeout: object = None, *,
-                pooler: Pooler | None = None, listen_to: str | None = None) -> Any:
+                pooler: Pooler | None = None, listen_to: str | None = None,
+                schema: str | None = None) -> Any:
     """Sync twin of :func:`await_result`: reads on a connection of its own
     (through ``pooler``) and LISTENs on ``listen_to`` (the same connection when
     it is ``conninfo`` and no transaction pooler is in between; None: poll).
@@ -139,7 +140,7 @@ def result_sync(conninfo: str, run_id: object, timeout: object = None, *,
     lost_at = -math.inf
     while True:
         try:
-            return _wait_sync(conninfo, rid, limit, end, pooler, listen_to, connected_at)
+            return _wait_sync(conninfo, rid, limit, end, pooler, listen_to, connected_at, schema)
         except DatabaseUnavailable:
             # lost after it was connected (a restart, a failover to a standby: a
             # multi-host DSN finds the new primary): connect again and read again,
@@ -158,17 +159,18 @@ def result_sync(conninfo: str, run_id: object, timeout: object = None, *,
 
 
 def _wait_sync(conninfo: str, rid: uuid.UUID, limit: float | None, end: float | None,
-               pooler: Pooler | None, listen_to: str | None, connected_at: list[float]) -> Any:
+               pooler: Pooler | None, listen_to: str | None, connected_at: list[float],
+               schema: str | None) -> Any:
     """One connection's worth of :func:`result_sync` (noting in ``connected_at`` when
     it was connected and listening)."""
     with contextlib.ExitStack() as stack, translated():
-        conn = stack.enter_context(connect(conninfo, pooler=pooler))
+        conn = stack.enter_context(connect(conninfo, pooler=pooler, schema=schema))
         listener = None
         rechecks: list[float] = []  # monotonic times of the reads after the announcement
         announced = -math.inf
         if listen_to is not None:
             listener = conn if listen_to == conninfo and pooler != "transaction" else (
-                stack.enter_context(connect(listen_to)))
+                stack.enter_context(connect(listen_to, schema=schema)))
             listener.execute(f"LISTEN {CHANNEL}")
         connected_at.append(time.monotonic())
         while True:

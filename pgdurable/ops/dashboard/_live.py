@@ -42,8 +42,9 @@ _QUEUE_SIZE = 256
 class Broadcaster:
     """Fan-out of the notifier's notifications to many subscriber queues."""
 
-    def __init__(self, dsn: str) -> None:
+    def __init__(self, dsn: str, schema: str | None = None) -> None:
         self._dsn = dsn
+        self._schema = schema
         self._subs: set[asyncio.Queue[dict[str, Any]]] = set()
         self._notifier: Notifier | None = None
         self._sub: Subscription | None = None
@@ -59,7 +60,7 @@ class Broadcaster:
         q: asyncio.Queue[dict[str, Any]] = asyncio.Queue(_QUEUE_SIZE)
         self._subs.add(q)
         if self._sub is None:
-            self._notifier = notifier_for(self._dsn)  # the running loop's
+            self._notifier = notifier_for(self._dsn, self._schema)  # the running loop's
             self._sub = self._notifier.subscribe(CHANNELS, self._notified, self._listening)
         elif self._sub.ready.is_set():
             # already listening: from now on this subscriber gets every event;

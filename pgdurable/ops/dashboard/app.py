@@ -69,6 +69,7 @@ from ...foundation.migrations import acheck_pool_schema
 from ...foundation.pooler import aprobe
 from ...foundation.queries import dashboard as Q
 from ...foundation.queries.core import Listing, Query, first, listing, one
+from ...foundation.schemas import resolve_schema, use_schema
 from ...foundation.signals import parse_payload, signal_run_params
 from ...runs.fork import fork_params
 from ...runs.schedules import check_schedule_name, resume_schedule_on
@@ -132,8 +133,9 @@ def _human_age(seconds: float | None) -> str:
 class _Dashboard:
     def __init__(self, dsn: str, *, actions: bool, token: str | None,
                  authorize: Authorize | None, title: str, hosts: list[str],
-                 session_ttl: float) -> None:
+                 session_ttl: float, schema: str) -> None:
         self.dsn = validate_dsn(dsn)
+        self.schema = schema
         self.actions = actions
         self.token = token
         self.authorize = authorize
@@ -145,7 +147,7 @@ class _Dashboard:
         self.pool: AsyncConnectionPool[Any] = self._new_pool()
         self._opened = False
         self._opening: asyncio.Lock | None = None
-        self.live = Broadcaster(self.dsn)
+        self.live = Broadcaster(self.dsn, schema)
         self.env = _env()
         self.full: bool | None = None
 
@@ -153,11 +155,14 @@ class _Dashboard:
     def _new_pool(self) -> AsyncConnectionPool[Any]:
         return AsyncConnectionPool(
             self.dsn, min_size=1, max_size=4, open=False, name="pgdurable-dashboard",
-            kwargs={"autocommit": True},
+            kwargs={"autocommit": True}, configure=self._configure,
             # a connection the server closed while it sat idle (a restart, a
             # failover to a standby) is replaced, not handed to a page
             check=acheck_connection,
         )
+
+    async def _configure(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        use_schema(conn, self.schema)
 
     async def open(self) -> None:
         """Open the pool and check the schema (at startup, or on first use: a
@@ -642,6 +647,7 @@ def create_app(
     title: str = "pgdurable",
     trusted_hosts: Sequence[str] | None = None,
     session_ttl: timedelta | float = SESSION_TTL,
+    schema: str | None = None,
 ) -> Starlette:
     """The dashboard as an ASGI app (mount it anywhere, e.g. ``app.mount("/ops", ...)``).
 
@@ -651,6 +657,9 @@ def create_app(
     <token>``; with ``authorize``, your hook must return True for every
     request (pages, ``/events``, ``/metrics``, POSTs; both, if both are
     given). With neither, anyone who reaches the server reads everything.
+
+    ``schema`` (else ``PGDURABLE_SCHEMA``, else ``pgdurable``): whose runs it shows
+    (:mod:`pgdurable.foundation.schemas`).
 
     ``trusted_hosts``: the host names the ``Host`` header may name, also the
     only origins a POST is accepted from (default: ``localhost``,
@@ -674,7 +683,7 @@ def create_app(
         raise ValueError("session_ttl must be between 1 minute and 366 days")
     hosts = _auth.trusted_hosts(trusted_hosts)
     d = _Dashboard(dsn, actions=actions, token=token, authorize=authorize, title=title,
-                   hosts=hosts, session_ttl=float(ttl))
+                   hosts=hosts, session_ttl=float(ttl), schema=resolve_schema(schema))
 
     @asynccontextmanager
     async def lifespan(_app: Starlette) -> AsyncIterator[None]:

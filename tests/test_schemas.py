@@ -13,16 +13,19 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
+from _roles import as_role, cli, roles
 
 import pgdurable
 from pgdurable import Done, Durable, DurableClient, InvalidInput, Wait
 from pgdurable.foundation.migrations import load_definitions, migrate, migration_status
 from pgdurable.foundation.notifier import notifier_for
 from pgdurable.foundation.schemas import (
+    KEPT,
     canonical_channel,
     check_schema_name,
     in_schema,
@@ -94,13 +97,13 @@ def test_every_object_lands_in_its_schema(two: str) -> None:
     counts = {s: _one(two, "SELECT count(*) FROM pg_class WHERE relnamespace = %s::regnamespace",
                       (s,)) for s in (A, B)}
     assert counts[A] == counts[B] > 100
-    # no function body, setting or default in a tenant's schema names schema pgdurable:
-    # only the two global session settings (pgdurable.now, pgdurable.live_steps) remain
+    # no function body or setting in a tenant's schema names schema pgdurable: only the
+    # global session settings and the wake kinds (schemas.KEPT: pgdurable.now, ...) remain
+    kept = r"pgdurable\.(" + "|".join(KEPT) + ")'"
     leaks = _one(two, """
         SELECT count(*) FROM pg_proc p WHERE p.pronamespace = ANY (%s::regnamespace[])
-           AND (regexp_replace(p.prosrc, 'pgdurable\\.(now|live_steps)''', '', 'g')
-                  ~ '(^|[^a-z0-9_$])pgdurable([^a-z0-9]|$)'
-                OR p.proconfig::text LIKE '%%pgdurable%%')""", ([A, B],))
+           AND (regexp_replace(p.prosrc, %s, '', 'g') ~ '(^|[^a-z0-9_$])pgdurable([^a-z0-9]|$)'
+                OR p.proconfig::text LIKE '%%pgdurable%%')""", ([A, B], kept))
     assert leaks == 0
     assert {m.status for m in migration_status(two, schema=A)} == {"applied"}
     assert migrate(two, schema=A) == []  # nothing left to apply, nothing applied twice
@@ -287,3 +290,58 @@ def test_worker_processes_of_two_schemas_never_cross(two: str, fleet: Any) -> No
     for s in (A, B):
         assert _one(two, f"SELECT count(*) FROM {s}.runs WHERE status = 'completed'") == 30
     assert wa2.terminate() == 0 and wb1.terminate() == 0
+
+
+def test_an_app_role_granted_in_one_schema_reaches_nothing_of_another(two: str) -> None:
+    """`pgdurable --schema A grant`: A's app role starts and reads A's runs, and is refused
+    everything of B's (its tables, its functions), as every role is by default."""
+    with roles(two, "NOLOGIN", "LOGIN", "LOGIN") as (owner, app_role, ro):
+        done = cli("--schema", A, "grant", "--dsn", two, "--owner-role", owner,
+                   "--app-role", app_role, "--readonly-role", ro)
+        assert done.returncode == 0, done.stderr
+        assert _one(two, "SELECT nspowner::regrole::text FROM pg_namespace WHERE nspname = %s",
+                    (A,)) == owner
+        with DurableClient(as_role(two, app_role), schema=A) as mine:
+            rid = mine.start("whoami", {}, revision="1")
+            assert mine.get_run(rid).status == "runnable"
+        with pytest.raises(pgdurable.PermissionDenied, match=f"schema {B}"), DurableClient(
+                as_role(two, app_role), schema=B) as theirs:
+            theirs.start("whoami", {}, revision="1")
+        with psycopg.connect(as_role(two, app_role), autocommit=True) as c:
+            for statement in (f"SELECT count(*) FROM {B}.runs",
+                              f"SELECT {B}.cancel_run('00000000-0000-0000-0000-000000000000')"):
+                with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                    c.execute(statement)
+        assert _one(two, f"SELECT count(*) FROM {B}.runs") == 0
+
+
+# -- every example, in a schema of its own -------------------------------------
+ROOT = Path(__file__).resolve().parent.parent
+#: examples that cannot run in another schema as they are, and why
+_NOT_IN_A_SCHEMA = {
+    "failover.py": "starts its own primary and standby",
+    "history_partitions.py": "its own SQL reads pgdurable.history_partitions",
+    "operations.py": "its own SQL reads pgdurable.runs",
+    "roles.py": "its own SQL calls pgdurable.start_run as the app role",
+    "outbox_sqlalchemy.py": "the SQLAlchemy helpers speak to schema pgdurable (docs/schemas.md)",
+    "tenants.py": "migrates its own schemas",
+}
+_EXAMPLES = sorted(p for p in (ROOT / "examples").glob("*.py")
+                   if not p.name.startswith("test_") and p.name not in _NOT_IN_A_SCHEMA)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("script", _EXAMPLES, ids=[p.name for p in _EXAMPLES])
+def test_every_example_runs_in_another_schema(script: Path, empty_dsn: str) -> None:
+    """The examples, with ``PGDURABLE_SCHEMA=tenant_x`` on a database that has only that
+    schema: every path they take (runs, workflows, leases, streams, budgets, events,
+    schedules, the frameworks' integrations, the dashboard) speaks to it."""
+    env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
+    env.update(PGDURABLE_DSN=empty_dsn, PGDURABLE_SCHEMA="tenant_x")
+    done = subprocess.run([sys.executable, "-m", "pgdurable", "migrate"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    p = subprocess.run([sys.executable, str(script)], cwd=ROOT, env=env, capture_output=True,
+                       text=True, timeout=180)
+    assert p.returncode == 0, f"{script.name} failed:\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
+    assert _one(empty_dsn, "SELECT to_regnamespace('pgdurable')") is None

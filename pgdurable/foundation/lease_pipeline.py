@@ -46,6 +46,7 @@ from typing import Any
 import psycopg
 
 from . import lease_core as core
+from .schemas import araw_cursor, raw_cursor
 
 __all__ = ["AsyncLanes", "SyncLanes"]
 
@@ -70,7 +71,7 @@ async def _apipelined(conn: psycopg.AsyncConnection[Any], calls: Sequence[core.C
     cursors: list[psycopg.AsyncRawCursor[Any]] = []
     async with conn.pipeline():
         for i in order:
-            cur = psycopg.AsyncRawCursor(conn)
+            cur = araw_cursor(conn)
             await cur.execute(calls[i].sql, calls[i].params, prepare=prepare, binary=True)
             cursors.append(cur)
     if not conn.autocommit:
@@ -185,7 +186,7 @@ def _pipelined(conn: psycopg.Connection[Any], calls: Sequence[core.Call[Any]],
     cursors: list[psycopg.RawCursor[Any]] = []
     with conn.pipeline():
         for i in order:
-            cur = psycopg.RawCursor(conn)
+            cur = raw_cursor(conn)
             cur.execute(calls[i].sql, calls[i].params, prepare=prepare, binary=True)
             cursors.append(cur)
     if not conn.autocommit:

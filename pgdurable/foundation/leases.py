@@ -76,6 +76,7 @@ from .lease_core import MAX_TTL_MS, LeaseGrant
 from .lease_pipeline import AsyncLanes, SyncLanes
 from .migrations import acheck_pool_schema, check_pool_schema
 from .pooler import aconfigure, configure, connect_kwargs, connect_timeout
+from .schemas import araw_cursor, raw_cursor
 
 __all__ = [
     "MAX_TTL_MS",
@@ -370,7 +371,7 @@ class AsyncPostgresLeaseProvider(_Base):
                 try:
                     cur = getattr(conn, "lease_cursor", None)
                     if cur is None:
-                        cur = psycopg.AsyncRawCursor(conn)
+                        cur = araw_cursor(conn)
                         if isinstance(conn, _AsyncLeaseConnection):
                             conn.lease_cursor = cur
                     await cur.execute(call.sql, call.params, prepare=self._prepare, binary=True)
@@ -485,7 +486,7 @@ class PostgresLeaseProvider(_Base):
                 try:
                     cur = getattr(conn, "lease_cursor", None)
                     if cur is None:
-                        cur = psycopg.RawCursor(conn)
+                        cur = raw_cursor(conn)
                         if isinstance(conn, _LeaseConnection):
                             conn.lease_cursor = cur
                     row = cur.execute(call.sql, call.params, prepare=self._prepare,

@@ -28,10 +28,11 @@ per direction:
 What is replaced: the word ``pgdurable`` (schema-qualified names, ``SCHEMA
 pgdurable``, ``'pgdurable'::regnamespace``, lock texts, messages) and the prefix of
 the channels in :data:`CHANNELS` (``pgdurable_wake`` ...); not other names that
-begin with ``pgdurable_`` (a table of yours), and not the
-two session settings ``pgdurable.now`` (the test clock) and
-``pgdurable.live_steps``, which stay global: a session's test clock moves
-every schema's ``now()``. Parameters are never touched.
+begin with ``pgdurable_`` (a table of yours), and not the names of :data:`KEPT`:
+the two session settings ``pgdurable.now`` (the test clock) and
+``pgdurable.live_steps``, which stay global (a session's test clock moves every
+schema's ``now()``), and the wake kinds ``pgdurable.budget`` and
+``pgdurable.acquire``, which are data. Parameters are never touched.
 
 A schema name is a plain lower-case identifier (``[a-z_][a-z0-9_]*``), at most
 :data:`MAX_LENGTH` characters so that its channels fit PostgreSQL's 63, and not
@@ -53,9 +54,10 @@ import psycopg
 
 from .errors import InvalidInput
 
-__all__ = ["CHANNELS", "DEFAULT", "MAX_LENGTH", "caller_schema", "canonical_channel", "channel", "check_schema_name",
-           "cursor_factories", "in_schema", "resolve_schema", "schema_of",
-           "statement_in_schema", "use_schema"]
+__all__ = ["CHANNELS", "DEFAULT", "KEPT", "MAX_LENGTH", "araw_cursor", "caller_schema",
+           "canonical_channel", "channel", "check_schema_name",
+           "cursor_factories", "in_schema", "resolve_schema", "raw_cursor",
+           "schema_of", "statement_in_schema", "use_schema"]
 
 #: The schema of the shipped SQL, and of every deployment that names none.
 DEFAULT = "pgdurable"
@@ -66,12 +68,16 @@ _VALID = re.compile(r"^[a-z_][a-z0-9_]*$")
 _RESERVED = re.compile(r"^(public|information_schema|pg_.*)$")
 #: The NOTIFY channels of the shipped SQL (``pgdurable_<name>``).
 CHANNELS = ("wake", "cancel", "events", "steps", "done", "text", "mcp", "threads", "pubsub")
-# ``pgdurable`` as a whole word or a channel's prefix, but not the two custom
-# settings ``pgdurable.now`` / ``pgdurable.live_steps`` (a name that is not called)
+#: Names after ``pgdurable.`` that are not the schema's (when not called as a function):
+#: the session settings ``pgdurable.now`` (the test clock) and ``pgdurable.live_steps``,
+#: and the wake kinds ``pgdurable.budget`` and ``pgdurable.acquire`` (data that runs,
+#: their steps and the Python code read).
+KEPT = ("now", "live_steps", "budget", "acquire")
+# ``pgdurable`` as a whole word or a channel's prefix, but not the names of KEPT
 _WORD = re.compile(
     r"(?<![A-Za-z0-9_$])pgdurable"
     r"(?![A-Za-z0-9$])(?!_(?!(?:" + "|".join(CHANNELS) + r")\b))"
-    r"(?!\.(?:now|live_steps)\b(?!\s*\())")
+    r"(?!\.(?:" + "|".join(KEPT) + r")\b(?!\s*\())")
 _CHANNEL = re.compile(r"^pgdurable_(" + "|".join(CHANNELS) + r")$")
 
 
@@ -194,3 +200,21 @@ def caller_schema(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any] |
         yield
     finally:
         conn.cursor_factory, conn.server_cursor_factory = saved
+
+
+@lru_cache(maxsize=64)
+def _raw(schema: str, asynchronous: bool) -> type[Any]:
+    base: type[Any] = psycopg.AsyncRawCursor if asynchronous else psycopg.RawCursor
+    return base if schema == DEFAULT else _subclass(base, schema)
+
+
+def araw_cursor(conn: psycopg.AsyncConnection[Any]) -> psycopg.AsyncRawCursor[Any]:
+    """A raw (``$1``) cursor on ``conn`` that speaks to ``conn``'s schema."""
+    cursor: psycopg.AsyncRawCursor[Any] = _raw(schema_of(conn), True)(conn)
+    return cursor
+
+
+def raw_cursor(conn: psycopg.Connection[Any]) -> psycopg.RawCursor[Any]:
+    """A raw (``$1``) cursor on ``conn`` that speaks to ``conn``'s schema."""
+    cursor: psycopg.RawCursor[Any] = _raw(schema_of(conn), False)(conn)
+    return cursor

@@ -29,6 +29,7 @@ import psycopg
 from ..foundation.db import connect, translated, validate_dsn
 from ..foundation.queries import roles as Q
 from ..foundation.queries.core import many_sync, one_sync
+from ..foundation.schemas import caller_schema, resolve_schema
 
 __all__ = ["grant_roles"]
 
@@ -50,19 +51,22 @@ def grant_roles(
     owner_role: str | None = None,
     app_role: str | None = None,
     readonly_role: str | None = None,
+    schema: str | None = None,
 ) -> None:
     """Apply the role model to existing roles (see the module docstring).
 
     ``target`` is a conninfo string or an open autocommit-or-idle connection.
-    Unknown roles are a :class:`ValueError` and nothing changes.
+    Unknown roles are a :class:`ValueError` and nothing changes. ``schema`` (else
+    ``PGDURABLE_SCHEMA``, else ``pgdurable``): the schema whose roles they become.
     """
+    in_schema = resolve_schema(schema)
     names = [_check(owner_role, "owner_role"), _check(app_role, "app_role"),
              _check(readonly_role, "readonly_role")]
     if not any(names):
         raise ValueError("give at least one of owner_role, app_role, readonly_role")
-    conn = connect(validate_dsn(target)) if isinstance(target, str) else target
+    conn = connect(validate_dsn(target), schema=in_schema) if isinstance(target, str) else target
     try:
-        with translated(), conn.transaction():
+        with translated(), caller_schema(conn, in_schema), conn.transaction():
             missing = many_sync(conn, Q.MISSING, (names,))
             if missing:
                 raise ValueError(f"no such role: {', '.join(missing)} (create it first: "

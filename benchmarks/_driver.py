@@ -38,18 +38,22 @@ PROGRESS = ("SELECT count(*) FILTER (WHERE status = 'completed'), "
             "max(finished_at) FROM pgdurable.runs")
 # -- a worker's listener is connected (its pool is open by then)
 LISTENING = ("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-             "AND query LIKE 'LISTEN pgdurable%'")
+             "AND query LIKE 'LISTEN %'")  # pgdurable_wake, or another schema's <schema>_wake
 
 
 @contextmanager
-def worker_process(dsn: str, app: str, *, concurrency: int = 32,
-                   pool_size: int = 8) -> Iterator[subprocess.Popen[bytes]]:
+def worker_process(dsn: str, app: str, *, concurrency: int = 32, pool_size: int = 8,
+                   schema: str | None = None) -> Iterator[subprocess.Popen[bytes]]:
     """A ``python -m pgdurable.worker APP`` process, yielded once it listens.
 
-    ``pool_size`` reaches the app as ``BENCH_POOL_SIZE``. Lease TTL 60 s, poll 5 s.
+    ``pool_size`` reaches the app as ``BENCH_POOL_SIZE``, ``schema`` as
+    ``PGDURABLE_SCHEMA``. Lease TTL 60 s, poll 5 s.
     """
     env = {**os.environ, "PYTHONPATH": f"{HERE}{os.pathsep}{HERE.parent}",
            "PGDURABLE_DSN": dsn, "BENCH_POOL_SIZE": str(pool_size)}
+    env.pop("PGDURABLE_SCHEMA", None)
+    if schema is not None:
+        env["PGDURABLE_SCHEMA"] = schema
     proc = subprocess.Popen(
         [sys.executable, "-m", "pgdurable.worker", app, "--concurrency", str(concurrency),
          "--lease-ttl", "60", "--poll", "5"], env=env, cwd=HERE.parent)

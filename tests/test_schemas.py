@@ -87,6 +87,8 @@ def test_a_bad_schema_name_is_a_typed_error_and_changes_nothing(
         migrate(empty_dsn, schema=name)  # type: ignore[arg-type]
     with pytest.raises(error):
         Durable(empty_dsn, schema=name)  # type: ignore[arg-type]
+    with pytest.raises(error), psycopg.connect(empty_dsn) as conn:
+        pgdurable.use_schema(conn, name)  # type: ignore[arg-type]
     assert _one(empty_dsn, "SELECT count(*) FROM pg_namespace WHERE nspname NOT LIKE 'pg_%' "
                            "AND nspname NOT IN ('public', 'information_schema')") == 0
 

@@ -55,7 +55,7 @@ import psycopg
 from .errors import InvalidInput
 
 __all__ = ["CHANNELS", "DEFAULT", "KEPT", "MAX_LENGTH", "araw_cursor", "caller_schema",
-           "canonical_channel", "channel", "check_schema_name",
+           "canonical_channel", "check_schema_name",
            "cursor_factories", "in_schema", "resolve_schema", "raw_cursor",
            "schema_of", "statement_in_schema", "use_schema"]
 
@@ -112,11 +112,6 @@ def in_schema(sql: str, schema: str) -> str:
     return _WORD.sub(schema, sql)
 
 
-def channel(name: str, schema: str) -> str:
-    """The NOTIFY channel ``name`` (a shipped one: ``pgdurable_wake``) in ``schema``."""
-    return in_schema(name, schema)
-
-
 def canonical_channel(name: str, schema: str) -> str:
     """The shipped name of ``schema``'s channel ``name`` (``billing_wake`` ->
     ``pgdurable_wake``); a channel that is not the schema's is returned as it is."""
@@ -160,7 +155,7 @@ def _subclass(base: type[C], schema: str) -> type[C]:
 def cursor_factories(schema: str, asynchronous: bool) -> dict[str, Any]:
     """The connection attributes (``cursor_factory``, ``server_cursor_factory``) that make
     a connection speak to ``schema`` ({} for ``pgdurable``: psycopg's own cursors)."""
-    if schema == DEFAULT:
+    if check_schema_name(schema) == DEFAULT:
         return {}
     if asynchronous:
         return {"cursor_factory": _subclass(psycopg.AsyncCursor, schema),
@@ -176,8 +171,10 @@ def schema_of(conn: Any) -> str:
 
 def use_schema(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any],
                schema: str) -> None:
-    """Make ``conn`` send its statements to ``schema`` (a pool's ``configure`` does this)."""
+    """Make ``conn`` send its statements to ``schema`` (a pool's ``configure`` does this);
+    a name that is not a schema's (:func:`check_schema_name`) is refused first."""
     asynchronous = isinstance(conn, psycopg.AsyncConnection)
+    check_schema_name(schema)  # the name goes into SQL text: never an unchecked one
     factories = cursor_factories(schema, asynchronous) or (
         {"cursor_factory": psycopg.AsyncCursor, "server_cursor_factory": psycopg.AsyncServerCursor}
         if asynchronous else

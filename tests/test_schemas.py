@@ -325,7 +325,7 @@ _NOT_IN_A_SCHEMA = {
     "history_partitions.py": "its own SQL reads pgdurable.history_partitions",
     "operations.py": "its own SQL reads pgdurable.runs",
     "roles.py": "its own SQL calls pgdurable.start_run as the app role",
-    "outbox_sqlalchemy.py": "the SQLAlchemy helpers speak to schema pgdurable (docs/schemas.md)",
+    "outbox_sqlalchemy.py": "its own queries read the SQLAlchemy tables of schema pgdurable",
     "tenants.py": "migrates its own schemas",
 }
 _EXAMPLES = sorted(p for p in (ROOT / "examples").glob("*.py")
@@ -347,3 +347,25 @@ def test_every_example_runs_in_another_schema(script: Path, empty_dsn: str) -> N
                        text=True, timeout=180)
     assert p.returncode == 0, f"{script.name} failed:\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
     assert _one(empty_dsn, "SELECT to_regnamespace('pgdurable')") is None
+
+
+def test_the_sqlalchemy_helpers_start_and_signal_in_a_schema(two: str) -> None:
+    """contrib.sqlalchemy in the caller's transaction: ``schema=``, else the app's."""
+    from sqlalchemy import create_engine
+    from sqlalchemy.orm import Session
+
+    from pgdurable.contrib.sqlalchemy import signal, start_run, url_from_dsn
+
+    engine = create_engine(url_from_dsn(two))
+    try:
+        with Session(engine) as session:
+            rid_a = start_run(session, "whoami", {}, revision="1", schema=A)
+            rid_b = start_run(session, "whoami", {"wait_for": "x"}, app=_app(two, B))
+            assert signal(session, "go", "x", schema=B) == []  # kept for the run that parks
+            session.commit()
+    finally:
+        engine.dispose()
+    assert _one(two, f"SELECT count(*) FROM {A}.runs WHERE id = %s", (rid_a,)) == 1
+    assert _one(two, f"SELECT count(*) FROM {B}.runs WHERE id = %s", (rid_b,)) == 1
+    assert _one(two, f"SELECT count(*) FROM {B}.signals WHERE kind = 'go'") == 1
+    assert _one(two, f"SELECT count(*) FROM {A}.signals") == 0

@@ -48,6 +48,7 @@ import pg from 'pg';
 import {
   ProviderClosedError, SchemaVersionMismatchError, connectionBroke, translate,
 } from './errors.js';
+import { DEFAULT_SCHEMA, checkSchema, inSchema, statementName } from './schema.js';
 import {
   acquireCall, getOwnerCall, isWellFormed, releaseCall, renewCall, transferCall,
   type LeaseCall, type LeaseGrant,
@@ -80,6 +81,11 @@ export interface PgDurablePubSubOptions {
   applicationName?: string;
   /** Where suppressed errors go (default: nowhere). */
   logger?: PgDurableLogger;
+  /**
+   * The schema pgdurable lives in (default: `$PGDURABLE_SCHEMA`, else `pgdurable`):
+   * apps or tenants sharing a database each have their own (pgdurable's docs/schemas.md).
+   */
+  schema?: string;
 }
 
 type StoredEvent = Pick<Event, 'type' | 'id' | 'data' | 'runId'> & { deliveryAttempt?: number };
@@ -174,6 +180,8 @@ export class PgDurablePubSub extends PubSub implements LeaseProvider {
   readonly #reconnectMs: number;
   readonly #maxAttempts: number;
   readonly #logger: PgDurableLogger | undefined;
+  readonly #schema: string;
+  readonly #channel: string;
   #closed = false;
   #schemaOk = false;
   #schemaChecked: Promise<void> | undefined;
@@ -193,6 +201,8 @@ export class PgDurablePubSub extends PubSub implements LeaseProvider {
 
   constructor(options: PgDurablePubSubOptions = {}) {
     super();
+    this.#schema = checkSchema(options.schema);
+    this.#channel = inSchema(CHANNEL, this.#schema);
     const applicationName = options.applicationName ?? 'pgdurable-mastra';
     if (options.pool) {
       this.#pool = options.pool;
@@ -285,7 +295,7 @@ export class PgDurablePubSub extends PubSub implements LeaseProvider {
       if (this.#closed) throw new ProviderClosedError('the lease provider is closed');
       try {
         if (!this.#schemaOk) await this.#checkSchema();
-        const result = await this.#pool.query({ name: call.name, text: call.text, values: call.values });
+        const result = await this.#pool.query(this.#statement(call.name, call.text, call.values));
         return call.parse(result.rows[0] as Record<string, unknown> | undefined);
       } catch (err) {
         if (this.#closed || /Cannot use a pool after calling end/.test(String(err))) {
@@ -297,12 +307,19 @@ export class PgDurablePubSub extends PubSub implements LeaseProvider {
     }
   }
 
+  /** A named statement of this package, for this instance's schema. */
+  #statement(name: string, text: string, values: unknown[]): pg.QueryConfig {
+    return { name: statementName(name, this.#schema), text: inSchema(text, this.#schema), values };
+  }
+
   /** Check once that the migrations this package needs are applied (`pgdurable migrate`). */
   #checkSchema(): Promise<void> {
-    this.#schemaChecked ??= this.#pool.query(SCHEMA).then((r) => {
+    this.#schemaChecked ??= this.#pool.query(inSchema(SCHEMA, this.#schema)).then((r) => {
       if (r.rows[0]?.ok !== true) {
+        const migrate = this.#schema === DEFAULT_SCHEMA ? 'pgdurable migrate'
+          : `pgdurable --schema ${this.#schema} migrate`;
         throw new SchemaVersionMismatchError(
-          'the pgdurable schema lacks the lease/pubsub functions: run `pgdurable migrate`');
+          `the ${this.#schema} schema lacks the lease/pubsub functions: run \`${migrate}\``);
       }
       this.#schemaOk = true;
     }).catch((err: unknown) => {
@@ -355,8 +372,7 @@ export class PgDurablePubSub extends PubSub implements LeaseProvider {
       const batch = queue.splice(0, 1000);
       try {
         await this.#checkSchema();
-        await this.#pool.query({ name: 'pgdurable_mastra_publish', text: PUBLISH,
-                                 values: [topic, batch.map((p) => p.json)] });
+        await this.#pool.query(this.#statement('pgdurable_mastra_publish', PUBLISH, [topic, batch.map((p) => p.json)]));
         for (const p of batch) p.resolve();
         this.#kick(topic);
       } catch (err) {
@@ -418,7 +434,7 @@ export class PgDurablePubSub extends PubSub implements LeaseProvider {
       await this.#ensureListening();
       if (after === 'latest') {
         await this.#checkSchema();
-        const r = await this.#pool.query({ name: 'pgdurable_mastra_last', text: LAST, values: [topic] });
+        const r = await this.#pool.query(this.#statement('pgdurable_mastra_last', LAST, [topic]));
         sub.position = Number(r.rows[0]?.last ?? -1);
         sub.ready = true;
       }
@@ -532,8 +548,7 @@ export class PgDurablePubSub extends PubSub implements LeaseProvider {
       const subs = state.fanout.filter((s) => s.ready);
       if (subs.length === 0 || this.#closed) return;
       const from = Math.min(...subs.map((s) => s.position));
-      const r = await this.#pool.query<Row>({ name: 'pgdurable_mastra_read', text: READ,
-                                               values: [state.topic, from, this.#batch] });
+      const r = await this.#pool.query<Row>(this.#statement('pgdurable_mastra_read', READ, [state.topic, from, this.#batch]));
       for (const row of r.rows) {
         const offset = Number(row.offset);
         for (const sub of subs) {
@@ -549,8 +564,7 @@ export class PgDurablePubSub extends PubSub implements LeaseProvider {
   async #claimGroup(state: TopicState, g: GroupState): Promise<void> {
     for (;;) {
       if (g.members.length === 0 || this.#closed || state.groups.get(g.name) !== g) return;
-      const r = await this.#pool.query<Row>({ name: 'pgdurable_mastra_claim', text: CLAIM,
-                                               values: [state.topic, g.name, this.#batch, g.fromLatest] });
+      const r = await this.#pool.query<Row>(this.#statement('pgdurable_mastra_claim', CLAIM, [state.topic, g.name, this.#batch, g.fromLatest]));
       for (const row of r.rows) {
         const member = g.members[g.next++ % Math.max(g.members.length, 1)];
         const event = this.#toEvent(row);
@@ -622,8 +636,7 @@ export class PgDurablePubSub extends PubSub implements LeaseProvider {
     try {
       await this.#checkSchema();
       for (;;) {
-        const r = await this.#pool.query<Row>({ name: 'pgdurable_mastra_read', text: READ,
-                                                 values: [topic, after, this.#batch] });
+        const r = await this.#pool.query<Row>(this.#statement('pgdurable_mastra_read', READ, [topic, after, this.#batch]));
         for (const row of r.rows) out.push(this.#toEvent(row));
         if (r.rows.length < this.#batch) return out;
         after = Number(r.rows[r.rows.length - 1]!.offset);
@@ -651,7 +664,7 @@ export class PgDurablePubSub extends PubSub implements LeaseProvider {
     client.on('notification', (msg) => this.#onNotify(msg.payload));
     try {
       await client.connect();
-      await client.query(`LISTEN ${CHANNEL}`);
+      await client.query(`LISTEN ${this.#channel}`);
     } catch (err) {
       client.removeAllListeners('end');
       client.on('error', () => {});
@@ -735,7 +748,7 @@ export class PgDurablePubSub extends PubSub implements LeaseProvider {
       if (this.#closed) return;
       await this.#publishing.get(topic);
       await this.#checkSchema();
-      await this.#pool.query({ name: 'pgdurable_mastra_clear', text: CLEAR, values: [topic] });
+      await this.#pool.query(this.#statement('pgdurable_mastra_clear', CLEAR, [topic]));
     } catch (err) {
       this.#logger?.warn?.(`pgdurable-mastra: clearTopic(${String(topic)}) failed`, err);
     }
@@ -757,7 +770,7 @@ export class PgDurablePubSub extends PubSub implements LeaseProvider {
     try {
       await this.#checkSchema();
       for (;;) {
-        const r = await this.#pool.query(PRUNE, [olderThanMs, batch]);
+        const r = await this.#pool.query(inSchema(PRUNE, this.#schema), [olderThanMs, batch]);
         const n = Number(r.rows[0]?.deleted ?? 0);
         total += n;
         if (n === 0) return total;

@@ -72,6 +72,7 @@ from ...foundation.migrations import acheck_schema, check_schema
 from ...foundation.queries.core import Query
 from ...foundation.queries.signals import SIGNAL, SIGNAL_RUN
 from ...foundation.queries.start import Started, started
+from ...foundation.schemas import caller_schema, in_schema, resolve_schema
 from ...foundation.signals import (
     DEFAULT_MAX_PAYLOAD,
     DEFAULT_SIGNAL_TTL,
@@ -89,7 +90,7 @@ __all__ = ["signal", "signal_run", "start_many", "start_run", "url_from_dsn"]
 R = TypeVar("R")
 
 # Engines whose pgdurable schema version was checked (never a failed check).
-_checked: weakref.WeakKeyDictionary[Engine, bool] = weakref.WeakKeyDictionary()
+_checked: weakref.WeakKeyDictionary[Engine, set[str]] = weakref.WeakKeyDictionary()  # schemas
 
 
 def url_from_dsn(dsn: str, *, async_: bool = False) -> URL:
@@ -235,22 +236,25 @@ def _translated() -> Iterator[None]:
         raise err2 from exc
 
 
-def _run_sync(target: Session | Connection, query: Query[R], params: tuple[Any, ...]) -> list[R]:
+def _run_sync(target: Session | Connection, query: Query[R], params: tuple[Any, ...],
+              schema: str) -> list[R]:
     conn = target.connection() if isinstance(target, Session) else target
     with _translated():
         if not conn.in_transaction():
             conn.begin()  # the caller's transaction (as autobegin would start it)
         engine = conn.engine
-        if engine not in _checked:
+        if schema not in _checked.get(engine, ()):
             raw = conn.connection.driver_connection
             assert isinstance(raw, psycopg.Connection)
-            check_schema(raw)
-            _checked[engine] = True
-        return query.all(conn.exec_driver_sql(query.sql, params).fetchall())
+            with caller_schema(raw, schema):
+                check_schema(raw)
+            _checked.setdefault(engine, set()).add(schema)
+        return query.all(conn.exec_driver_sql(in_schema(query.sql, schema), params).fetchall())
 
 
 async def _run_async(
-    target: AsyncSession | AsyncConnection, query: Query[R], params: tuple[Any, ...]
+    target: AsyncSession | AsyncConnection, query: Query[R], params: tuple[Any, ...],
+    schema: str,
 ) -> list[R]:
     async_session = _async_types()[0]
     conn: AsyncConnection = (
@@ -260,12 +264,13 @@ async def _run_async(
         if not conn.in_transaction():
             await conn.begin()
         engine = conn.sync_engine
-        if engine not in _checked:
+        if schema not in _checked.get(engine, ()):
             raw = (await conn.get_raw_connection()).driver_connection
             assert isinstance(raw, psycopg.AsyncConnection)
-            await acheck_schema(raw)
-            _checked[engine] = True
-        result = await conn.exec_driver_sql(query.sql, params)
+            with caller_schema(raw, schema):
+                await acheck_schema(raw)
+            _checked.setdefault(engine, set()).add(schema)
+        result = await conn.exec_driver_sql(in_schema(query.sql, schema), params)
         return query.all(result.fetchall())
 
 
@@ -299,6 +304,7 @@ def start_run(
     budget: float | None = None,
     max_attempts: int | None = None,
     metadata: dict[str, Any] | None = None,
+    schema: str | None = None,
 ) -> str: ...
 
 
@@ -317,6 +323,7 @@ def start_run(
     budget: float | None = None,
     max_attempts: int | None = None,
     metadata: dict[str, Any] | None = None,
+    schema: str | None = None,
 ) -> Coroutine[Any, Any, str]: ...
 
 
@@ -334,12 +341,15 @@ def start_run(
     budget: float | None = None,
     max_attempts: int | None = None,
     metadata: dict[str, Any] | None = None,
+    schema: str | None = None,
 ) -> str | Coroutine[Any, Any, str]:
     """Start a run inside the caller's transaction; return its id (await it if async).
 
     Arguments are those of :meth:`pgdurable.Durable.start`; ``task`` is a
     name with ``revision=``, a :class:`~pgdurable.Task`, or a name registered
     on ``app=``. The same ``idempotency_key`` returns the existing run's id.
+    ``schema`` (else ``app``'s, else ``PGDURABLE_SCHEMA``, else ``pgdurable``): the
+    schema the run lives in (docs/schemas.md), as for every helper here.
     """
     registry, name = _registry_for(task, app)
     if revision is None and isinstance(name, str) and name not in registry.tasks:
@@ -353,18 +363,25 @@ def start_run(
     )
     sql, params = start_statement(q.START, params, metadata)  # metadata + trace context
     target = _unwrap(target)
+    in_schema_of = _schema(schema, app)
     if _classify(target):
-        return _astart(target, started(sql), params)
-    return _run_sync(target, started(sql), params)[0].run_id
+        return _astart(target, started(sql), params, in_schema_of)
+    return _run_sync(target, started(sql), params, in_schema_of)[0].run_id
 
 
-async def _astart(target: Any, query: Query[Started], params: tuple[Any, ...]) -> str:
-    return (await _run_async(target, query, params))[0].run_id
+async def _astart(target: Any, query: Query[Started], params: tuple[Any, ...],
+                  schema: str) -> str:
+    return (await _run_async(target, query, params, schema))[0].run_id
+
+
+def _schema(schema: str | None, app: Durable | DurableClient | None = None) -> str:
+    """``schema``, else ``app``'s, else ``PGDURABLE_SCHEMA``, else ``pgdurable`` (checked)."""
+    return resolve_schema(schema if schema is not None or app is None else app.schema)
 
 
 def start_many(
     target: Any, starts: Iterable[Start | dict[str, Any]], *,
-    app: Durable | DurableClient | None = None,
+    app: Durable | DurableClient | None = None, schema: str | None = None,
 ) -> list[str] | Coroutine[Any, Any, list[str]]:
     """Start many runs with ONE statement inside the caller's transaction; return
     their ids in input order (await it if async). ``starts`` as for
@@ -375,7 +392,7 @@ def start_many(
     params = start_many_params(app._registry if app is not None else TaskRegistry(), starts)
     if params is None:
         return _no_ids(target)
-    return _ids(target, start_many_query(params), params)
+    return _ids(target, start_many_query(params), params, _schema(schema, app))
 
 
 def _no_ids(target: Any) -> list[str] | Coroutine[Any, Any, list[str]]:
@@ -395,6 +412,7 @@ def signal(
     signal_id: str | None = None,
     ttl: timedelta | None = DEFAULT_SIGNAL_TTL,
     max_payload: int | None = DEFAULT_MAX_PAYLOAD,
+    schema: str | None = None,
 ) -> list[str]: ...
 
 
@@ -408,6 +426,7 @@ def signal(
     signal_id: str | None = None,
     ttl: timedelta | None = DEFAULT_SIGNAL_TTL,
     max_payload: int | None = DEFAULT_MAX_PAYLOAD,
+    schema: str | None = None,
 ) -> Coroutine[Any, Any, list[str]]: ...
 
 
@@ -420,6 +439,7 @@ def signal(
     signal_id: str | None = None,
     ttl: timedelta | None = DEFAULT_SIGNAL_TTL,
     max_payload: int | None = DEFAULT_MAX_PAYLOAD,
+    schema: str | None = None,
 ) -> list[str] | Coroutine[Any, Any, list[str]]:
     """Send a signal inside the caller's transaction; return the woken run ids.
 
@@ -432,7 +452,7 @@ def signal(
     JSON payload (bytes). Await the result for an async session/connection.
     """
     params = signal_params(kind, ref, payload, signal_id, ttl, max_payload)
-    return _ids(target, SIGNAL, params)
+    return _ids(target, SIGNAL, params, _schema(schema))
 
 
 @overload
@@ -445,6 +465,7 @@ def signal_run(
     signal_id: str | None = None,
     ttl: timedelta | None = DEFAULT_SIGNAL_TTL,
     max_payload: int | None = DEFAULT_MAX_PAYLOAD,
+    schema: str | None = None,
 ) -> list[str]: ...
 
 
@@ -458,6 +479,7 @@ def signal_run(
     signal_id: str | None = None,
     ttl: timedelta | None = DEFAULT_SIGNAL_TTL,
     max_payload: int | None = DEFAULT_MAX_PAYLOAD,
+    schema: str | None = None,
 ) -> Coroutine[Any, Any, list[str]]: ...
 
 
@@ -470,6 +492,7 @@ def signal_run(
     signal_id: str | None = None,
     ttl: timedelta | None = DEFAULT_SIGNAL_TTL,
     max_payload: int | None = DEFAULT_MAX_PAYLOAD,
+    schema: str | None = None,
 ) -> list[str] | Coroutine[Any, Any, list[str]]:
     """Signal ONE run inside the caller's transaction; ``[run_id]`` if it woke, else ``[]``.
 
@@ -478,13 +501,13 @@ def signal_run(
     that run alone. Unknown run: :class:`~pgdurable.RunNotFound` (roll back).
     """
     params = signal_run_params(run_id, kind, payload, signal_id, ttl, max_payload)
-    return _ids(target, SIGNAL_RUN, params)
+    return _ids(target, SIGNAL_RUN, params, _schema(schema))
 
 
 def _ids(
-    target: Any, query: Query[str], params: tuple[Any, ...]
+    target: Any, query: Query[str], params: tuple[Any, ...], schema: str
 ) -> list[str] | Coroutine[Any, Any, list[str]]:
     target = _unwrap(target)
     if _classify(target):
-        return _run_async(target, query, params)
-    return _run_sync(target, query, params)
+        return _run_async(target, query, params, schema)
+    return _run_sync(target, query, params, schema)

@@ -157,3 +157,12 @@ export async function atBarrier(script, n, env, argsFor = () => []) {
   for (const c of children) c.send({ go: true });
   return children;
 }
+
+/** Wait until `pred()` holds (checked every 20 ms; fails after `ms`, a generous bound, never a measurement). */
+export async function waitFor(pred, what, ms = 30_000) {
+  const deadline = Date.now() + ms;
+  while (!pred()) {
+    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
+    await new Promise((r) => setTimeout(r, 20));
+  }
+}

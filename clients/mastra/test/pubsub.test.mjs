@@ -8,7 +8,7 @@ import { after, before, describe, test } from 'node:test';
 import { PubSub } from '@mastra/core/events';
 
 import { PgDurablePubSub } from '../dist/esm/index.js';
-import { atBarrier, freshDatabase, sql } from './helpers.mjs';
+import { atBarrier, freshDatabase, sql, waitFor } from './helpers.mjs';
 
 let db;
 let admin;
@@ -18,15 +18,6 @@ function open(options = {}) {
   const ps = new PgDurablePubSub({ connectionString: db.dsn, ...options });
   opened.push(ps);
   return ps;
-}
-
-/** Wait until `pred()` holds (checked every 20 ms; fails after `ms`, a generous bound, never a measurement). */
-async function waitFor(pred, what, ms = 30_000) {
-  const deadline = Date.now() + ms;
-  while (!pred()) {
-    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, 20));
-  }
 }
 
 /** A subscriber that records events and fails on any gap or duplicate in `index`. */

@@ -9,7 +9,7 @@ import { after, before, describe, test } from 'node:test';
 import pg from 'pg';
 
 import { InvalidInputError, PgDurablePubSub } from '../dist/esm/index.js';
-import { REPO_DIR, freshDatabase, python } from './helpers.mjs';
+import { REPO_DIR, freshDatabase, python, waitFor } from './helpers.mjs';
 
 let db;
 const opened = [];
@@ -18,14 +18,6 @@ function open(options) {
   const ps = new PgDurablePubSub({ connectionString: db.dsn, ...options });
   opened.push(ps);
   return ps;
-}
-
-async function waitFor(pred, what, ms = 30_000) {
-  const deadline = Date.now() + ms;
-  while (!pred()) {
-    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, 20));
-  }
 }
 
 before(async () => {

@@ -369,3 +369,16 @@ def test_the_sqlalchemy_helpers_start_and_signal_in_a_schema(two: str) -> None:
     assert _one(two, f"SELECT count(*) FROM {B}.runs WHERE id = %s", (rid_b,)) == 1
     assert _one(two, f"SELECT count(*) FROM {B}.signals WHERE kind = 'go'") == 1
     assert _one(two, f"SELECT count(*) FROM {A}.signals") == 0
+
+
+def test_the_metrics_read_their_schemas_queues(two: str) -> None:
+    """The Prometheus collectors (``pgdurable worker --metrics-port``, the dashboard's
+    /metrics) read the queue and budget gauges of their schema."""
+    from pgdurable.foundation.metrics import _BudgetCollector, _QueueCollector
+
+    with DurableClient(two, schema=A) as a:
+        a.start("whoami", {}, revision="1", queue="only_in_a")
+    for schema, queues in ((A, {"only_in_a"}), (B, set())):
+        depth = next(iter(_QueueCollector(two, schema).collect()))
+        assert {s.labels["queue"] for s in depth.samples} == queues
+        assert list(_BudgetCollector(two, schema).collect())  # it reads (no error)

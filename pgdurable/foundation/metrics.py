@@ -31,6 +31,7 @@ from typing import Any
 from .queries.budgets import GAUGES as BUDGET_GAUGES
 from .queries.core import many_sync
 from .queries.metrics import QUEUE_STATS
+from .schemas import resolve_schema, use_schema
 
 __all__ = [
     "budget_reserved", "claim_done", "enable", "enabled", "lease_lost", "registry",
@@ -66,8 +67,8 @@ class _Metrics:
 class _QueueCollector:
     """Queue depth and oldest runnable age, read from SQL at scrape time."""
 
-    def __init__(self, dsn: str) -> None:
-        self._dsn = dsn
+    def __init__(self, dsn: str, schema: str) -> None:
+        self._dsn, self._schema = dsn, schema
 
     def collect(self) -> Iterator[Any]:
         import psycopg
@@ -78,6 +79,7 @@ class _QueueCollector:
         oldest = GaugeMetricFamily("pgdurable_queue_oldest_runnable_age_seconds",
                                    "Age of the oldest due runnable run.", labels=["queue"])
         with psycopg.connect(self._dsn, autocommit=True, connect_timeout=5) as conn:
+            use_schema(conn, self._schema)
             for q in many_sync(conn, QUEUE_STATS):
                 for status in _STATUSES:
                     depth.add_metric([q.queue, status], float(getattr(q, status)))
@@ -89,8 +91,8 @@ class _QueueCollector:
 class _BudgetCollector:
     """The named budgets' limits, settled spend and live holds, read from SQL at scrape time."""
 
-    def __init__(self, dsn: str) -> None:
-        self._dsn = dsn
+    def __init__(self, dsn: str, schema: str) -> None:
+        self._dsn, self._schema = dsn, schema
 
     def collect(self) -> Iterator[Any]:
         import psycopg
@@ -104,6 +106,7 @@ class _BudgetCollector:
         held = GaugeMetricFamily("pgdurable_budget_held",
                                  "Capacity held by live reservations.", labels=labels)
         with psycopg.connect(self._dsn, autocommit=True, connect_timeout=5) as conn:
+            use_schema(conn, self._schema)
             for b in many_sync(conn, BUDGET_GAUGES):
                 if b.limit_amount is not None:
                     limit.add_metric([b.budget_key, b.unit], float(b.limit_amount))
@@ -123,9 +126,10 @@ def enabled() -> bool:
     return _m is not None
 
 
-def enable(dsn: str | None = None, registry: Any = None) -> Any:
+def enable(dsn: str | None = None, registry: Any = None, schema: str | None = None) -> Any:
     """Turn the hooks on (idempotent) and return the registry. With ``dsn``,
-    queue gauges are read from ``pgdurable.queue_stats`` at each scrape."""
+    queue gauges are read from ``pgdurable.queue_stats`` at each scrape (in ``schema``,
+    else ``PGDURABLE_SCHEMA``, else ``pgdurable``)."""
     global _m
     try:
         from prometheus_client import CollectorRegistry
@@ -137,8 +141,9 @@ def enable(dsn: str | None = None, registry: Any = None) -> Any:
         if _m is None:
             _m = _Metrics(registry if registry is not None else CollectorRegistry())
             if dsn is not None:
-                _m.registry.register(_QueueCollector(dsn))
-                _m.registry.register(_BudgetCollector(dsn))
+                in_schema = resolve_schema(schema)
+                _m.registry.register(_QueueCollector(dsn, in_schema))
+                _m.registry.register(_BudgetCollector(dsn, in_schema))
         return _m.registry
 
 
@@ -147,11 +152,12 @@ def registry() -> Any:
     return None if _m is None else _m.registry
 
 
-def serve(port: int, dsn: str | None = None, addr: str = "127.0.0.1") -> None:
+def serve(port: int, dsn: str | None = None, addr: str = "127.0.0.1",
+          schema: str | None = None) -> None:
     """Enable the metrics and serve ``/metrics`` on ``addr:port`` (a daemon thread)."""
     from prometheus_client import start_http_server
 
-    start_http_server(port, addr=addr, registry=enable(dsn))
+    start_http_server(port, addr=addr, registry=enable(dsn, schema=schema))
 
 
 def run_started(task: str) -> None:

@@ -125,7 +125,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         sys.path.insert(0, os.getcwd())
     app = _load_app(args.app)
     if args.metrics_port is not None:
-        metrics.serve(args.metrics_port, app.conninfo)
+        metrics.serve(args.metrics_port, app.conninfo, schema=app.schema)
     watchdog = _Watchdog()
 
     async def _main() -> None:

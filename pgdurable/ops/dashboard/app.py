@@ -570,7 +570,7 @@ class _Dashboard:
 
     async def metrics(self, request: Request) -> Response:
         try:
-            registry = metrics.enable(self.dsn)
+            registry = metrics.enable(self.dsn, schema=self.schema)
         except ImportError as exc:
             return Response(str(exc), status_code=501, media_type="text/plain")
         from prometheus_client import CONTENT_TYPE_LATEST, generate_latest

@@ -31,7 +31,7 @@ from pgdurable.foundation.schemas import (
     in_schema,
     schema_of,
 )
-from pgdurable.ops.testing import run_until_idle
+from pgdurable.ops.testing import fire_due_timers, run_until_idle
 
 pytestmark = pytest.mark.fleet("_schemas_app:app", ttl=10.0)
 
@@ -382,3 +382,17 @@ def test_the_metrics_read_their_schemas_queues(two: str) -> None:
         depth = next(iter(_QueueCollector(two, schema).collect()))
         assert {s.labels["queue"] for s in depth.samples} == queues
         assert list(_BudgetCollector(two, schema).collect())  # it reads (no error)
+
+
+async def test_fire_due_timers_moves_only_the_apps_schemas_timers(two: str) -> None:
+    a, b = _app(two, A), _app(two, B)
+    async with a, b:
+        ra = await a.start("whoami", {"wait_for": "never"})
+        rb = await b.start("whoami", {"wait_for": "never"})
+        await run_until_idle(a)
+        await run_until_idle(b)  # both parked on a signal with a 120 s timeout
+        assert await asyncio.to_thread(fire_due_timers, a) == 1
+        await run_until_idle(a)
+        assert (await a.result(ra, timeout=10))["wake"]["type"] == "timeout"
+        assert (await b.get_run(rb)).status == "waiting"
+        assert await asyncio.to_thread(fire_due_timers, b) == 1

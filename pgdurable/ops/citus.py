@@ -16,6 +16,16 @@ maintenance) goes through the coordinator, which propagates it.
   (``pg_dist_schema`` -> ``pg_dist_partition`` -> ``pg_dist_placement`` ->
   ``pg_dist_node``). Call it again after a shard move
   (``citus_move_shard_placement``): the answer follows the placement.
+* :func:`migrate_cell`: ``pgdurable migrate`` through the coordinator of a
+  distributed schema. Citus forwards some DDL (triggers on a distributed
+  table) to the worker node with the whole query string it was given, over
+  the extended protocol, which refuses several commands: a definitions file
+  sent whole fails ("cannot insert multiple commands into a prepared
+  statement"). The migration runs on a connection whose cursor sends a
+  parameterless multi-statement text one statement at a time
+  (:class:`StatementCursor`, :func:`split_statements`), in the same
+  transaction. The first migration of a fresh database is the same as on a
+  plain server (the tables are local until :func:`distribute_schema`).
 * :func:`distribute_schema`: after ``pgdurable migrate`` on the coordinator,
   distribute the migrated schema (idempotent: a distributed schema is left as
   it is) and let its tables keep their triggers (``citus.enable_unsafe_triggers``
@@ -32,7 +42,9 @@ From psql on the coordinator, what :func:`distribute_schema` does::
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
+from typing import Any
 
 import psycopg
 from psycopg import sql
@@ -48,7 +60,10 @@ __all__ = [
     "acell_dsn",
     "cell_dsn",
     "cell_node",
+    "StatementCursor",
     "distribute_schema",
+    "migrate_cell",
+    "split_statements",
 ]
 
 
@@ -179,4 +194,99 @@ def distribute_schema(coordinator_dsn: str, schema: str = "pgdurable") -> CellNo
             if conn.execute("SELECT pg_catalog.to_regnamespace(%s)", (schema,)).fetchone() == (None,):
                 raise SchemaNotDistributed(f"schema {schema!r} does not exist: migrate first")
             conn.execute("SELECT citus_schema_distribute(%s)", (schema,))
+        # functions whose signature names a table's row type were created
+        # while the table was local and are not propagated with the schema:
+        # distribute every function of the schema that is not yet
+        for (sig,) in conn.execute(_UNDISTRIBUTED_SQL, (schema,)).fetchall():
+            conn.execute("SELECT create_distributed_function(%s)", (sig,))
+        # the engine's functions take the forms a cell needs (write_steps)
+        conn.execute(sql.SQL("ALTER DATABASE {} SET pgdurable.cell = on").format(
+            sql.Identifier(dbname)))
+        conn.execute("SELECT run_command_on_workers(%s)", (
+            sql.SQL("ALTER DATABASE {} SET pgdurable.cell = on").format(
+                sql.Identifier(dbname)).as_string(conn),))
         return cell_node(conn, schema)  # type: ignore[arg-type]
+
+
+# The schema's functions Citus does not know (pg_dist_object), as qualified signatures.
+_UNDISTRIBUTED_SQL = """
+SELECT p.oid::regprocedure::text
+  FROM pg_catalog.pg_proc p
+ WHERE p.pronamespace = pg_catalog.to_regnamespace(%s) AND p.prokind IN ('f', 'p')
+   AND NOT EXISTS (SELECT FROM pg_catalog.pg_dist_object d
+                    WHERE d.classid = 'pg_catalog.pg_proc'::regclass AND d.objid = p.oid)
+ ORDER BY 1
+"""
+
+
+# A token of SQL text that may hold a ';' that does not end a statement.
+_TOKEN = re.compile(
+    r"""--[^\n]*"""                      # line comment
+    r"""|/\*.*?\*/"""                   # block comment (not nested: none in our files)
+    r"""|[Ee]'(?:[^'\\]|\\.|'')*'"""  # E'...' with backslash escapes
+    r"""|'(?:[^']|'')*'"""             # '...'
+    r'|"(?:[^"]|"")*"'                 # "identifier"
+    r"""|\$([A-Za-z_][A-Za-z_0-9]*)?\$"""  # a dollar-quote opening tag
+    r"""|;""",
+    re.S)
+
+
+def split_statements(text: str) -> list[str]:
+    """``text`` cut into its statements (comments, strings and dollar quotes respected).
+
+    Statements holding only comments or blanks are dropped."""
+    out: list[str] = []
+    start = pos = 0
+    while True:
+        m = _TOKEN.search(text, pos)
+        if m is None:
+            break
+        tok = m.group(0)
+        if tok == ";":
+            out.append(text[start:m.end()])
+            start = pos = m.end()
+        elif tok.startswith("$"):
+            end = text.find(tok, m.end())
+            if end < 0:
+                raise ValueError(f"unterminated dollar quote {tok} at offset {m.start()}")
+            pos = end + len(tok)
+        else:
+            pos = m.end()
+    out.append(text[start:])
+    return [st for st in out if _has_code(st)]
+
+
+def _has_code(statement: str) -> bool:
+    rest = re.sub(r"--[^\n]*|/\*.*?\*/", "", statement, flags=re.S)
+    return rest.strip(" \t\r\n;") != ""
+
+
+class StatementCursor(psycopg.Cursor[Any]):
+    """A cursor that sends a parameterless text of several statements one by one."""
+
+    def execute(self, query: Any, params: Any = None, *, prepare: bool | None = None,
+                binary: bool | None = None) -> StatementCursor:
+        if params is None and isinstance(query, (bytes, str)):
+            text = query.decode() if isinstance(query, bytes) else query
+            parts = split_statements(text)
+            if len(parts) > 1:
+                for part in parts:
+                    super().execute(part.encode(), prepare=prepare, binary=binary)
+                return self
+        super().execute(query, params, prepare=prepare, binary=binary)
+        return self
+
+
+def migrate_cell(coordinator_dsn: str, **options: Any) -> list[Any]:
+    """``pgdurable migrate`` on the coordinator, a statement at a time (module docstring).
+
+    ``options`` are :func:`pgdurable.foundation.migrations.migrate`'s.
+    Returns the migrations it applied."""
+    from ..foundation.migrations import migrate
+
+    with psycopg.connect(coordinator_dsn, cursor_factory=StatementCursor) as conn:
+        # the engine's tables keep their triggers (see distribute_schema)
+        if conn.execute(_HAS_CITUS_SQL).fetchone() == (True,):
+            conn.execute("SET citus.enable_unsafe_triggers = on")
+        conn.commit()
+        return migrate(conn)

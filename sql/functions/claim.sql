@@ -29,6 +29,7 @@ SET enable_seqscan = off
 SET jit = off AS $$
 DECLARE
   v_now  timestamptz := pgdurable.now();
+  v_expires timestamptz := v_now + p_ttl;
   v_limited text[] := ARRAY(SELECT l.name FROM pgdurable.queues l
                              WHERE l.name = ANY (p_queues) ORDER BY l.name);
   v_queues text[] := p_queues;
@@ -57,7 +58,8 @@ BEGIN
     ), a AS MATERIALIZED (
       -- per queue an index-ordered, LIMITed scan (no sort of the backlog), then
       -- the best p_limit of those across queues
-      SELECT x.id, 'runnable'::text AS branch, 'run'::text AS verdict, NULL::integer AS bound,
+      SELECT x.id, 'runnable'::text AS branch, 'run'::text AS verdict,
+             NULL::jsonb AS new_error, NULL::jsonb AS new_wake,
              x.priority, x.available_at AS due
         FROM unnest(v_queues) AS qn(name)
        CROSS JOIN LATERAL (
@@ -75,7 +77,17 @@ BEGIN
       SELECT r.id, 'expired'::text AS branch,
              CASE WHEN r.cancel_requested_at IS NOT NULL THEN 'cancelled'
                   WHEN r.reclaims >= m.bound THEN 'poison'
-                  ELSE 'run' END AS verdict, m.bound,
+                  ELSE 'run' END AS verdict,
+             CASE
+               WHEN r.cancel_requested_at IS NOT NULL THEN pgdurable._error('RunCancelled',
+                 'run was cancelled (its worker''s lease expired before it stopped)')
+               WHEN r.reclaims >= m.bound THEN pgdurable._error('PoisonRun', format(
+                 'lease expired %s times in a row without a checkpoint (max_reclaims %s): '
+                 'the run keeps crashing or stalling its workers; last worker %s',
+                 r.reclaims + 1, m.bound, coalesce(r.lease_owner, '?')))
+               ELSE pgdurable._error('LeaseExpired',
+                 'lease of worker ' || coalesce(r.lease_owner, '?') || ' expired (crashed or stalled worker)')
+             END AS new_error, NULL::jsonb AS new_wake,
              r.priority, r.lease_expires_at AS due
         FROM pgdurable.runs r
        CROSS JOIN LATERAL (SELECT coalesce(p_max_reclaims[(SELECT p.n FROM pairs p
@@ -91,11 +103,13 @@ BEGIN
       -- scan cannot return wake_at order, so it read and sorted every due timer for
       -- each claim: O(due) per claim, O(due^2) for a storm of timers due at once
       -- (issue 45: 100,000 due timers drained at 0.26x the rate of fresh runs).
-      SELECT x.id, 'timer'::text AS branch, 'run'::text AS verdict, NULL::integer AS bound,
+      SELECT x.id, 'timer'::text AS branch, 'run'::text AS verdict, NULL::jsonb AS new_error,
+             jsonb_build_object('type', 'timeout', 'kind', x.wait_kind, 'ref', x.wait_ref,
+                                'at', x.wake_at) AS new_wake,
              x.priority, x.wake_at AS due
         FROM unnest(v_queues) AS qn(name)
        CROSS JOIN LATERAL (
-         SELECT r.id, r.priority, r.wake_at FROM pgdurable.runs r
+         SELECT r.id, r.priority, r.wake_at, r.wait_kind, r.wait_ref FROM pgdurable.runs r
           WHERE r.status = 'waiting' AND r.wake_at IS NOT NULL AND r.queue = qn.name
             AND r.wake_at <= v_now AND (r.task, r.revision) IN (SELECT p.t, p.v FROM pairs p)
             AND (r.affinity_worker IS NULL OR r.affinity_worker = p_owner
@@ -112,44 +126,43 @@ BEGIN
        ORDER BY k.priority DESC, k.due
        LIMIT p_limit
     ), upd AS (
-      -- k.verdict: 'run' | 'cancelled' | 'poison' (decided in branch b)
+      -- k.verdict: 'run' | 'cancelled' | 'poison' (decided in branch b). Every
+      -- value that needs a STABLE function (the error and wake records, the
+      -- expiry) was computed above, in the branches' SELECTs, or before the
+      -- statement (v_expires): Citus refuses non-IMMUTABLE calls inside CASE
+      -- or COALESCE and in RETURNING of an UPDATE on a distributed table
+      -- (cells, pgdurable/ops/citus.py); the affinity record is built by the
+      -- final SELECT.
       UPDATE pgdurable.runs r SET
-        status = CASE k.verdict WHEN 'cancelled' THEN 'cancelled' WHEN 'poison' THEN 'failed'
-                                ELSE 'leased' END,
+        -- a searched CASE: Citus deparses a simple one (CASE x WHEN ...) wrongly
+        status = CASE WHEN k.verdict = 'cancelled' THEN 'cancelled'
+                      WHEN k.verdict = 'poison' THEN 'failed' ELSE 'leased' END,
         reclaims = r.reclaims + (k.branch = 'expired')::integer,
-        error = CASE
-          WHEN k.verdict = 'cancelled' THEN pgdurable._error('RunCancelled',
-                 'run was cancelled (its worker''s lease expired before it stopped)')
-          WHEN k.verdict = 'poison' THEN pgdurable._error('PoisonRun', format(
-                 'lease expired %s times in a row without a checkpoint (max_reclaims %s): '
-                 'the run keeps crashing or stalling its workers; last worker %s',
-                 r.reclaims + 1, k.bound, coalesce(r.lease_owner, '?')))
-          WHEN k.branch = 'expired' THEN pgdurable._error('LeaseExpired',
-                 'lease of worker ' || coalesce(r.lease_owner, '?') || ' expired (crashed or stalled worker)')
-          ELSE r.error END,
+        error = coalesce(k.new_error, r.error),
         claims = r.claims + 1,
         lease_token = r.lease_token + 1,
         lease_owner = CASE WHEN k.verdict = 'run' THEN p_owner END,
-        lease_expires_at = CASE WHEN k.verdict = 'run' THEN v_now + p_ttl END,
+        lease_expires_at = CASE WHEN k.verdict = 'run' THEN v_expires END,
         finished_at = CASE WHEN k.verdict <> 'run' THEN v_now END,
         leased_at = v_now,
-        wake = CASE WHEN k.branch = 'timer'
-                    THEN jsonb_build_object('type', 'timeout', 'kind', r.wait_kind,
-                                            'ref', r.wait_ref, 'at', r.wake_at)
-                    ELSE r.wake END,
+        wake = coalesce(k.new_wake, r.wake),
         wait_kind = NULL, wait_ref = NULL, wait_since = NULL, wake_at = NULL,
         updated_at = v_now
       FROM cand k
       WHERE r.id = k.id
       RETURNING r.id, r.task, r.revision, r.queue, r.status, r.state, r.step, r.attempts,
                 r.max_attempts, r.lease_token, r.lease_expires_at, r.wake, r.deadline_at,
-                r.budget, r.spent,
-                CASE WHEN r.affinity_worker IS NULL THEN NULL
-                         ELSE pgdurable._affinity_record(r.affinity_worker, r.affinity_instance,
-                                r.affinity_mode, r.affinity_wait, r.affinity_info, r.affinity_since)
-                    END AS affinity
+                r.budget, r.spent, r.affinity_worker, r.affinity_instance, r.affinity_mode,
+                r.affinity_wait, r.affinity_info, r.affinity_since
     )
-    SELECT u.*, v_now FROM upd u;
+    SELECT u.id, u.task, u.revision, u.queue, u.status, u.state, u.step, u.attempts,
+           u.max_attempts, u.lease_token, u.lease_expires_at, u.wake, u.deadline_at,
+           u.budget, u.spent,
+           CASE WHEN u.affinity_worker IS NULL THEN NULL
+                ELSE pgdurable._affinity_record(u.affinity_worker, u.affinity_instance,
+                       u.affinity_mode, u.affinity_wait, u.affinity_info, u.affinity_since)
+           END, v_now
+      FROM upd u;
     GET DIAGNOSTICS v_n = ROW_COUNT;
     v_left := v_left - v_n;
   END IF;

@@ -276,6 +276,7 @@ DECLARE
   v_err jsonb := pgdurable._verdict(r, p_spend, true);
   v_sig pgdurable.signals;
   v_wake_at timestamptz := least(coalesce(p_wake_at, pgdurable.now() + p_wake_in), r.deadline_at);
+  v_wake jsonb;
 BEGIN
   IF (p_kind IS NULL) <> (p_ref IS NULL) OR p_kind = '' OR p_ref = '' THEN
     RAISE EXCEPTION 'park_run: kind and ref must both be non-empty or both NULL'
@@ -311,13 +312,15 @@ BEGIN
     IF FOUND THEN
       UPDATE pgdurable.signals SET consumed_by = p_id, consumed_at = pgdurable.now()
        WHERE id = v_sig.id;
+      -- the wake record computed first: Citus refuses a non-IMMUTABLE call
+      -- (jsonb_build_object) inside a CASE of an UPDATE (a cell)
+      v_wake := jsonb_build_object('type', 'signal', 'kind', v_sig.kind, 'ref', p_ref,
+                                   'payload', v_sig.payload, 'at', v_sig.created_at,
+                                   'signal', v_sig.id)
+                || CASE WHEN v_sig.run_id IS NULL THEN '{}'::jsonb
+                        ELSE jsonb_build_object('run_id', v_sig.run_id) END;
       UPDATE pgdurable.runs SET status = 'runnable', available_at = pgdurable.now(),
-             lease_owner = NULL, lease_expires_at = NULL,
-             wake = jsonb_build_object('type', 'signal', 'kind', v_sig.kind, 'ref', p_ref,
-                                       'payload', v_sig.payload, 'at', v_sig.created_at,
-                                       'signal', v_sig.id)
-                    || CASE WHEN v_sig.run_id IS NULL THEN '{}'::jsonb
-                            ELSE jsonb_build_object('run_id', v_sig.run_id) END,
+             lease_owner = NULL, lease_expires_at = NULL, wake = v_wake,
              updated_at = pgdurable.now()
        WHERE id = p_id;
       PERFORM pg_notify('pgdurable_wake', r.queue);

@@ -37,15 +37,22 @@ COMMENT ON FUNCTION pgdurable.renew_runs(text, uuid[], bigint[], interval) IS
 CREATE OR REPLACE FUNCTION pgdurable._checkpoint(r pgdurable.runs, p_token bigint,
                                                  p_state jsonb, p_spend numeric)
 RETURNS integer
-LANGUAGE sql SET search_path = pg_catalog, pgdurable, pg_temp AS $$
-  WITH u AS (
-    UPDATE pgdurable.runs SET state = p_state, step = r.step + 1, wake = NULL, reclaims = 0,
-           spent = spent + coalesce(p_spend, 0), updated_at = pgdurable.now()
-     WHERE id = r.id
-    RETURNING id, step)
-  INSERT INTO pgdurable.checkpoints (run_id, step, token, state, wake, owner)
-  SELECT u.id, u.step, p_token, p_state, r.wake, r.lease_owner FROM u
-  RETURNING step
+LANGUAGE plpgsql SET search_path = pg_catalog, pgdurable, pg_temp AS $$
+DECLARE
+  v_step integer;
+BEGIN
+  -- two statements, not an UPDATE inside WITH feeding an INSERT (and PL/pgSQL,
+  -- not SQL with parameters): the forms Citus plans in a cell
+  UPDATE pgdurable.runs SET state = p_state, step = r.step + 1, wake = NULL, reclaims = 0,
+         spent = spent + coalesce(p_spend, 0), updated_at = pgdurable.now()
+   WHERE id = r.id
+  RETURNING step INTO v_step;
+  IF v_step IS NOT NULL THEN
+    INSERT INTO pgdurable.checkpoints (run_id, step, token, state, wake, owner)
+    VALUES (r.id, v_step, p_token, p_state, r.wake, r.lease_owner);
+  END IF;
+  RETURN v_step;
+END
 $$;
 COMMENT ON FUNCTION pgdurable._checkpoint(pgdurable.runs, bigint, jsonb, numeric) IS
   'Internal: write runs.state/step and the checkpoints history row (token, owner) for a locked run.';
@@ -67,6 +74,13 @@ SET plan_cache_mode = force_generic_plan
 SET enable_seqscan = off AS $$
 DECLARE
   n integer := cardinality(p_ids);
+  v_now timestamptz := pgdurable.now();
+  v_ids uuid[];
+  v_steps integer[];
+  v_tokens bigint[];
+  v_states jsonb[];
+  v_wakes jsonb[];
+  v_status text[];
 BEGIN
   -- unnest pads shorter arrays with NULL: a missing done[i] would leave run i
   -- 'leased' with no lease owner or expiry (stranded forever), a duplicate id
@@ -80,39 +94,78 @@ BEGIN
     RAISE EXCEPTION 'write_steps: ids, tokens, states, spends, done and results must have the '
       'same length, distinct ids and no NULL id, token, state or done' USING ERRCODE = 'PD000';
   END IF;
-  RETURN QUERY
+  -- Citus-safe forms (a cell, pgdurable/ops/citus.py): the fenced rows are
+  -- locked and their verdicts (_verdict's rules, inline: cancel/budget in
+  -- e_cb, the deadline in e_dl) computed by a SELECT; the UPDATE then sets
+  -- plain values (Citus refuses non-IMMUTABLE calls inside its CASE/COALESCE
+  -- and functions taking the table's row type), and the history rows are
+  -- written by a second statement (Citus refuses an INSERT inside WITH).
   WITH i AS (
     SELECT * FROM unnest(p_ids, p_tokens, p_states, p_spends, p_done, p_results)
                   AS i(id, token, state, spend, done, result)
+  ), v AS MATERIALIZED (
+    SELECT i.id, i.token, i.state, i.spend, i.done, i.result, r.wake AS old_wake,
+           CASE WHEN r.cancel_requested_at IS NOT NULL
+                  THEN pgdurable._error('RunCancelled', 'run was cancelled')
+                WHEN r.budget IS NOT NULL AND r.spent + coalesce(i.spend, 0) > r.budget
+                  THEN pgdurable._error('BudgetExceeded', format('spent %s of budget %s',
+                         r.spent + coalesce(i.spend, 0), r.budget))
+           END AS e_cb,
+           CASE WHEN r.deadline_at IS NOT NULL AND r.deadline_at <= v_now
+                  THEN pgdurable._error('DeadlineExceeded',
+                         format('deadline %s passed', r.deadline_at))
+           END AS e_dl
+      FROM i JOIN pgdurable.runs r ON r.id = i.id
+     WHERE r.lease_token = i.token AND r.lease_owner = p_owner
+       AND r.status IS NOT DISTINCT FROM 'leased' AND r.lease_expires_at > v_now
+       FOR UPDATE OF r
+  ), w AS MATERIALIZED (
+    -- e_step: the verdict of this write (the deadline only for a step that goes
+    -- on); e_any: with the deadline whatever the step did
+    SELECT v.*, coalesce(v.e_cb, CASE WHEN NOT v.done THEN v.e_dl END) AS e_step,
+           coalesce(v.e_cb, v.e_dl) AS e_any
+      FROM v
   ), u AS (
     UPDATE pgdurable.runs r SET
-           state = i.state, step = r.step + 1, wake = NULL, reclaims = 0,
-           spent = r.spent + coalesce(i.spend, 0),
-           status = CASE WHEN pgdurable._verdict(r, i.spend, NOT i.done) IS NULL
-                         THEN CASE WHEN i.done THEN 'completed' ELSE 'leased' END
-                         WHEN pgdurable._verdict(r, i.spend, NOT i.done)->>'type' = 'RunCancelled'
-                         THEN 'cancelled' ELSE 'failed' END,
-           result = CASE WHEN i.done AND pgdurable._verdict(r, i.spend, false) IS NULL
-                         THEN i.result END,
-           error = coalesce(pgdurable._verdict(r, i.spend, NOT i.done), r.error),
-           lease_owner = CASE WHEN NOT i.done AND pgdurable._verdict(r, i.spend, true) IS NULL
-                              THEN r.lease_owner END,
-           lease_expires_at = CASE WHEN NOT i.done AND pgdurable._verdict(r, i.spend, true) IS NULL
+           state = w.state, step = r.step + 1, wake = NULL, reclaims = 0,
+           spent = r.spent + coalesce(w.spend, 0),
+           status = CASE WHEN w.e_step IS NULL
+                         THEN CASE WHEN w.done THEN 'completed' ELSE 'leased' END
+                         WHEN w.e_step->>'type' = 'RunCancelled' THEN 'cancelled'
+                         ELSE 'failed' END,
+           result = CASE WHEN w.done AND w.e_cb IS NULL THEN w.result END,
+           error = coalesce(w.e_step, r.error),
+           lease_owner = CASE WHEN NOT w.done AND w.e_any IS NULL THEN r.lease_owner END,
+           lease_expires_at = CASE WHEN NOT w.done AND w.e_any IS NULL
                                    THEN r.lease_expires_at END,
-           finished_at = CASE WHEN i.done OR pgdurable._verdict(r, i.spend, true) IS NOT NULL
-                              THEN pgdurable.now() END,
-           updated_at = pgdurable.now()
-      FROM i
-     WHERE r.id = i.id AND r.lease_token = i.token AND r.lease_owner = p_owner
-       AND r.status IS NOT DISTINCT FROM 'leased' AND r.lease_expires_at > pgdurable.now()
-    RETURNING r.id, r.step, r.status, i.token, i.state
-  ), c AS (
-    INSERT INTO pgdurable.checkpoints (run_id, step, token, state, wake, owner)
-    SELECT u.id, u.step, u.token, u.state,
-           (SELECT o.wake FROM pgdurable.runs o WHERE o.id = u.id), p_owner
-      FROM u
+           finished_at = CASE WHEN w.done OR w.e_any IS NOT NULL THEN v_now END,
+           updated_at = v_now
+      FROM w
+     WHERE r.id = w.id
+    RETURNING r.id, r.step, r.status, w.token, w.state, w.old_wake
   )
-  SELECT i.id, coalesce(u.status, 'lost') FROM i LEFT JOIN u ON u.id = i.id;
+  SELECT array_agg(u.id), array_agg(u.step), array_agg(u.token), array_agg(u.state),
+         array_agg(u.old_wake), array_agg(u.status)
+    INTO v_ids, v_steps, v_tokens, v_states, v_wakes, v_status
+    FROM u;
+  IF v_ids IS NOT NULL THEN
+    IF current_setting('pgdurable.cell', true) = 'on' THEN
+      -- a cell: Citus plans an INSERT ... SELECT only with its parameters
+      -- bound, which this function's generic plans never have
+      EXECUTE 'INSERT INTO pgdurable.checkpoints (run_id, step, token, state, wake, owner) '
+              'SELECT c.id, c.step, c.token, c.state, c.wake, $6 '
+              'FROM unnest($1, $2, $3, $4, $5) AS c(id, step, token, state, wake)'
+        USING v_ids, v_steps, v_tokens, v_states, v_wakes, p_owner;
+    ELSE
+      INSERT INTO pgdurable.checkpoints (run_id, step, token, state, wake, owner)
+      SELECT c.id, c.step, c.token, c.state, c.wake, p_owner
+        FROM unnest(v_ids, v_steps, v_tokens, v_states, v_wakes) AS c(id, step, token, state, wake);
+    END IF;
+  END IF;
+  RETURN QUERY
+  SELECT x.id, coalesce(s.status, 'lost')
+    FROM unnest(p_ids) AS x(id)
+    LEFT JOIN unnest(v_ids, v_status) AS s(id, status) ON s.id = x.id;
 END
 $$;
 COMMENT ON FUNCTION pgdurable.write_steps(text, uuid[], bigint[], jsonb[], numeric[], boolean[], jsonb[]) IS

@@ -126,12 +126,15 @@ def _node_from_rows(schema: str, has_citus: bool, rows: list[tuple[int, int, str
                     port=int(port))
 
 
-def cell_node(conn: psycopg.Connection[object], schema: str = "pgdurable") -> CellNode:
+def cell_node(conn: psycopg.Connection[Any], schema: str = "pgdurable") -> CellNode:
     """The node holding ``schema``, read on ``conn`` (the coordinator, or any node with metadata)."""
     has = conn.execute(_HAS_CITUS_SQL).fetchone()
     has_citus = bool(has and has[0])
-    rows = [tuple(r) for r in conn.execute(_NODE_SQL, (schema,)).fetchall()] if has_citus else []
-    return _node_from_rows(schema, has_citus, rows)  # type: ignore[arg-type]
+    rows: list[tuple[int, int, str, int]] = []
+    if has_citus:
+        rows = [(int(a), int(b), str(c), int(d))
+                for a, b, c, d in conn.execute(_NODE_SQL, (schema,)).fetchall()]
+    return _node_from_rows(schema, has_citus, rows)
 
 
 def _replace_host(dsn: str, node: CellNode) -> str:
@@ -142,7 +145,7 @@ def _replace_host(dsn: str, node: CellNode) -> str:
     # a multi-host DSN's read-write choice means nothing for one node
     params.pop("target_session_attrs", None)
     params.pop("load_balance_hosts", None)
-    return make_conninfo(**params)
+    return make_conninfo("", **params)
 
 
 def cell_dsn(coordinator_dsn: str, schema: str = "pgdurable") -> str:
@@ -152,7 +155,7 @@ def cell_dsn(coordinator_dsn: str, schema: str = "pgdurable") -> str:
     and port. Re-call it after a shard move. Raises :class:`NotCitus`,
     :class:`SchemaNotDistributed` or :class:`CitusError`."""
     with psycopg.connect(coordinator_dsn, autocommit=True) as conn:
-        node = cell_node(conn, schema)  # type: ignore[arg-type]
+        node = cell_node(conn, schema)
     return _replace_host(coordinator_dsn, node)
 
 
@@ -205,7 +208,7 @@ def distribute_schema(coordinator_dsn: str, schema: str = "pgdurable") -> CellNo
         conn.execute("SELECT run_command_on_workers(%s)", (
             sql.SQL("ALTER DATABASE {} SET pgdurable.cell = on").format(
                 sql.Identifier(dbname)).as_string(conn),))
-        return cell_node(conn, schema)  # type: ignore[arg-type]
+        return cell_node(conn, schema)
 
 
 # The schema's functions Citus does not know (pg_dist_object), as qualified signatures.

@@ -30,8 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import psycopg
-
-from tests._failover_cluster import HOST, Node, _os_user, binaries, free_port
+from _failover_cluster import HOST, Node, _os_user, binaries, free_port
 
 
 def _libdir(bindir: Path) -> Path | None:

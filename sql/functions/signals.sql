@@ -101,6 +101,8 @@ DECLARE
   v_ids uuid[];
   v_queues text[];
   v_q text;
+  v_wake jsonb;
+  v_sig_id bigint;
 BEGIN
   PERFORM pgdurable._signal_check(p_kind, p_ref, p_signal_id);
   PERFORM pg_advisory_xact_lock(pgdurable.wait_lock_key(p_kind, p_ref));
@@ -119,20 +121,27 @@ BEGIN
     RETURN QUERY SELECT unnest(pgdurable._signal_dup(p_signal_id, p_kind, p_ref, p_payload, NULL));
     RETURN;
   END IF;
-  WITH w AS (
+  -- the waiters locked and read first, then woken by id: an aggregate over
+  -- an UPDATE inside WITH crashed a Citus 13.2 node (a cell)
+  SELECT array_agg(w.id ORDER BY w.id), array_agg(DISTINCT w.queue) INTO v_ids, v_queues
+    FROM (SELECT r.id, r.queue FROM pgdurable.runs r
+           WHERE r.status = 'waiting' AND r.wait_kind = p_kind AND r.wait_ref = p_ref
+             FOR UPDATE) w;
+  IF v_ids IS NOT NULL THEN
+    -- the wake record computed first, in PL/pgSQL (not from the fields of the
+    -- row variable inside the UPDATE: that crashed a Citus 13.2 node)
+    v_wake := jsonb_build_object('type', 'signal', 'kind', p_kind, 'ref', p_ref,
+                                 'payload', p_payload, 'at', v_sig.created_at,
+                                 'signal', v_sig.id);
     UPDATE pgdurable.runs r SET status = 'runnable', available_at = pgdurable.now(),
-           wake = jsonb_build_object('type', 'signal', 'kind', p_kind, 'ref', p_ref,
-                                     'payload', p_payload, 'at', v_sig.created_at,
-                                     'signal', v_sig.id),
+           wake = v_wake,
            wait_kind = NULL, wait_ref = NULL, wait_since = NULL, wake_at = NULL,
            updated_at = pgdurable.now()
-     WHERE r.status = 'waiting' AND r.wait_kind = p_kind AND r.wait_ref = p_ref
-    RETURNING r.id, r.queue)
-  SELECT array_agg(w.id ORDER BY w.id), array_agg(DISTINCT w.queue) INTO v_ids, v_queues FROM w;
-  IF v_ids IS NOT NULL THEN
+     WHERE r.id = ANY (v_ids);
+    v_sig_id := v_sig.id;
     UPDATE pgdurable.signals SET consumed_by = v_ids[1], consumed_at = pgdurable.now(),
            woke = v_ids
-     WHERE id = v_sig.id;
+     WHERE id = v_sig_id;
     FOREACH v_q IN ARRAY v_queues LOOP
       PERFORM pg_notify('pgdurable_wake', v_q);
     END LOOP;

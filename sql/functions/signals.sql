@@ -101,8 +101,8 @@ DECLARE
   v_ids uuid[];
   v_queues text[];
   v_q text;
-  v_wake jsonb;
   v_sig_id bigint;
+  v_first uuid;
 BEGIN
   PERFORM pgdurable._signal_check(p_kind, p_ref, p_signal_id);
   PERFORM pg_advisory_xact_lock(pgdurable.wait_lock_key(p_kind, p_ref));
@@ -121,25 +121,22 @@ BEGIN
     RETURN QUERY SELECT unnest(pgdurable._signal_dup(p_signal_id, p_kind, p_ref, p_payload, NULL));
     RETURN;
   END IF;
-  -- the waiters locked and read first, then woken by id: an aggregate over
-  -- an UPDATE inside WITH crashed a Citus 13.2 node (a cell)
-  SELECT array_agg(w.id ORDER BY w.id), array_agg(DISTINCT w.queue) INTO v_ids, v_queues
-    FROM (SELECT r.id, r.queue FROM pgdurable.runs r
-           WHERE r.status = 'waiting' AND r.wait_kind = p_kind AND r.wait_ref = p_ref
-             FOR UPDATE) w;
-  IF v_ids IS NOT NULL THEN
-    -- the wake record computed first, in PL/pgSQL (not from the fields of the
-    -- row variable inside the UPDATE: that crashed a Citus 13.2 node)
-    v_wake := jsonb_build_object('type', 'signal', 'kind', p_kind, 'ref', p_ref,
-                                 'payload', p_payload, 'at', v_sig.created_at,
-                                 'signal', v_sig.id);
+  WITH w AS (
     UPDATE pgdurable.runs r SET status = 'runnable', available_at = pgdurable.now(),
-           wake = v_wake,
+           wake = jsonb_build_object('type', 'signal', 'kind', p_kind, 'ref', p_ref,
+                                     'payload', p_payload, 'at', v_sig.created_at,
+                                     'signal', v_sig.id),
            wait_kind = NULL, wait_ref = NULL, wait_since = NULL, wake_at = NULL,
            updated_at = pgdurable.now()
-     WHERE r.id = ANY (v_ids);
+     WHERE r.status = 'waiting' AND r.wait_kind = p_kind AND r.wait_ref = p_ref
+    RETURNING r.id, r.queue)
+  SELECT array_agg(w.id ORDER BY w.id), array_agg(DISTINCT w.queue) INTO v_ids, v_queues FROM w;
+  IF v_ids IS NOT NULL THEN
+    -- plain variables, not v_ids[1] nor v_sig.id inside the UPDATE: an array
+    -- subscript of a parameter in SET crashed a Citus 13.2 node (a cell)
     v_sig_id := v_sig.id;
-    UPDATE pgdurable.signals SET consumed_by = v_ids[1], consumed_at = pgdurable.now(),
+    v_first := v_ids[1];
+    UPDATE pgdurable.signals SET consumed_by = v_first, consumed_at = pgdurable.now(),
            woke = v_ids
      WHERE id = v_sig_id;
     FOREACH v_q IN ARRAY v_queues LOOP

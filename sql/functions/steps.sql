@@ -74,7 +74,7 @@ SET plan_cache_mode = force_generic_plan
 SET enable_seqscan = off AS $$
 DECLARE
   n integer := cardinality(p_ids);
-  v_now timestamptz := pgdurable.now();
+  v_now timestamptz;
   v_ids uuid[];
   v_steps integer[];
   v_tokens bigint[];
@@ -94,12 +94,54 @@ BEGIN
     RAISE EXCEPTION 'write_steps: ids, tokens, states, spends, done and results must have the '
       'same length, distinct ids and no NULL id, token, state or done' USING ERRCODE = 'PD000';
   END IF;
-  -- Citus-safe forms (a cell, pgdurable/ops/citus.py): the fenced rows are
-  -- locked and their verdicts (_verdict's rules, inline: cancel/budget in
-  -- e_cb, the deadline in e_dl) computed by a SELECT; the UPDATE then sets
-  -- plain values (Citus refuses non-IMMUTABLE calls inside its CASE/COALESCE
-  -- and functions taking the table's row type), and the history rows are
-  -- written by a second statement (Citus refuses an INSERT inside WITH).
+  IF current_setting('pgdurable.cell', true) IS DISTINCT FROM 'on' THEN
+    -- one PostgreSQL server: one statement (fence, verdicts, update, history)
+    RETURN QUERY
+    WITH i AS (
+      SELECT * FROM unnest(p_ids, p_tokens, p_states, p_spends, p_done, p_results)
+                    AS i(id, token, state, spend, done, result)
+    ), u AS (
+      UPDATE pgdurable.runs r SET
+             state = i.state, step = r.step + 1, wake = NULL, reclaims = 0,
+             spent = r.spent + coalesce(i.spend, 0),
+             status = CASE WHEN pgdurable._verdict(r, i.spend, NOT i.done) IS NULL
+                           THEN CASE WHEN i.done THEN 'completed' ELSE 'leased' END
+                           WHEN pgdurable._verdict(r, i.spend, NOT i.done)->>'type' = 'RunCancelled'
+                           THEN 'cancelled' ELSE 'failed' END,
+             result = CASE WHEN i.done AND pgdurable._verdict(r, i.spend, false) IS NULL
+                           THEN i.result END,
+             error = coalesce(pgdurable._verdict(r, i.spend, NOT i.done), r.error),
+             lease_owner = CASE WHEN NOT i.done AND pgdurable._verdict(r, i.spend, true) IS NULL
+                                THEN r.lease_owner END,
+             lease_expires_at = CASE WHEN NOT i.done AND pgdurable._verdict(r, i.spend, true) IS NULL
+                                     THEN r.lease_expires_at END,
+             finished_at = CASE WHEN i.done OR pgdurable._verdict(r, i.spend, true) IS NOT NULL
+                                THEN pgdurable.now() END,
+             updated_at = pgdurable.now()
+        FROM i
+       WHERE r.id = i.id AND r.lease_token = i.token AND r.lease_owner = p_owner
+         AND r.status IS NOT DISTINCT FROM 'leased' AND r.lease_expires_at > pgdurable.now()
+      RETURNING r.id, r.step, r.status, i.token, i.state
+    ), c AS (
+      INSERT INTO pgdurable.checkpoints (run_id, step, token, state, wake, owner)
+      SELECT u.id, u.step, u.token, u.state,
+             (SELECT o.wake FROM pgdurable.runs o WHERE o.id = u.id), p_owner
+        FROM u
+    )
+    SELECT i.id, coalesce(u.status, 'lost') FROM i LEFT JOIN u ON u.id = i.id;
+    RETURN;
+  END IF;
+  -- A cell (Citus, pgdurable/ops/citus.py sets pgdurable.cell = on): the same
+  -- in the forms Citus plans. The fenced rows are locked and their verdicts
+  -- (_verdict's rules, inline: cancel/budget in e_cb, the deadline in e_dl)
+  -- computed by a SELECT; the UPDATE then sets plain values (Citus refuses
+  -- non-IMMUTABLE calls inside CASE/COALESCE of an UPDATE); the history rows
+  -- are written by a second statement (no INSERT inside WITH), run by EXECUTE
+  -- (Citus plans an INSERT ... SELECT only with its parameters bound, which
+  -- this function's generic plans never have). On one server this form costs
+  -- 1.24x the backends' CPU per run of the one above (benchmarks/worker_cost.py,
+  -- issue 46): hence two forms.
+  v_now := pgdurable.now();
   WITH i AS (
     SELECT * FROM unnest(p_ids, p_tokens, p_states, p_spends, p_done, p_results)
                   AS i(id, token, state, spend, done, result)
@@ -149,18 +191,10 @@ BEGIN
     INTO v_ids, v_steps, v_tokens, v_states, v_wakes, v_status
     FROM u;
   IF v_ids IS NOT NULL THEN
-    IF current_setting('pgdurable.cell', true) = 'on' THEN
-      -- a cell: Citus plans an INSERT ... SELECT only with its parameters
-      -- bound, which this function's generic plans never have
-      EXECUTE 'INSERT INTO pgdurable.checkpoints (run_id, step, token, state, wake, owner) '
-              'SELECT c.id, c.step, c.token, c.state, c.wake, $6 '
-              'FROM unnest($1, $2, $3, $4, $5) AS c(id, step, token, state, wake)'
-        USING v_ids, v_steps, v_tokens, v_states, v_wakes, p_owner;
-    ELSE
-      INSERT INTO pgdurable.checkpoints (run_id, step, token, state, wake, owner)
-      SELECT c.id, c.step, c.token, c.state, c.wake, p_owner
-        FROM unnest(v_ids, v_steps, v_tokens, v_states, v_wakes) AS c(id, step, token, state, wake);
-    END IF;
+    EXECUTE 'INSERT INTO pgdurable.checkpoints (run_id, step, token, state, wake, owner) '
+            'SELECT c.id, c.step, c.token, c.state, c.wake, $6 '
+            'FROM unnest($1, $2, $3, $4, $5) AS c(id, step, token, state, wake)'
+      USING v_ids, v_steps, v_tokens, v_states, v_wakes, p_owner;
   END IF;
   RETURN QUERY
   SELECT x.id, coalesce(s.status, 'lost')

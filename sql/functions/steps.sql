@@ -74,13 +74,23 @@ SET plan_cache_mode = force_generic_plan
 SET enable_seqscan = off AS $$
 DECLARE
   n integer := cardinality(p_ids);
+  -- the cell's form (below)
   v_now timestamptz;
-  v_ids uuid[];
-  v_steps integer[];
-  v_tokens bigint[];
-  v_states jsonb[];
-  v_wakes jsonb[];
-  v_status text[];
+  v_rec record;
+  k integer;
+  v_map jsonb := '{}';
+  v_ids uuid[] := '{}';
+  v_steps integer[] := '{}';
+  v_tokens bigint[] := '{}';
+  v_states jsonb[] := '{}';
+  v_wakes jsonb[] := '{}';
+  v_status text[] := '{}';
+  v_spend numeric;
+  v_done boolean;
+  v_e_cb jsonb;
+  v_e_dl jsonb;
+  v_e_step jsonb;
+  v_st text;
 BEGIN
   -- unnest pads shorter arrays with NULL: a missing done[i] would leave run i
   -- 'leased' with no lease owner or expiry (stranded forever), a duplicate id
@@ -132,65 +142,72 @@ BEGIN
     RETURN;
   END IF;
   -- A cell (Citus, pgdurable/ops/citus.py sets pgdurable.cell = on): the same
-  -- in the forms Citus plans. The fenced rows are locked and their verdicts
-  -- (_verdict's rules, inline: cancel/budget in e_cb, the deadline in e_dl)
-  -- computed by a SELECT; the UPDATE then sets plain values (Citus refuses
-  -- non-IMMUTABLE calls inside CASE/COALESCE of an UPDATE); the history rows
-  -- are written by a second statement (no INSERT inside WITH), run by EXECUTE
-  -- (Citus plans an INSERT ... SELECT only with its parameters bound, which
-  -- this function's generic plans never have). On one server this form costs
-  -- 1.24x the backends' CPU per run of the one above (benchmarks/worker_cost.py,
-  -- issue 46): hence two forms.
+  -- in statements on ONE table each, which Citus plans on its fast path and
+  -- whose plans it caches (this function's generic plans, executed on the
+  -- node holding the shard); a statement with a join, a CTE or a subquery is
+  -- planned again, deparsed, parsed and planned on the shard at every call,
+  -- and each data-modifying statement costs ~80 us of Citus' bookkeeping: so
+  -- one UPDATE for the batch, not one per run (benchmarks/citus_cells.py,
+  -- issue 46). The fenced rows are locked and read by one query, their
+  -- verdicts (_verdict's rules) computed here into one JSON object by run id
+  -- that the UPDATE reads with IMMUTABLE operators only (Citus refuses
+  -- non-IMMUTABLE calls inside CASE/COALESCE of an UPDATE, and an array
+  -- subscript of a parameter in SET crashes it); the history rows are written
+  -- by EXECUTE (Citus plans an INSERT ... SELECT only with its parameters
+  -- bound, which this function's generic plans never have).
   v_now := pgdurable.now();
-  WITH i AS (
-    SELECT * FROM unnest(p_ids, p_tokens, p_states, p_spends, p_done, p_results)
-                  AS i(id, token, state, spend, done, result)
-  ), v AS MATERIALIZED (
-    SELECT i.id, i.token, i.state, i.spend, i.done, i.result, r.wake AS old_wake,
-           CASE WHEN r.cancel_requested_at IS NOT NULL
-                  THEN pgdurable._error('RunCancelled', 'run was cancelled')
-                WHEN r.budget IS NOT NULL AND r.spent + coalesce(i.spend, 0) > r.budget
-                  THEN pgdurable._error('BudgetExceeded', format('spent %s of budget %s',
-                         r.spent + coalesce(i.spend, 0), r.budget))
-           END AS e_cb,
-           CASE WHEN r.deadline_at IS NOT NULL AND r.deadline_at <= v_now
-                  THEN pgdurable._error('DeadlineExceeded',
-                         format('deadline %s passed', r.deadline_at))
-           END AS e_dl
-      FROM i JOIN pgdurable.runs r ON r.id = i.id
-     WHERE r.lease_token = i.token AND r.lease_owner = p_owner
+  FOR v_rec IN
+    SELECT r.id, r.lease_token, r.step, r.wake, r.cancel_requested_at, r.budget, r.spent,
+           r.deadline_at, r.error
+      FROM pgdurable.runs r
+     WHERE r.id = ANY (p_ids) AND r.lease_owner = p_owner
        AND r.status IS NOT DISTINCT FROM 'leased' AND r.lease_expires_at > v_now
-       FOR UPDATE OF r
-  ), w AS MATERIALIZED (
-    -- e_step: the verdict of this write (the deadline only for a step that goes
-    -- on); e_any: with the deadline whatever the step did
-    SELECT v.*, coalesce(v.e_cb, CASE WHEN NOT v.done THEN v.e_dl END) AS e_step,
-           coalesce(v.e_cb, v.e_dl) AS e_any
-      FROM v
-  ), u AS (
+       FOR UPDATE
+  LOOP
+    k := array_position(p_ids, v_rec.id);
+    CONTINUE WHEN v_rec.lease_token <> p_tokens[k];
+    v_spend := coalesce(p_spends[k], 0);
+    v_done := p_done[k];
+    v_e_cb := CASE WHEN v_rec.cancel_requested_at IS NOT NULL
+                     THEN pgdurable._error('RunCancelled', 'run was cancelled')
+                   WHEN v_rec.budget IS NOT NULL AND v_rec.spent + v_spend > v_rec.budget
+                     THEN pgdurable._error('BudgetExceeded', format('spent %s of budget %s',
+                            v_rec.spent + v_spend, v_rec.budget))
+              END;
+    v_e_dl := CASE WHEN v_rec.deadline_at IS NOT NULL AND v_rec.deadline_at <= v_now
+                     THEN pgdurable._error('DeadlineExceeded',
+                            format('deadline %s passed', v_rec.deadline_at))
+              END;
+    v_e_step := coalesce(v_e_cb, CASE WHEN NOT v_done THEN v_e_dl END);
+    v_st := CASE WHEN v_e_step IS NULL THEN CASE WHEN v_done THEN 'completed' ELSE 'leased' END
+                 WHEN v_e_step->>'type' = 'RunCancelled' THEN 'cancelled' ELSE 'failed' END;
+    v_map := v_map || jsonb_build_object(v_rec.id::text, jsonb_build_object(
+      'state', p_states[k], 'spend', v_spend, 'status', v_st,
+      'result', CASE WHEN v_done AND v_e_cb IS NULL THEN p_results[k] END,
+      'error', v_e_step,
+      'keep', NOT v_done AND coalesce(v_e_cb, v_e_dl) IS NULL));
+    v_ids := v_ids || v_rec.id;
+    v_steps := v_steps || (v_rec.step + 1);
+    v_tokens := v_tokens || v_rec.lease_token;
+    v_states := v_states || p_states[k];
+    v_wakes := v_wakes || v_rec.wake;
+    v_status := v_status || v_st;
+  END LOOP;
+  IF cardinality(v_ids) > 0 THEN
     UPDATE pgdurable.runs r SET
-           state = w.state, step = r.step + 1, wake = NULL, reclaims = 0,
-           spent = r.spent + coalesce(w.spend, 0),
-           status = CASE WHEN w.e_step IS NULL
-                         THEN CASE WHEN w.done THEN 'completed' ELSE 'leased' END
-                         WHEN w.e_step->>'type' = 'RunCancelled' THEN 'cancelled'
-                         ELSE 'failed' END,
-           result = CASE WHEN w.done AND w.e_cb IS NULL THEN w.result END,
-           error = coalesce(w.e_step, r.error),
-           lease_owner = CASE WHEN NOT w.done AND w.e_any IS NULL THEN r.lease_owner END,
-           lease_expires_at = CASE WHEN NOT w.done AND w.e_any IS NULL
+           state = v_map -> r.id::text -> 'state', step = r.step + 1, wake = NULL, reclaims = 0,
+           spent = r.spent + (v_map -> r.id::text ->> 'spend')::numeric,
+           status = v_map -> r.id::text ->> 'status',
+           result = nullif(v_map -> r.id::text -> 'result', 'null'::jsonb),
+           error = coalesce(nullif(v_map -> r.id::text -> 'error', 'null'::jsonb), r.error),
+           lease_owner = CASE WHEN (v_map -> r.id::text ->> 'keep')::boolean
+                              THEN r.lease_owner END,
+           lease_expires_at = CASE WHEN (v_map -> r.id::text ->> 'keep')::boolean
                                    THEN r.lease_expires_at END,
-           finished_at = CASE WHEN w.done OR w.e_any IS NOT NULL THEN v_now END,
+           finished_at = CASE WHEN (v_map -> r.id::text ->> 'keep')::boolean THEN NULL
+                              ELSE v_now END,
            updated_at = v_now
-      FROM w
-     WHERE r.id = w.id
-    RETURNING r.id, r.step, r.status, w.token, w.state, w.old_wake
-  )
-  SELECT array_agg(u.id), array_agg(u.step), array_agg(u.token), array_agg(u.state),
-         array_agg(u.old_wake), array_agg(u.status)
-    INTO v_ids, v_steps, v_tokens, v_states, v_wakes, v_status
-    FROM u;
-  IF v_ids IS NOT NULL THEN
+     WHERE r.id = ANY (v_ids);
     EXECUTE 'INSERT INTO pgdurable.checkpoints (run_id, step, token, state, wake, owner) '
             'SELECT c.id, c.step, c.token, c.state, c.wake, $6 '
             'FROM unnest($1, $2, $3, $4, $5) AS c(id, step, token, state, wake)'

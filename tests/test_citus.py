@@ -144,3 +144,24 @@ def test_a_sigkilled_workers_run_completes_once_on_another(cell: Cell, tmp_path:
         finally:
             for p in fleet.all:
                 p._kill_group()
+
+
+def test_cell_dsn_follows_a_shard_move(cell: Cell) -> None:
+    # last in the module: the schema moves to the other worker node
+    before = cell_dsn(cell.coordinator)
+    with psycopg.connect(cell.coordinator, autocommit=True) as c:
+        row = c.execute("SELECT shardid, nodename, nodeport FROM citus_shards "
+                        "WHERE table_name = 'pgdurable.runs'::regclass").fetchone()
+        assert row is not None
+        shard, host, port = row
+        other = next(w for w in cell.cluster.workers if w.port != port)
+        # moves the schema's whole colocation group (every table of the cell)
+        c.execute("SELECT citus_move_shard_placement(%s, %s, %s, %s, %s, "
+                  "shard_transfer_mode => 'block_writes')",
+                  (shard, host, port, "127.0.0.1", other.port))
+    after = cell_dsn(cell.coordinator)
+    assert f"port={port}" in before and f"port={other.port}" in after
+    env = {**os.environ, "PGDURABLE_DSN": after, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, str(ROOT / "examples" / "quickstart.py")], env=env,
+                          capture_output=True, text=True, timeout=WAIT_LIMIT, cwd=ROOT)
+    assert done.returncode == 0 and "'approved': True" in done.stdout, done.stdout + done.stderr

@@ -89,17 +89,20 @@ COMMENT ON FUNCTION pgdurable._insert_checkpoints(uuid[], integer[], bigint[], j
 -- 0003), with the fence's status test that no partial index matches and a
 -- generic plan.
 ------------------------------------------------------------------------------
-CREATE OR REPLACE FUNCTION pgdurable.write_steps(p_owner text, p_ids uuid[], p_tokens bigint[],
-                                                 p_states jsonb[], p_spends numeric[],
-                                                 p_done boolean[], p_results jsonb[])
+------------------------------------------------------------------------------
+-- pgdurable._write_steps_cell(... write_steps' arguments ...) -> TABLE(id, status)
+-- Internal: write_steps in a cell (Citus, pgdurable.cell = on, set by
+-- pgdurable/ops/citus.py), called by write_steps after its argument checks.
+------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION pgdurable._write_steps_cell(p_owner text, p_ids uuid[], p_tokens bigint[],
+                                                       p_states jsonb[], p_spends numeric[],
+                                                       p_done boolean[], p_results jsonb[])
 RETURNS TABLE (id uuid, status text)
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pgdurable, pg_temp
 SET plan_cache_mode = force_generic_plan
 SET enable_seqscan = off AS $$
 DECLARE
-  n integer := cardinality(p_ids);
-  -- the cell's form (below)
   v_now timestamptz;
   v_rec record;
   k integer;
@@ -117,59 +120,9 @@ DECLARE
   v_e_step jsonb;
   v_st text;
 BEGIN
-  -- unnest pads shorter arrays with NULL: a missing done[i] would leave run i
-  -- 'leased' with no lease owner or expiry (stranded forever), a duplicate id
-  -- would report a state as written that was not
-  IF n IS NULL OR cardinality(p_tokens) IS DISTINCT FROM n
-     OR cardinality(p_states) IS DISTINCT FROM n OR cardinality(p_spends) IS DISTINCT FROM n
-     OR cardinality(p_done) IS DISTINCT FROM n OR cardinality(p_results) IS DISTINCT FROM n
-     OR array_position(p_ids, NULL) IS NOT NULL OR array_position(p_tokens, NULL) IS NOT NULL
-     OR array_position(p_states, NULL) IS NOT NULL OR array_position(p_done, NULL) IS NOT NULL
-     OR (SELECT count(DISTINCT x) FROM unnest(p_ids) x) <> n THEN
-    RAISE EXCEPTION 'write_steps: ids, tokens, states, spends, done and results must have the '
-      'same length, distinct ids and no NULL id, token, state or done' USING ERRCODE = 'PD000';
-  END IF;
-  IF current_setting('pgdurable.cell', true) IS DISTINCT FROM 'on' THEN
-    -- one PostgreSQL server: one statement (fence, verdicts, update, history)
-    RETURN QUERY
-    WITH i AS (
-      SELECT * FROM unnest(p_ids, p_tokens, p_states, p_spends, p_done, p_results)
-                    AS i(id, token, state, spend, done, result)
-    ), u AS (
-      UPDATE pgdurable.runs r SET
-             state = i.state, step = r.step + 1, wake = NULL, reclaims = 0,
-             spent = r.spent + coalesce(i.spend, 0),
-             status = CASE WHEN pgdurable._verdict(r, i.spend, NOT i.done) IS NULL
-                           THEN CASE WHEN i.done THEN 'completed' ELSE 'leased' END
-                           WHEN pgdurable._verdict(r, i.spend, NOT i.done)->>'type' = 'RunCancelled'
-                           THEN 'cancelled' ELSE 'failed' END,
-             result = CASE WHEN i.done AND pgdurable._verdict(r, i.spend, false) IS NULL
-                           THEN i.result END,
-             error = coalesce(pgdurable._verdict(r, i.spend, NOT i.done), r.error),
-             lease_owner = CASE WHEN NOT i.done AND pgdurable._verdict(r, i.spend, true) IS NULL
-                                THEN r.lease_owner END,
-             lease_expires_at = CASE WHEN NOT i.done AND pgdurable._verdict(r, i.spend, true) IS NULL
-                                     THEN r.lease_expires_at END,
-             finished_at = CASE WHEN i.done OR pgdurable._verdict(r, i.spend, true) IS NOT NULL
-                                THEN pgdurable.now() END,
-             updated_at = pgdurable.now()
-        FROM i
-       WHERE r.id = i.id AND r.lease_token = i.token AND r.lease_owner = p_owner
-         AND r.status IS NOT DISTINCT FROM 'leased' AND r.lease_expires_at > pgdurable.now()
-      RETURNING r.id, r.step, r.status, i.token, i.state
-    ), c AS (
-      INSERT INTO pgdurable.checkpoints (run_id, step, token, state, wake, owner)
-      SELECT u.id, u.step, u.token, u.state,
-             (SELECT o.wake FROM pgdurable.runs o WHERE o.id = u.id), p_owner
-        FROM u
-    )
-    SELECT i.id, coalesce(u.status, 'lost') FROM i LEFT JOIN u ON u.id = i.id;
-    RETURN;
-  END IF;
-  -- A cell (Citus, pgdurable/ops/citus.py sets pgdurable.cell = on): the same
-  -- in statements on ONE table each, which Citus plans on its fast path and
-  -- whose plans it caches (this function's generic plans, executed on the
-  -- node holding the shard); a statement with a join, a CTE or a subquery is
+  -- The same as write_steps' one statement, in statements on ONE table each,
+  -- which Citus plans on its fast path (executed on the node holding the
+  -- shard without a deparse); a statement with a join, a CTE or a subquery is
   -- planned again, deparsed, parsed and planned on the shard at every call,
   -- and each data-modifying statement costs ~80 us of Citus' bookkeeping: so
   -- one UPDATE for the batch, not one per run (benchmarks/citus_cells.py,
@@ -238,6 +191,74 @@ BEGIN
   SELECT x.id, coalesce(s.status, 'lost')
     FROM unnest(p_ids) AS x(id)
     LEFT JOIN unnest(v_ids, v_status) AS s(id, status) ON s.id = x.id;
+END
+$$;
+COMMENT ON FUNCTION pgdurable._write_steps_cell(text, uuid[], bigint[], jsonb[], numeric[], boolean[], jsonb[]) IS
+  'Internal: write_steps in a Citus cell, in statements on one table each.';
+
+CREATE OR REPLACE FUNCTION pgdurable.write_steps(p_owner text, p_ids uuid[], p_tokens bigint[],
+                                                 p_states jsonb[], p_spends numeric[],
+                                                 p_done boolean[], p_results jsonb[])
+RETURNS TABLE (id uuid, status text)
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pgdurable, pg_temp
+SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off AS $$
+DECLARE
+  n integer := cardinality(p_ids);
+BEGIN
+  -- unnest pads shorter arrays with NULL: a missing done[i] would leave run i
+  -- 'leased' with no lease owner or expiry (stranded forever), a duplicate id
+  -- would report a state as written that was not
+  IF n IS NULL OR cardinality(p_tokens) IS DISTINCT FROM n
+     OR cardinality(p_states) IS DISTINCT FROM n OR cardinality(p_spends) IS DISTINCT FROM n
+     OR cardinality(p_done) IS DISTINCT FROM n OR cardinality(p_results) IS DISTINCT FROM n
+     OR array_position(p_ids, NULL) IS NOT NULL OR array_position(p_tokens, NULL) IS NOT NULL
+     OR array_position(p_states, NULL) IS NOT NULL OR array_position(p_done, NULL) IS NOT NULL
+     OR (SELECT count(DISTINCT x) FROM unnest(p_ids) x) <> n THEN
+    RAISE EXCEPTION 'write_steps: ids, tokens, states, spends, done and results must have the '
+      'same length, distinct ids and no NULL id, token, state or done' USING ERRCODE = 'PD000';
+  END IF;
+  IF current_setting('pgdurable.cell', true) = 'on' THEN
+    -- a cell (Citus): the same in statements Citus plans on its fast path
+    RETURN QUERY SELECT w.id, w.status
+      FROM pgdurable._write_steps_cell(p_owner, p_ids, p_tokens, p_states, p_spends, p_done,
+                                       p_results) w;
+    RETURN;
+  END IF;
+  RETURN QUERY
+  WITH i AS (
+    SELECT * FROM unnest(p_ids, p_tokens, p_states, p_spends, p_done, p_results)
+                  AS i(id, token, state, spend, done, result)
+  ), u AS (
+    UPDATE pgdurable.runs r SET
+           state = i.state, step = r.step + 1, wake = NULL, reclaims = 0,
+           spent = r.spent + coalesce(i.spend, 0),
+           status = CASE WHEN pgdurable._verdict(r, i.spend, NOT i.done) IS NULL
+                         THEN CASE WHEN i.done THEN 'completed' ELSE 'leased' END
+                         WHEN pgdurable._verdict(r, i.spend, NOT i.done)->>'type' = 'RunCancelled'
+                         THEN 'cancelled' ELSE 'failed' END,
+           result = CASE WHEN i.done AND pgdurable._verdict(r, i.spend, false) IS NULL
+                         THEN i.result END,
+           error = coalesce(pgdurable._verdict(r, i.spend, NOT i.done), r.error),
+           lease_owner = CASE WHEN NOT i.done AND pgdurable._verdict(r, i.spend, true) IS NULL
+                              THEN r.lease_owner END,
+           lease_expires_at = CASE WHEN NOT i.done AND pgdurable._verdict(r, i.spend, true) IS NULL
+                                   THEN r.lease_expires_at END,
+           finished_at = CASE WHEN i.done OR pgdurable._verdict(r, i.spend, true) IS NOT NULL
+                              THEN pgdurable.now() END,
+           updated_at = pgdurable.now()
+      FROM i
+     WHERE r.id = i.id AND r.lease_token = i.token AND r.lease_owner = p_owner
+       AND r.status IS NOT DISTINCT FROM 'leased' AND r.lease_expires_at > pgdurable.now()
+    RETURNING r.id, r.step, r.status, i.token, i.state
+  ), c AS (
+    INSERT INTO pgdurable.checkpoints (run_id, step, token, state, wake, owner)
+    SELECT u.id, u.step, u.token, u.state,
+           (SELECT o.wake FROM pgdurable.runs o WHERE o.id = u.id), p_owner
+      FROM u
+  )
+  SELECT i.id, coalesce(u.status, 'lost') FROM i LEFT JOIN u ON u.id = i.id;
 END
 $$;
 COMMENT ON FUNCTION pgdurable.write_steps(text, uuid[], bigint[], jsonb[], numeric[], boolean[], jsonb[]) IS

@@ -30,13 +30,33 @@ maintenance) goes through the coordinator, which propagates it.
   distribute the migrated schema (idempotent: a distributed schema is left as
   it is) and let its tables keep their triggers (``citus.enable_unsafe_triggers``
   for the database on every node: the engine's triggers only touch rows of the
-  same colocated schema, on the same node, which is what makes them safe here).
+  same colocated schema, on the same node, which is what makes them safe here);
+  distribute the functions Citus did not copy with the schema (those taking a
+  table's row type, created while the table was local); and set
+  ``pgdurable.cell = on`` for the database on every node.
+
+``pgdurable.cell = on`` selects, in the hot path's SQL, the forms Citus plans
+well: ``write_steps`` and ``claim_runs`` then run ``_write_steps_cell`` and
+``_claim_cell`` (statements on one table each, which Citus plans on its fast
+path, and no non-IMMUTABLE call inside the CASE/COALESCE of an UPDATE); on one
+server (the setting unset) they run their one-statement forms, unchanged.
+
+What works where (tests/test_citus.py, tests/test_citus_workflows_crash.py):
+the engine's functions, the fleet, ``result()`` and the examples with every
+connection on the cell's node; ``pgdurable migrate`` (:func:`migrate_cell`)
+and partition maintenance (``create_history_partitions``: "cannot create
+tables in a distributed schema from a worker node" on the cell's node) through
+the coordinator. A NOTIFY sent by a trigger is sent on the node where the
+trigger ran (the cell's node): listeners connected to the coordinator do not
+hear it.
 
 From psql on the coordinator, what :func:`distribute_schema` does::
 
     ALTER DATABASE app SET citus.enable_unsafe_triggers = on;  -- and on each worker
+    ALTER DATABASE app SET pgdurable.cell = on;                -- and on each worker
     SET citus.enable_unsafe_triggers = on;
     SELECT citus_schema_distribute('pgdurable');
+    SELECT create_distributed_function(f) ...  -- each pgdurable function not in pg_dist_object
     SELECT * FROM citus_schemas;          -- where it went: citus_shards.nodename/nodeport
 """
 
@@ -179,7 +199,8 @@ def distribute_schema(coordinator_dsn: str, schema: str = "pgdurable") -> CellNo
     tables local). Sets ``citus.enable_unsafe_triggers`` for the database on
     the coordinator and every worker (the engine's tables have triggers, which
     Citus refuses to distribute without it, and later migrations create
-    triggers through the coordinator)."""
+    triggers through the coordinator), distributes the schema's functions
+    Citus has not, and sets ``pgdurable.cell = on`` (module docstring)."""
     with psycopg.connect(coordinator_dsn, autocommit=True) as conn:
         has = conn.execute(_HAS_CITUS_SQL).fetchone()
         if not (has and has[0]):

@@ -24,7 +24,9 @@ import psycopg
 import pytest
 from _waiting import WAIT_LIMIT
 from fix_fleet import Fleet
+from psycopg.conninfo import make_conninfo
 
+import pgdurable
 from pgdurable.foundation.migrations import migrate
 from pgdurable.ops.citus import (
     SchemaNotDistributed,
@@ -144,6 +146,37 @@ def test_a_sigkilled_workers_run_completes_once_on_another(cell: Cell, tmp_path:
         finally:
             for p in fleet.all:
                 p._kill_group()
+
+
+def test_the_role_model_works_on_the_cells_node(cell: Cell) -> None:
+    """grant_roles through the coordinator; the app role, connected to the cell's
+    node, starts, claims and completes a run through the SECURITY DEFINER
+    functions of the NOLOGIN owner (executed on that node: no connection as the
+    owner is needed; through the coordinator one would be, and is refused)."""
+    coordinator = cell.cluster.create_database("pgd_cell_roles")
+    migrate(coordinator)
+    distribute_schema(coordinator)
+    with psycopg.connect(coordinator, autocommit=True) as admin:
+        for role, login in (("cell_owner", "NOLOGIN"), ("cell_app", "LOGIN"),
+                            ("cell_ro", "LOGIN")):
+            admin.execute(f"CREATE ROLE {role} {login}")
+        pgdurable.grant_roles(admin, owner_role="cell_owner", app_role="cell_app",
+                              readonly_role="cell_ro")
+    migrate_cell(coordinator)  # secure_schema again, through the coordinator
+    with psycopg.connect(make_conninfo(cell_dsn(coordinator), user="cell_app"),
+                         autocommit=True) as app:
+        app.execute(START, ("t", "1", "{}"))
+        (rid, token), = app.execute(
+            "SELECT id, lease_token FROM pgdurable.claim_runs('w', '{default}', '{t}', '{1}', "
+            "1, '60s')").fetchall()
+        done = app.execute("SELECT * FROM pgdurable.write_steps('w', %s, %s, %s::jsonb[], "
+                           "'{0}', '{t}', %s::jsonb[])",
+                           ([rid], [token], ['{"ok": 1}'], ['{"r": 2}'])).fetchall()
+        assert done == [(rid, "completed")]
+        assert app.execute("SELECT status, result FROM pgdurable.runs WHERE id = %s",
+                           (rid,)).fetchone() == ("completed", {"r": 2})
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            app.execute("UPDATE pgdurable.runs SET status = 'failed'")
 
 
 def test_cell_dsn_follows_a_shard_move(cell: Cell) -> None:

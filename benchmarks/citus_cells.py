@@ -3,7 +3,7 @@
 One command::
 
     .venv/bin/python benchmarks/citus_cells.py [--runs 2000] [--rounds 3] [--concurrency 32]
-        [--pool-size 8] [--coordinator] [--two-cells]
+        [--pool-size 8] [--coordinator] [--two-cells] [--phases]
 
 Starts its own Citus cluster (tests/_citus_cluster.py: a coordinator and two
 workers on free ports, in a temporary directory, removed at the end; Citus
@@ -22,7 +22,11 @@ must be installed: ``../shared/vendor/citus/build.sh``). On it:
   node (a second database, its schema moved to the other node with
   ``citus_move_shard_placement``), each with its own worker process and
   driver, against two plain databases on the coordinator's server at the
-  same time (the same CPU contention on this machine's cores).
+  same time (the same CPU contention on this machine's cores);
+* with ``--phases``, first a probe of the hot path's phases on one connection,
+  plain and cell: 32 ``start_run`` calls, one ``claim_runs`` of 32, a
+  ``write_steps`` of 32 continuing and one of 32 completing (ms, medians of 20
+  repetitions after 5 warm-ups).
 
 The job is benchmarks/throughput.py's: one worker process
 (``_throughput_app:app``), ``--runs`` runs of ``noop3`` (3 no-op steps)
@@ -36,8 +40,10 @@ from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import sys
 import threading
+import time
 from pathlib import Path
 
 import psycopg
@@ -102,6 +108,37 @@ def _pair(dsns: tuple[str, str], args: argparse.Namespace) -> list[float]:
     return [o[0] for o in out]
 
 
+PHASE_START = ("SELECT pgdurable.start_run('noop3', '1', '{}'::jsonb, 'default', 0, 3, NULL, "
+               "NULL, NULL, NULL) FROM generate_series(1, %s)")
+PHASE_CLAIM = ("SELECT id, lease_token FROM pgdurable.claim_runs('probe', '{default}', "
+               "'{noop3}', '{1}', %s, '60s')")
+PHASE_WRITE = ("SELECT * FROM pgdurable.write_steps('probe', %s, %s, %s::jsonb[], %s::numeric[], "
+               "%s, %s::jsonb[])")
+
+
+def phases(dsn: str, n: int = 32) -> dict[str, float]:
+    """Median ms of each phase of the hot path for ``n`` runs (see the docstring)."""
+    times: dict[str, list[float]] = {"start": [], "claim": [], "write": [], "complete": []}
+    with psycopg.connect(dsn, autocommit=True) as c:
+        for i in range(25):
+            t0 = time.perf_counter()
+            c.execute(PHASE_START, (n,)).fetchall()
+            t1 = time.perf_counter()
+            rows = c.execute(PHASE_CLAIM, (n,)).fetchall()
+            t2 = time.perf_counter()
+            ids, tokens = [r[0] for r in rows], [r[1] for r in rows]
+            common = (ids, tokens, ["{}"] * len(ids), [0] * len(ids))
+            c.execute(PHASE_WRITE, (*common, [False] * len(ids), [None] * len(ids))).fetchall()
+            t3 = time.perf_counter()
+            c.execute(PHASE_WRITE, (*common, [True] * len(ids), [None] * len(ids))).fetchall()
+            t4 = time.perf_counter()
+            if i >= 5:
+                for k, v in zip(times, (t1 - t0, t2 - t1, t3 - t2, t4 - t3), strict=True):
+                    times[k].append(v * 1000)
+        c.execute("TRUNCATE pgdurable.runs CASCADE")
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=2000)
@@ -112,6 +149,8 @@ def main() -> None:
                         help="also through the coordinator")
     parser.add_argument("--two-cells", action="store_true",
                         help="also two cells on two workers at the same time")
+    parser.add_argument("--phases", action="store_true",
+                        help="first, the hot path's phases on one connection")
     args = parser.parse_args()
     os.environ.setdefault("PGDURABLE_LOG", "WARNING")  # the worker processes' log
     why = _citus_cluster.missing()
@@ -129,6 +168,11 @@ def main() -> None:
             cells = (targets["cell"], second)
             plains = (plain, _plain(cluster, "pgd_bench_plain2"))
             print(f"two cells: {cells[0].split('port=')[1]} and {second.split('port=')[1]}")
+        if args.phases:
+            for name in ("plain", "cell"):
+                got = phases(targets[name])
+                print(f"phases {name:>5} (ms, 32 runs): "
+                      + ", ".join(f"{k} {v:.2f}" for k, v in got.items()))
         print(f"{args.runs} runs x 3 no-op steps, one worker process, concurrency "
               f"{args.concurrency}, pool {args.pool_size}; cell on {node.host}:{node.port}; "
               f"{load()}")

@@ -161,6 +161,7 @@ LANGUAGE plpgsql
 SET search_path = pg_catalog, pgdurable, pg_temp AS $$
 DECLARE
   v_old pgdurable.budgets;
+  v_now timestamptz;
 BEGIN
   PERFORM pgdurable._budget_key(p_key);
   PERFORM pgdurable._budget_amounts(p_limits, 'budget limit');
@@ -178,11 +179,13 @@ BEGIN
     RAISE EXCEPTION 'budget policy must be park or fail, not %', p_policy USING ERRCODE = 'PD000';
   END IF;
   SELECT * INTO v_old FROM pgdurable.budgets b WHERE b.key = p_key FOR UPDATE;
+  -- v_now, not pgdurable.now(), in DO UPDATE: Citus refuses non-IMMUTABLE calls there (a cell)
+  v_now := pgdurable.now();
   INSERT INTO pgdurable.budgets AS b (key, limits, window_kind, window_length, policy)
   VALUES (p_key, p_limits, p_window_kind, p_window_length, p_policy)
   ON CONFLICT (key) DO UPDATE SET limits = excluded.limits, window_kind = excluded.window_kind,
          window_length = excluded.window_length, policy = excluded.policy,
-         updated_at = pgdurable.now();
+         updated_at = v_now;
   PERFORM pgdurable._budget_totals_init(p_key,
     v_old.key IS NULL OR v_old.window_kind <> p_window_kind
     OR v_old.window_length IS DISTINCT FROM p_window_length);
@@ -201,6 +204,9 @@ CREATE OR REPLACE FUNCTION pgdurable.budget_price_set(p_model text, p_in numeric
 RETURNS void
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pgdurable, pg_temp AS $$
+DECLARE
+  -- v_now, not pgdurable.now(), in DO UPDATE: Citus refuses non-IMMUTABLE calls there (a cell)
+  v_now timestamptz := pgdurable.now();
 BEGIN
   IF p_model IS NULL OR p_model = '' OR length(p_model) > 200
      OR p_in IS NULL OR p_in < 0 OR p_out IS NULL OR p_out < 0 THEN
@@ -210,7 +216,7 @@ BEGIN
   INSERT INTO pgdurable.budget_prices AS p (model, usd_per_token_in, usd_per_token_out)
   VALUES (p_model, p_in, p_out)
   ON CONFLICT (model) DO UPDATE SET usd_per_token_in = excluded.usd_per_token_in,
-         usd_per_token_out = excluded.usd_per_token_out, updated_at = pgdurable.now();
+         usd_per_token_out = excluded.usd_per_token_out, updated_at = v_now;
 END
 $$;
 COMMENT ON FUNCTION pgdurable.budget_price_set(text, numeric, numeric) IS

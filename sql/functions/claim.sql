@@ -29,8 +29,7 @@ SET enable_seqscan = off
 SET jit = off AS $$
 DECLARE
   v_now  timestamptz := pgdurable.now();
-  v_limited text[] := ARRAY(SELECT l.name FROM pgdurable.queues l
-                             WHERE l.name = ANY (p_queues) ORDER BY l.name);
+  v_limited text[];
   v_queues text[] := p_queues;
   v_left integer := p_limit;
   v_n integer;
@@ -45,10 +44,20 @@ BEGIN
   IF p_limit IS NULL OR p_limit < 1 THEN
     RETURN;
   END IF;
+  -- one table, no subquery: a query Citus plans on its fast path (a cell)
+  SELECT coalesce(array_agg(l.name ORDER BY l.name), '{}') INTO v_limited
+    FROM pgdurable.queues l WHERE l.name = ANY (p_queues);
   IF cardinality(v_limited) > 0 THEN
     v_queues := ARRAY(SELECT u FROM unnest(p_queues) u WHERE u <> ALL (v_limited));
   END IF;
-  IF cardinality(v_queues) > 0 THEN
+  IF cardinality(v_queues) > 0 AND current_setting('pgdurable.cell', true) = 'on' THEN
+    -- a cell (Citus): the same claim in statements Citus plans on its fast path
+    RETURN QUERY SELECT f.*, v_now
+      FROM pgdurable._claim_cell(p_owner, v_queues, p_tasks, p_revisions, p_limit, p_ttl,
+                                 p_max_reclaims, v_now) f;
+    GET DIAGNOSTICS v_n = ROW_COUNT;
+    v_left := v_left - v_n;
+  ELSIF cardinality(v_queues) > 0 THEN
     RETURN QUERY
     WITH pairs AS MATERIALIZED (
       SELECT u.t, u.v, min(u.n) AS n
@@ -166,6 +175,175 @@ $$;
 COMMENT ON FUNCTION pgdurable.claim_runs(text, text[], text[], text[], integer, interval, integer[]) IS
   'Claim up to p_limit runs (runnable, expired lease, due timer) for p_owner in one statement; '
   'limited queues (pgdurable.queues) under their concurrency, per-key and rate limits.';
+
+------------------------------------------------------------------------------
+-- pgdurable._claim_cell(owner, queues, tasks, revisions, limit, ttl,
+--   max_reclaims, now) -> the rows of claim_runs but db_now
+-- Internal: claim_runs' unlimited queues in a cell (Citus, pgdurable.cell =
+-- on, set by pgdurable/ops/citus.py): the same three branches, the same
+-- order and the same verdicts, in statements on ONE table each, which Citus
+-- plans on its fast path and whose plans it caches; claim_runs' one statement
+-- (CTEs, lateral joins) is planned, deparsed, parsed and planned again on the
+-- shard at every call there (~2.5 ms: benchmarks/citus_cells.py, issue 46).
+-- Each branch's candidates are locked (FOR UPDATE SKIP LOCKED) and read per
+-- queue; the best p_limit are chosen here; one UPDATE takes them, reading each
+-- run's verdict, error and wake from one JSON object by id with IMMUTABLE
+-- operators only (Citus refuses non-IMMUTABLE calls inside CASE/COALESCE of an
+-- UPDATE). (task, revision) pairs are matched as one key, the task's length,
+-- ':', the task and the revision (no subquery).
+------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION pgdurable._claim_cell(
+  p_owner text, p_queues text[], p_tasks text[], p_revisions text[], p_limit integer,
+  p_ttl interval, p_max_reclaims integer[], p_now timestamptz)
+RETURNS TABLE (id uuid, task text, revision text, queue text, status text, state jsonb,
+               step integer, attempts integer, max_attempts integer, lease_token bigint,
+               lease_expires_at timestamptz, wake jsonb, deadline_at timestamptz,
+               budget numeric, spent numeric, affinity jsonb)
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pgdurable, pg_temp
+SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
+SET jit = off AS $$
+DECLARE
+  v_expires timestamptz := p_now + p_ttl;
+  v_keys text[] := ARRAY(SELECT length(u.t)::text || ':' || u.t || u.v
+                           FROM unnest(p_tasks, p_revisions) AS u(t, v));
+  v_q text;
+  v_rec record;
+  c_ids uuid[] := '{}';
+  c_branch text[] := '{}';
+  c_prio integer[] := '{}';
+  c_due timestamptz[] := '{}';
+  c_verdict text[] := '{}';
+  c_error jsonb[] := '{}';
+  c_wake jsonb[] := '{}';
+  v_bound integer;
+  v_map jsonb;
+  v_chosen uuid[];
+BEGIN
+  FOREACH v_q IN ARRAY p_queues LOOP
+    -- (a) runnable, per queue in runs_runnable_idx order
+    FOR v_rec IN
+      SELECT r.id, r.priority, r.available_at FROM pgdurable.runs r
+       WHERE r.status = 'runnable' AND r.queue = v_q AND r.available_at <= p_now
+         AND length(r.task)::text || ':' || r.task || r.revision = ANY (v_keys)
+         AND (r.affinity_worker IS NULL OR r.affinity_worker = p_owner
+              OR r.available_at + r.affinity_wait <= p_now
+              OR pgdurable._holder_until(r.affinity_worker, r.affinity_instance, p_now) IS NULL)
+       ORDER BY r.priority DESC, r.available_at
+       LIMIT p_limit FOR UPDATE SKIP LOCKED
+    LOOP
+      c_ids := c_ids || v_rec.id; c_branch := c_branch || 'runnable'::text;
+      c_prio := c_prio || v_rec.priority; c_due := c_due || v_rec.available_at;
+      c_verdict := c_verdict || 'run'::text; c_error := c_error || NULL::jsonb;
+      c_wake := c_wake || NULL::jsonb;
+    END LOOP;
+    -- (c) due timers, per queue in runs_timer_idx order
+    FOR v_rec IN
+      SELECT r.id, r.priority, r.wake_at, r.wait_kind, r.wait_ref FROM pgdurable.runs r
+       WHERE r.status = 'waiting' AND r.wake_at IS NOT NULL AND r.queue = v_q
+         AND r.wake_at <= p_now
+         AND length(r.task)::text || ':' || r.task || r.revision = ANY (v_keys)
+         AND (r.affinity_worker IS NULL OR r.affinity_worker = p_owner
+              OR r.wake_at + r.affinity_wait <= p_now
+              OR pgdurable._holder_until(r.affinity_worker, r.affinity_instance, p_now) IS NULL)
+       ORDER BY r.wake_at
+       LIMIT p_limit FOR UPDATE SKIP LOCKED
+    LOOP
+      c_ids := c_ids || v_rec.id; c_branch := c_branch || 'timer'::text;
+      c_prio := c_prio || v_rec.priority; c_due := c_due || v_rec.wake_at;
+      c_verdict := c_verdict || 'run'::text; c_error := c_error || NULL::jsonb;
+      c_wake := c_wake || jsonb_build_object('type', 'timeout', 'kind', v_rec.wait_kind,
+                                             'ref', v_rec.wait_ref, 'at', v_rec.wake_at);
+    END LOOP;
+  END LOOP;
+  -- (b) expired leases (crash recovery), across the queues
+  FOR v_rec IN
+    SELECT r.id, r.priority, r.lease_expires_at, r.cancel_requested_at, r.reclaims, r.lease_owner,
+           length(r.task)::text || ':' || r.task || r.revision AS key
+      FROM pgdurable.runs r
+     WHERE r.status = 'leased' AND r.queue = ANY (p_queues) AND r.lease_expires_at <= p_now
+       AND length(r.task)::text || ':' || r.task || r.revision = ANY (v_keys)
+     ORDER BY r.priority DESC, r.lease_expires_at
+     LIMIT p_limit FOR UPDATE SKIP LOCKED
+  LOOP
+    v_bound := coalesce(p_max_reclaims[array_position(v_keys, v_rec.key)], 5);
+    c_ids := c_ids || v_rec.id; c_branch := c_branch || 'expired'::text;
+    c_prio := c_prio || v_rec.priority; c_due := c_due || v_rec.lease_expires_at;
+    c_verdict := c_verdict || CASE WHEN v_rec.cancel_requested_at IS NOT NULL THEN 'cancelled'
+                                   WHEN v_rec.reclaims >= v_bound THEN 'poison' ELSE 'run' END;
+    c_error := c_error || CASE
+      WHEN v_rec.cancel_requested_at IS NOT NULL THEN pgdurable._error('RunCancelled',
+        'run was cancelled (its worker''s lease expired before it stopped)')
+      WHEN v_rec.reclaims >= v_bound THEN pgdurable._error('PoisonRun', format(
+        'lease expired %s times in a row without a checkpoint (max_reclaims %s): '
+        'the run keeps crashing or stalling its workers; last worker %s',
+        v_rec.reclaims + 1, v_bound, coalesce(v_rec.lease_owner, '?')))
+      ELSE pgdurable._error('LeaseExpired',
+        'lease of worker ' || coalesce(v_rec.lease_owner, '?') || ' expired (crashed or stalled worker)')
+      END;
+    c_wake := c_wake || NULL::jsonb;
+  END LOOP;
+  IF cardinality(c_ids) = 0 THEN
+    RETURN;
+  END IF;
+  -- claim_runs' choice: the best p_limit of (a) (priority, then oldest), the
+  -- earliest p_limit of (c), all of (b); then one order across them
+  SELECT array_agg(k.cid), jsonb_object_agg(k.cid::text, jsonb_build_object(
+           'verdict', k.verdict, 'expired', (k.branch = 'expired')::integer,
+           'error', k.error, 'wake', k.wake))
+    INTO v_chosen, v_map
+    FROM (SELECT u.* FROM (
+            (SELECT * FROM unnest(c_ids, c_branch, c_prio, c_due, c_verdict, c_error, c_wake)
+                        AS a(cid, branch, prio, due, verdict, error, wake)
+              WHERE a.branch = 'runnable' ORDER BY a.prio DESC, a.due LIMIT p_limit)
+            UNION ALL
+            (SELECT * FROM unnest(c_ids, c_branch, c_prio, c_due, c_verdict, c_error, c_wake)
+                        AS b(cid, branch, prio, due, verdict, error, wake)
+              WHERE b.branch = 'expired')
+            UNION ALL
+            (SELECT * FROM unnest(c_ids, c_branch, c_prio, c_due, c_verdict, c_error, c_wake)
+                        AS c(cid, branch, prio, due, verdict, error, wake)
+              WHERE c.branch = 'timer' ORDER BY c.due LIMIT p_limit)) u
+          ORDER BY u.prio DESC, u.due LIMIT p_limit) k;
+  FOR v_rec IN
+    UPDATE pgdurable.runs r SET
+      status = CASE WHEN v_map -> r.id::text ->> 'verdict' = 'cancelled' THEN 'cancelled'
+                    WHEN v_map -> r.id::text ->> 'verdict' = 'poison' THEN 'failed'
+                    ELSE 'leased' END,
+      reclaims = r.reclaims + (v_map -> r.id::text ->> 'expired')::integer,
+      error = coalesce(nullif(v_map -> r.id::text -> 'error', 'null'::jsonb), r.error),
+      claims = r.claims + 1,
+      lease_token = r.lease_token + 1,
+      lease_owner = CASE WHEN v_map -> r.id::text ->> 'verdict' = 'run' THEN p_owner END,
+      lease_expires_at = CASE WHEN v_map -> r.id::text ->> 'verdict' = 'run' THEN v_expires END,
+      finished_at = CASE WHEN v_map -> r.id::text ->> 'verdict' <> 'run' THEN p_now END,
+      leased_at = p_now,
+      wake = coalesce(nullif(v_map -> r.id::text -> 'wake', 'null'::jsonb), r.wake),
+      wait_kind = NULL, wait_ref = NULL, wait_since = NULL, wake_at = NULL,
+      updated_at = p_now
+    WHERE r.id = ANY (v_chosen)
+    RETURNING r.id, r.task, r.revision, r.queue, r.status, r.state, r.step, r.attempts,
+              r.max_attempts, r.lease_token, r.lease_expires_at, r.wake, r.deadline_at,
+              r.budget, r.spent, r.affinity_worker, r.affinity_instance, r.affinity_mode,
+              r.affinity_wait, r.affinity_info, r.affinity_since
+  LOOP
+    id := v_rec.id; task := v_rec.task; revision := v_rec.revision; queue := v_rec.queue;
+    status := v_rec.status; state := v_rec.state; step := v_rec.step;
+    attempts := v_rec.attempts; max_attempts := v_rec.max_attempts;
+    lease_token := v_rec.lease_token; lease_expires_at := v_rec.lease_expires_at;
+    wake := v_rec.wake; deadline_at := v_rec.deadline_at; budget := v_rec.budget;
+    spent := v_rec.spent;
+    affinity := CASE WHEN v_rec.affinity_worker IS NULL THEN NULL
+                     ELSE pgdurable._affinity_record(v_rec.affinity_worker,
+                            v_rec.affinity_instance, v_rec.affinity_mode, v_rec.affinity_wait,
+                            v_rec.affinity_info, v_rec.affinity_since) END;
+    RETURN NEXT;
+  END LOOP;
+END
+$$;
+COMMENT ON FUNCTION pgdurable._claim_cell(text, text[], text[], text[], integer, interval, integer[], timestamptz) IS
+  'Internal: claim_runs'' unlimited queues in a Citus cell, in statements on one table each.';
 
 ------------------------------------------------------------------------------
 -- next_wakeup(queues, tasks, revisions, owner DEFAULT NULL): as in

@@ -65,6 +65,8 @@ RETURNS void
 LANGUAGE plpgsql AS $$
 DECLARE
   r pgdurable.runs := pgdurable._fenced_token(p_id, p_token);
+  -- v_now, not pgdurable.now(), in DO UPDATE: Citus refuses non-IMMUTABLE calls there (a cell)
+  v_now timestamptz := pgdurable.now();
 BEGIN
   IF p_step IS NULL OR p_step <> r.step OR p_step_id IS NULL OR p_step_id = '' THEN
     RAISE EXCEPTION 'durable_step_mark: step % (%) is not the run''s next step %', p_step,
@@ -72,9 +74,9 @@ BEGIN
   END IF;
   INSERT INTO pgdurable.durable_steps AS x (run_id, entered_token, step, step_id, marked_token,
                                             marked_at)
-  VALUES (r.id, p_token, p_step, p_step_id, p_token, pgdurable.now())
+  VALUES (r.id, p_token, p_step, p_step_id, p_token, v_now)
   ON CONFLICT (run_id) DO UPDATE SET step = p_step, step_id = p_step_id,
-         marked_token = p_token, marked_at = pgdurable.now(), updated_at = pgdurable.now();
+         marked_token = p_token, marked_at = v_now, updated_at = v_now;
 END
 $$;
 COMMENT ON FUNCTION pgdurable.durable_step_mark(uuid, bigint, integer, text) IS

@@ -60,6 +60,8 @@ RETURNS void
 LANGUAGE plpgsql SET search_path = pg_catalog, pgdurable, pg_temp AS $$
 DECLARE
   v_burst numeric := coalesce(p_burst, greatest(1, p_rate));
+  -- v_now, not pgdurable.now(), in DO UPDATE: Citus refuses non-IMMUTABLE calls there (a cell)
+  v_now timestamptz := pgdurable.now();
 BEGIN
   IF p_name IS NULL OR p_name = '' THEN
     RAISE EXCEPTION 'set_bucket: name must be a non-empty bucket name' USING ERRCODE = 'PD000';
@@ -69,12 +71,12 @@ BEGIN
     RAISE EXCEPTION 'set_bucket: burst must be > 0, got %', p_burst USING ERRCODE = 'PD000';
   END IF;
   INSERT INTO pgdurable.buckets AS b (name, rate, burst, tokens, refilled_at, updated_at)
-  VALUES (p_name, p_rate, v_burst, v_burst, pgdurable.now(), pgdurable.now())
+  VALUES (p_name, p_rate, v_burst, v_burst, v_now, v_now)
   ON CONFLICT (name) DO UPDATE SET
-    tokens = least(b.burst, b.tokens + b.rate * greatest(0, extract(epoch FROM pgdurable.now() - b.refilled_at)),
+    tokens = least(b.burst, b.tokens + b.rate * greatest(0, extract(epoch FROM v_now - b.refilled_at)),
                    excluded.burst),
-    refilled_at = greatest(b.refilled_at, pgdurable.now()), rate = excluded.rate, burst = excluded.burst,
-    updated_at = pgdurable.now();
+    refilled_at = greatest(b.refilled_at, v_now), rate = excluded.rate, burst = excluded.burst,
+    updated_at = v_now;
 END
 $$;
 COMMENT ON FUNCTION pgdurable.set_bucket(text, numeric, numeric) IS

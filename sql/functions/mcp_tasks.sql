@@ -215,6 +215,9 @@ CREATE OR REPLACE FUNCTION pgdurable.mcp_remote_watch(p_run_id uuid, p_key text,
 RETURNS void
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pgdurable, pg_temp AS $$
+DECLARE
+  -- v_now, not pgdurable.now(), in DO UPDATE: Citus refuses non-IMMUTABLE calls there (a cell)
+  v_now timestamptz := pgdurable.now();
 BEGIN
   IF p_run_id IS NULL OR p_key IS NULL OR p_key = '' OR length(p_key) > 200
      OR p_server IS NULL OR p_server = '' OR length(p_server) > 2000
@@ -226,10 +229,10 @@ BEGIN
   END IF;
   INSERT INTO pgdurable.mcp_remote_tasks AS t
          (run_id, key, server, task_id, round, state, poll_interval_ms, next_poll_at)
-  VALUES (p_run_id, p_key, p_server, p_task_id, p_round, 'polling', p_poll_ms, pgdurable.now())
+  VALUES (p_run_id, p_key, p_server, p_task_id, p_round, 'polling', p_poll_ms, v_now)
   ON CONFLICT (run_id, key) DO UPDATE
-     SET round = EXCLUDED.round, state = 'polling', next_poll_at = pgdurable.now(),
-         updated_at = pgdurable.now()
+     SET round = EXCLUDED.round, state = 'polling', next_poll_at = v_now,
+         updated_at = v_now
    WHERE t.round < EXCLUDED.round;
 END
 $$;

@@ -179,8 +179,12 @@ DECLARE
   c record;
 BEGIN
   IF v_ended THEN
-    IF EXISTS (SELECT FROM pgdurable.listeners l
-                WHERE l.channel = 'pgdurable_done' AND l.until > pg_catalog.statement_timestamp()) THEN
+    -- PERFORM ... LIMIT 1 / FOUND rather than IF EXISTS (subquery): a query on
+    -- one table, which Citus plans on its fast path with a cached plan (a
+    -- cell, issue 46); the same work on one server
+    PERFORM FROM pgdurable.listeners l
+      WHERE l.channel = 'pgdurable_done' AND l.until > pg_catalog.statement_timestamp() LIMIT 1;
+    IF FOUND THEN
       PERFORM pg_notify('pgdurable_done', NEW.id::text);
     END IF;
     IF NEW.parent_run_id IS NOT NULL THEN
@@ -223,8 +227,11 @@ BEGIN
       END IF;
     END LOOP;
   END IF;
-  IF OLD.status = 'leased' AND EXISTS (SELECT FROM pgdurable.queues q WHERE q.name = NEW.queue) THEN
-    PERFORM pg_notify('pgdurable_wake', NEW.queue);
+  IF OLD.status = 'leased' THEN
+    PERFORM FROM pgdurable.queues q WHERE q.name = NEW.queue LIMIT 1;
+    IF FOUND THEN
+      PERFORM pg_notify('pgdurable_wake', NEW.queue);
+    END IF;
   END IF;
   IF v_ended THEN
     SELECT max(e.seq) INTO v_seq FROM pgdurable.run_events e

@@ -61,12 +61,30 @@ DECLARE
   o record;
   n integer := 0;
   v_bad text;
-  v_owner regrole := (SELECT s.role_oid::regrole FROM pgdurable.security_roles s
-                        JOIN pg_roles g ON g.oid = s.role_oid
-                       WHERE s.kind = 'owner' LIMIT 1);
+  -- the two lists are read first, alone, and the catalogs compared with the
+  -- arrays: in a Citus cell these tables live on a worker node, where a join
+  -- with this node's pg_proc / pg_roles would compare another node's OIDs
+  v_api text[];
+  v_api_ro boolean[];
+  v_role_oids oid[];
+  v_role_kinds text[];
+  v_owner regrole;
 BEGIN
+  -- signatures printed schema-qualified (pgdurable.runs, not runs) in the
+  -- ALTERs and GRANTs below: Citus replays them on its nodes, under their
+  -- search_path
+  PERFORM set_config('search_path', 'pg_catalog, pg_temp', true);
+  SELECT coalesce(array_agg(x.routine ORDER BY x.routine), '{}'),
+         coalesce(array_agg(x.readonly ORDER BY x.routine), '{}')
+    INTO v_api, v_api_ro FROM pgdurable.security_api x;
+  SELECT coalesce(array_agg(x.role_oid ORDER BY x.role_oid), '{}'),
+         coalesce(array_agg(x.kind ORDER BY x.role_oid), '{}')
+    INTO v_role_oids, v_role_kinds FROM pgdurable.security_roles x;
+  v_owner := (SELECT s.role_oid::regrole FROM unnest(v_role_oids, v_role_kinds) AS s(role_oid, kind)
+                JOIN pg_roles g ON g.oid = s.role_oid
+               WHERE s.kind = 'owner' LIMIT 1);
   SELECT string_agg(a.routine, ', ' ORDER BY a.routine) INTO v_bad
-    FROM pgdurable.security_api a
+    FROM unnest(v_api) AS a(routine)
    WHERE to_regprocedure(a.routine) IS NULL
       OR to_regprocedure(a.routine) NOT IN (SELECT p.oid FROM pg_proc p
                                              WHERE p.pronamespace = 'pgdurable'::regnamespace)
@@ -100,7 +118,8 @@ BEGIN
            a.oid IS NOT NULL AS app_ok, coalesce(a.readonly, false) AS readonly_ok
       FROM pg_proc p
       LEFT JOIN (SELECT to_regprocedure(x.routine)::oid AS oid, bool_or(x.readonly) AS readonly
-                   FROM pgdurable.security_api x GROUP BY 1) a ON a.oid = p.oid
+                   FROM unnest(v_api, v_api_ro) AS x(routine, readonly) GROUP BY 1) a
+        ON a.oid = p.oid
      WHERE p.pronamespace = 'pgdurable'::regnamespace AND p.prokind IN ('f', 'p')
   LOOP
     n := n + 1;
@@ -117,7 +136,7 @@ BEGIN
       END IF;
       EXECUTE format('REVOKE ALL ON ROUTINE %s FROM PUBLIC', f.sig);
     END IF;
-    FOR o IN SELECT s.role_oid::regrole AS r, s.kind FROM pgdurable.security_roles s
+    FOR o IN SELECT s.role_oid::regrole AS r, s.kind FROM unnest(v_role_oids, v_role_kinds) AS s(role_oid, kind)
                JOIN pg_roles g ON g.oid = s.role_oid WHERE s.kind IN ('app', 'readonly')
     LOOP
       IF (o.kind = 'app' AND f.app_ok) OR (o.kind = 'readonly' AND f.readonly_ok) THEN
@@ -127,7 +146,7 @@ BEGIN
       END IF;
     END LOOP;
   END LOOP;
-  FOR o IN SELECT s.role_oid::regrole AS r, s.kind FROM pgdurable.security_roles s
+  FOR o IN SELECT s.role_oid::regrole AS r, s.kind FROM unnest(v_role_oids, v_role_kinds) AS s(role_oid, kind)
              JOIN pg_roles g ON g.oid = s.role_oid WHERE s.kind IN ('app', 'readonly')
   LOOP
     EXECUTE format('GRANT USAGE ON SCHEMA pgdurable TO %s', o.r);

@@ -101,6 +101,8 @@ DECLARE
   v_ids uuid[];
   v_queues text[];
   v_q text;
+  v_sig_id bigint;
+  v_first uuid;
 BEGIN
   PERFORM pgdurable._signal_check(p_kind, p_ref, p_signal_id);
   PERFORM pg_advisory_xact_lock(pgdurable.wait_lock_key(p_kind, p_ref));
@@ -130,9 +132,13 @@ BEGIN
     RETURNING r.id, r.queue)
   SELECT array_agg(w.id ORDER BY w.id), array_agg(DISTINCT w.queue) INTO v_ids, v_queues FROM w;
   IF v_ids IS NOT NULL THEN
-    UPDATE pgdurable.signals SET consumed_by = v_ids[1], consumed_at = pgdurable.now(),
+    -- plain variables, not v_ids[1] nor v_sig.id inside the UPDATE: an array
+    -- subscript of a parameter in SET crashed a Citus 13.2 node (a cell)
+    v_sig_id := v_sig.id;
+    v_first := v_ids[1];
+    UPDATE pgdurable.signals SET consumed_by = v_first, consumed_at = pgdurable.now(),
            woke = v_ids
-     WHERE id = v_sig.id;
+     WHERE id = v_sig_id;
     FOREACH v_q IN ARRAY v_queues LOOP
       PERFORM pg_notify('pgdurable_wake', v_q);
     END LOOP;
@@ -276,6 +282,7 @@ DECLARE
   v_err jsonb := pgdurable._verdict(r, p_spend, true);
   v_sig pgdurable.signals;
   v_wake_at timestamptz := least(coalesce(p_wake_at, pgdurable.now() + p_wake_in), r.deadline_at);
+  v_wake jsonb;
 BEGIN
   IF (p_kind IS NULL) <> (p_ref IS NULL) OR p_kind = '' OR p_ref = '' THEN
     RAISE EXCEPTION 'park_run: kind and ref must both be non-empty or both NULL'
@@ -311,13 +318,15 @@ BEGIN
     IF FOUND THEN
       UPDATE pgdurable.signals SET consumed_by = p_id, consumed_at = pgdurable.now()
        WHERE id = v_sig.id;
+      -- the wake record computed first: Citus refuses a non-IMMUTABLE call
+      -- (jsonb_build_object) inside a CASE of an UPDATE (a cell)
+      v_wake := jsonb_build_object('type', 'signal', 'kind', v_sig.kind, 'ref', p_ref,
+                                   'payload', v_sig.payload, 'at', v_sig.created_at,
+                                   'signal', v_sig.id)
+                || CASE WHEN v_sig.run_id IS NULL THEN '{}'::jsonb
+                        ELSE jsonb_build_object('run_id', v_sig.run_id) END;
       UPDATE pgdurable.runs SET status = 'runnable', available_at = pgdurable.now(),
-             lease_owner = NULL, lease_expires_at = NULL,
-             wake = jsonb_build_object('type', 'signal', 'kind', v_sig.kind, 'ref', p_ref,
-                                       'payload', v_sig.payload, 'at', v_sig.created_at,
-                                       'signal', v_sig.id)
-                    || CASE WHEN v_sig.run_id IS NULL THEN '{}'::jsonb
-                            ELSE jsonb_build_object('run_id', v_sig.run_id) END,
+             lease_owner = NULL, lease_expires_at = NULL, wake = v_wake,
              updated_at = pgdurable.now()
        WHERE id = p_id;
       PERFORM pg_notify('pgdurable_wake', r.queue);

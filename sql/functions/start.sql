@@ -58,6 +58,7 @@ LANGUAGE plpgsql SET search_path = pg_catalog, pgdurable, pg_temp AS $$
 DECLARE
   v_id uuid;
   v_created boolean;
+  v_at timestamptz;
 BEGIN
   IF p_delay IS NOT NULL AND p_delay < interval '0' THEN
     RAISE EXCEPTION 'start: delay must be >= 0, got %', p_delay USING ERRCODE = 'PD000';
@@ -66,8 +67,11 @@ BEGIN
     FROM pgdurable.start_run(p_task, p_revision, p_state, p_queue, p_priority, p_max_attempts,
                              p_idempotency_key, p_deadline_in, p_deadline_at, p_budget) s;
   IF v_created AND (coalesce(p_key, '') <> '' OR p_at IS NOT NULL OR p_delay IS NOT NULL) THEN
+    -- the start time computed first: Citus refuses non-IMMUTABLE calls inside
+    -- a COALESCE of an UPDATE (a cell)
+    v_at := coalesce(p_at, pgdurable.now() + p_delay);
     UPDATE pgdurable.runs SET concurrency_key = coalesce(p_key, ''),
-           available_at = coalesce(p_at, pgdurable.now() + p_delay, available_at)
+           available_at = coalesce(v_at, available_at)
      WHERE id = v_id;
   END IF;
   RETURN QUERY SELECT v_id, v_created;

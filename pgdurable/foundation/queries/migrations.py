@@ -207,9 +207,12 @@ COMMENT ON COLUMN pgdurable.schema_definitions.applied_at IS 'When it was last a
 # -- record a numbered migration / a definition
 RECORD = ("INSERT INTO pgdurable.schema_migrations (version, name, sha256) VALUES (%s, %s, %s)"
           " ON CONFLICT (version) DO UPDATE SET sha256 = excluded.sha256")
+# (excluded.applied_at, the column's default now(), not a call in DO UPDATE: Citus refuses
+# non-IMMUTABLE functions there on a distributed table, a cell's schema)
 RECORD_DEFINITION = (
     "INSERT INTO pgdurable.schema_definitions (path, sha256) VALUES (%s, %s)"
-    " ON CONFLICT (path) DO UPDATE SET sha256 = excluded.sha256, applied_at = now()")
+    " ON CONFLICT (path) DO UPDATE SET sha256 = excluded.sha256,"
+    " applied_at = excluded.applied_at")
 # -- drop these views (their qualified names, from EXISTING_VIEWS: catalog names only)
 DROP_VIEWS = "DROP VIEW {}"
 # -- functions are created before the views they may name: bodies checked when called

@@ -2,11 +2,13 @@
 
 One Citus cluster per module (tests/_citus_cluster.py: a coordinator and two
 workers on free ports, skipped with the reason when citus.so is not
-installed). Its database is migrated on the coordinator, the schema
-distributed (``pgdurable.ops.citus.distribute_schema``: every table on one
-worker node), and every process of the fleet -- the examples, the worker
-processes -- is given the DSN of the node holding it, found by
-``cell_dsn`` from Citus' metadata.
+installed). Its database holds two cells, schemas ``cell_a`` and ``cell_b``
+(docs/schemas.md), each migrated on the coordinator and distributed
+(``pgdurable.ops.citus.distribute_schema``: every table of a schema on one
+worker node; the two land on the two nodes), and every test of a cell runs in
+both: every process of the fleet -- the examples, the worker processes -- is
+given the DSN of the node holding its cell, found by ``cell_dsn`` from Citus'
+metadata, and the cell's schema.
 """
 
 from __future__ import annotations
@@ -44,19 +46,67 @@ pytestmark = pytest.mark.skipif(_citus_cluster.missing() is not None,
                                 reason=_citus_cluster.missing() or "")
 
 
+#: The two cells of the module's database: a schema each (docs/schemas.md).
+CELLS = ("cell_a", "cell_b")
+
+
 class Cell:
-    def __init__(self, cluster: _citus_cluster.Cluster, coordinator: str, dsn: str) -> None:
-        self.cluster, self.coordinator, self.dsn = cluster, coordinator, dsn
+    def __init__(self, cluster: _citus_cluster.Cluster, coordinator: str, schema: str) -> None:
+        self.cluster, self.coordinator, self.schema = cluster, coordinator, schema
+        self.dsn = cell_dsn(coordinator, schema)
+        #: the environment of a process of this cell (an example, a worker)
+        self.env = {**os.environ, "PGDURABLE_DSN": self.dsn, "PGDURABLE_SCHEMA": schema,
+                    "PYTHONPATH": str(ROOT)}
+
+    def connect(self) -> psycopg.Connection[Any]:
+        """An autocommit connection to the cell's node whose statements (naming
+        pgdurable) go to the cell's schema."""
+        c = psycopg.connect(self.dsn, autocommit=True)
+        pgdurable.use_schema(c, self.schema)
+        return c
 
 
 @pytest.fixture(scope="module")
-def cell() -> Iterator[Cell]:
+def cells() -> Iterator[dict[str, Cell]]:
+    """One database, two cells: each schema migrated on the coordinator (tables local,
+    as on a plain server), then distributed: Citus puts each on a worker node."""
     with _citus_cluster.cluster() as cluster:
         coordinator = cluster.create_database("pgd_cell")
-        migrate(coordinator)  # tables local on the coordinator, as on a plain server
-        distribute_schema(coordinator)
-        migrate_cell(coordinator)  # a no-op now, and it must be one
-        yield Cell(cluster, coordinator, cell_dsn(coordinator))
+        # cell_a through the Python API
+        migrate(coordinator, schema="cell_a")
+        distribute_schema(coordinator, "cell_a")
+        assert migrate_cell(coordinator, schema="cell_a") == []  # a no-op now: it must be
+        # cell_b through the command line: `pgdurable --schema cell_b migrate --citus`
+        done = _cli("--schema", "cell_b", "migrate", "--citus", "--dsn", coordinator)
+        assert done.returncode == 0, done.stderr
+        assert "cell: schema cell_b on 127.0.0.1:" in done.stdout, done.stdout
+        again = _cli("--schema", "cell_b", "migrate", "--citus", "--dsn", coordinator)
+        assert again.returncode == 0 and "up to date" in again.stdout, again.stdout + again.stderr
+        found = _cli("--schema", "cell_b", "cell-dsn", "--dsn", coordinator)
+        assert found.returncode == 0 and found.stdout.strip() == cell_dsn(coordinator, "cell_b")
+        yield {schema: Cell(cluster, coordinator, schema) for schema in CELLS}
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("PGDURABLE_DSN", "DATABASE_URL", "PGDURABLE_SCHEMA")}
+    return subprocess.run([sys.executable, "-m", "pgdurable", *args], env=env, cwd=ROOT,
+                          capture_output=True, text=True, timeout=WAIT_LIMIT)
+
+
+@pytest.fixture(scope="module", params=CELLS)
+def cell(request: pytest.FixtureRequest, cells: dict[str, Cell]) -> Cell:
+    return cells[request.param]
+
+
+def test_two_cells_land_on_two_workers(cells: dict[str, Cell]) -> None:
+    ports = {c.schema: c.dsn for c in cells.values()}
+    assert ports["cell_a"] != ports["cell_b"]  # the second schema went to the other node
+    nodes = {w.port for w in next(iter(cells.values())).cluster.workers}
+    for c in cells.values():
+        with c.connect() as db:  # each node answers for its own cell's tables only
+            assert db.execute("SELECT count(*) FROM pgdurable.runs").fetchone() == (0,)
+            assert any(f"port={p}" in c.dsn for p in nodes)
 
 
 def test_split_statements_respects_quotes_and_comments() -> None:
@@ -71,15 +121,16 @@ def test_split_statements_respects_quotes_and_comments() -> None:
 def test_cell_dsn_names_the_node_holding_the_schema(cell: Cell) -> None:
     with psycopg.connect(cell.coordinator, autocommit=True) as c:
         ports = {r[0] for r in c.execute(
-            "SELECT DISTINCT nodeport FROM citus_shards WHERE table_name::text LIKE 'pgdurable.%'")}
-        tables = c.execute("SELECT count(*) FROM citus_shards "
-                           "WHERE table_name::text = 'pgdurable.runs'").fetchone()
+            "SELECT DISTINCT nodeport FROM citus_shards WHERE table_name::text LIKE %s",
+            (f"{cell.schema}.%",))}
+        tables = c.execute("SELECT count(*) FROM citus_shards WHERE table_name::text = %s",
+                           (f"{cell.schema}.runs",)).fetchone()
     assert len(ports) == 1 and tables == (1,)
     (port,) = ports
     assert f"port={port}" in cell.dsn and "dbname=pgd_cell" in cell.dsn
     assert port in {w.port for w in cell.cluster.workers}
-    with psycopg.connect(cell.dsn) as c:  # the node holds the shards and answers for them
-        assert c.execute("SELECT count(*) FROM pgdurable.runs").fetchone() == (0,)
+    with cell.connect() as c:  # the node holds the shards and answers for them
+        assert c.execute("SELECT count(*) FROM pgdurable.runs").fetchone() is not None
     with pytest.raises(SchemaNotDistributed):
         cell_dsn(cell.coordinator, "public")
 
@@ -93,8 +144,7 @@ def test_cell_dsn_names_the_node_holding_the_schema(cell: Cell) -> None:
     ("signals.py", "'type': 'timeout'"),
 ])
 def test_examples_complete_in_the_cell(cell: Cell, example: str, expect: str) -> None:
-    env = {**os.environ, "PGDURABLE_DSN": cell.dsn, "PYTHONPATH": str(ROOT)}
-    done = subprocess.run([sys.executable, str(ROOT / "examples" / example)], env=env,
+    done = subprocess.run([sys.executable, str(ROOT / "examples" / example)], env=cell.env,
                           capture_output=True, text=True, timeout=WAIT_LIMIT, cwd=ROOT)
     assert done.returncode == 0, done.stdout + done.stderr
     assert expect in done.stdout, done.stdout + done.stderr
@@ -110,11 +160,12 @@ def _wait_for(pred: Callable[[], Any], what: str) -> Any:
 
 
 def test_a_sigkilled_workers_run_completes_once_on_another(cell: Cell, tmp_path: Path) -> None:
-    with psycopg.connect(cell.dsn, autocommit=True) as db:
+    with cell.connect() as db:
         # the crash app's step log: a plain table of the cell's node
         db.execute("CREATE TABLE IF NOT EXISTS test_step_log (run_id uuid, step int, "
                    "token bigint, pid int, event text, at timestamptz DEFAULT clock_timestamp())")
-        fleet = Fleet(cell.dsn, tmp_path, "_crash_app:app")
+        fleet = Fleet(cell.dsn, tmp_path, "_crash_app:app",
+                      env={"PGDURABLE_SCHEMA": cell.schema})
         try:
             a = fleet.start("a")
             rid = db.execute(START, ("steps", "1", '{"n": 5, "hang_at": 3}')).fetchone()
@@ -148,12 +199,12 @@ def test_a_sigkilled_workers_run_completes_once_on_another(cell: Cell, tmp_path:
                 p._kill_group()
 
 
-def test_the_role_model_works_on_the_cells_node(cell: Cell) -> None:
+def test_the_role_model_works_on_the_cells_node(cells: dict[str, Cell]) -> None:
     """grant_roles through the coordinator; the app role, connected to the cell's
     node, starts, claims and completes a run through the SECURITY DEFINER
     functions of the NOLOGIN owner (executed on that node: no connection as the
     owner is needed; through the coordinator one would be, and is refused)."""
-    coordinator = cell.cluster.create_database("pgd_cell_roles")
+    coordinator = cells["cell_a"].cluster.create_database("pgd_cell_roles")
     migrate(coordinator)
     distribute_schema(coordinator)
     with psycopg.connect(coordinator, autocommit=True) as admin:
@@ -180,11 +231,11 @@ def test_the_role_model_works_on_the_cells_node(cell: Cell) -> None:
 
 
 def test_cell_dsn_follows_a_shard_move(cell: Cell) -> None:
-    # last in the module: the schema moves to the other worker node
-    before = cell_dsn(cell.coordinator)
+    # last of each cell's tests: the schema moves to the other worker node
+    before = cell_dsn(cell.coordinator, cell.schema)
     with psycopg.connect(cell.coordinator, autocommit=True) as c:
         row = c.execute("SELECT shardid, nodename, nodeport FROM citus_shards "
-                        "WHERE table_name = 'pgdurable.runs'::regclass").fetchone()
+                        "WHERE table_name = %s::regclass", (f"{cell.schema}.runs",)).fetchone()
         assert row is not None
         shard, host, port = row
         other = next(w for w in cell.cluster.workers if w.port != port)
@@ -192,9 +243,9 @@ def test_cell_dsn_follows_a_shard_move(cell: Cell) -> None:
         c.execute("SELECT citus_move_shard_placement(%s, %s, %s, %s, %s, "
                   "shard_transfer_mode => 'block_writes')",
                   (shard, host, port, "127.0.0.1", other.port))
-    after = cell_dsn(cell.coordinator)
+    after = cell_dsn(cell.coordinator, cell.schema)
     assert f"port={port}" in before and f"port={other.port}" in after
-    env = {**os.environ, "PGDURABLE_DSN": after, "PYTHONPATH": str(ROOT)}
+    env = {**cell.env, "PGDURABLE_DSN": after}
     done = subprocess.run([sys.executable, str(ROOT / "examples" / "quickstart.py")], env=env,
                           capture_output=True, text=True, timeout=WAIT_LIMIT, cwd=ROOT)
     assert done.returncode == 0 and "'approved': True" in done.stdout, done.stdout + done.stderr

@@ -285,6 +285,9 @@ def _open(target: ConnOrDsn, schema: str | None) -> Iterator[psycopg.Connection[
     if isinstance(target, psycopg.Connection):
         if target.closed:
             raise DatabaseUnavailable("the connection is closed")
+        if schema_of(target) == in_schema:  # it speaks it already (its cursors stay)
+            yield target
+            return
         saved = target.cursor_factory, target.server_cursor_factory
         use_schema(target, in_schema)
         try:

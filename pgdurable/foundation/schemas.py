@@ -29,8 +29,8 @@ What is replaced: the word ``pgdurable`` (schema-qualified names, ``SCHEMA
 pgdurable``, ``'pgdurable'::regnamespace``, lock texts, messages) and the prefix of
 the channels in :data:`CHANNELS` (``pgdurable_wake`` ...); not other names that
 begin with ``pgdurable_`` (a table of yours), and not the names of :data:`KEPT`:
-the two session settings ``pgdurable.now`` (the test clock) and
-``pgdurable.live_steps``, which stay global (a session's test clock moves every
+the session settings ``pgdurable.now`` (the test clock), ``pgdurable.live_steps``
+and ``pgdurable.cell``, which stay global (a session's test clock moves every
 schema's ``now()``), and the wake kinds ``pgdurable.budget`` and
 ``pgdurable.acquire``, which are data. Parameters are never touched.
 
@@ -55,7 +55,7 @@ import psycopg
 from .errors import InvalidInput
 
 __all__ = ["CHANNELS", "DEFAULT", "KEPT", "MAX_LENGTH", "araw_cursor", "caller_schema",
-           "canonical_channel", "check_schema_name",
+           "canonical_channel", "check_schema_name", "cursor_in_schema",
            "cursor_factories", "in_schema", "resolve_schema", "raw_cursor",
            "schema_of", "statement_in_schema", "use_schema"]
 
@@ -69,10 +69,11 @@ _RESERVED = re.compile(r"^(public|information_schema|pg_.*)$")
 #: The NOTIFY channels of the shipped SQL (``pgdurable_<name>``).
 CHANNELS = ("wake", "cancel", "events", "steps", "done", "text", "mcp", "threads", "pubsub")
 #: Names after ``pgdurable.`` that are not the schema's (when not called as a function):
-#: the session settings ``pgdurable.now`` (the test clock) and ``pgdurable.live_steps``,
-#: and the wake kinds ``pgdurable.budget`` and ``pgdurable.acquire`` (data that runs,
-#: their steps and the Python code read).
-KEPT = ("now", "live_steps", "budget", "acquire")
+#: the session settings ``pgdurable.now`` (the test clock), ``pgdurable.live_steps`` and
+#: ``pgdurable.cell`` (a Citus database's: pgdurable/ops/citus.py), and the wake kinds
+#: ``pgdurable.budget`` and ``pgdurable.acquire`` (data that runs, their steps and the
+#: Python code read).
+KEPT = ("now", "live_steps", "cell", "budget", "acquire")
 # ``pgdurable`` as a whole word or a channel's prefix, but not the names of KEPT
 _WORD = re.compile(
     r"(?<![A-Za-z0-9_$])pgdurable"
@@ -149,6 +150,12 @@ C = TypeVar("C")
 
 def _subclass(base: type[C], schema: str) -> type[C]:
     return type(f"{base.__name__}In_{schema}", (_InSchema, base), {"schema": schema})
+
+
+def cursor_in_schema(base: type[C], schema: str) -> type[C]:
+    """``base`` (a psycopg cursor class of yours) rewriting its statements for ``schema``
+    (``base`` itself for ``pgdurable``)."""
+    return base if check_schema_name(schema) == DEFAULT else _subclass(base, schema)
 
 
 @lru_cache(maxsize=64)

@@ -71,6 +71,7 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from ..foundation.errors import PgDurableError
+from ..foundation.schemas import cursor_in_schema, resolve_schema
 
 __all__ = [
     "CellNode",
@@ -301,16 +302,20 @@ class StatementCursor(psycopg.Cursor[Any]):
         return self
 
 
-def migrate_cell(coordinator_dsn: str, **options: Any) -> list[Any]:
-    """``pgdurable migrate`` on the coordinator, a statement at a time (module docstring).
+def migrate_cell(coordinator_dsn: str, schema: str | None = None, **options: Any) -> list[Any]:
+    """``pgdurable migrate`` of ``schema`` (else ``PGDURABLE_SCHEMA``, else ``pgdurable``)
+    on the coordinator, a statement at a time (module docstring).
 
     ``options`` are :func:`pgdurable.foundation.migrations.migrate`'s.
     Returns the migrations it applied."""
     from ..foundation.migrations import migrate
 
-    with psycopg.connect(coordinator_dsn, cursor_factory=StatementCursor) as conn:
+    in_schema = resolve_schema(schema)
+    # a statement at a time, each for the schema
+    cursor = cursor_in_schema(StatementCursor, in_schema)
+    with psycopg.connect(coordinator_dsn, cursor_factory=cursor) as conn:
         # the engine's tables keep their triggers (see distribute_schema)
         if conn.execute(_HAS_CITUS_SQL).fetchone() == (True,):
             conn.execute("SET citus.enable_unsafe_triggers = on")
         conn.commit()
-        return migrate(conn)
+        return migrate(conn, schema=in_schema, **options)

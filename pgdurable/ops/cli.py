@@ -1,11 +1,12 @@
 """The ``pgdurable`` command line.
 
-Commands: ``migrate``, ``grant``, ``start TASK`` (:mod:`pgdurable.ops.cli_start`),
-``runs``, ``run ID``, ``leases``, ``cancel ID``,
+Commands: ``migrate`` (``--citus``: a cell, :mod:`pgdurable.ops.citus`), ``cell-dsn``,
+``grant``, ``start TASK`` (:mod:`pgdurable.ops.cli_start`), ``runs``, ``run ID``, ``leases``, ``cancel ID``,
 ``retry ID``, ``signal KIND REF``, ``prune``, ``maintain``, ``worker``, ``stats``, ``demo``, and
 ``fork``, ``fork-failed``, ``rewind`` (:mod:`pgdurable.ops.cli_fork`). Every listing takes
 ``--json`` (one JSON document on stdout). The database comes from ``--dsn``,
-else ``$PGDURABLE_DSN``, else ``$DATABASE_URL``.
+else ``$PGDURABLE_DSN``, else ``$DATABASE_URL``; the schema from ``pgdurable
+--schema NAME``, else ``$PGDURABLE_SCHEMA``, else ``pgdurable``.
 
 Exit codes:
 
@@ -47,10 +48,11 @@ from ..foundation.queries import cli as Q
 from ..foundation.queries import events as EQ
 from ..foundation.queries.clock import NOW
 from ..foundation.queries.core import first_sync, listing_sync, many_sync, one_sync
-from ..foundation.schemas import check_schema_name
+from ..foundation.schemas import check_schema_name, resolve_schema
 from ..foundation.signals import DEFAULT_SIGNAL_TTL, parse_payload, signal_params
 from ..foundation.text import escape_controls, plain
 from ..runs.search import list_runs_query, make_page
+from . import citus as cells
 from . import partitions, retention
 from .cli_common import (
     EXIT_BAD_INPUT,
@@ -170,12 +172,15 @@ def migrate(
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the SQL of pending migrations; apply nothing.")] = False,
     status: Annotated[bool, typer.Option("--status", help="Show each migration's state; apply nothing.")] = False,
     adopt: Annotated[bool, typer.Option("--adopt", help="Migrate an existing pgdurable schema even if it does not look like ours.")] = False,
+    citus: Annotated[bool, typer.Option("--citus", help="On a Citus coordinator: migrate a statement at a time, distribute the schema (a cell) and print the DSN of the node holding it (scaling.md).")] = False,
 ) -> None:
     """Apply pending schema migrations (safe to run from many processes at once).
 
     An existing pgdurable schema that is not ours (another owner, a foreign
     schema_migrations, triggers or rules on it) is refused unless --adopt."""
     target = need_dsn(dsn)
+    if citus and (status or dry_run):
+        fail("--citus applies and distributes: not with --status or --dry-run")
     try:
         if status:
             with translated():  # a role that may not read them: one line, not a traceback
@@ -214,13 +219,32 @@ def migrate(
                 progress.advance(bar)
                 out.print(f"applied {m.name}", highlight=False, markup=False)
 
-            applied = migrations.migrate(target, on_apply=applied_one, adopt=adopt)
+            if citus:
+                applied = cells.migrate_cell(target, on_apply=applied_one, adopt=adopt)
+            else:
+                applied = migrations.migrate(target, on_apply=applied_one, adopt=adopt)
+        if citus:
+            node = cells.distribute_schema(target, resolve_schema())
+            out.print(f"cell: schema {node.schema} on {node.host}:{node.port}; its fleet "
+                      f"connects there (`pgdurable cell-dsn`)", highlight=False, markup=False)
         if changed:
             which = ", ".join(d.path for d in changed) if len(changed) <= 6 else "functions and views"
             out.print(f"applied {len(changed)} definitions file(s) ({which})",
                       highlight=False, markup=False)
         if not applied and not changed:
             out.print(f"schema is up to date (version {migrations.required_version()})")
+    except PgDurableError as exc:
+        fail(str(exc))
+
+
+@app.command("cell-dsn")
+def cell_dsn(dsn: DsnOption = None) -> None:
+    """Print the DSN of the Citus node holding the schema (a cell): where its fleet
+    connects (--dsn: the coordinator). Again after a shard move: it follows it."""
+    target = need_dsn(dsn)
+    try:
+        with translated():
+            sys.stdout.write(cells.cell_dsn(target, resolve_schema()) + "\n")
     except PgDurableError as exc:
         fail(str(exc))
 

@@ -14,7 +14,7 @@ export const DEFAULT_SCHEMA = 'pgdurable';
 export const MAX_SCHEMA_LENGTH = 48;
 
 const CHANNELS = ['wake', 'cancel', 'events', 'steps', 'done', 'text', 'mcp', 'threads', 'pubsub'];
-const KEPT = ['now', 'live_steps', 'budget', 'acquire'];
+const KEPT = ['now', 'live_steps', 'cell', 'budget', 'acquire'];
 const WORD = new RegExp(
   `(?<![A-Za-z0-9_$])pgdurable(?![A-Za-z0-9$])(?!_(?!(?:${CHANNELS.join('|')})\\b))`
   + `(?!\\.(?:${KEPT.join('|')})\\b(?!\\s*\\())`, 'g');

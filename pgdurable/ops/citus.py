@@ -71,6 +71,9 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from ..foundation.errors import PgDurableError
+from ..foundation.migrations import migrate
+from ..foundation.queries import citus as cq
+from ..foundation.queries.core import first_sync, many, many_sync, one, one_sync
 from ..foundation.schemas import cursor_in_schema, resolve_schema
 
 __all__ = [
@@ -111,26 +114,7 @@ class CellNode:
     port: int
 
 
-# The node holding every placement of the schema's tables. Schema-based
-# sharding colocates them (one colocation group per schema), so every row
-# names the same node; two nodes means a move is half-way or the metadata is
-# not what this module expects, and is reported rather than guessed.
-_NODE_SQL = """
-SELECT DISTINCT n.nodeid, n.groupid, n.nodename, n.nodeport
-  FROM pg_catalog.pg_dist_schema s
-  JOIN pg_catalog.pg_dist_partition p ON p.colocationid = s.colocationid
-  JOIN pg_catalog.pg_dist_shard sh ON sh.logicalrelid = p.logicalrelid
-  JOIN pg_catalog.pg_dist_placement pl ON pl.shardid = sh.shardid
-  JOIN pg_catalog.pg_dist_node n ON n.groupid = pl.groupid
- WHERE s.schemaid = pg_catalog.to_regnamespace(%s)
-   AND n.noderole = 'primary' AND n.isactive
- ORDER BY n.nodeid
-"""
-
-_HAS_CITUS_SQL = "SELECT to_regclass('pg_catalog.pg_dist_schema') IS NOT NULL"
-
-
-def _node_from_rows(schema: str, has_citus: bool, rows: list[tuple[int, int, str, int]]) -> CellNode:
+def _node_from_rows(schema: str, has_citus: bool, rows: list[cq.NodeRow]) -> CellNode:
     if not has_citus:
         raise NotCitus("the database has no citus extension (pg_dist_schema is missing): "
                        "connect to the Citus coordinator's database")
@@ -139,22 +123,18 @@ def _node_from_rows(schema: str, has_citus: bool, rows: list[tuple[int, int, str
             f"schema {schema!r} is not a distributed schema with tables (run "
             f"SELECT citus_schema_distribute('{schema}') on the coordinator after migrating)")
     if len(rows) > 1:
-        where = ", ".join(f"{h}:{p}" for _, _, h, p in rows)
+        where = ", ".join(f"{r.host}:{r.port}" for r in rows)
         raise CitusError(f"schema {schema!r} has placements on several nodes ({where}): "
                          "a shard move in progress? try again")
-    node_id, group_id, host, port = rows[0]
-    return CellNode(schema=schema, node_id=int(node_id), group_id=int(group_id), host=str(host),
-                    port=int(port))
+    row = rows[0]
+    return CellNode(schema=schema, node_id=int(row.node_id), group_id=int(row.group_id),
+                    host=str(row.host), port=int(row.port))
 
 
 def cell_node(conn: psycopg.Connection[Any], schema: str = "pgdurable") -> CellNode:
     """The node holding ``schema``, read on ``conn`` (the coordinator, or any node with metadata)."""
-    has = conn.execute(_HAS_CITUS_SQL).fetchone()
-    has_citus = bool(has and has[0])
-    rows: list[tuple[int, int, str, int]] = []
-    if has_citus:
-        rows = [(int(a), int(b), str(c), int(d))
-                for a, b, c, d in conn.execute(_NODE_SQL, (schema,)).fetchall()]
+    has_citus = one_sync(conn, cq.HAS_CITUS)
+    rows = many_sync(conn, cq.NODE, (schema,)) if has_citus else []
     return _node_from_rows(schema, has_citus, rows)
 
 
@@ -183,13 +163,8 @@ def cell_dsn(coordinator_dsn: str, schema: str = "pgdurable") -> str:
 async def acell_dsn(coordinator_dsn: str, schema: str = "pgdurable") -> str:
     """:func:`cell_dsn`, async."""
     async with await psycopg.AsyncConnection.connect(coordinator_dsn, autocommit=True) as conn:
-        cur = await conn.execute(_HAS_CITUS_SQL)
-        has = await cur.fetchone()
-        has_citus = bool(has and has[0])
-        rows: list[tuple[int, int, str, int]] = []
-        if has_citus:
-            cur = await conn.execute(_NODE_SQL, (schema,))
-            rows = [(int(a), int(b), str(c), int(d)) for a, b, c, d in await cur.fetchall()]
+        has_citus = await one(conn, cq.HAS_CITUS)
+        rows = await many(conn, cq.NODE, (schema,)) if has_citus else []
     return _replace_host(coordinator_dsn, _node_from_rows(schema, has_citus, rows))
 
 
@@ -203,45 +178,29 @@ def distribute_schema(coordinator_dsn: str, schema: str = "pgdurable") -> CellNo
     triggers through the coordinator), distributes the schema's functions
     Citus has not, and sets ``pgdurable.cell = on`` (module docstring)."""
     with psycopg.connect(coordinator_dsn, autocommit=True) as conn:
-        has = conn.execute(_HAS_CITUS_SQL).fetchone()
-        if not (has and has[0]):
+        if not one_sync(conn, cq.HAS_CITUS):
             raise NotCitus("the database has no citus extension: CREATE EXTENSION citus first")
         dbname = conn.info.dbname
         setting = sql.SQL("ALTER DATABASE {} SET citus.enable_unsafe_triggers = on").format(
             sql.Identifier(dbname))
         conn.execute(setting)
-        conn.execute("SELECT run_command_on_workers(%s)", (setting.as_string(conn),))
-        conn.execute("SET citus.enable_unsafe_triggers = on")
-        done = conn.execute("SELECT EXISTS (SELECT FROM pg_catalog.pg_dist_schema "
-                            "WHERE schemaid = pg_catalog.to_regnamespace(%s))",
-                            (schema,)).fetchone()
-        if not (done and done[0]):
-            if conn.execute("SELECT pg_catalog.to_regnamespace(%s)", (schema,)).fetchone() == (None,):
+        first_sync(conn, cq.ON_WORKERS, (setting.as_string(conn),))
+        conn.execute(cq.UNSAFE_TRIGGERS)
+        if not one_sync(conn, cq.DISTRIBUTED, (schema,)):
+            if not one_sync(conn, cq.SCHEMA_EXISTS, (schema,)):
                 raise SchemaNotDistributed(f"schema {schema!r} does not exist: migrate first")
-            conn.execute("SELECT citus_schema_distribute(%s)", (schema,))
+            first_sync(conn, cq.DISTRIBUTE_SCHEMA, (schema,))
         # functions whose signature names a table's row type were created
         # while the table was local and are not propagated with the schema:
         # distribute every function of the schema that is not yet
-        for (sig,) in conn.execute(_UNDISTRIBUTED_SQL, (schema,)).fetchall():
-            conn.execute("SELECT create_distributed_function(%s)", (sig,))
+        for sig in many_sync(conn, cq.UNDISTRIBUTED, (schema,)):
+            first_sync(conn, cq.DISTRIBUTE_FUNCTION, (sig,))
         # the engine's functions take the forms a cell needs (write_steps)
-        conn.execute(sql.SQL("ALTER DATABASE {} SET pgdurable.cell = on").format(
-            sql.Identifier(dbname)))
-        conn.execute("SELECT run_command_on_workers(%s)", (
-            sql.SQL("ALTER DATABASE {} SET pgdurable.cell = on").format(
-                sql.Identifier(dbname)).as_string(conn),))
+        cell = sql.SQL("ALTER DATABASE {} SET pgdurable.cell = on").format(
+            sql.Identifier(dbname))
+        conn.execute(cell)
+        first_sync(conn, cq.ON_WORKERS, (cell.as_string(conn),))
         return cell_node(conn, schema)
-
-
-# The schema's functions Citus does not know (pg_dist_object), as qualified signatures.
-_UNDISTRIBUTED_SQL = """
-SELECT p.oid::regprocedure::text
-  FROM pg_catalog.pg_proc p
- WHERE p.pronamespace = pg_catalog.to_regnamespace(%s) AND p.prokind IN ('f', 'p')
-   AND NOT EXISTS (SELECT FROM pg_catalog.pg_dist_object d
-                    WHERE d.classid = 'pg_catalog.pg_proc'::regclass AND d.objid = p.oid)
- ORDER BY 1
-"""
 
 
 # A token of SQL text that may hold a ';' that does not end a statement.
@@ -308,14 +267,12 @@ def migrate_cell(coordinator_dsn: str, schema: str | None = None, **options: Any
 
     ``options`` are :func:`pgdurable.foundation.migrations.migrate`'s.
     Returns the migrations it applied."""
-    from ..foundation.migrations import migrate
-
     in_schema = resolve_schema(schema)
     # a statement at a time, each for the schema
     cursor = cursor_in_schema(StatementCursor, in_schema)
     with psycopg.connect(coordinator_dsn, cursor_factory=cursor) as conn:
         # the engine's tables keep their triggers (see distribute_schema)
-        if conn.execute(_HAS_CITUS_SQL).fetchone() == (True,):
-            conn.execute("SET citus.enable_unsafe_triggers = on")
+        if one_sync(conn, cq.HAS_CITUS):
+            conn.execute(cq.UNSAFE_TRIGGERS)
         conn.commit()
         return migrate(conn, schema=in_schema, **options)

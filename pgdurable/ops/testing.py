@@ -308,8 +308,9 @@ def fire_due_timers(
     rows behind the engine's back: never call it on a production database.
     """
     params = _fire_params(advance)
+    conninfo = _conninfo(target)  # (a target of another type: TypeError)
     schema = None if isinstance(target, str) else target.schema  # a DSN: PGDURABLE_SCHEMA's
-    with connect(_conninfo(target), schema=schema) as conn, translated():
+    with connect(conninfo, schema=schema) as conn, translated():
         fired = tq.FIRE.first(conn.execute(tq.FIRE.sql, params).fetchone())
     return fired.due if fired else 0
 

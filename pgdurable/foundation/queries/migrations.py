@@ -207,8 +207,8 @@ COMMENT ON COLUMN pgdurable.schema_definitions.applied_at IS 'When it was last a
 # -- record a numbered migration / a definition
 RECORD = ("INSERT INTO pgdurable.schema_migrations (version, name, sha256) VALUES (%s, %s, %s)"
           " ON CONFLICT (version) DO UPDATE SET sha256 = excluded.sha256")
-# (excluded.applied_at, the column's default now(), not a call in DO UPDATE: Citus refuses
-# non-IMMUTABLE functions there on a distributed table, a cell's schema)
+# -- record a definition file's sha256, applied now (excluded.applied_at: the column's
+# -- default, not a call in DO UPDATE, which Citus refuses in a cell); answers nothing
 RECORD_DEFINITION = (
     "INSERT INTO pgdurable.schema_definitions (path, sha256) VALUES (%s, %s)"
     " ON CONFLICT (path) DO UPDATE SET sha256 = excluded.sha256,"

@@ -7,20 +7,23 @@ One command::
     .venv/bin/python benchmarks/million.py [--dsn postgresql://postgres@127.0.0.1:5432/postgres]
         [--parked 10000,100000,1000000] [--storm 100000] [--senders 8] [--workers 4]
         [--fanin 10000] [--idle-window 20] [--probes 200] [--park-jobs 2]
-        [--parts parked,timer,signal,fanin,retention] [--quick]
+        [--park-via clone|functions] [--parts parked,timer,signal,fanin,retention] [--quick]
 
 ``--quick`` (parked 2,000 and 10,000; storms of 5,000; a fan-in of 1,000; 5 s windows;
 40 probes) proves it runs in a few minutes. In one scratch database, with ``--workers``
 worker processes of ``benchmarks/_million_app.py`` up throughout (concurrency 32 each):
 
 1. **Parked runs.** The population of runs waiting on a signal ``("bench", id)`` with
-   a timeout spread over the next three days grows to each size of ``--parked``
-   (created by the driver in batches of 5,000 on ``--park-jobs`` connections:
-   ``start_run``, then ``claim_runs`` and ``park_run`` in the same transaction -- the
-   functions a worker calls). First on the empty database, then at each size: the idle
-   fleet over ``--idle-window`` seconds (CPU of the worker processes and their backends
-   from ``/proc``, transactions a second on the database, the workers' resident
-   memory); ``--probes`` sequential probes -- ``start()`` latency, enqueue-to-claim
+   a timeout spread over the next three days grows to each size of ``--parked``, on
+   ``--park-jobs`` connections: a first batch of 5,000 by the functions a worker calls
+   (``start_run``, then ``claim_runs`` and ``park_run`` in the same transaction), the
+   rest copies of the rows they wrote for its first run (new ids, signals and timers;
+   one INSERT of 50,000 runs and their checkpoints per transaction: ~20,000 runs/s
+   against ~2,250; ``--park-via functions`` parks every run through the functions).
+   First on the empty database, then at each size: the idle fleet over
+   ``--idle-window`` seconds, twice in a row (CPU of the worker processes and their
+   backends from ``/proc``, transactions a second on the database, buffers of
+   pgdurable's tables read per transaction, the workers' resident memory); ``--probes`` sequential probes -- ``start()`` latency, enqueue-to-claim
    latency (``leased_at - created_at``, database clock) and a 3-step run's end-to-end
    latency (``start`` to ``result``) -- alternated in rounds with the same probes on a
    second, empty scratch database served by its own fleet of the same size (the
@@ -29,16 +32,19 @@ worker processes of ``benchmarks/_million_app.py`` up throughout (concurrency 32
 2. **Timer storm.** ``--storm`` parked runs whose timers fall due in the same second:
    the time from that second until all of them completed their next step, against the
    same number of fresh runs (committed at once) drained by the same workers from their
-   commit; the most claims of a stormed run (2: created, woken once); the sequential
-   scans of ``runs`` during the storm, and the plan of the claim's timer branch.
+   commit; per run in each (robust to the machine's load): the CPU of the fleet and its
+   backends, the buffers read, the runs a claim took; the most claims of a stormed run
+   (2: created, woken once); the sequential scans of ``runs`` during the storm, and the
+   plan of the claim's timer branch.
 3. **Signal storm.** ``--storm`` signals to as many of the parked runs by ``--senders``
    concurrent senders (``send_signal``, one statement and transaction each): signals a
    second against the same number of bare single-row INSERTs by the same senders, and
    -- to show what bounds it -- bare INSERTs that also ``pg_notify`` in their
    transaction, and signals that wake no run (no NOTIFY); the time until every run
    resumed; the NOTIFYs a LISTEN connection received per signal.
-4. **Wake fan-in.** A parent starting ``--fanin`` children and waiting for all of them,
-   against as many independent runs started by the driver the same way (16 at a time),
+4. **Wake fan-in.** A parent starting ``--fanin`` children (``ctx.start_child`` 16 at
+   a time; then, as a second parent, all in one ``ctx.start_children``) and waiting for
+   all of them, against as many independent runs started by the driver 16 at a time,
    alternated twice: time per child, and how often the parent was claimed (2: started,
    woken once).
 5. **Retention.** Parked runs are cancelled until half of all runs are finished; then

@@ -681,7 +681,8 @@ def part_fan_in(dsn: str, n: int) -> None:
           flush=True)
 
 
-def part_retention(dsn: str, probes: int) -> None:
+def part_retention(dsn: str, probes: int, workers: list[subprocess.Popen[bytes]],
+                   pause: float = 0.0) -> None:
     print("5. retention: prune the finished half of the runs while the fleet serves probes",
           flush=True)
     with psycopg.connect(dsn, autocommit=True) as c:
@@ -697,12 +698,21 @@ def part_retention(dsn: str, probes: int) -> None:
         print(f"  {total} runs, {done} finished; cancelled {cancelled} parked runs in "
               f"{time.perf_counter() - t0:.1f} s: {done + cancelled} finished", flush=True)
         c.execute("VACUUM ANALYZE pgdurable.runs")
-    before = asyncio.run(probe(dsn, probes))
+
+        def usage() -> tuple[float, float, Any]:
+            """CPU seconds of the workers and every backend of the database, the clock,
+            the WAL position (cluster-wide: other databases' writes count too)."""
+            return (meter(c, workers)[0], time.perf_counter(),
+                    one(c, "SELECT pg_current_wal_lsn()"))
+
+        u0 = usage()
+        before = asyncio.run(probe(dsn, probes))
+        u1 = usage()
     result: dict[str, Any] = {}
 
     def prune() -> None:
         t0 = time.perf_counter()
-        result["pruned"] = prune_sync(dsn, timedelta(0)).runs
+        result["pruned"] = prune_sync(dsn, timedelta(0), pause=pause).runs
         result["s"] = time.perf_counter() - t0
 
     pruner = threading.Thread(target=prune)
@@ -711,7 +721,17 @@ def part_retention(dsn: str, probes: int) -> None:
     while pruner.is_alive():
         during.add(asyncio.run(probe(dsn, 10)))
     pruner.join()
-    print(f"  pruned {result.get('pruned')} runs in {result.get('s', 0):.1f} s "
+    with psycopg.connect(dsn, autocommit=True) as c:
+        u2 = (meter(c, workers)[0], time.perf_counter(), one(c, "SELECT pg_current_wal_lsn()"))
+        wal = [one(c, "SELECT pg_wal_lsn_diff(%s, %s)", (b[2], a[2])) for a, b in
+               ((u0, u1), (u1, u2))]
+    print(f"  the database's backends and the workers used {(u1[0] - u0[0]) / (u1[1] - u0[1]):.2f} "
+          f"cores before the prune, {(u2[0] - u1[0]) / (u2[1] - u1[1]):.2f} during it (the "
+          f"pruner's and the probes' backends included; 2 CPUs); WAL written (the cluster's) "
+          f"{float(wal[0]) / (u1[1] - u0[1]) / 1e6:.1f} MB/s before, "
+          f"{float(wal[1]) / (u2[1] - u1[1]) / 1e6:.1f} MB/s during", flush=True)
+    print(f"  pruned {result.get('pruned')} runs in {result.get('s', 0):.1f} s (pause {pause} s "
+          f"between batches) "
           f"({result.get('pruned', 0) / max(result.get('s', 1), 1e-9):.0f} runs/s); "
           f"{len(during.e2e_ms)} probes during it; {load()}", flush=True)
     show_probes("before the prune", before, None)
@@ -733,6 +753,8 @@ def main() -> None:
                     help="clone (default): a batch parked by the functions, the rest copies of "
                          "its rows; functions: every run by start_run, claim_runs, park_run")
     ap.add_argument("--signal-batch", type=int, default=100)
+    ap.add_argument("--prune-pause", type=float, default=0.0,
+                    help="seconds between the prune's batches (prune_sync(pause=...))")
     ap.add_argument("--parts", default=",".join(PARTS))
     ap.add_argument("--db", default=DB, help="the scratch database (and <db>_empty)")
     ap.add_argument("--quick", action="store_true")
@@ -769,7 +791,7 @@ def main() -> None:
             if "fanin" in parts:
                 part_fan_in(dsn, args.fanin)
             if "retention" in parts:
-                part_retention(dsn, args.probes)
+                part_retention(dsn, args.probes, workers, args.prune_pause)
     finally:
         drop_scratch(args.dsn, db, empty_db)
     print(f"done in {(time.perf_counter() - t_start) / 60:.1f} min; {load()}")

@@ -21,6 +21,7 @@ from pgdurable import (
     RunContext,
     UnknownTask,
     Wait,
+    WorkflowContext,
 )
 from pgdurable.runs.children import start_child, start_children
 
@@ -153,3 +154,30 @@ async def test_once_per_key_fenced_all_or_nothing(
     assert [r[8] for r in rows] == ids
     # a start_child of a key start_children made gets the same child
     assert await start_child(app, pid, 1, "leaf", key="c") == ids[2]
+
+
+async def test_workflow_starts_children_as_one_recorded_step(dsn: str) -> None:
+    """WorkflowContext.start_children: one recorded step (the replay after the fan-in
+    starts none again), the parent parked and woken once."""
+    app = Durable(dsn)
+
+    @app.task("leaf")
+    async def leaf(ctx: RunContext, state: Any) -> Any:
+        return Done(state * 2)
+
+    @app.workflow("doubles", revision="1")
+    async def doubles(ctx: WorkflowContext, xs: list[int]) -> list[Any]:
+        ids = await ctx.start_children([Child("leaf", x, key=f"x{x}") for x in xs])
+        return [o["result"] for o in await ctx.gather(ids)]
+
+    async with app, app_running(app):
+        rid = await app.start("doubles", [1, 2, 3])
+        assert await app.result(rid, timeout=60) == [2, 4, 6]
+        tree = await app.run_tree(rid)
+        info = await app.get_run(rid)
+    assert len(tree) == 4 and info.claims == 2  # three children, started once; woken once
+    with psycopg.connect(dsn) as c:
+        names = [r[0] for r in c.execute(
+            "SELECT state->'workflow'->>'name' FROM pgdurable.checkpoints WHERE run_id = %s "
+            "ORDER BY step", (rid,)).fetchall()]
+    assert names == ["start-children:1", "children#1", "return"]

@@ -11,7 +11,7 @@
   work as a woken ``parked`` run).
 * ``noop3``: three no-op steps (the end-to-end latency probe).
 * ``fanin``: step 0 starts ``state["n"]`` ``child`` runs (``ctx.start_child``, 16 at a
-  time) and waits for all of them; step 1 completes with how many completed and how
+  time; with ``state["batch"]`` all in one ``ctx.start_children``) and waits for all of them; step 1 completes with how many completed and how
   many times the parent was woken (the wake fan-in).
 * ``child``: one step, then done (the fan-in's children, and its baseline of
   independent runs).
@@ -24,7 +24,7 @@ import os
 from typing import Any
 
 import pgdurable
-from pgdurable import Continue, Done, RunContext, Wait
+from pgdurable import Child, Continue, Done, RunContext, Wait
 
 app = pgdurable.Durable(pool_size=int(os.environ.get("BENCH_POOL_SIZE", "8")))
 
@@ -54,6 +54,9 @@ async def fanin(ctx: RunContext, state: dict[str, Any]) -> Any:
     if ctx.step == 0:
         keys = [f"k{i}" for i in range(state["n"])]
         ids: list[str] = []
+        if state.get("batch"):  # ctx.start_children: one statement for all of them
+            ids = await ctx.start_children([Child("child", key=k, revision="1") for k in keys])
+            return Wait.children(ids, state={"n": len(ids)})
         for i in range(0, len(keys), 16):
             ids += await asyncio.gather(*(ctx.start_child("child", revision="1", key=k)
                                           for k in keys[i:i + 16]))

@@ -88,7 +88,7 @@ from .models.workflows import (
 from .ops.roles import grant_roles
 from .runs.batch_start import Start
 from .runs.budgets import write_settlements
-from .runs.children import TreeNode
+from .runs.children import Child, TreeNode
 from .runs.events import Event, EventTrigger, SentEvent
 from .runs.flow import RateLimited
 from .runs.fork import ForkedRun
@@ -104,6 +104,7 @@ __all__ = [
     "MAX_NAME_BYTES",
     "NOT_PERFORMED",
     "Affinity",
+    "Child",
     "Continue",
     "Done",
     "Durable",

@@ -78,7 +78,7 @@ import functools
 import inspect
 import logging
 import random
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from decimal import Decimal
@@ -101,6 +101,7 @@ from ..foundation.queries.core import first
 from ..foundation.queries.workflows import LOAD_HISTORY, Checkpoint
 from ..foundation.registry import Task, TaskRegistry
 from ..runs.budgets import BudgetExhausted, Reservation
+from ..runs.children import Child
 from ..runs.steps import (
     Done,
     RunContext,
@@ -636,6 +637,22 @@ class WorkflowContext:
         key = str(n) if key is None else key
         start = functools.partial(self.run.start_child, task, state, key=key, **options)
         return str(await self.step(f"child:{key}", start))
+
+    async def start_children(self, children: Iterable[Child | dict[str, Any]]) -> list[str]:
+        """Start many child runs as ONE recorded step; their ids in input order.
+
+        :meth:`RunContext.start_children <pgdurable.RunContext.start_children>` (one
+        statement, one lock of this run, one commit) as a step named
+        ``start-children:<n>`` (``n``: this call's position among this run's
+        ``start_children`` calls). Each :class:`~pgdurable.Child` names its ``key``;
+        the start is once per this run and key, so a crash before the step's
+        checkpoint finds the same children again, never second ones.
+        """
+        items = list(children)
+        n = self._counts.get(" children-calls", 0) + 1
+        self._counts[" children-calls"] = n
+        start = functools.partial(self.run.start_children, items)
+        return [str(i) for i in await self.step(f"start-children:{n}", start)]
 
     async def gather(self, ids: list[str], *, any: bool = False, at_least: int | None = None,
                      timeout: timedelta | float | None = None,  # noqa: ASYNC109

@@ -1,6 +1,7 @@
 """Child runs: fan-out from a step, fan-in by waiting on the children, the run tree.
 
-A step starts children with ``await ctx.start_child(task, state, key=...)`` and
+A step starts children with ``await ctx.start_child(task, state, key=...)`` (or many
+at once: ``await ctx.start_children([Child(task, state, key=...), ...])``) and
 waits for them by returning ``Wait.children(ids)`` (all of them),
 ``Wait.children(ids, any=True)`` (the first) or ``Wait.children(ids,
 at_least=n)``, optionally with ``timeout=``. The next step finds their outcomes
@@ -11,6 +12,12 @@ Guarantees (``sql/0010_children.sql``, each one tested):
 * **Exactly once per (parent, key)**: ``pgdurable.start_child`` is fenced by the
   parent's lease token and keyed by ``(parent, key)``: a retried or replayed
   step gets the same child back; a stale attempt (its lease lost) starts none.
+* **Many at once**: ``ctx.start_children`` starts a list of :class:`Child` with ONE
+  call of ``pgdurable.start_children``: the parent's fence and row lock taken once,
+  one INSERT, one commit, at most one NOTIFY per queue; per child exactly what
+  ``start_child`` does (an existing key returns its child). All or nothing: bad
+  input in any child raises before any SQL (a note names its index), and a child
+  the database refuses fails the call, nothing started.
 * **Fan-in without polling**: a child's terminal transition counts down its
   parent's wait in the same transaction; the child that completes the wait
   makes the parent runnable. 1,000 children wake the parent once.
@@ -25,6 +32,7 @@ Guarantees (``sql/0010_children.sql``, each one tested):
 Function-level API, for any programming model (step functions use it through
 :meth:`~pgdurable.RunContext.start_child`; a workflow context can wrap the same
 calls): :func:`start_child` (needs the parent's run id and current lease token),
+:func:`start_children` (many :class:`Child` in one statement),
 :func:`child_params` (the validated parameters, for a caller's own
 connection), :func:`check_children` (are these ids children of the run?),
 :func:`park_children` (the fenced park, used by the worker) and
@@ -36,6 +44,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterable, Mapping
+from dataclasses import KW_ONLY, dataclass, fields
 from typing import TYPE_CHECKING, Any, Literal
 
 from ..foundation import run_queries as q
@@ -58,6 +67,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "POLICIES",
+    "Child",
     "ChildPolicy",
     "Parked",
     "TreeNode",
@@ -68,6 +78,8 @@ __all__ = [
     "run_tree",
     "run_tree_sync",
     "start_child",
+    "start_children",
+    "start_children_params",
 ]
 
 ChildPolicy = Literal["cancel", "abandon"]
@@ -163,6 +175,106 @@ async def start_child(
     else:
         row = await app.fetchone(sql, params)
     return cq.START_CHILD.one(row).run_id
+
+
+@dataclass(frozen=True)
+class Child:
+    """One child for :meth:`~pgdurable.RunContext.start_children`: the arguments of
+    :meth:`~pgdurable.RunContext.start_child`, with the same defaults and meaning
+    (``budget`` a number only: a child that needs its own ledger budget, named
+    ``budgets`` or ``affinity_of`` is started with ``start_child``)."""
+
+    task: str
+    state: Any = None
+    _: KW_ONLY
+    key: str
+    queue: str = "default"
+    priority: int = 0
+    deadline: Any = None
+    budget: float | None = None
+    revision: str | None = None
+    max_attempts: int | None = None
+    policy: ChildPolicy = "cancel"
+
+
+_CHILD_FIELDS = frozenset(f.name for f in fields(Child))  # (KW_ONLY is not a field)
+
+
+def _as_child(item: object) -> Child:
+    if isinstance(item, Child):
+        return item
+    if isinstance(item, Mapping):
+        unknown = sorted(str(k) for k in item if k not in _CHILD_FIELDS)
+        if unknown:
+            raise TypeError(f"unknown child argument(s) {unknown}; known: "
+                            f"{sorted(_CHILD_FIELDS)}")
+        if "task" not in item or "key" not in item:
+            raise TypeError("a child needs a 'task' and a 'key'")
+        return Child(**item)
+    raise TypeError(f"each child must be a pgdurable.Child or a dict, not {type(item).__name__}")
+
+
+def start_children_params(registry: TaskRegistry, parent_run_id: object, token: int,
+                          children: Iterable[object]) -> tuple[Any, ...] | None:
+    """Validate every child (before any SQL, as :func:`child_params`) and return the
+    parameters of :data:`~pgdurable.foundation.queries.children.START_CHILDREN`, or
+    ``None`` for no children. The first bad child raises its error (with a note
+    ``start_children: child #i``); keys must be distinct (``ValueError``)."""
+    if isinstance(children, str | bytes | Mapping) or not isinstance(children, Iterable):
+        raise TypeError("start_children takes a list of pgdurable.Child (or dicts)")
+    columns: list[list[Any]] = [[] for _ in range(11)]
+    rid: Any = None
+    seen: set[object] = set()
+    for i, item in enumerate(children):
+        try:
+            c = _as_child(item)
+            if isinstance(c.budget, Mapping):
+                raise TypeError("Child(budget=...) is a number; a child with its own ledger "
+                                "budget is started with ctx.start_child")
+            p = child_params(registry, parent_run_id, token, c.task, c.state, key=c.key,
+                             queue=c.queue, priority=c.priority, deadline=c.deadline,
+                             budget=c.budget, revision=c.revision,
+                             max_attempts=c.max_attempts, policy=c.policy)
+            if c.key in seen:
+                raise ValueError(f"child key {c.key!r} is given twice")
+        except Exception as exc:
+            exc.add_note(f"start_children: child #{i}")
+            raise
+        seen.add(c.key)
+        rid = p[0]
+        budget = p[11]
+        row = (*p[2:11], None if budget is None else str(budget), p[12])
+        for col, value in zip(columns, row, strict=True):
+            col.append(value)
+    if not columns[0]:
+        return None
+    return (rid, token, *columns)
+
+
+async def start_children(
+    app: App,
+    parent_run_id: object,
+    token: int,
+    children: Iterable[Child | dict[str, Any]],
+    *,
+    conn: psycopg.AsyncConnection[Any] | None = None,
+) -> list[str]:
+    """Start the children ``children`` of run ``parent_run_id`` (each key once) with
+    ONE statement; return their ids in input order.
+
+    Fenced by ``token`` as :func:`start_child` (:class:`~pgdurable.LeaseLost`: nothing
+    started); per child the same as :func:`start_child` (an existing key returns its
+    child; the same key with another task: :class:`~pgdurable.InvalidInput`, nothing
+    started). One lock of the parent, one INSERT, at most one NOTIFY per queue."""
+    params = start_children_params(app._registry, parent_run_id, token, children)
+    if params is None:
+        return []
+    if conn is not None:
+        with translated():
+            cur = await conn.execute(cq.START_CHILDREN.sql, params)
+            rows = await cur.fetchall()
+        return [r.run_id for r in cq.START_CHILDREN.all(rows)]
+    return [r.run_id for r in await many(app, cq.START_CHILDREN, params)]
 
 
 def _ids(ids: object) -> list[uuid.UUID]:

@@ -78,6 +78,110 @@ COMMENT ON FUNCTION pgdurable.start_child(uuid, bigint, text, text, text, jsonb,
   'Fenced by the parent''s token: start the child (parent, key) once; returns (id, created).';
 
 ------------------------------------------------------------------------------
+-- pgdurable.start_children(parent, token, keys, tasks, revisions, states,
+--                          queues, priorities, max_attempts, deadlines_in,
+--                          deadlines_at, budgets, policies)
+--   -> TABLE(ord integer, run_id uuid, created boolean)
+-- start_child for many keys in ONE statement: fenced once by the parent's
+-- lease token (PD001: nothing started), the parent's row lock taken once and
+-- held to the commit, one INSERT of the new children, at most one NOTIFY
+-- pgdurable_wake per queue. Per element exactly as start_child: a key that
+-- exists already returns its child (created = false, nothing changes; another
+-- task for it -> PD000, nothing started); a new child gets parent_run_id,
+-- root_run_id, child_key, parent_policy (NULL = 'cancel'), a deadline capped
+-- by the parent's. One row per element in input order (ord from 1). All
+-- arrays have the same length, keys are distinct, non-empty, and so are
+-- tasks: else PD000 and nothing is written.
+------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION pgdurable.start_children(
+  p_parent uuid, p_token bigint, p_keys text[], p_tasks text[], p_revisions text[],
+  p_states jsonb[], p_queues text[], p_priorities integer[], p_max_attempts integer[],
+  p_deadlines_in interval[], p_deadlines_at timestamptz[], p_budgets numeric[],
+  p_policies text[])
+RETURNS TABLE (ord integer, run_id uuid, created boolean)
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pgdurable, pg_temp AS $$
+DECLARE
+  p pgdurable.runs := pgdurable._fenced_token(p_parent, p_token);
+  v_n integer := coalesce(cardinality(p_keys), 0);
+  v_bad text;
+  v_existing text[];
+  v_queues text[];
+BEGIN
+  IF coalesce(cardinality(p_tasks), 0) <> v_n OR coalesce(cardinality(p_revisions), 0) <> v_n
+     OR coalesce(cardinality(p_states), 0) <> v_n OR coalesce(cardinality(p_queues), 0) <> v_n
+     OR coalesce(cardinality(p_priorities), 0) <> v_n
+     OR coalesce(cardinality(p_max_attempts), 0) <> v_n
+     OR coalesce(cardinality(p_deadlines_in), 0) <> v_n
+     OR coalesce(cardinality(p_deadlines_at), 0) <> v_n
+     OR coalesce(cardinality(p_budgets), 0) <> v_n
+     OR coalesce(cardinality(p_policies), 0) <> v_n THEN
+    RAISE EXCEPTION 'start_children: every array must have % elements', v_n USING ERRCODE = 'PD000';
+  END IF;
+  IF v_n = 0 THEN
+    RETURN;
+  END IF;
+  IF EXISTS (SELECT FROM unnest(p_keys, p_tasks) AS u(k, t)
+              WHERE u.k IS NULL OR u.k = '' OR u.t IS NULL OR u.t = '') THEN
+    RAISE EXCEPTION 'start_children: keys and tasks must be non-empty' USING ERRCODE = 'PD000';
+  END IF;
+  IF (SELECT count(DISTINCT k) FROM unnest(p_keys) k) <> v_n THEN
+    RAISE EXCEPTION 'start_children: keys must be distinct' USING ERRCODE = 'PD000';
+  END IF;
+  SELECT u.x INTO v_bad FROM unnest(p_policies) u(x)
+   WHERE coalesce(u.x, 'cancel') NOT IN ('cancel', 'abandon') LIMIT 1;
+  IF FOUND THEN
+    RAISE EXCEPTION 'start_children: policy must be cancel or abandon, not %', v_bad
+      USING ERRCODE = 'PD000';
+  END IF;
+  -- the parent's row lock (held by the fence) serialises its own starts: the
+  -- children read here are all there are
+  SELECT array_agg(c.child_key),
+         min(format('key %s of run %s already started task %s, not %s', c.child_key, p.id,
+                    c.task, u.t)) FILTER (WHERE c.task <> u.t)
+    INTO v_existing, v_bad
+    FROM unnest(p_keys, p_tasks) AS u(k, t)
+    JOIN pgdurable.runs c ON c.parent_run_id = p.id AND c.child_key = u.k;
+  v_existing := coalesce(v_existing, '{}');
+  IF v_bad IS NOT NULL THEN
+    RAISE EXCEPTION 'start_children: %', v_bad USING ERRCODE = 'PD000';
+  END IF;
+  WITH ins AS (
+    INSERT INTO pgdurable.runs AS r (task, revision, state, queue, priority, max_attempts,
+                                     deadline_at, budget, parent_run_id, root_run_id, child_key,
+                                     parent_policy)
+    SELECT i.t, i.v, coalesce(i.s, '{}'), i.q, i.pr, i.ma,
+           CASE WHEN p.deadline_at IS NOT NULL AND (d.at IS NULL OR d.at > p.deadline_at)
+                THEN p.deadline_at ELSE d.at END,
+           i.b, p.id, coalesce(p.root_run_id, p.id), i.k, coalesce(i.pol, 'cancel')
+      FROM unnest(p_keys, p_tasks, p_revisions, p_states, p_queues, p_priorities,
+                  p_max_attempts, p_deadlines_in, p_deadlines_at, p_budgets, p_policies)
+           WITH ORDINALITY AS i(k, t, v, s, q, pr, ma, din, dat, b, pol, n)
+     CROSS JOIN LATERAL (SELECT coalesce(i.dat, pgdurable.now() + i.din) AS at) d
+     WHERE NOT EXISTS (SELECT FROM pgdurable.runs c
+                        WHERE c.parent_run_id = p.id AND c.child_key = i.k)
+     ORDER BY i.n
+    RETURNING r.queue
+  )
+  SELECT array_agg(DISTINCT ins.queue) INTO v_queues FROM ins;
+  -- at most one NOTIFY per queue that got a child (delivered on commit only)
+  PERFORM pg_notify('pgdurable_wake', w) FROM unnest(v_queues) w;
+  -- a fresh snapshot: the children inserted above and those that existed
+  RETURN QUERY
+    SELECT u.n::integer, c.id, e.k IS NULL
+      FROM unnest(p_keys) WITH ORDINALITY AS u(k, n)
+      JOIN pgdurable.runs c ON c.parent_run_id = p.id AND c.child_key = u.k
+      LEFT JOIN unnest(v_existing) AS e(k) ON e.k = u.k
+     ORDER BY u.n;
+END
+$$;
+COMMENT ON FUNCTION pgdurable.start_children(uuid, bigint, text[], text[], text[], jsonb[], text[],
+                                             integer[], integer[], interval[], timestamptz[],
+                                             numeric[], text[]) IS
+  'Fenced by the parent''s token: start_child for many keys in one statement (one lock, '
+  'one INSERT, one NOTIFY per queue); returns (ord, id, created) in input order.';
+
+------------------------------------------------------------------------------
 -- pgdurable.park_children(id, token, owner, state, spend, ids, need, wake_in)
 --   -> TABLE(status text, wake_at timestamptz)
 -- FENCED (PD001). Checkpoint the state, then wait until `need` of the

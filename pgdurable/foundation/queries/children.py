@@ -9,8 +9,8 @@ from .core import Query, Row, column
 from .signals import Parked, _parked
 from .start import Started, started
 
-__all__ = ["CHILDREN_OF", "PARK_CHILDREN", "RUN_TREE", "START_CHILD", "Parked", "Started",
-           "TreeNode"]
+__all__ = ["CHILDREN_OF", "PARK_CHILDREN", "RUN_TREE", "START_CHILD", "START_CHILDREN", "Parked",
+           "Started", "TreeNode"]
 
 
 @dataclass(frozen=True)
@@ -40,6 +40,13 @@ START_CHILD = started(
     "SELECT run_id, created FROM pgdurable.start_child(%s::uuid, %s::bigint, %s::text, %s::text, "
     "%s::text, %s::jsonb, %s::text, %s::integer, %s::integer, %s::interval, %s::timestamptz, "
     "%s::numeric, %s::text)")
+# -- fenced by the parent's token: start children (parent, key) once each, in one statement
+# -- (parent, token, then one array per START_CHILD argument from the key on); one
+# -- Started per key, in input order
+START_CHILDREN = started(
+    "SELECT run_id, created FROM pgdurable.start_children(%s::uuid, %s::bigint, %s::text[], "
+    "%s::text[], %s::text[], %s::text[]::jsonb[], %s::text[], %s::integer[], %s::integer[], "
+    "%s::interval[], %s::timestamptz[], %s::numeric[], %s::text[]) ORDER BY ord")
 # -- fenced park on children; returns (status, wake_at, seconds until wake_at)
 PARK_CHILDREN = Query(
     "SELECT status, wake_at, extract(epoch FROM wake_at - pgdurable.now())::float8 "

@@ -33,7 +33,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import KW_ONLY, dataclass, fields
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 import psycopg
 
@@ -78,20 +78,29 @@ class Start:
     budgets: list[str] | None = None
 
 
-_FIELDS = frozenset(f.name for f in fields(Start))  # (KW_ONLY is not a field)
+R = TypeVar("R")
+
+
+def as_record(cls: type[R], item: object, required: tuple[str, ...], noun: str) -> R:
+    """``item`` as a ``cls`` (a dataclass of a batch's arguments: :class:`Start`,
+    :class:`~pgdurable.Child`): itself, or built from a dict of its fields; an unknown or
+    missing field, or anything else, is a TypeError naming the ``noun``."""
+    if isinstance(item, cls):
+        return item
+    if isinstance(item, Mapping):
+        known = sorted(f.name for f in fields(cls))  # type: ignore[arg-type]
+        unknown = sorted(str(k) for k in item if k not in known)
+        if unknown:
+            raise TypeError(f"unknown {noun} argument(s) {unknown}; known: {known}")
+        if any(r not in item for r in required):
+            raise TypeError(f"a {noun} needs " + " and ".join(f"a {r!r}" for r in required))
+        return cls(**item)
+    raise TypeError(f"each {noun} must be a pgdurable.{cls.__name__} or a dict, "
+                    f"not {type(item).__name__}")
 
 
 def _as_start(item: object) -> Start:
-    if isinstance(item, Start):
-        return item
-    if isinstance(item, Mapping):
-        unknown = sorted(str(k) for k in item if k not in _FIELDS)
-        if unknown:
-            raise TypeError(f"unknown start argument(s) {unknown}; known: {sorted(_FIELDS)}")
-        if "task" not in item:
-            raise TypeError("a start needs a 'task'")
-        return Start(**item)
-    raise TypeError(f"each start must be a pgdurable.Start or a dict, not {type(item).__name__}")
+    return as_record(Start, item, ("task",), "start")
 
 
 def start_many_params(registry: TaskRegistry, starts: Iterable[object]) -> tuple[Any, ...] | None:

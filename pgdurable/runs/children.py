@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterable, Mapping
-from dataclasses import KW_ONLY, dataclass, fields
+from dataclasses import KW_ONLY, dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from ..foundation import run_queries as q
@@ -55,6 +55,7 @@ from ..foundation.queries.affinity import AFFINE_STARTED
 from ..foundation.queries.children import Parked, TreeNode
 from ..foundation.queries.core import many, many_sync, one
 from ..foundation.registry import start_params
+from .batch_start import as_record
 from .budgets import budget_statement, split_budget
 
 if TYPE_CHECKING:
@@ -197,21 +198,8 @@ class Child:
     policy: ChildPolicy = "cancel"
 
 
-_CHILD_FIELDS = frozenset(f.name for f in fields(Child))  # (KW_ONLY is not a field)
-
-
 def _as_child(item: object) -> Child:
-    if isinstance(item, Child):
-        return item
-    if isinstance(item, Mapping):
-        unknown = sorted(str(k) for k in item if k not in _CHILD_FIELDS)
-        if unknown:
-            raise TypeError(f"unknown child argument(s) {unknown}; known: "
-                            f"{sorted(_CHILD_FIELDS)}")
-        if "task" not in item or "key" not in item:
-            raise TypeError("a child needs a 'task' and a 'key'")
-        return Child(**item)
-    raise TypeError(f"each child must be a pgdurable.Child or a dict, not {type(item).__name__}")
+    return as_record(Child, item, ("task", "key"), "child")
 
 
 def start_children_params(registry: TaskRegistry, parent_run_id: object, token: int,

@@ -87,9 +87,9 @@ def cells() -> Iterator[dict[str, Cell]]:
         yield {schema: Cell(cluster, coordinator, schema) for schema in CELLS}
 
 
-def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("PGDURABLE_DSN", "DATABASE_URL", "PGDURABLE_SCHEMA")}
+def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    env = {**{k: v for k, v in os.environ.items()
+              if k not in ("PGDURABLE_DSN", "DATABASE_URL", "PGDURABLE_SCHEMA")}, **(env or {})}
     return subprocess.run([sys.executable, "-m", "pgdurable", *args], env=env, cwd=ROOT,
                           capture_output=True, text=True, timeout=WAIT_LIMIT)
 
@@ -230,22 +230,105 @@ def test_the_role_model_works_on_the_cells_node(cells: dict[str, Cell]) -> None:
             app.execute("UPDATE pgdurable.runs SET status = 'failed'")
 
 
-def test_cell_dsn_follows_a_shard_move(cell: Cell) -> None:
-    # last of each cell's tests: the schema moves to the other worker node
-    before = cell_dsn(cell.coordinator, cell.schema)
+def _connections(dsn: str, name: str) -> int:
+    """The connections of application ``name`` to the node of ``dsn``."""
+    with psycopg.connect(dsn, autocommit=True) as c:
+        row = c.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                        " AND application_name = %s", (name,)).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def _move(cell: Cell) -> tuple[int, int]:
+    """Move the cell's schema (its whole colocation group) to the other worker node."""
     with psycopg.connect(cell.coordinator, autocommit=True) as c:
         row = c.execute("SELECT shardid, nodename, nodeport FROM citus_shards "
                         "WHERE table_name = %s::regclass", (f"{cell.schema}.runs",)).fetchone()
         assert row is not None
         shard, host, port = row
         other = next(w for w in cell.cluster.workers if w.port != port)
-        # moves the schema's whole colocation group (every table of the cell)
         c.execute("SELECT citus_move_shard_placement(%s, %s, %s, %s, %s, "
                   "shard_transfer_mode => 'block_writes')",
                   (shard, host, port, "127.0.0.1", other.port))
-    after = cell_dsn(cell.coordinator, cell.schema)
-    assert f"port={port}" in before and f"port={other.port}" in after
+    return port, other.port
+
+
+def test_a_running_fleet_follows_a_shard_move(cell: Cell, tmp_path: Path) -> None:
+    """Last of each cell's tests: the schema moves to the other worker node while a
+    worker runs a run across the move. The worker's pool and LISTEN follow it by
+    themselves (foundation/cells.py): no connection of the library is left on the
+    old node, and a run started after the move is claimed by the NOTIFY heard on
+    the new one (the worker polls once an hour). ``cell_dsn`` names the new node
+    and a fresh process completes a run there."""
+    before = cell_dsn(cell.coordinator, cell.schema)
+    for w in cell.cluster.workers:  # the crash app's step log, on both nodes (a local table)
+        with psycopg.connect(cell.cluster.dsn(w, "pgd_cell"), autocommit=True) as c:
+            c.execute("CREATE TABLE IF NOT EXISTS test_step_log (run_id uuid, step int, "
+                      "token bigint, pid int, event text, at timestamptz DEFAULT clock_timestamp())")
+    fleet = Fleet(cell.dsn, tmp_path, "_crash_app:app", env={"PGDURABLE_SCHEMA": cell.schema})
+    try:
+        fleet.start("f", poll=3600.0, ttl=10.0)
+        with cell.connect() as db:
+            first = db.execute(START, ("steps", "1", '{"n": 2}')).fetchone()
+            across = db.execute(START, ("steps", "1", '{"n": 30, "sleep": 0.2}')).fetchone()
+            assert first is not None and across is not None
+            _wait_for(lambda: db.execute("SELECT status FROM pgdurable.runs WHERE id = %s",
+                                         (first[0],)).fetchone() == ("completed",),
+                      "a run before the move")
+        old, new = _move(cell)
+        after = cell_dsn(cell.coordinator, cell.schema)
+        assert f"port={old}" in before and f"port={new}" in after
+        _wait_for(lambda: _connections(before, "fleet-f") == 0 and _connections(after, "fleet-f") > 1,
+                  "the worker's connections to leave the old node for the new")
+        with psycopg.connect(after, autocommit=True) as db:
+            pgdurable.use_schema(db, cell.schema)
+            late = db.execute(START, ("steps", "1", '{"n": 2}')).fetchone()
+            assert late is not None
+            ends = (across[0], late[0])
+
+            def ended() -> list[tuple[Any, ...]]:
+                return db.execute("SELECT status, lease_token FROM pgdurable.runs "
+                                  "WHERE id = ANY(%s) ORDER BY created_at", (list(ends),)).fetchall()
+
+            _wait_for(lambda: all(s in ("completed", "failed") for s, _ in ended()),
+                      "the runs across and after the move")
+            assert ended() == [("completed", 1), ("completed", 1)], fleet.logs()
+            steps = db.execute("SELECT count(*), count(DISTINCT step), max(token) "
+                               "FROM pgdurable.checkpoints WHERE run_id = %s",
+                               (across[0],)).fetchone()
+            assert steps == (30, 30, 1), fleet.logs()  # every step once, one claim
+        assert "following it" in fleet.logs()
+    finally:
+        for p in fleet.all:
+            p._kill_group()
     env = {**cell.env, "PGDURABLE_DSN": after}
     done = subprocess.run([sys.executable, str(ROOT / "examples" / "quickstart.py")], env=env,
                           capture_output=True, text=True, timeout=WAIT_LIMIT, cwd=ROOT)
     assert done.returncode == 0 and "'approved': True" in done.stdout, done.stdout + done.stderr
+
+
+def test_maintenance_given_a_cells_node_goes_through_the_coordinator(cell: Cell) -> None:
+    """``pgdurable maintain`` and ``prune`` given the cell's node: DDL cannot run there
+    ("cannot create tables in a distributed schema from a worker node"), so both
+    find the coordinator in the metadata and work through it."""
+    def partitions() -> int:
+        with psycopg.connect(cell.coordinator, autocommit=True) as c:
+            row = c.execute("SELECT count(*) FROM citus_shards WHERE table_name::text LIKE %s",
+                            (f"{cell.schema}.checkpoints_p%",)).fetchone()
+        assert row is not None
+        return int(row[0])
+
+    before = partitions()
+    env = {"PGDURABLE_SCHEMA": cell.schema}
+    done = _cli("maintain", "--dsn", cell.dsn, "--days-ahead", "9", env=env)
+    assert done.returncode == 0 and "created" in done.stdout, done.stdout + done.stderr
+    assert partitions() > before
+    with psycopg.connect(cell.coordinator, autocommit=True) as c:  # a day long gone
+        c.execute("SET citus.enable_unsafe_triggers = on")
+        c.execute(f"CREATE TABLE {cell.schema}.checkpoints_p20200101 PARTITION OF "
+                  f"{cell.schema}.checkpoints FOR VALUES FROM ('2020-01-01 00:00+00') "
+                  "TO ('2020-01-02 00:00+00')")
+    with_old = partitions()
+    done = _cli("prune", "--dsn", cell.dsn, "--older-than", "30d", env=env)
+    assert done.returncode == 0 and "deleted" in done.stdout, done.stdout + done.stderr
+    assert partitions() == with_old - 1  # the old day dropped, by the coordinator

@@ -35,6 +35,7 @@ from psycopg_pool import AsyncConnectionPool
 from ..engine.services import Service
 from ..engine.worker import Worker
 from ..foundation import run_queries as q
+from ..foundation.cells import CellRoute, astart_following, astop_following, route_for
 from ..foundation.db import acheck_connection, resolve_dsn, translated, validate_dsn
 from ..foundation.errors import InvalidInput, ProviderClosed
 from ..foundation.migrations import acheck_pool_schema
@@ -134,10 +135,14 @@ class Durable(AsyncRunAPI):
             if dsn is None:
                 raise InvalidInput("no DSN: pass conninfo or set PGDURABLE_DSN / DATABASE_URL")
             self.conninfo: str | None = validate_dsn(dsn)
+            #: where the pool connects: the DSN, or the node a cell moved to
+            self._route: CellRoute | None = route_for(dsn, self.schema)
             self._pool: AsyncConnectionPool[Any] = self._new_pool(dsn, max(2, pool_size))
         else:
             self.conninfo = conninfo
+            self._route = None  # a pool of the caller's goes where it goes
             self._pool = pool
+        self._following: asyncio.Task[None] | None = None
 
     @property
     def tasks(self) -> dict[str, Task]:
@@ -214,8 +219,9 @@ class Durable(AsyncRunAPI):
     def _new_pool(self, dsn: str, size: int) -> AsyncConnectionPool[Any]:
         # check=: a connection the server closed while it sat idle (restart,
         # failover, pooler) is replaced, not handed out to fail a statement
+        # conninfo: the route's, read for each new connection (a cell that moved)
         return AsyncConnectionPool(
-            dsn, min_size=1, max_size=size, kwargs=conn_kwargs(dsn, self.pooler), open=False,
+            self._route.conninfo if self._route is not None else dsn, min_size=1, max_size=size, kwargs=conn_kwargs(dsn, self.pooler), open=False,
             configure=aconfigure(self.pooler, self.schema), name="pgdurable", check=acheck_connection,
         )
     def schedule(self, name: str, *, task: str, cron: str | None = None,
@@ -259,6 +265,7 @@ class Durable(AsyncRunAPI):
                     else:
                         await self._check_pool_schema_name()
                     await acheck_pool_schema(self._pool, self.open_timeout)
+                    await self._follow_cell()
             except BaseException:
                 if self._own_pool and self.conninfo is not None:
                     # a pool that failed to open is closed for good: start afresh
@@ -267,6 +274,18 @@ class Durable(AsyncRunAPI):
                     await failed.close()
                 raise
             self._opened = True
+
+    async def _follow_cell(self) -> None:
+        """In a Citus cell, follow the schema when it moves to another node
+        (:mod:`pgdurable.foundation.cells`): a task for as long as the app is open."""
+        if self._route is not None and self._following is None:
+            self._following = await astart_following(
+                self._route, self._pool, self._reconnect_notifier, self.open_timeout)
+
+    def _reconnect_notifier(self) -> None:
+        notifier = self.notifier()
+        if notifier is not None:
+            notifier.reconnect()
 
     async def _check_pool_schema_name(self) -> None:
         """A pool of the caller's must speak to this app's schema (nothing else would
@@ -281,6 +300,8 @@ class Durable(AsyncRunAPI):
     async def close(self) -> None:
         """Close the owned pool; later calls raise ProviderClosed."""
         self._closed = True
+        await astop_following(self._following)
+        self._following = None
         if self._own_pool:
             await self._pool.close()
 

@@ -82,9 +82,10 @@ from psycopg import conninfo as _conninfo
 
 from . import presence
 from .aio import wait_set
+from .cells import current_conninfo
 from .errors import DatabaseUnavailable, ReadOnlyDatabase, translate
 from .notifications import receive
-from .pooler import aconnect
+from .pooler import aconnect, masked_conninfo
 from .schemas import DEFAULT, canonical_channel, check_schema_name, resolve_schema
 
 __all__ = ["HEALTH", "STATEMENT_TIMEOUT", "Notifier", "Subscription", "Wakeup", "notifier_for"]
@@ -182,6 +183,8 @@ class Notifier:
         self._changed: asyncio.Future[None] | None = None  # ends the connection's read window
         self._task: asyncio.Task[None] | None = None
         self._rechecks: list[asyncio.TimerHandle] = []
+        self._moves = 0  # the cell route's moves when the live connection was made
+        self._follow = False  # reconnect where the route points now (a cell moved)
 
     @property
     def channels(self) -> list[str]:
@@ -295,6 +298,15 @@ class Notifier:
             if sub.ready.is_set() and not channels.isdisjoint(sub.channels):
                 sub._recheck()
 
+    def reconnect(self) -> None:
+        """Make the connection again where its cell's route points now
+        (:mod:`pgdurable.foundation.cells`: the schema moved to another node).
+        Subscribers read again once listening there, as after any reconnect.
+        Nothing happens if the connection was made after the move."""
+        if current_conninfo(self.conninfo, self.schema)[1] != self._moves:
+            self._follow = True
+            self._change()
+
     def _lost(self) -> None:
         """The connection task's connection is gone. (Only the current task says
         so: one that was cancelled because the last subscriber left may end
@@ -320,13 +332,21 @@ class Notifier:
             while True:
                 conn: psycopg.AsyncConnection[Any] | None = None
                 try:
-                    conn = await aconnect(self.conninfo, schema=self.schema)
+                    self._follow = False
+                    conninfo, self._moves = current_conninfo(self.conninfo, self.schema)
+                    conn = await aconnect(conninfo, schema=self.schema)
                     self.connects += 1
                     self.backend_pid = conn.info.backend_pid
                     conn.add_notify_handler(self._dispatch)  # also while a statement runs
                     await self._serve(conn)
                 except asyncio.CancelledError:
                     raise
+                except _Follow:
+                    log.info("listener follows its cell to %s",
+                             masked_conninfo(current_conninfo(self.conninfo, self.schema)[0]))
+                    self._lost()
+                    backoff = BACKOFF[0]
+                    continue
                 except Exception as exc:
                     why = str(exc).strip() or type(exc).__name__
                     if not isinstance(exc, psycopg.Error | OSError | DatabaseUnavailable):
@@ -374,6 +394,8 @@ class Notifier:
                 announced[ch] = heard = time.monotonic()
 
         while True:
+            if self._follow:
+                raise _Follow  # the cell moved: _run connects where it is now
             changed = self._changed = asyncio.get_running_loop().create_future()
             for ch in [c for c in listened if c not in self._wanted]:
                 self._listening.discard(ch)
@@ -406,6 +428,10 @@ class Notifier:
                 continue  # the renewal, at the top, is also the health check
             if time.monotonic() - heard >= HEALTH:
                 await statement("SELECT 1")  # a quiet socket: is it still there?
+
+
+class _Follow(Exception):
+    """The connection's cell moved: make it again (:meth:`Notifier.reconnect`)."""
 
 
 def _drop(index: dict[K, set[Subscription]], k: K, sub: Subscription) -> None:

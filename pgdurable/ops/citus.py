@@ -44,9 +44,10 @@ server (the setting unset) they run their one-statement forms, unchanged.
 What works where (tests/test_citus.py, tests/test_citus_workflows_crash.py):
 the engine's functions, the fleet, ``result()`` and the examples with every
 connection on the cell's node; ``pgdurable migrate`` (:func:`migrate_cell`)
-and partition maintenance (``create_history_partitions``: "cannot create
-tables in a distributed schema from a worker node" on the cell's node) through
-the coordinator. A NOTIFY sent by a trigger is sent on the node where the
+through the coordinator; partition maintenance and retention given the cell's
+node go through the coordinator by themselves ("cannot create tables in a
+distributed schema from a worker node" there), and a running fleet follows a
+shard move by itself (both :mod:`pgdurable.foundation.cells`). A NOTIFY sent by a trigger is sent on the node where the
 trigger ran (the cell's node): listeners connected to the coordinator do not
 hear it.
 
@@ -68,8 +69,8 @@ from typing import Any
 
 import psycopg
 from psycopg import sql
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
+from ..foundation.cells import replace_host
 from ..foundation.errors import PgDurableError
 from ..foundation.migrations import migrate
 from ..foundation.queries import citus as cq
@@ -139,14 +140,7 @@ def cell_node(conn: psycopg.Connection[Any], schema: str = "pgdurable") -> CellN
 
 
 def _replace_host(dsn: str, node: CellNode) -> str:
-    params = conninfo_to_dict(dsn)
-    params.pop("hostaddr", None)
-    params["host"] = node.host
-    params["port"] = str(node.port)
-    # a multi-host DSN's read-write choice means nothing for one node
-    params.pop("target_session_attrs", None)
-    params.pop("load_balance_hosts", None)
-    return make_conninfo("", **params)
+    return replace_host(dsn, node.host, node.port)
 
 
 def cell_dsn(coordinator_dsn: str, schema: str = "pgdurable") -> str:

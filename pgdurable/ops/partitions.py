@@ -57,6 +57,7 @@ from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 from ..app.durable import Durable
 from ..foundation.aio import wait_set
+from ..foundation.cells import aon_coordinator, on_coordinator
 from ..foundation.db import translated, validate_dsn
 from ..foundation.errors import InvalidInput, PgDurableError
 from ..foundation.migrations import acheck_schema, check_schema
@@ -223,23 +224,27 @@ async def maintain(
         async with conn:
             with translated():
                 await acheck_schema(conn)
-            return await _aturn(conn, days, age, _lead)
+            async with aon_coordinator(conn, target) as ddl:
+                return await _aturn(ddl, days, age, _lead)
     if isinstance(target, psycopg.AsyncConnection):
         return await _aturn(target, days, age, _lead)
     pool: AsyncConnectionPool[Any] | None = None
+    dsn: str | None = None
     if isinstance(target, AsyncConnectionPool):
         pool = target
+        dsn = pool.conninfo if isinstance(pool.conninfo, str) else None
     else:
         if isinstance(target, Durable):
             await target.open()
-            pool = target.pool
+            pool, dsn = target.pool, target.conninfo
     if pool is None:
         raise TypeError(
             "maintain() takes a DSN, an AsyncConnection, an AsyncConnectionPool or a Durable "
             f"app, not {type(target).__name__}"
         )
-    async with pool.connection() as c:
-        return await _aturn(c, days, age, _lead)
+    # (in a Citus cell, DDL goes through the coordinator: foundation/cells.py)
+    async with pool.connection() as c, aon_coordinator(c, dsn) as ddl:
+        return await _aturn(ddl, days, age, _lead)
 
 
 def maintain_sync(
@@ -256,12 +261,14 @@ def maintain_sync(
         with pooler_connect(target) as conn:
             with translated():
                 check_schema(conn)
-            return _turn(conn, days, age, _lead)
+            with on_coordinator(conn, target) as ddl:
+                return _turn(ddl, days, age, _lead)
     if isinstance(target, psycopg.Connection):
         return _turn(target, days, age, _lead)
     if isinstance(target, ConnectionPool):
-        with target.connection() as c:
-            return _turn(c, days, age, _lead)
+        dsn = target.conninfo if isinstance(target.conninfo, str) else None
+        with target.connection() as c, on_coordinator(c, dsn) as ddl:
+            return _turn(ddl, days, age, _lead)
     raise TypeError(
         "maintain_sync() takes a DSN, a Connection or a ConnectionPool, "
         f"not {type(target).__name__}"

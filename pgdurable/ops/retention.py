@@ -60,6 +60,7 @@ from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 from ..app.durable import Durable
 from ..foundation.aio import wait_set
+from ..foundation.cells import acoordinator_dsn, aon_coordinator, coordinator_dsn
 from ..foundation.db import translated, validate_dsn
 from ..foundation.errors import InvalidInput, PgDurableError
 from ..foundation.migrations import acheck_schema, check_schema
@@ -69,6 +70,7 @@ from ..foundation.queries import budgets as bq
 from ..foundation.queries import events as eq
 from ..foundation.queries import retention as rq
 from ..foundation.queries.core import Query, one, one_sync
+from ..foundation.schemas import schema_of
 
 __all__ = ["PruneResult", "parse_age", "prune", "prune_sync", "run_pruner", "run_pruner_sync"]
 
@@ -285,14 +287,23 @@ async def prune(
         async with conn:
             with translated():
                 await acheck_schema(conn)
-            return await _aloop(conn, None, age, size, dry_run, exclusive, pause, on_batch)
+            async with aon_coordinator(conn, target) as where:
+                return await _aloop(where, None, age, size, dry_run, exclusive, pause, on_batch)
     if isinstance(target, psycopg.AsyncConnection):
         return await _aloop(target, None, age, size, dry_run, exclusive, pause, on_batch)
-    if isinstance(target, AsyncConnectionPool):
-        return await _aloop(None, target, age, size, dry_run, exclusive, pause, on_batch)
-    if isinstance(target, Durable):
-        await target.open()
-        return await _aloop(None, target.pool, age, size, dry_run, exclusive, pause, on_batch)
+    if isinstance(target, AsyncConnectionPool | Durable):
+        if isinstance(target, Durable):
+            await target.open()
+        pool = target.pool if isinstance(target, Durable) else target
+        dsn = target.conninfo if isinstance(target.conninfo, str) else None
+        # in a Citus cell, through the coordinator (foundation/cells.py); else the pool's
+        async with pool.connection() as c:
+            coordinator = None if dsn is None else await acoordinator_dsn(c, dsn)
+            schema = schema_of(c)
+        if coordinator is None:
+            return await _aloop(None, pool, age, size, dry_run, exclusive, pause, on_batch)
+        async with await aconnect(coordinator, schema=schema) as where:
+            return await _aloop(where, None, age, size, dry_run, exclusive, pause, on_batch)
     raise TypeError(
         "prune() takes a DSN, an AsyncConnection, an AsyncConnectionPool or a Durable app, "
         f"not {type(target).__name__}"
@@ -392,10 +403,21 @@ def prune_sync(
         owned = True
         with translated():
             check_schema(conn)
+        # in a Citus cell, through the coordinator (foundation/cells.py)
+        coordinator = coordinator_dsn(conn, target)
+        if coordinator is not None:
+            schema = schema_of(conn)
+            conn.close()
+            conn = pooler_connect(coordinator, schema=schema)
     elif isinstance(target, psycopg.Connection):
         conn = target
     elif isinstance(target, ConnectionPool):
         pool = target
+        with pool.connection() as c:
+            coordinator = (coordinator_dsn(c, target.conninfo)
+                           if isinstance(target.conninfo, str) else None)
+        if coordinator is not None:
+            conn, pool, owned = pooler_connect(coordinator, schema=schema_of(c)), None, True
     else:
         raise TypeError(
             "prune_sync() takes a DSN, a Connection or a ConnectionPool, "

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .core import Query, column, record, scalar, statement
+from .core import Query, column, nullable, record, scalar, statement
 
-__all__ = ["DISTRIBUTE_FUNCTION", "DISTRIBUTE_SCHEMA", "DISTRIBUTED", "HAS_CITUS", "NODE",
-           "ON_WORKERS", "SCHEMA_EXISTS", "UNDISTRIBUTED", "NodeRow", "UNSAFE_TRIGGERS"]
+__all__ = ["COORDINATOR", "DISTRIBUTE_FUNCTION", "DISTRIBUTE_SCHEMA", "DISTRIBUTED", "HAS_CITUS",
+           "IN_CELL", "LOCAL_GROUP", "NODE", "ON_WORKERS", "SCHEMA_EXISTS", "UNDISTRIBUTED",
+           "NodeRow", "UNSAFE_TRIGGERS"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +38,17 @@ SELECT DISTINCT n.nodeid, n.groupid, n.nodename, n.nodeport
  WHERE s.schemaid = pg_catalog.to_regnamespace(%s)
    AND n.noderole = 'primary' AND n.isactive
  ORDER BY n.nodeid""", NodeRow)
+# -- is this session in a cell (pgdurable.cell = on, set by distribute_schema)? a bool
+IN_CELL: Query[bool] = scalar(
+    "SELECT coalesce(current_setting('pgdurable.cell', true), '') = 'on'", bool)
+# -- the group of the node this session is on (0: the coordinator); NULL without Citus
+LOCAL_GROUP: Query[int | None] = nullable(
+    "SELECT (SELECT groupid FROM pg_catalog.pg_dist_local_group)", int)
+# -- the coordinator (group 0), as the cluster's metadata names it
+COORDINATOR: Query[NodeRow] = record("""
+SELECT nodeid, groupid, nodename, nodeport FROM pg_catalog.pg_dist_node
+ WHERE groupid = 0 AND noderole = 'primary' AND isactive
+ ORDER BY nodeid LIMIT 1""", NodeRow)
 # -- is (schema) a distributed schema? answers a bool
 DISTRIBUTED: Query[bool] = scalar(
     "SELECT EXISTS (SELECT FROM pg_catalog.pg_dist_schema"

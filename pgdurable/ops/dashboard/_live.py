@@ -90,6 +90,11 @@ class Broadcaster:
                         q.get_nowait()
                 q.put_nowait({"channel": "reconnect"})
 
+    def reconnect(self) -> None:
+        """The notifier's connection follows a Citus cell that moved (foundation/cells.py)."""
+        if self._notifier is not None:
+            self._notifier.reconnect()
+
     async def close(self) -> None:
         """End the subscription (every tab's)."""
         self._subs.clear()

@@ -55,6 +55,7 @@ from starlette.staticfiles import StaticFiles
 
 from ...foundation import metrics
 from ...foundation import run_queries as rq
+from ...foundation.cells import astart_following, astop_following, route_for
 from ...foundation.db import acheck_connection, translated, validate_dsn
 from ...foundation.errors import (
     DatabaseUnavailable,
@@ -144,6 +145,9 @@ class _Dashboard:
         self.secret = secrets.token_bytes(32)
         self.sessions = Sessions(token, session_ttl) if token is not None else None
         self.attempts = Attempts()
+        #: where the pool connects: the DSN, or the node a Citus cell moved to
+        self.route = route_for(self.dsn, schema)
+        self._following: asyncio.Task[None] | None = None
         self.pool: AsyncConnectionPool[Any] = self._new_pool()
         self._opened = False
         self._opening: asyncio.Lock | None = None
@@ -154,7 +158,7 @@ class _Dashboard:
     # -- plumbing -------------------------------------------------------------
     def _new_pool(self) -> AsyncConnectionPool[Any]:
         return AsyncConnectionPool(
-            self.dsn, min_size=1, max_size=4, open=False, name="pgdurable-dashboard",
+            self.route.conninfo, min_size=1, max_size=4, open=False, name="pgdurable-dashboard",
             kwargs={"autocommit": True}, configure=self._configure,
             # a connection the server closed while it sat idle (a restart, a
             # failover to a standby) is replaced, not handed to a page
@@ -182,6 +186,9 @@ class _Dashboard:
                     await aprobe(self.dsn)  # what does not answer, said at once
                     await self.pool.open(wait=True, timeout=OPEN_TIMEOUT)
                     await acheck_pool_schema(self.pool, OPEN_TIMEOUT)
+                    if self._following is None:  # a Citus cell: follow its moves
+                        self._following = await astart_following(
+                            self.route, self.pool, self.live.reconnect, OPEN_TIMEOUT)
             except BaseException:
                 failed, self.pool = self.pool, self._new_pool()  # a failed pool stays closed
                 await failed.close()
@@ -190,6 +197,8 @@ class _Dashboard:
 
     async def aclose(self) -> None:
         """Stop the listener and close the pool (a mounted app: call it at shutdown)."""
+        await astop_following(self._following)
+        self._following = None
         await self.live.close()
         if self._opened:
             await self.pool.close()

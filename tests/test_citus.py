@@ -13,6 +13,7 @@ metadata, and the cell's schema.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
@@ -24,9 +25,9 @@ from typing import Any
 import _citus_cluster
 import psycopg
 import pytest
-from _waiting import WAIT_LIMIT
+from _waiting import WAIT_LIMIT, app_running
 from fix_fleet import Fleet
-from psycopg.conninfo import make_conninfo
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 import pgdurable
 from pgdurable.foundation.migrations import migrate
@@ -230,6 +231,60 @@ def test_the_role_model_works_on_the_cells_node(cells: dict[str, Cell]) -> None:
             app.execute("UPDATE pgdurable.runs SET status = 'failed'")
 
 
+def test_an_app_given_the_coordinator_works_on_the_cells_node(cell: Cell) -> None:
+    """Durable(coordinator DSN): it finds the cell's node when it opens; its pool's
+    connections and its LISTEN are there, and a run completes through them."""
+    node_port = int(conninfo_to_dict(cell.dsn)["port"])
+
+    async def main() -> None:
+        app = pgdurable.Durable(cell.coordinator, schema=cell.schema)
+
+        @app.task("hello")
+        async def hello(ctx: pgdurable.RunContext, state: dict[str, Any]) -> pgdurable.Done:
+            return pgdurable.Done({"hi": state["who"]})
+
+        async with app:
+            async with app.pool.connection() as conn:
+                assert conn.info.port == node_port
+            async with app_running(app, poll_interval=3600.0):
+                rid = await app.start("hello", {"who": cell.schema})
+                assert await app.result(rid, timeout=WAIT_LIMIT) == {"hi": cell.schema}
+                notifier = app.notifier()
+                assert notifier is not None and notifier.backend_pid is not None
+                with psycopg.connect(cell.dsn, autocommit=True) as c:  # LISTEN on the node
+                    assert c.execute("SELECT count(*) FROM pg_stat_activity WHERE pid = %s",
+                                     (notifier.backend_pid,)).fetchone() == (1,)
+
+    asyncio.run(main())
+
+
+def test_maintenance_given_a_cells_node_goes_through_the_coordinator(cell: Cell) -> None:
+    """``pgdurable maintain`` and ``prune`` given the cell's node: DDL cannot run there
+    ("cannot create tables in a distributed schema from a worker node"), so both
+    find the coordinator in the metadata and work through it."""
+    def partitions() -> int:
+        with psycopg.connect(cell.coordinator, autocommit=True) as c:
+            row = c.execute("SELECT count(*) FROM citus_shards WHERE table_name::text LIKE %s",
+                            (f"{cell.schema}.checkpoints_p%",)).fetchone()
+        assert row is not None
+        return int(row[0])
+
+    before = partitions()
+    env = {"PGDURABLE_SCHEMA": cell.schema}
+    done = _cli("maintain", "--dsn", cell.dsn, "--days-ahead", "9", env=env)
+    assert done.returncode == 0 and "created" in done.stdout, done.stdout + done.stderr
+    assert partitions() > before
+    with psycopg.connect(cell.coordinator, autocommit=True) as c:  # a day long gone
+        c.execute("SET citus.enable_unsafe_triggers = on")
+        c.execute(f"CREATE TABLE {cell.schema}.checkpoints_p20200101 PARTITION OF "
+                  f"{cell.schema}.checkpoints FOR VALUES FROM ('2020-01-01 00:00+00') "
+                  "TO ('2020-01-02 00:00+00')")
+    with_old = partitions()
+    done = _cli("prune", "--dsn", cell.dsn, "--older-than", "30d", env=env)
+    assert done.returncode == 0 and "deleted" in done.stdout, done.stdout + done.stderr
+    assert partitions() == with_old - 1  # the old day dropped, by the coordinator
+
+
 def _connections(dsn: str, name: str) -> int:
     """The connections of application ``name`` to the node of ``dsn``."""
     with psycopg.connect(dsn, autocommit=True) as c:
@@ -305,30 +360,3 @@ def test_a_running_fleet_follows_a_shard_move(cell: Cell, tmp_path: Path) -> Non
     done = subprocess.run([sys.executable, str(ROOT / "examples" / "quickstart.py")], env=env,
                           capture_output=True, text=True, timeout=WAIT_LIMIT, cwd=ROOT)
     assert done.returncode == 0 and "'approved': True" in done.stdout, done.stdout + done.stderr
-
-
-def test_maintenance_given_a_cells_node_goes_through_the_coordinator(cell: Cell) -> None:
-    """``pgdurable maintain`` and ``prune`` given the cell's node: DDL cannot run there
-    ("cannot create tables in a distributed schema from a worker node"), so both
-    find the coordinator in the metadata and work through it."""
-    def partitions() -> int:
-        with psycopg.connect(cell.coordinator, autocommit=True) as c:
-            row = c.execute("SELECT count(*) FROM citus_shards WHERE table_name::text LIKE %s",
-                            (f"{cell.schema}.checkpoints_p%",)).fetchone()
-        assert row is not None
-        return int(row[0])
-
-    before = partitions()
-    env = {"PGDURABLE_SCHEMA": cell.schema}
-    done = _cli("maintain", "--dsn", cell.dsn, "--days-ahead", "9", env=env)
-    assert done.returncode == 0 and "created" in done.stdout, done.stdout + done.stderr
-    assert partitions() > before
-    with psycopg.connect(cell.coordinator, autocommit=True) as c:  # a day long gone
-        c.execute("SET citus.enable_unsafe_triggers = on")
-        c.execute(f"CREATE TABLE {cell.schema}.checkpoints_p20200101 PARTITION OF "
-                  f"{cell.schema}.checkpoints FOR VALUES FROM ('2020-01-01 00:00+00') "
-                  "TO ('2020-01-02 00:00+00')")
-    with_old = partitions()
-    done = _cli("prune", "--dsn", cell.dsn, "--older-than", "30d", env=env)
-    assert done.returncode == 0 and "deleted" in done.stdout, done.stdout + done.stderr
-    assert partitions() == with_old - 1  # the old day dropped, by the coordinator

@@ -144,12 +144,27 @@ async def astart_following(route: CellRoute, pool: AsyncConnectionPool[Any],
                            reconnect: Callable[[], None],
                            timeout: float) -> asyncio.Task[None] | None:  # noqa: ASYNC109
     """If ``pool``'s connections are in a cell (``pgdurable.cell = on``), a task that
-    follows ``route`` (:func:`afollow`); else None. The caller cancels it on close."""
+    follows ``route`` (:func:`afollow`); else None. The caller cancels it on close.
+
+    It looks once at once: an app given another node's DSN (the coordinator's)
+    goes to the cell's node before its first statement of work."""
     async with pool.connection(timeout=timeout) as conn:
         if not await one(conn, cq.IN_CELL):
             return None
+        moved = await route.refresh(conn)
+    if moved:
+        await _moved(route, pool, reconnect)
     return asyncio.create_task(afollow(route, pool, reconnect),
                                name=f"pgdurable-follow-{route.schema}")
+
+
+async def _moved(route: CellRoute, pool: AsyncConnectionPool[Any],
+                 reconnect: Callable[[], None]) -> None:
+    host, port = route.node or ("?", 0)
+    log.warning("cell %s is on %s:%s: following it", route.schema, host, port)
+    with contextlib.suppress(Exception):
+        await pool.drain()
+    reconnect()
 
 
 async def astop_following(task: asyncio.Task[None] | None) -> None:
@@ -181,11 +196,7 @@ async def afollow(route: CellRoute, pool: AsyncConnectionPool[Any], reconnect: C
             continue
         if route.moves != seen:
             seen = route.moves
-            host, port = route.node or ("?", 0)
-            log.warning("cell %s moved to %s:%s: following it", route.schema, host, port)
-            with contextlib.suppress(Exception):
-                await pool.drain()
-            reconnect()
+            await _moved(route, pool, reconnect)
 
 
 # async-to-sync: source (aname -> name)

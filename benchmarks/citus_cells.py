@@ -26,7 +26,11 @@ must be installed: ``../shared/vendor/citus/build.sh``). On it:
 * with ``--phases``, first a probe of the hot path's phases on one connection,
   plain and cell: 32 ``start_run`` calls, one ``claim_runs`` of 32, a
   ``write_steps`` of 32 continuing and one of 32 completing (ms, medians of 20
-  repetitions after 5 warm-ups).
+  repetitions after 5 warm-ups);
+* with ``--statements``, first single statements (``start_run``, a bare INSERT
+  into ``runs``, an UPDATE of one ``runs`` row by id), each its own transaction,
+  with pgbench against the cell's node and the plain database, alternated: what
+  Citus adds to one statement, which bounds the job's ratio.
 
 The job is benchmarks/throughput.py's: one worker process
 (``_throughput_app:app``), ``--runs`` runs of ``noop3`` (3 no-op steps)
@@ -41,7 +45,9 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -139,6 +145,54 @@ def phases(dsn: str, n: int = 32) -> dict[str, float]:
     return {k: statistics.median(v) for k, v in times.items()}
 
 
+#: One statement each, as pgbench scripts (``--statements``): what a cell costs per
+#: statement, each its own transaction (a durable commit, as the engine's).
+STATEMENTS = {
+    "start_run": "SELECT run_id FROM pgdurable.start_run('noop3', '1', '{}'::jsonb, 'bench', 0, "
+                 "3, NULL, NULL, NULL, NULL);",
+    "INSERT runs": "INSERT INTO pgdurable.runs (task, revision, state, queue, priority, "
+                   "max_attempts) VALUES ('noop3', '1', '{}', 'bench', 0, 3) RETURNING id;",
+    "UPDATE runs by id": "UPDATE pgdurable.runs SET priority = priority WHERE id = '{id}';",
+}
+
+
+def _tps(bindir: Path, script: Path, dsn: str, seconds: int) -> float:
+    out = subprocess.run([str(bindir / "pgbench"), "-n", "-M", "prepared", "-c", "1",
+                          "-T", str(seconds), "-f", str(script), dsn],
+                         capture_output=True, text=True, check=True).stdout
+    return float(out.split("tps = ")[1].split()[0])
+
+
+def statements(targets: dict[str, str], rounds: int = 5, seconds: int = 3) -> None:
+    """Per statement, transactions/s of pgbench on the cell's node and on the plain
+    database, alternated; prints the ratio cell / plain of each round."""
+    bindir = _citus_cluster.citus_bindir()
+    assert isinstance(bindir, Path)
+    with tempfile.TemporaryDirectory() as tmp:
+        scripts: dict[str, dict[str, Path]] = {}
+        for name in ("plain", "cell"):
+            with psycopg.connect(targets[name], autocommit=True) as c:
+                row = c.execute("SELECT run_id FROM pgdurable.start_run('noop3', '1', "
+                                "'{}'::jsonb, 'bench', 0, 3, NULL, NULL, NULL, NULL)").fetchone()
+                assert row is not None
+            scripts[name] = {}
+            for i, (what, text) in enumerate(STATEMENTS.items()):
+                path = Path(tmp) / f"{name}{i}.sql"
+                path.write_text(text.replace("{id}", str(row[0])) + "\n")
+                scripts[name][what] = path
+        for what in STATEMENTS:
+            ratios = []
+            for _ in range(rounds):
+                got = {n: _tps(bindir, scripts[n][what], targets[n], seconds)
+                       for n in ("plain", "cell")}
+                ratios.append(got["cell"] / got["plain"])
+            print(f"statement {what:>18}: cell / plain {spread(ratios)} (pgbench -M prepared, "
+                  f"1 client, {rounds} x {seconds} s each, alternated)")
+        for name in ("plain", "cell"):
+            with psycopg.connect(targets[name], autocommit=True) as c:
+                c.execute("TRUNCATE pgdurable.runs CASCADE")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=2000)
@@ -151,6 +205,8 @@ def main() -> None:
                         help="also two cells on two workers at the same time")
     parser.add_argument("--phases", action="store_true",
                         help="first, the hot path's phases on one connection")
+    parser.add_argument("--statements", action="store_true",
+                        help="first, single statements' cost with pgbench")
     args = parser.parse_args()
     os.environ.setdefault("PGDURABLE_LOG", "WARNING")  # the worker processes' log
     why = _citus_cluster.missing()
@@ -173,6 +229,8 @@ def main() -> None:
                 got = phases(targets[name])
                 print(f"phases {name:>5} (ms, 32 runs): "
                       + ", ".join(f"{k} {v:.2f}" for k, v in got.items()))
+        if args.statements:
+            statements(targets)
         print(f"{args.runs} runs x 3 no-op steps, one worker process, concurrency "
               f"{args.concurrency}, pool {args.pool_size}; cell on {node.host}:{node.port}; "
               f"{load()}")

@@ -321,8 +321,12 @@ def test_a_running_fleet_follows_a_shard_move(cell: Cell, tmp_path: Path) -> Non
             c.execute("CREATE TABLE IF NOT EXISTS test_step_log (run_id uuid, step int, "
                       "token bigint, pid int, event text, at timestamptz DEFAULT clock_timestamp())")
     fleet = Fleet(cell.dsn, tmp_path, "_crash_app:app", env={"PGDURABLE_SCHEMA": cell.schema})
+    # a sync client, made before the move: it follows when it is used
+    client = pgdurable.DurableClient(make_conninfo(before, application_name="sync-client"),
+                                     schema=cell.schema)
     try:
         fleet.start("f", poll=3600.0, ttl=10.0)
+        assert client.get_run(client.start("steps", {"n": 1}, revision="1")) is not None
         with cell.connect() as db:
             first = db.execute(START, ("steps", "1", '{"n": 2}')).fetchone()
             across = db.execute(START, ("steps", "1", '{"n": 30, "sleep": 0.2}')).fetchone()
@@ -353,7 +357,15 @@ def test_a_running_fleet_follows_a_shard_move(cell: Cell, tmp_path: Path) -> Non
                                (across[0],)).fetchone()
             assert steps == (30, 30, 1), fleet.logs()  # every step once, one claim
         assert "following it" in fleet.logs()
+        # the client's last look was before the move (at open): within FOLLOW_EVERY
+        # of being used, it looks again, and its pool goes to the new node
+        assert client.result(late[0], timeout=WAIT_LIMIT) == {"i": 2}
+        _wait_for(lambda: client.get_run(late[0]) is not None
+                  and _connections(before, "sync-client") == 0
+                  and _connections(after, "sync-client") > 0,
+                  "the sync client's connections to leave the old node for the new")
     finally:
+        client.close()
         for p in fleet.all:
             p._kill_group()
     env = {**cell.env, "PGDURABLE_DSN": after}

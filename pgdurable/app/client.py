@@ -13,11 +13,13 @@ in). Pass ``app=`` to use an app's task registry and its ``pooler``.
 
 from __future__ import annotations
 
+import time
 from datetime import timedelta
 from typing import Any
 
 from psycopg_pool import ConnectionPool
 
+from ..foundation.cells import FOLLOW_EVERY, in_cell, refresh, route_for
 from ..foundation.db import check_connection, resolve_dsn, translated, validate_dsn
 from ..foundation.errors import InvalidInput
 from ..foundation.migrations import check_pool_schema
@@ -63,9 +65,13 @@ class DurableClient(RunAPI):
         # where result() LISTENs: as a worker would (listen_dsn; none behind a transaction pooler)
         self._listen_to = listen_conninfo(
             dsn, self.pooler, app.listen_dsn if app is not None else env_listen_dsn(None))
+        #: where the pool connects: the DSN, or the node a Citus cell moved to
+        self._route = route_for(dsn, self.schema)
         self._pool: ConnectionPool[Any] = self._new_pool(dsn, max(1, pool_size))
         self._opened = False
         self._closed = False
+        self._follow_at: float | None = None  # in a cell: when to look where it is next
+        self._moves = 0  # the route's moves this pool has followed
 
     def open(self) -> None:
         """Open the pool and check the schema (done lazily by the first call).
@@ -82,6 +88,10 @@ class DurableClient(RunAPI):
                 probe(self.conninfo, self.pooler)  # a refusal, at once
                 self._pool.open(wait=True, timeout=self.open_timeout)
                 check_pool_schema(self._pool, self.open_timeout)
+                with self._pool.connection(timeout=self.open_timeout) as conn:
+                    if in_cell(conn):  # a Citus cell: follow its moves (see _follow)
+                        self._follow_at = 0.0
+            self._follow()
         except BaseException:
             # a pool that failed to open is closed for good: start afresh
             failed = self._pool
@@ -92,8 +102,9 @@ class DurableClient(RunAPI):
 
     def _new_pool(self, dsn: str, size: int) -> ConnectionPool[Any]:
         # check=: see Durable._new_pool
+        # conninfo: the route's, read for each new connection (a cell that moved)
         return ConnectionPool(
-            dsn, min_size=1, max_size=size, kwargs=conn_kwargs(dsn, self.pooler), open=False,
+            self._route.conninfo, min_size=1, max_size=size, kwargs=conn_kwargs(dsn, self.pooler), open=False,
             configure=configure(self.pooler, self.schema), name="pgdurable-client", check=check_connection,
         )
 
@@ -127,9 +138,24 @@ class DurableClient(RunAPI):
     ) -> list[tuple[Any, ...]]:
         """Run one statement on a pooled connection; all rows (errors translated)."""
         pool = self._ready()
+        self._follow()
         with translated(), pool.connection() as conn:
             rows: list[tuple[Any, ...]] = conn.execute(sql, params, prepare=prepare).fetchall()
             return rows
+
+    def _follow(self) -> None:
+        """In a Citus cell, at most every FOLLOW_EVERY seconds when it is used: look
+        where the schema is; when it moved, drain the pool (new connections go to
+        the new node). What an app's task does (:mod:`pgdurable.foundation.cells`),
+        without a thread: a client has no loop to run one in."""
+        if self._follow_at is None or time.monotonic() < self._follow_at:
+            return
+        self._follow_at = time.monotonic() + FOLLOW_EVERY
+        with translated(), self._pool.connection() as conn:
+            refresh(self._route, conn)
+        if self._route.moves != self._moves:
+            self._moves = self._route.moves
+            self._pool.drain()
 
     def result(self, run_id: Any, timeout: timedelta | float | None = None) -> Any:
         """Sync twin of :meth:`Durable.result`: wait for the run to end, return its result.
@@ -139,5 +165,9 @@ class DurableClient(RunAPI):
         loop to share the app's notifier in (:func:`pgdurable.runs.results.result_sync`).
         """
         self._check_open()
-        return result_sync(self._dsn, run_id, timeout, pooler=self.pooler,
-                           listen_to=self._listen_to, schema=self.schema)
+        self._follow()
+        # (where its cell is now, if it moved: the route's DSN)
+        here = self._route.conninfo()
+        listen_to = here if self._listen_to == self._dsn else self._listen_to
+        return result_sync(here, run_id, timeout, pooler=self.pooler,
+                           listen_to=listen_to, schema=self.schema)

@@ -25,6 +25,12 @@ its schema by itself:
   (:meth:`pgdurable.foundation.notifier.Notifier.reconnect`; its subscribers
   read again, as after any reconnect).
 
+The same look is made once when the app opens: an app given the coordinator's
+DSN goes to the cell's node before its first statement of work. The dashboard
+follows the same way; the sync :class:`~pgdurable.DurableClient`, which has no
+loop to run a task in, looks when it is used (at most every :data:`FOLLOW_EVERY`
+seconds, :func:`refresh`) and drains its pool the same way.
+
 A lease is unaffected: it lives in the cell's tables, fenced by its token, and
 whichever connection carries the next statement writes it.
 

@@ -21,10 +21,14 @@ connection, :mod:`pgdurable.foundation.notifier`); the sync form has no event
 loop to share it in, and keeps its own path: a connection of its own per call
 (and one to LISTEN on when the reads go through a transaction pooler and a
 ``listen_dsn`` is set), made again when it is lost (a failover: docs/scaling.md).
+Either form reads again after a connection lost under a read, for at most
+:data:`RECONNECT` seconds after the loss (the async one on the pool's next
+connection).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import math
 import time
@@ -56,7 +60,7 @@ __all__ = ["CHANNEL", "await_result", "outcome", "result_sync"]
 CHANNEL = "pgdurable_done"
 #: Longest wait between two reads when no notification comes (a missed NOTIFY).
 POLL = 5.0
-#: Seconds the sync waiter keeps reconnecting after its connection was lost.
+#: Seconds a waiter keeps reading again after its connection was lost under a read.
 RECONNECT = 60.0
 
 
@@ -106,9 +110,29 @@ async def await_result(app: App, run_id: object, timeout: object = None) -> Any:
         # the LISTEN must be in place before the first read (no lost wake-up);
         # if the notifier cannot connect, the reads below still poll
         await wake.listening(POLL if limit is None else min(POLL, limit))
+        read = False  # a read answered: a later DatabaseUnavailable is a lost connection
+        lost_at = -math.inf
+        delays = backoff(0.2, 2.0)
         while True:
-            done, result = outcome(rq.OUTCOME.first(await app.fetchone(rq.OUTCOME.sql, (rid,))),
-                                   rid)
+            try:
+                row = await app.fetchone(rq.OUTCOME.sql, (rid,))
+            except DatabaseUnavailable:
+                # the connection was lost under the read (a restart, a failover to a
+                # standby: the pool connects again, a multi-host DSN to the new
+                # primary): read again, as result_sync does, for at most RECONNECT
+                # seconds after the loss and never past the timeout. A first read
+                # that fails is raised.
+                now = time.monotonic()
+                if not read:
+                    raise
+                if lost_at == -math.inf:
+                    lost_at, delays = now, backoff(0.2, 2.0)
+                if now - lost_at > RECONNECT or (end is not None and now >= end):
+                    raise
+                await asyncio.sleep(next(delays))
+                continue
+            read, lost_at = True, -math.inf
+            done, result = outcome(rq.OUTCOME.first(row), rid)
             if done:
                 return result
             left = None if end is None else end - time.monotonic()

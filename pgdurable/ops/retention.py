@@ -226,7 +226,7 @@ def _plan(
     Yields each statement to run, receives its decoded row, returns the total.
     """
     if dry_run:
-        preview = _preview((yield _Statement(rq.PREVIEW, (age, age, age))))
+        preview = _preview((yield _Statement(rq.PREVIEW, (age,))))
         return replace(preview, sent_events=(yield _Statement(eq.PRUNABLE_EVENTS, (age,))))
     dropped = yield _Statement(rq.DROP_PARTITIONS, (age,))
     total = PruneResult(checkpoints=dropped.checkpoints, events=dropped.events,

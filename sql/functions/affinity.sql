@@ -46,6 +46,26 @@ COMMENT ON FUNCTION pgdurable._holder_until(text, text, timestamptz) IS
   'Internal: until when a worker process instance is present (NULL: it is not).';
 
 ------------------------------------------------------------------------------
+-- pgdurable._presence(now) -> jsonb
+-- Internal: the workers present at `now`, {worker_id: {"i": instance, "u":
+-- until}}: what _holder_until answers, read once. In a cell (Citus) the claim
+-- and next_wakeup read it first and test the affinity rule against it: a
+-- function that reads a table, called per row from a query on the cell's
+-- tables, is refused there ("cannot execute a distributed query from a query
+-- on a shard"). The holder of r is present when
+-- presence -> r.affinity_worker ->> 'i' = r.affinity_instance.
+------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION pgdurable._presence(p_now timestamptz) RETURNS jsonb
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pgdurable, pg_temp AS $$
+  SELECT coalesce(jsonb_object_agg(w.worker_id, jsonb_build_object('i', w.instance,
+                                                                   'u', w.until)), '{}')
+    FROM pgdurable.worker_presence w WHERE w.until > p_now
+$$;
+COMMENT ON FUNCTION pgdurable._presence(timestamptz) IS
+  'Internal: the worker process instances present now and until when (JSON by worker id).';
+
+------------------------------------------------------------------------------
 -- pgdurable._affinity_record(worker, instance, mode, wait, info, since) -> jsonb
 -- The affinity as the engine hands it to a step: {worker, instance, mode,
 -- wait (seconds), info, since}.

@@ -115,29 +115,36 @@ CREATE OR REPLACE FUNCTION pgdurable._budget_totals_init(p_key text, p_recount b
 RETURNS void
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pgdurable, pg_temp AS $$
+DECLARE
+  b pgdurable.budgets;
+  v_ws timestamptz;
 BEGIN
   INSERT INTO pgdurable.budget_totals (budget_key, unit)
   SELECT p_key, u FROM unnest(pgdurable._budget_units()) u
   ON CONFLICT DO NOTHING;
   IF p_recount THEN
+    SELECT * INTO b FROM pgdurable.budgets x WHERE x.key = p_key;
+    IF NOT FOUND THEN
+      RETURN;
+    END IF;
     PERFORM 1 FROM pgdurable.budget_totals t WHERE t.budget_key = p_key
       ORDER BY t.unit FOR UPDATE;
+    -- the window's start computed first: Citus (a cell) refuses a non-IMMUTABLE call
+    -- inside the CASE of an UPDATE
+    v_ws := pgdurable._budget_window_start(b.window_kind, b.window_length);
     UPDATE pgdurable.budget_totals t
        SET settled = CASE WHEN b.window_kind = 'rolling' THEN 0 ELSE
              coalesce((SELECT sum(l.amount) FROM pgdurable.budget_ledger l
                         WHERE l.budget_key = p_key AND l.unit = t.unit AND l.kind = 'settle'
-                          AND l.at >= pgdurable._budget_window_start(b.window_kind,
-                                                                     b.window_length)), 0)
+                          AND l.at >= v_ws), 0)
              -- all time: the settlements of pruned rows too
              + CASE WHEN b.window_kind = 'none' THEN
                  coalesce((SELECT sum(p.settled) FROM pgdurable.budget_ledger_pruned p
                             WHERE p.budget_key = p_key AND p.unit = t.unit), 0)
                ELSE 0 END END,
-           window_start = CASE WHEN b.window_kind = 'fixed'
-                               THEN pgdurable._budget_window_start(b.window_kind, b.window_length)
+           window_start = CASE WHEN b.window_kind = 'fixed' THEN v_ws
                                ELSE timestamptz '-infinity' END
-      FROM pgdurable.budgets b
-     WHERE b.key = p_key AND t.budget_key = p_key;
+     WHERE t.budget_key = p_key;
   END IF;
 END
 $$;
@@ -276,36 +283,43 @@ LANGUAGE plpgsql
 SET search_path = pg_catalog, pgdurable, pg_temp AS $$
 DECLARE
   v_n integer;
-  v_queues text[];
+  v_queues text[] := '{}';
   v_q text;
+  v record;
+  v_now timestamptz;
+  v_wake jsonb;
 BEGIN
   IF p_keys IS NULL OR cardinality(p_keys) = 0 THEN
     RETURN 0;
   END IF;
-  WITH picked AS MATERIALIZED (
-    SELECT q.id FROM pgdurable.runs q
+  -- one single-row UPDATE per picked run (at most 4), its values computed first: one form
+  -- on a plain server and in a cell (Citus refuses a STABLE call with a column reference,
+  -- jsonb_build_object(r.wait_ref), in an UPDATE)
+  v_now := pgdurable.now();
+  v_n := 0;
+  FOR v IN
+    SELECT q.id, q.wait_ref, q.queue FROM pgdurable.runs q
      WHERE q.status = 'waiting' AND q.wait_kind = 'pgdurable.budget'
        AND q.wait_ref = ANY (p_keys)
      ORDER BY q.wait_since, q.id LIMIT 4
-     FOR UPDATE SKIP LOCKED),
-  w AS (
-    UPDATE pgdurable.runs r SET status = 'runnable', available_at = pgdurable.now(),
-           wake = jsonb_build_object('type', 'signal', 'kind', 'pgdurable.budget',
-                                     'ref', r.wait_ref,
-                                     'payload', jsonb_build_object('budget', r.wait_ref,
-                                                                   'freed', true),
-                                     'at', pgdurable.now()),
+     FOR UPDATE SKIP LOCKED
+  LOOP
+    v_wake := jsonb_build_object('type', 'signal', 'kind', 'pgdurable.budget', 'ref', v.wait_ref,
+                                 'payload', jsonb_build_object('budget', v.wait_ref,
+                                                               'freed', true),
+                                 'at', v_now);
+    UPDATE pgdurable.runs r SET status = 'runnable', available_at = v_now, wake = v_wake,
            wait_kind = NULL, wait_ref = NULL, wait_since = NULL, wake_at = NULL,
-           updated_at = pgdurable.now()
-      FROM picked p
-     WHERE r.id = p.id
-    RETURNING r.queue)
-  SELECT count(*), array_agg(DISTINCT w.queue) INTO v_n, v_queues FROM w;
-  IF v_n > 0 THEN
-    FOREACH v_q IN ARRAY v_queues LOOP
-      PERFORM pg_notify('pgdurable_wake', v_q);
-    END LOOP;
-  END IF;
+           updated_at = v_now
+     WHERE r.id = v.id;
+    v_n := v_n + 1;
+    IF NOT v.queue = ANY (v_queues) THEN
+      v_queues := v_queues || v.queue;
+    END IF;
+  END LOOP;
+  FOREACH v_q IN ARRAY v_queues LOOP
+    PERFORM pg_notify('pgdurable_wake', v_q);
+  END LOOP;
   RETURN v_n;
 END
 $$;
@@ -722,8 +736,27 @@ COMMENT ON FUNCTION pgdurable.budget_release(uuid, bigint, text, integer, text) 
 CREATE OR REPLACE FUNCTION pgdurable._budget_holds_total() RETURNS trigger
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pgdurable, pg_temp AS $$
+DECLARE
+  e record;
 BEGIN
-  IF TG_OP = 'INSERT' THEN
+  IF current_setting('pgdurable.cell', true) = 'on' THEN
+    -- a cell (Citus): a statement joining a transition table to a distributed table is
+    -- refused ("unrecognized RTE kind"): the transition table is read alone, and each
+    -- (budget, unit) updated by a single-table statement, in key order
+    IF TG_OP = 'INSERT' THEN
+      FOR e IN SELECT n.budget_key, n.unit, sum(n.amount) AS amount
+                 FROM new_rows n GROUP BY 1, 2 ORDER BY 1, 2 LOOP
+        UPDATE pgdurable.budget_totals t SET held = t.held + e.amount
+         WHERE t.budget_key = e.budget_key AND t.unit = e.unit;
+      END LOOP;
+    ELSE
+      FOR e IN SELECT o.budget_key, o.unit, sum(o.amount) AS amount
+                 FROM old_rows o GROUP BY 1, 2 ORDER BY 1, 2 LOOP
+        UPDATE pgdurable.budget_totals t SET held = t.held - e.amount
+         WHERE t.budget_key = e.budget_key AND t.unit = e.unit;
+      END LOOP;
+    END IF;
+  ELSIF TG_OP = 'INSERT' THEN
     UPDATE pgdurable.budget_totals t SET held = t.held + d.amount
       FROM (SELECT n.budget_key, n.unit, sum(n.amount) AS amount
               FROM new_rows n GROUP BY 1, 2) d
@@ -756,7 +789,27 @@ CREATE TRIGGER budget_holds_total_delete
 CREATE OR REPLACE FUNCTION pgdurable._budget_ledger_total() RETURNS trigger
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pgdurable, pg_temp AS $$
+DECLARE
+  e record;
+  v_b pgdurable.budgets;
+  v_ws timestamptz;
 BEGIN
+  IF current_setting('pgdurable.cell', true) = 'on' THEN
+    -- a cell (Citus): the transition table read alone, then single-table statements
+    -- with the window's start computed first (see _budget_holds_total)
+    FOR e IN SELECT n.budget_key, n.unit, sum(n.amount) AS amount
+               FROM new_rows n WHERE n.kind = 'settle' GROUP BY 1, 2 ORDER BY 1, 2 LOOP
+      SELECT * INTO v_b FROM pgdurable.budgets x WHERE x.key = e.budget_key;
+      CONTINUE WHEN NOT FOUND;
+      v_ws := pgdurable._budget_window_start(v_b.window_kind, v_b.window_length);
+      UPDATE pgdurable.budget_totals t
+         SET settled = CASE WHEN v_b.window_kind = 'fixed' AND t.window_start <> v_ws
+                            THEN e.amount ELSE t.settled + e.amount END,
+             window_start = CASE WHEN v_b.window_kind = 'fixed' THEN v_ws ELSE t.window_start END
+       WHERE t.budget_key = e.budget_key AND t.unit = e.unit;
+    END LOOP;
+    RETURN NULL;
+  END IF;
   UPDATE pgdurable.budget_totals t
      SET settled = CASE WHEN b.window_kind = 'fixed' AND t.window_start <> w.ws
                         THEN d.amount ELSE t.settled + d.amount END,

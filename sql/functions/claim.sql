@@ -220,6 +220,8 @@ DECLARE
   v_bound integer;
   v_map jsonb;
   v_chosen uuid[];
+  -- the affinity rule's presence, read once (_presence: not per row, in a cell)
+  v_presence jsonb := pgdurable._presence(p_now);
 BEGIN
   FOREACH v_q IN ARRAY p_queues LOOP
     -- (a) runnable, per queue in runs_runnable_idx order
@@ -229,7 +231,8 @@ BEGIN
          AND length(r.task)::text || ':' || r.task || r.revision = ANY (v_keys)
          AND (r.affinity_worker IS NULL OR r.affinity_worker = p_owner
               OR r.available_at + r.affinity_wait <= p_now
-              OR pgdurable._holder_until(r.affinity_worker, r.affinity_instance, p_now) IS NULL)
+              OR NOT coalesce(v_presence -> r.affinity_worker ->> 'i' = r.affinity_instance,
+                              false))
        ORDER BY r.priority DESC, r.available_at
        LIMIT p_limit FOR UPDATE SKIP LOCKED
     LOOP
@@ -246,7 +249,8 @@ BEGIN
          AND length(r.task)::text || ':' || r.task || r.revision = ANY (v_keys)
          AND (r.affinity_worker IS NULL OR r.affinity_worker = p_owner
               OR r.wake_at + r.affinity_wait <= p_now
-              OR pgdurable._holder_until(r.affinity_worker, r.affinity_instance, p_now) IS NULL)
+              OR NOT coalesce(v_presence -> r.affinity_worker ->> 'i' = r.affinity_instance,
+                              false))
        ORDER BY r.wake_at
        LIMIT p_limit FOR UPDATE SKIP LOCKED
     LOOP
@@ -358,6 +362,9 @@ COMMENT ON FUNCTION pgdurable._claim_cell(text, text[], text[], text[], integer,
 -- worker, or of tasks p_owner does not serve) are read for when they are due:
 -- O(passed over) instead of O(parked timers). The runnable part reads each
 -- runnable run as before (runs_runnable_idx is ordered by priority first).
+-- In a cell (pgdurable.cell = on) the holders' presence is read once first
+-- (_presence) and each affine run's holder looked up in it, not by
+-- _holder_until per row (refused there: it reads a table).
 -- enable_seqscan off (issue 45): the passed-over read's bound (wake_at below
 -- the first takeable timer) is a parameter the planner cannot see, so with
 -- many parked timers it chose a sequential scan of all of runs for it (404 ms
@@ -375,6 +382,9 @@ SET jit = off AS $$
 DECLARE
   v_now  timestamptz := pgdurable.now();
   v_at   timestamptz;
+  -- a cell: the presence read once (_presence), not per row
+  v_presence jsonb := CASE WHEN current_setting('pgdurable.cell', true) = 'on'
+                           THEN pgdurable._presence(v_now) END;
 BEGIN
   IF NOT EXISTS (SELECT FROM pgdurable.queues l WHERE l.name = ANY (p_queues)) THEN
     -- no limited queue: the 0009 query (with affinity)
@@ -384,7 +394,10 @@ BEGIN
     SELECT least(
       (SELECT min(CASE WHEN r.affinity_worker IS NULL OR r.affinity_worker = p_owner THEN r.available_at
                  ELSE greatest(r.available_at, least(r.available_at + r.affinity_wait, coalesce(
-                   pgdurable._holder_until(r.affinity_worker, r.affinity_instance, v_now),
+                   (CASE WHEN v_presence IS NULL
+                        THEN pgdurable._holder_until(r.affinity_worker, r.affinity_instance, v_now)
+                        WHEN v_presence -> r.affinity_worker ->> 'i' = r.affinity_instance
+                        THEN (v_presence -> r.affinity_worker ->> 'u')::timestamptz END),
                    r.available_at)))
             END) FROM pgdurable.runs r
         WHERE r.status = 'runnable' AND r.queue = ANY (p_queues)
@@ -394,7 +407,10 @@ BEGIN
            -- before it, only runs skipped as reserved for another worker (or of other
            -- tasks): each due when its reservation ends
            SELECT min(greatest(r.wake_at, least(r.wake_at + r.affinity_wait, coalesce(
-                         pgdurable._holder_until(r.affinity_worker, r.affinity_instance, v_now),
+                         (CASE WHEN v_presence IS NULL
+                        THEN pgdurable._holder_until(r.affinity_worker, r.affinity_instance, v_now)
+                        WHEN v_presence -> r.affinity_worker ->> 'i' = r.affinity_instance
+                        THEN (v_presence -> r.affinity_worker ->> 'u')::timestamptz END),
                          r.wake_at))))
              FROM pgdurable.runs r
             WHERE r.status = 'waiting' AND r.wake_at IS NOT NULL AND r.queue = qn.name
@@ -407,7 +423,10 @@ BEGIN
                 AND (r.task, r.revision) IN (SELECT p.t, p.v FROM pairs p)
                 AND (r.affinity_worker IS NULL OR r.affinity_worker = p_owner
                      OR r.wake_at + r.affinity_wait <= v_now
-                     OR pgdurable._holder_until(r.affinity_worker, r.affinity_instance, v_now) IS NULL)
+                     OR (CASE WHEN v_presence IS NULL
+                        THEN pgdurable._holder_until(r.affinity_worker, r.affinity_instance, v_now)
+                        WHEN v_presence -> r.affinity_worker ->> 'i' = r.affinity_instance
+                        THEN (v_presence -> r.affinity_worker ->> 'u')::timestamptz END) IS NULL)
               ORDER BY r.wake_at LIMIT 1) AS first) n) AS t(due)),
       (SELECT min(r.lease_expires_at) FROM pgdurable.runs r
         WHERE r.status = 'leased' AND r.queue = ANY (p_queues)
@@ -441,7 +460,10 @@ BEGIN
        SELECT least(
          (SELECT min(CASE WHEN r.affinity_worker IS NULL OR r.affinity_worker = p_owner THEN r.available_at
                  ELSE greatest(r.available_at, least(r.available_at + r.affinity_wait, coalesce(
-                   pgdurable._holder_until(r.affinity_worker, r.affinity_instance, v_now),
+                   (CASE WHEN v_presence IS NULL
+                        THEN pgdurable._holder_until(r.affinity_worker, r.affinity_instance, v_now)
+                        WHEN v_presence -> r.affinity_worker ->> 'i' = r.affinity_instance
+                        THEN (v_presence -> r.affinity_worker ->> 'u')::timestamptz END),
                    r.available_at)))
             END) FROM pgdurable.runs r
            WHERE r.status = 'runnable' AND r.queue = qs.name
@@ -451,7 +473,10 @@ BEGIN
             -- before it, only runs skipped as reserved for another worker (or of other
             -- tasks): each due when its reservation ends
             SELECT min(greatest(r.wake_at, least(r.wake_at + r.affinity_wait, coalesce(
-                          pgdurable._holder_until(r.affinity_worker, r.affinity_instance, v_now),
+                          (CASE WHEN v_presence IS NULL
+                        THEN pgdurable._holder_until(r.affinity_worker, r.affinity_instance, v_now)
+                        WHEN v_presence -> r.affinity_worker ->> 'i' = r.affinity_instance
+                        THEN (v_presence -> r.affinity_worker ->> 'u')::timestamptz END),
                           r.wake_at))))
               FROM pgdurable.runs r
              WHERE r.status = 'waiting' AND r.wake_at IS NOT NULL AND r.queue = qs.name
@@ -464,7 +489,10 @@ BEGIN
                  AND (r.task, r.revision) IN (SELECT p.t, p.v FROM pairs p)
                  AND (r.affinity_worker IS NULL OR r.affinity_worker = p_owner
                       OR r.wake_at + r.affinity_wait <= v_now
-                      OR pgdurable._holder_until(r.affinity_worker, r.affinity_instance, v_now) IS NULL)
+                      OR (CASE WHEN v_presence IS NULL
+                        THEN pgdurable._holder_until(r.affinity_worker, r.affinity_instance, v_now)
+                        WHEN v_presence -> r.affinity_worker ->> 'i' = r.affinity_instance
+                        THEN (v_presence -> r.affinity_worker ->> 'u')::timestamptz END) IS NULL)
                ORDER BY r.wake_at LIMIT 1) AS first) n)) AS at) w
       WHERE NOT qs.full),
     (SELECT min(r.lease_expires_at) FROM pgdurable.runs r

@@ -130,7 +130,10 @@ COMMENT ON FUNCTION pgdurable.acquire_tokens(text, numeric) IS
 
 ------------------------------------------------------------------------------
 -- pgdurable._claim_flow: as in 0016 (see its header), with the affinity rule in
--- the timer and runnable branches and `affinity` in its result.
+-- the timer and runnable branches and `affinity` in its result. In a cell
+-- (pgdurable.cell = on) the final UPDATE takes _claim_cell's form: each run's
+-- verdict, error and wake from a JSON object by id (IMMUTABLE operators only),
+-- and the affinity rule reads the holders' presence once (_presence).
 ------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION pgdurable._claim_flow(
   p_owner text, p_queue text, p_tasks text[], p_revisions text[],
@@ -165,6 +168,12 @@ DECLARE
   c record;
   k text;
   x uuid;
+  v_map jsonb;
+  v_i integer;
+  v_expires timestamptz;
+  -- a cell: the affinity rule's presence read once (_presence), not per row
+  v_presence jsonb := CASE WHEN current_setting('pgdurable.cell', true) = 'on'
+                           THEN pgdurable._presence(p_now) END;
 BEGIN
   SELECT * INTO qr FROM pgdurable.queues q WHERE q.name = p_queue FOR UPDATE;
   IF NOT FOUND THEN
@@ -211,7 +220,10 @@ BEGIN
            AND r.wake_at <= p_now AND (r.task, r.revision) IN (SELECT p.t, p.v FROM pairs p)
            AND (r.affinity_worker IS NULL OR r.affinity_worker = p_owner
                 OR r.wake_at + r.affinity_wait <= p_now
-                OR pgdurable._holder_until(r.affinity_worker, r.affinity_instance, p_now) IS NULL)
+                OR CASE WHEN v_presence IS NULL
+                        THEN pgdurable._holder_until(r.affinity_worker, r.affinity_instance, p_now) IS NULL
+                        ELSE NOT coalesce(v_presence -> r.affinity_worker ->> 'i' = r.affinity_instance,
+                                          false) END)
          ORDER BY r.wake_at
          LIMIT v_allow FOR UPDATE SKIP LOCKED
       )
@@ -286,7 +298,10 @@ BEGIN
                  AND NOT (r.id = ANY (v_ids))
                  AND (r.affinity_worker IS NULL OR r.affinity_worker = p_owner
                       OR r.available_at + r.affinity_wait <= p_now
-                      OR pgdurable._holder_until(r.affinity_worker, r.affinity_instance, p_now) IS NULL)
+                      OR CASE WHEN v_presence IS NULL
+                              THEN pgdurable._holder_until(r.affinity_worker, r.affinity_instance, p_now) IS NULL
+                              ELSE NOT coalesce(v_presence -> r.affinity_worker ->> 'i' = r.affinity_instance,
+                                                false) END)
                ORDER BY r.priority DESC, r.available_at
                LIMIT v_room FOR UPDATE SKIP LOCKED
             LOOP
@@ -318,12 +333,74 @@ BEGIN
       v_c := qr.key_cursor;
     END LOOP;
   END IF;
-  UPDATE pgdurable.queues q SET
-         tokens = CASE WHEN qr.rate IS NULL THEN 0
-                       ELSE v_tokens - (SELECT count(*) FROM unnest(v_verdicts) v WHERE v = 'run') END,
-         refilled_at = qr.refilled_at, key_cursor = qr.key_cursor
+  -- the tokens left computed first: no subquery in the UPDATE (a cell: Citus' fast path)
+  v_tokens := CASE WHEN qr.rate IS NULL THEN 0
+                   ELSE v_tokens - cardinality(array_positions(v_verdicts, 'run')) END;
+  UPDATE pgdurable.queues q SET tokens = v_tokens, refilled_at = qr.refilled_at,
+         key_cursor = qr.key_cursor
    WHERE q.name = p_queue;
   IF cardinality(v_ids) = 0 THEN
+    RETURN;
+  END IF;
+  IF current_setting('pgdurable.cell', true) = 'on' THEN
+    -- a cell (Citus refuses the non-IMMUTABLE calls, _error() and format(), in the CASE of
+    -- the UPDATE below): each run's verdict, error and wake computed here first, then one
+    -- UPDATE reading them from a JSON object by id, as _claim_cell does
+    v_map := '{}';
+    FOR c IN
+      SELECT r.id, r.reclaims, r.lease_owner, r.wait_kind, r.wait_ref, r.wake_at
+        FROM pgdurable.runs r WHERE r.id = ANY (v_ids)
+    LOOP
+      v_i := array_position(v_ids, c.id);
+      v_map := v_map || jsonb_build_object(c.id::text, jsonb_build_object(
+        'verdict', v_verdicts[v_i],
+        'expired', (v_branches[v_i] = 'expired')::integer,
+        'error', CASE
+          WHEN v_verdicts[v_i] = 'cancelled' THEN pgdurable._error('RunCancelled',
+                 'run was cancelled (its worker''s lease expired before it stopped)')
+          WHEN v_verdicts[v_i] = 'poison' THEN pgdurable._error('PoisonRun', format(
+                 'lease expired %s times in a row without a checkpoint (max_reclaims %s): '
+                 'the run keeps crashing or stalling its workers; last worker %s',
+                 c.reclaims + 1, v_bounds[v_i], coalesce(c.lease_owner, '?')))
+          WHEN v_branches[v_i] = 'expired' THEN pgdurable._error('LeaseExpired',
+                 'lease of worker ' || coalesce(c.lease_owner, '?')
+                 || ' expired (crashed or stalled worker)')
+          END,
+        'wake', CASE WHEN v_branches[v_i] = 'timer'
+                     THEN jsonb_build_object('type', 'timeout', 'kind', c.wait_kind,
+                                             'ref', c.wait_ref, 'at', c.wake_at) END));
+    END LOOP;
+    v_expires := p_now + p_ttl;
+    FOR c IN
+      UPDATE pgdurable.runs r SET
+        status = CASE WHEN v_map -> r.id::text ->> 'verdict' = 'cancelled' THEN 'cancelled'
+                      WHEN v_map -> r.id::text ->> 'verdict' = 'poison' THEN 'failed'
+                      ELSE 'leased' END,
+        reclaims = r.reclaims + (v_map -> r.id::text ->> 'expired')::integer,
+        error = coalesce(nullif(v_map -> r.id::text -> 'error', 'null'::jsonb), r.error),
+        claims = r.claims + 1,
+        lease_token = r.lease_token + 1,
+        lease_owner = CASE WHEN v_map -> r.id::text ->> 'verdict' = 'run' THEN p_owner END,
+        lease_expires_at = CASE WHEN v_map -> r.id::text ->> 'verdict' = 'run' THEN v_expires END,
+        finished_at = CASE WHEN v_map -> r.id::text ->> 'verdict' <> 'run' THEN p_now END,
+        leased_at = p_now,
+        wake = coalesce(nullif(v_map -> r.id::text -> 'wake', 'null'::jsonb), r.wake),
+        wait_kind = NULL, wait_ref = NULL, wait_since = NULL, wake_at = NULL,
+        updated_at = p_now
+      WHERE r.id = ANY (v_ids)
+      RETURNING r.*
+    LOOP
+      id := c.id; task := c.task; revision := c.revision; queue := c.queue;
+      status := c.status; state := c.state; step := c.step;
+      attempts := c.attempts; max_attempts := c.max_attempts;
+      lease_token := c.lease_token; lease_expires_at := c.lease_expires_at;
+      wake := c.wake; deadline_at := c.deadline_at; budget := c.budget; spent := c.spent;
+      affinity := CASE WHEN c.affinity_worker IS NULL THEN NULL
+                       ELSE pgdurable._affinity_record(c.affinity_worker, c.affinity_instance,
+                              c.affinity_mode, c.affinity_wait, c.affinity_info,
+                              c.affinity_since) END;
+      RETURN NEXT;
+    END LOOP;
     RETURN;
   END IF;
   RETURN QUERY

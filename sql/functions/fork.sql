@@ -145,6 +145,8 @@ DECLARE
   r pgdurable.runs := pgdurable._locked_run(p_id);
   p record;
   v_at timestamptz;
+  v_checkpoints jsonb;
+  v_effects jsonb;
 BEGIN
   IF r.status NOT IN ('failed', 'cancelled') THEN
     RAISE EXCEPTION 'run % is %: only failed or cancelled runs can be rewound', p_id, r.status
@@ -153,20 +155,23 @@ BEGIN
   SELECT * INTO p FROM pgdurable._fork_point(r, p_step, p_state, p_mode, p_revision, p_force);
   SELECT c.created_at INTO v_at FROM pgdurable.checkpoints c
    WHERE c.run_id = r.id AND c.step = p_step;
+  -- what the rewind takes away, read first: one INSERT ... VALUES without a subquery
+  -- (Citus, a cell: "subqueries are not supported within INSERT queries")
+  SELECT coalesce(jsonb_agg(jsonb_build_object('step', c.step, 'token', c.token,
+                                               'state', c.state, 'wake', c.wake,
+                                               'created_at', c.created_at) ORDER BY c.step), '[]')
+    INTO v_checkpoints
+    FROM pgdurable.checkpoints c WHERE c.run_id = r.id AND c.step > p_step;
+  SELECT coalesce(jsonb_agg(jsonb_build_object('key', e.key, 'status', e.status,
+                                               'result', e.result, 'error', e.error,
+                                               'step', e.step)
+                            ORDER BY e.created_at, e.key), '[]')
+    INTO v_effects
+    FROM pgdurable.effects e
+   WHERE e.run_id = r.id AND NOT coalesce(e.step < p_step, e.updated_at <= v_at, false);
   INSERT INTO pgdurable.run_rewinds (run_id, from_step, to_step, status, error, revision,
                                      checkpoints, effects)
-  VALUES (r.id, r.step, p_step, r.status, r.error, r.revision,
-          coalesce((SELECT jsonb_agg(jsonb_build_object('step', c.step, 'token', c.token,
-                                       'state', c.state, 'wake', c.wake,
-                                       'created_at', c.created_at) ORDER BY c.step)
-                      FROM pgdurable.checkpoints c WHERE c.run_id = r.id AND c.step > p_step),
-                   '[]'),
-          coalesce((SELECT jsonb_agg(jsonb_build_object('key', e.key, 'status', e.status,
-                                       'result', e.result, 'error', e.error, 'step', e.step)
-                                     ORDER BY e.created_at, e.key)
-                      FROM pgdurable.effects e
-                     WHERE e.run_id = r.id AND NOT coalesce(e.step < p_step, e.updated_at <= v_at, false)),
-                   '[]'));
+  VALUES (r.id, r.step, p_step, r.status, r.error, r.revision, v_checkpoints, v_effects);
   DELETE FROM pgdurable.checkpoints c WHERE c.run_id = r.id AND c.step > p_step;
   DELETE FROM pgdurable.effects e
    WHERE e.run_id = r.id AND NOT coalesce(e.step < p_step, e.updated_at <= v_at, false);

@@ -28,7 +28,7 @@ COMMENT ON FUNCTION pgdurable.prune_lock_key() IS
 -- bound (a run edited by hand) is left behind, and dropped with its partition
 -- by drop_history_partitions (its run is gone).
 -- MCP tasks (mcp_tasks) are kept until their TTL has passed too
--- (_mcp_task_kept), and their rows go with the run.
+-- (_mcp_task_kept's test, written out), and their rows go with the run.
 ------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION pgdurable.prune_runs(p_older_than interval, p_batch integer DEFAULT 1000,
                                                 p_exclusive boolean DEFAULT false)
@@ -61,7 +61,11 @@ BEGIN
     SELECT r.id, greatest(r.finished_at, r.updated_at) AS last FROM pgdurable.runs r
      WHERE r.status IN ('completed', 'failed', 'cancelled', 'incompatible')
        AND r.finished_at <= pgdurable.now() - p_older_than
-       AND NOT pgdurable._mcp_task_kept(r.id)
+       -- _mcp_task_kept's test written out: a function that reads a table, called per
+       -- row, is refused in a cell ("cannot execute a distributed query from a query
+       -- on a shard")
+       AND NOT EXISTS (SELECT 1 FROM pgdurable.mcp_tasks m WHERE m.run_id = r.id
+                          AND (m.ttl IS NULL OR m.created_at + m.ttl > pgdurable.now()))
      ORDER BY r.finished_at
      LIMIT p_batch
        FOR UPDATE SKIP LOCKED) d;
@@ -115,7 +119,11 @@ BEGIN
     SELECT r.id FROM pgdurable.runs r
      WHERE r.status IN ('completed', 'failed', 'cancelled', 'incompatible')
        AND r.finished_at <= pgdurable.now() - p_older_than
-       AND NOT pgdurable._mcp_task_kept(r.id))
+       -- _mcp_task_kept's test written out: a function that reads a table, called per
+       -- row, is refused in a cell ("cannot execute a distributed query from a query
+       -- on a shard")
+       AND NOT EXISTS (SELECT 1 FROM pgdurable.mcp_tasks m WHERE m.run_id = r.id
+                          AND (m.ttl IS NULL OR m.created_at + m.ttl > pgdurable.now())))
   SELECT (SELECT count(*) FROM d),
          (SELECT count(*) FROM pgdurable.checkpoints c WHERE c.run_id IN (SELECT id FROM d)),
          (SELECT count(*) FROM pgdurable.effects e WHERE e.run_id IN (SELECT id FROM d)),
@@ -128,3 +136,41 @@ END
 $$;
 COMMENT ON FUNCTION pgdurable.prune_preview(interval) IS
   'Dry run of retention: how many runs and history rows prune_runs would delete.';
+
+------------------------------------------------------------------------------
+-- pgdurable.prune_preview_all(older_than)
+--   -> TABLE(runs, checkpoints, effects, events, signals, messages, pubsub,
+--            graph_checkpoints bigint)
+-- The dry run of pgdurable.ops.retention.prune: prune_preview's counts, the
+-- consumed thread messages older than the cut-off (prune_thread_messages),
+-- the rows of pubsub topics idle that long (prune_pubsub: topics and their
+-- events) and the LangGraph checkpoints the policy would delete
+-- (prune_graph_checkpoints_preview). Each count is its own statement: in a
+-- cell, a query on a table that calls a function reading tables is refused
+-- ("cannot execute a distributed query from a query on a shard").
+------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION pgdurable.prune_preview_all(p_older_than interval)
+RETURNS TABLE (runs bigint, checkpoints bigint, effects bigint, events bigint, signals bigint,
+               messages bigint, pubsub bigint, graph_checkpoints bigint)
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pgdurable, pg_temp AS $$
+DECLARE
+  v_cut timestamptz;
+BEGIN
+  SELECT p.runs, p.checkpoints, p.effects, p.events, p.signals
+    INTO runs, checkpoints, effects, events, signals
+    FROM pgdurable.prune_preview(p_older_than) p;
+  v_cut := pgdurable.now() - p_older_than;
+  SELECT count(*) INTO messages FROM pgdurable.thread_messages m
+   WHERE m.consumed_at IS NOT NULL AND m.consumed_at <= v_cut;
+  SELECT count(*) INTO pubsub FROM pgdurable.pubsub_topics t WHERE t.updated_at < v_cut;
+  pubsub := pubsub + (SELECT count(*) FROM pgdurable.pubsub_events e
+                       WHERE e.topic IN (SELECT t.topic FROM pgdurable.pubsub_topics t
+                                          WHERE t.updated_at < v_cut));
+  graph_checkpoints := pgdurable.prune_graph_checkpoints_preview();
+  RETURN NEXT;
+END
+$$;
+COMMENT ON FUNCTION pgdurable.prune_preview_all(interval) IS
+  'Dry run of pgdurable.ops.retention.prune: the runs and history, thread messages, pubsub rows '
+  'and LangGraph checkpoints it would delete.';

@@ -393,7 +393,23 @@ COMMENT ON FUNCTION pgdurable.move_consumed_signals(interval, integer) IS
 CREATE OR REPLACE FUNCTION pgdurable._signal_history_ids_add() RETURNS trigger
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pgdurable, pg_temp AS $$
+DECLARE
+  e record;
 BEGIN
+  IF current_setting('pgdurable.cell', true) = 'on' THEN
+    -- a cell (Citus): a statement reading a transition table into a distributed table is
+    -- refused ("unrecognized RTE kind"): the transition table is read alone, and each
+    -- pair written by a single-table statement, in key order
+    FOR e IN SELECT DISTINCT ON (n.kind, n.signal_id) n.kind, n.signal_id, n.consumed_at
+               FROM new_rows n
+              WHERE n.signal_id IS NOT NULL
+              ORDER BY n.kind, n.signal_id, n.consumed_at DESC LOOP
+      INSERT INTO pgdurable.signal_history_ids AS i (kind, signal_id, consumed_at)
+      VALUES (e.kind, e.signal_id, e.consumed_at)
+      ON CONFLICT (kind, signal_id) DO UPDATE SET consumed_at = excluded.consumed_at;
+    END LOOP;
+    RETURN NULL;
+  END IF;
   INSERT INTO pgdurable.signal_history_ids AS i (kind, signal_id, consumed_at)
   SELECT DISTINCT ON (n.kind, n.signal_id) n.kind, n.signal_id, n.consumed_at
     FROM new_rows n
@@ -418,7 +434,18 @@ CREATE TRIGGER signal_history_ids_update_add AFTER UPDATE ON pgdurable.signal_hi
 CREATE OR REPLACE FUNCTION pgdurable._signal_history_ids_remove() RETURNS trigger
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pgdurable, pg_temp AS $$
+DECLARE
+  e record;
 BEGIN
+  IF current_setting('pgdurable.cell', true) = 'on' THEN
+    -- a cell (Citus): the transition table read alone (see _signal_history_ids_add)
+    FOR e IN SELECT DISTINCT o.kind, o.signal_id, o.consumed_at FROM old_rows o
+              WHERE o.signal_id IS NOT NULL ORDER BY 1, 2, 3 LOOP
+      DELETE FROM pgdurable.signal_history_ids i
+       WHERE i.kind = e.kind AND i.signal_id = e.signal_id AND i.consumed_at = e.consumed_at;
+    END LOOP;
+    RETURN NULL;
+  END IF;
   DELETE FROM pgdurable.signal_history_ids i
    USING old_rows o
    WHERE i.kind = o.kind AND i.signal_id = o.signal_id AND i.consumed_at = o.consumed_at;

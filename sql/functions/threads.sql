@@ -527,6 +527,8 @@ DECLARE
   v_ttl bigint;
   v_tok bigint;
   v_n bigint;
+  v_run pgdurable.runs;
+  v_until timestamptz;
 BEGIN
   IF NEW.step > OLD.step THEN
     UPDATE pgdurable.thread_messages m SET consumed_by = NEW.id, consumed_step = OLD.step,
@@ -540,7 +542,10 @@ BEGIN
   END IF;
   IF v_terminal THEN
     IF NOT v_was_terminal THEN
-      PERFORM pgdurable._thread_handoff(NEW);
+      -- NEW as a pgdurable.runs (in a cell the trigger runs on the shard: NEW is of
+      -- the shard table's row type, which _thread_handoff does not take)
+      v_run := NEW;
+      PERFORM pgdurable._thread_handoff(v_run);
     END IF;
     RETURN NULL;
   END IF;
@@ -564,11 +569,15 @@ BEGIN
        WHERE x.key = lk AND x.owner = me AND x.expires_at > v_now;
     END IF;
   ELSIF NEW.status IS DISTINCT FROM OLD.status AND NEW.status IN ('runnable', 'waiting') THEN
-    UPDATE pgdurable.leases x SET expires_at = greatest(x.expires_at, v_now + t.idle_ttl),
-           renewed_at = v_now
-      FROM pgdurable.threads t
-     WHERE x.key = lk AND x.owner = me AND x.expires_at > v_now
-       AND t.thread_key = NEW.thread_key;
+    -- the new expiry computed first: Citus (a cell) refuses a STABLE call with a column
+    -- reference (timestamptz + t.idle_ttl) in an UPDATE
+    SELECT v_now + t.idle_ttl INTO v_until FROM pgdurable.threads t
+     WHERE t.thread_key = NEW.thread_key;
+    IF FOUND THEN
+      UPDATE pgdurable.leases x SET expires_at = greatest(x.expires_at, v_until),
+             renewed_at = v_now
+       WHERE x.key = lk AND x.owner = me AND x.expires_at > v_now;
+    END IF;
   END IF;
   RETURN NULL;
 END

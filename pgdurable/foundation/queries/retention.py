@@ -91,13 +91,7 @@ DROP_PARTITIONS = Query(
     "FROM pgdurable.drop_history_partitions(%s::interval) d", _dropped)
 # -- dry run: how many rows prune_runs, prune_thread_messages, prune_pubsub and
 # -- prune_graph_checkpoints would delete in total; one PruneCounts
-# -- params: (older_than, older_than, older_than)
+# -- params: (older_than,)
 PREVIEW = Query(
-    "SELECT p.runs, p.checkpoints, p.effects, p.events, p.signals, "
-    "(SELECT count(*) FROM pgdurable.thread_messages m WHERE m.consumed_at IS NOT NULL "
-    "   AND m.consumed_at <= pgdurable.now() - %s::interval), "
-    "(SELECT count(*) + coalesce(sum((SELECT count(*) FROM pgdurable.pubsub_events e "
-    "                                  WHERE e.topic = t.topic)), 0) "
-    "   FROM pgdurable.pubsub_topics t WHERE t.updated_at < pgdurable.now() - %s::interval), "
-    "pgdurable.prune_graph_checkpoints_preview() "
-    "FROM pgdurable.prune_preview(%s::interval) p", _counts)
+    "SELECT p.runs, p.checkpoints, p.effects, p.events, p.signals, p.messages, p.pubsub, "
+    "p.graph_checkpoints FROM pgdurable.prune_preview_all(%s::interval) p", _counts)

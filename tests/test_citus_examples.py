@@ -50,9 +50,6 @@ NOT_IN_A_CELL = {
                               "server (CREATE DATABASE), not in a cell",
     "tenants.py": "migrates its own two schemas (DDL: through the coordinator, by design)",
     "failover.py": "starts its own primary and standby servers",
-    "history_partitions.py": "creates partitions (DDL): on a cell's node Citus refuses "
-                             "(\"cannot create tables in a distributed schema from a worker "
-                             "node\"); partition maintenance goes through the coordinator",
     "roles.py": "creates roles and grants (DDL on every node): through the coordinator, "
                 "by design",
 }

@@ -325,7 +325,10 @@ def test_a_running_fleet_follows_a_shard_move(cell: Cell, tmp_path: Path) -> Non
     client = pgdurable.DurableClient(make_conninfo(before, application_name="sync-client"),
                                      schema=cell.schema)
     try:
-        fleet.start("f", poll=3600.0, ttl=10.0)
+        # (a lease of 60 s, the default: the move blocks the cell's writes, heartbeats
+        # included, for a few seconds; a 10 s lease could expire meanwhile, and the
+        # run be taken again -- fenced, but not the one claim asserted below)
+        fleet.start("f", poll=3600.0, ttl=60.0)
         assert client.get_run(client.start("steps", {"n": 1}, revision="1")) is not None
         with cell.connect() as db:
             first = db.execute(START, ("steps", "1", '{"n": 2}')).fetchone()

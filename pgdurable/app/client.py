@@ -17,6 +17,7 @@ import time
 from datetime import timedelta
 from typing import Any
 
+import psycopg
 from psycopg_pool import ConnectionPool
 
 from ..foundation.cells import FOLLOW_EVERY, in_cell, refresh, route_for
@@ -104,7 +105,8 @@ class DurableClient(RunAPI):
         # check=: see Durable._new_pool
         # conninfo: the route's, read for each new connection (a cell that moved)
         return ConnectionPool(
-            self._route.conninfo, min_size=1, max_size=size, kwargs=conn_kwargs(dsn, self.pooler), open=False,
+            self._route.conninfo, min_size=1, max_size=size,
+            kwargs=conn_kwargs(dsn, self.pooler), open=False,
             configure=configure(self.pooler, self.schema), name="pgdurable-client", check=check_connection,
         )
 
@@ -151,8 +153,11 @@ class DurableClient(RunAPI):
         if self._follow_at is None or time.monotonic() < self._follow_at:
             return
         self._follow_at = time.monotonic() + FOLLOW_EVERY
-        with translated(), self._pool.connection() as conn:
-            refresh(self._route, conn)
+        try:
+            with self._pool.connection() as conn:
+                refresh(self._route, conn)
+        except psycopg.Error:
+            return  # (a database that fails says so on the statement itself) look next time
         if self._route.moves != self._moves:
             self._moves = self._route.moves
             self._pool.drain()

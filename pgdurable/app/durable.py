@@ -220,8 +220,9 @@ class Durable(AsyncRunAPI):
         # check=: a connection the server closed while it sat idle (restart,
         # failover, pooler) is replaced, not handed out to fail a statement
         # conninfo: the route's, read for each new connection (a cell that moved)
+        conninfo = self._route.conninfo if self._route is not None else dsn
         return AsyncConnectionPool(
-            self._route.conninfo if self._route is not None else dsn, min_size=1, max_size=size, kwargs=conn_kwargs(dsn, self.pooler), open=False,
+            conninfo, min_size=1, max_size=size, kwargs=conn_kwargs(dsn, self.pooler), open=False,
             configure=aconfigure(self.pooler, self.schema), name="pgdurable", check=acheck_connection,
         )
     def schedule(self, name: str, *, task: str, cron: str | None = None,

@@ -68,7 +68,8 @@ class Heartbeat:
                 async with asyncio.timeout(max(s.heartbeat_interval, 1.0)):
                     renewed = await self.renew(live, ttl)
             except (TimeoutError, *DB_ERRORS) as exc:
-                log.warning("heartbeat failed: %s", exc)
+                log.warning("heartbeat failed: %s", str(exc) or (
+                    f"no answer within {max(s.heartbeat_interval, 1.0):.1f} s"))
                 continue
             cancel = {r.run_id: r.cancel_requested for r in renewed}  # by the id's text
             for a in live:

@@ -72,7 +72,8 @@ class WorkerPresence:
             if isinstance(exc, ReadOnlyDatabase) and self.on_read_only is not None:
                 self.on_read_only(exc)  # a standby: the worker decides (engine/worker.py)
             log.warning("worker %s: presence not renewed (%s); its pinned runs are not "
-                        "reserved for it until it is", self.worker_id, exc)
+                        "reserved for it until it is", self.worker_id,
+                        str(exc) or f"no answer within {max(self.every, 1.0):.1f} s")
             return False
 
     async def start(self) -> None:

@@ -34,6 +34,21 @@ def at(conn: psycopg.Connection[Any], when: datetime | None) -> None:
                  (when.isoformat() if when else "",))
 
 
+def migrated_day(conn: psycopg.Connection[Any]) -> datetime:
+    """Midnight (UTC) of the day the test database's template was migrated: its first
+    daily partition. Today, unless the suite crossed midnight UTC since it began."""
+    row = conn.execute("SELECT min(range_from) FROM pgdurable.history_partitions"
+                       " WHERE history_table = 'checkpoints'").fetchone()
+    assert row is not None and row[0] is not None
+    return datetime.combine(row[0].astimezone(UTC).date(), datetime.min.time(), UTC)
+
+
+def days_behind(dsn: str) -> int:
+    """Days from :func:`migrated_day` to today (0; 1 after a midnight crossed)."""
+    with psycopg.connect(dsn, autocommit=True) as c:
+        return (db_today(c) - migrated_day(c)).days
+
+
 def parts(conn: psycopg.Connection[Any], table: str) -> dict[str, Any]:
     return {r[0]: (r[1], r[2]) for r in conn.execute(
         "SELECT partition_name, range_from, is_default FROM pgdurable.history_partitions"
@@ -71,16 +86,19 @@ def checkpoint(conn: psycopg.Connection[Any], rid: Any, token: int, n: int) -> N
 def test_migration_makes_daily_partitions_and_rows_land_in_their_day(
     conn: psycopg.Connection[Any],
 ) -> None:
-    today = db_today(conn)
+    first = migrated_day(conn)
     for table in ("checkpoints", "run_events", "signal_history"):
         row = conn.execute("SELECT relkind FROM pg_class WHERE oid = %s::regclass",
                            (f"pgdurable.{table}",)).fetchone()
         assert row == ("p",)
         p = parts(conn, table)
         assert p[f"{table}_default"] == (None, True)
-        for d in range(4):  # today and 3 days ahead
-            day = today + timedelta(days=d)
+        for d in range(4):  # the migration's day and 3 days ahead
+            day = first + timedelta(days=d)
             assert p[f"{table}_p{day:%Y%m%d}"] == (day, False)
+    today = db_today(conn)
+    if today != first:  # the suite crossed midnight UTC since the template was migrated
+        conn.execute("SELECT pgdurable.create_history_partitions(3)")
     rid = start(conn)
     rid, token = claim(conn)
     checkpoint(conn, rid, token, 1)
@@ -187,8 +205,9 @@ def test_maintain_rejects_bad_input_and_changes_nothing(conn: psycopg.Connection
 
 
 async def test_maintain_async_and_leader_election(dsn: str) -> None:
+    behind = days_behind(dsn)
     result = await maintain(dsn, days_ahead=10)
-    assert result.created == 21  # days 4 to 10 ahead, three tables
+    assert result.created == 3 * (7 + behind)  # days 4 to 10 ahead, three tables
     with psycopg.connect(dsn, autocommit=True) as c:
         assert c.execute("SELECT acquired FROM pgdurable.acquire_lease(%s, 'other', 60000)",
                          (pgdurable.ops.partitions.MAINTENANCE_LEASE,)).fetchone() == (True,)
@@ -197,10 +216,12 @@ async def test_maintain_async_and_leader_election(dsn: str) -> None:
 
 
 def test_cli_maintain(dsn: str) -> None:
+    behind = days_behind(dsn)
     out = subprocess.run([sys.executable, "-m", "pgdurable", "maintain", "--dsn", dsn,
                           "--days-ahead", "9", "--json"], capture_output=True, text=True,
                          check=True).stdout
-    assert '"created": 18' in out  # days 4 to 9 ahead, three tables
+    # days 4 to 9 ahead, three tables (and the days since the template, if any)
+    assert f'"created": {3 * (6 + behind)}' in out
 
 
 # the checkpoint columns before 0018 (later migrations may add more)

@@ -292,31 +292,55 @@ BEGIN
   IF p_keys IS NULL OR cardinality(p_keys) = 0 THEN
     RETURN 0;
   END IF;
-  -- one single-row UPDATE per picked run (at most 4), its values computed first: one form
-  -- on a plain server and in a cell (Citus refuses a STABLE call with a column reference,
-  -- jsonb_build_object(r.wait_ref), in an UPDATE)
-  v_now := pgdurable.now();
-  v_n := 0;
-  FOR v IN
-    SELECT q.id, q.wait_ref, q.queue FROM pgdurable.runs q
-     WHERE q.status = 'waiting' AND q.wait_kind = 'pgdurable.budget'
-       AND q.wait_ref = ANY (p_keys)
-     ORDER BY q.wait_since, q.id LIMIT 4
-     FOR UPDATE SKIP LOCKED
-  LOOP
-    v_wake := jsonb_build_object('type', 'signal', 'kind', 'pgdurable.budget', 'ref', v.wait_ref,
-                                 'payload', jsonb_build_object('budget', v.wait_ref,
-                                                               'freed', true),
-                                 'at', v_now);
-    UPDATE pgdurable.runs r SET status = 'runnable', available_at = v_now, wake = v_wake,
-           wait_kind = NULL, wait_ref = NULL, wait_since = NULL, wake_at = NULL,
-           updated_at = v_now
-     WHERE r.id = v.id;
-    v_n := v_n + 1;
-    IF NOT v.queue = ANY (v_queues) THEN
-      v_queues := v_queues || v.queue;
-    END IF;
-  END LOOP;
+  IF current_setting('pgdurable.cell', true) IS DISTINCT FROM 'on' THEN
+    -- one server: one statement
+    WITH picked AS MATERIALIZED (
+      SELECT q.id FROM pgdurable.runs q
+       WHERE q.status = 'waiting' AND q.wait_kind = 'pgdurable.budget'
+         AND q.wait_ref = ANY (p_keys)
+       ORDER BY q.wait_since, q.id LIMIT 4
+       FOR UPDATE SKIP LOCKED),
+    w AS (
+      UPDATE pgdurable.runs r SET status = 'runnable', available_at = pgdurable.now(),
+             wake = jsonb_build_object('type', 'signal', 'kind', 'pgdurable.budget',
+                                       'ref', r.wait_ref,
+                                       'payload', jsonb_build_object('budget', r.wait_ref,
+                                                                     'freed', true),
+                                       'at', pgdurable.now()),
+             wait_kind = NULL, wait_ref = NULL, wait_since = NULL, wake_at = NULL,
+             updated_at = pgdurable.now()
+        FROM picked p
+       WHERE r.id = p.id
+      RETURNING r.queue)
+    SELECT count(*), coalesce(array_agg(DISTINCT w.queue), '{}') INTO v_n, v_queues FROM w;
+  ELSE
+    -- a cell: one single-row UPDATE per picked run (at most 4), its values computed
+    -- first (Citus refuses a STABLE call with a column reference,
+    -- jsonb_build_object(r.wait_ref), in an UPDATE, and an INSERT or UPDATE inside WITH)
+    v_now := pgdurable.now();
+    v_n := 0;
+    FOR v IN
+      SELECT q.id, q.wait_ref, q.queue FROM pgdurable.runs q
+       WHERE q.status = 'waiting' AND q.wait_kind = 'pgdurable.budget'
+         AND q.wait_ref = ANY (p_keys)
+       ORDER BY q.wait_since, q.id LIMIT 4
+       FOR UPDATE SKIP LOCKED
+    LOOP
+      v_wake := jsonb_build_object('type', 'signal', 'kind', 'pgdurable.budget',
+                                   'ref', v.wait_ref,
+                                   'payload', jsonb_build_object('budget', v.wait_ref,
+                                                                 'freed', true),
+                                   'at', v_now);
+      UPDATE pgdurable.runs r SET status = 'runnable', available_at = v_now, wake = v_wake,
+             wait_kind = NULL, wait_ref = NULL, wait_since = NULL, wake_at = NULL,
+             updated_at = v_now
+       WHERE r.id = v.id;
+      v_n := v_n + 1;
+      IF NOT v.queue = ANY (v_queues) THEN
+        v_queues := v_queues || v.queue;
+      END IF;
+    END LOOP;
+  END IF;
   FOREACH v_q IN ARRAY v_queues LOOP
     PERFORM pg_notify('pgdurable_wake', v_q);
   END LOOP;
